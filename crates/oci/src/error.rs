@@ -1,0 +1,156 @@
+//! The crate's error type and the OCI distribution error codes it maps to.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Digest;
+
+/// Error codes from the distribution spec, plus the HTTP status a registry answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    BlobUnknown,
+    BlobUploadInvalid,
+    DigestInvalid,
+    ManifestBlobUnknown,
+    ManifestInvalid,
+    ManifestUnknown,
+    NameInvalid,
+    NameUnknown,
+    SizeInvalid,
+    Unauthorized,
+    Denied,
+    Unsupported,
+    Toomanyrequests,
+    /// Not in the spec's table but used by registries for bad ranges and the like.
+    RangeInvalid,
+    /// Used by Starling for upstream failures (502/503/504).
+    Unavailable,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BlobUnknown => "BLOB_UNKNOWN",
+            Self::BlobUploadInvalid => "BLOB_UPLOAD_INVALID",
+            Self::DigestInvalid => "DIGEST_INVALID",
+            Self::ManifestBlobUnknown => "MANIFEST_BLOB_UNKNOWN",
+            Self::ManifestInvalid => "MANIFEST_INVALID",
+            Self::ManifestUnknown => "MANIFEST_UNKNOWN",
+            Self::NameInvalid => "NAME_INVALID",
+            Self::NameUnknown => "NAME_UNKNOWN",
+            Self::SizeInvalid => "SIZE_INVALID",
+            Self::Unauthorized => "UNAUTHORIZED",
+            Self::Denied => "DENIED",
+            Self::Unsupported => "UNSUPPORTED",
+            Self::Toomanyrequests => "TOOMANYREQUESTS",
+            Self::RangeInvalid => "RANGE_INVALID",
+            Self::Unavailable => "UNAVAILABLE",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
+    }
+}
+
+/// One entry of an OCI error body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<serde_json::Value>,
+}
+
+/// `{"errors":[...]}` as registries send and expect it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub errors: Vec<ErrorInfo>,
+}
+
+impl ErrorBody {
+    pub fn single(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { errors: vec![ErrorInfo { code: code.as_str().to_owned(), message: message.into(), detail: None }] }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_else(|_| b"{\"errors\":[]}".to_vec())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid digest: {0}")]
+    DigestInvalid(String),
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    NameInvalid(String),
+    #[error("{0}")]
+    TagInvalid(String),
+    #[error("content does not match its digest: expected {expected}, got {actual}")]
+    DigestMismatch { expected: Digest, actual: Digest },
+    #[error("size mismatch: expected {expected} bytes, got {actual}")]
+    SizeMismatch { expected: u64, actual: u64 },
+    #[error("invalid manifest: {0}")]
+    ManifestInvalid(String),
+    #[error("invalid range: {0}")]
+    RangeInvalid(String),
+    /// The upstream answered with an HTTP error status.
+    #[error("upstream {registry} answered {status}: {message}")]
+    Upstream { registry: String, status: u16, code: Option<ErrorCode>, message: String, retry_after: Option<Duration> },
+    /// The upstream could not be reached, or the connection failed mid-response.
+    #[error("upstream {registry} unreachable: {message}")]
+    Transport { registry: String, message: String },
+    #[error("upstream {registry} timed out: {message}")]
+    Timeout { registry: String, message: String },
+    #[error("authentication with {registry} failed: {message}")]
+    Auth { registry: String, message: String },
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// Whether trying again (same or another source) can succeed. Mirrors decide on this
+    /// whether to fall back to the next source or give the client the error.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Transport { .. } | Self::Timeout { .. } | Self::Io(_) => true,
+            Self::Upstream { status, .. } => *status == 429 || *status >= 500,
+            Self::DigestMismatch { .. } | Self::SizeMismatch { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The distribution-spec code and HTTP status a mirror answers its client with.
+    pub fn oci_status(&self) -> (u16, ErrorCode) {
+        match self {
+            Self::DigestInvalid(_) => (400, ErrorCode::DigestInvalid),
+            Self::Unsupported(_) => (400, ErrorCode::Unsupported),
+            Self::NameInvalid(_) => (400, ErrorCode::NameInvalid),
+            Self::TagInvalid(_) => (400, ErrorCode::ManifestInvalid),
+            Self::ManifestInvalid(_) => (502, ErrorCode::ManifestInvalid),
+            Self::RangeInvalid(_) => (400, ErrorCode::RangeInvalid),
+            // The upstream sent wrong bytes: a gateway fault, so clients move to their next host.
+            Self::DigestMismatch { .. } | Self::SizeMismatch { .. } => (502, ErrorCode::Unavailable),
+            Self::Upstream { status, code, .. } => match *status {
+                401 => (401, ErrorCode::Unauthorized),
+                403 => (403, ErrorCode::Denied),
+                404 => (404, code.unwrap_or(ErrorCode::NameUnknown)),
+                429 => (429, ErrorCode::Toomanyrequests),
+                s @ 400..=499 => (s, code.unwrap_or(ErrorCode::Unsupported)),
+                _ => (502, ErrorCode::Unavailable),
+            },
+            Self::Transport { .. } => (502, ErrorCode::Unavailable),
+            Self::Timeout { .. } => (504, ErrorCode::Unavailable),
+            Self::Auth { .. } => (401, ErrorCode::Unauthorized),
+            Self::Io(_) => (500, ErrorCode::Unavailable),
+        }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Upstream { status: 404, .. })
+    }
+}

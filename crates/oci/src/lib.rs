@@ -1,0 +1,17 @@
+//! OCI distribution vocabulary shared by every Starling component: digests,
+//! references, media types and manifests, byte ranges, the error codes of the
+//! distribution spec, and the upstream registry client.
+#![forbid(unsafe_code)]
+
+pub mod digest;
+pub mod error;
+pub mod media;
+pub mod range;
+pub mod reference;
+
+pub use digest::{Digest, Verifier};
+pub use error::{Error, ErrorBody, ErrorCode};
+pub use media::{Descriptor, Manifest, Platform};
+pub use reference::{ImageReference, ManifestRef};
+pub mod upstream;
+pub use upstream::{Upstream, UpstreamConfig};

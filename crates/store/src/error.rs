@@ -1,0 +1,38 @@
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("store I/O on {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("store database: {0}")]
+    Db(String),
+    /// No room for the blob even after eviction; callers stream without caching.
+    #[error("not enough disk space for {needed} bytes (free {free})")]
+    DiskFull { needed: u64, free: u64 },
+    #[error(transparent)]
+    Content(#[from] oci::Error),
+    /// The writer that was filling a blob went away or failed; readers may retry.
+    #[error("download of {digest} failed: {reason}")]
+    DownloadFailed { digest: String, reason: String },
+}
+
+impl Error {
+    pub fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        Self::Io { path: path.display().to_string(), source }
+    }
+
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Self::DiskFull { .. } => true,
+            Self::Io { source, .. } => source.raw_os_error() == Some(28) || source.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
+}
+
+macro_rules! db_err {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Self { Error::Db(e.to_string()) }
+        }
+    )*};
+}
+db_err!(redb::Error, redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError, serde_json::Error);

@@ -1,0 +1,141 @@
+//! Blobs being downloaded: one writer per digest, any number of readers that stream
+//! the bytes already on disk and wait for more (cut-through).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::watch;
+
+use crate::Error;
+
+/// Read size for streaming from disk: large enough that per-chunk overhead vanishes,
+/// small enough that eight concurrent streams stay far below the RSS budget.
+pub const READ_CHUNK: usize = 1 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    Running,
+    /// Verified and moved into the content store.
+    Complete,
+    Failed { reason: String },
+}
+
+#[derive(Clone, Debug)]
+pub struct Progress {
+    /// Bytes durable in the partial file (readers may read up to here).
+    pub written: u64,
+    pub total: Option<u64>,
+    pub status: Status,
+}
+
+/// Shared state of one download.
+pub struct Inflight {
+    pub digest: oci::Digest,
+    pub(crate) file: Arc<File>,
+    pub(crate) path: PathBuf,
+    pub(crate) progress: watch::Sender<Progress>,
+}
+
+impl Inflight {
+    pub fn progress(&self) -> Progress {
+        self.progress.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Progress> {
+        self.progress.subscribe()
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+/// Streams `[start, end)` of a blob that is being written. `end = None` means to the end
+/// of the blob (known once the writer learns the total). Yields an error if the writer
+/// fails before the range is covered; the caller decides where to get the rest.
+pub fn read_inflight(inflight: Arc<Inflight>, start: u64, end: Option<u64>) -> impl Stream<Item = Result<Bytes, Error>> + Send {
+    let rx = inflight.subscribe();
+    futures::stream::unfold((inflight, rx, start, false), move |(inf, mut rx, pos, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            let p = rx.borrow_and_update().clone();
+            let limit = match (end, p.total) {
+                (Some(e), Some(t)) => Some(e.min(t)),
+                (Some(e), None) => Some(e),
+                (None, t) => t,
+            };
+            if limit.is_some_and(|l| pos >= l) {
+                return None;
+            }
+            let available = p.written.min(limit.unwrap_or(u64::MAX));
+            if available > pos {
+                let len = ((available - pos) as usize).min(READ_CHUNK);
+                let file = inf.file.clone();
+                let path = inf.path.clone();
+                let read = tokio::task::spawn_blocking(move || read_exact_at(&file, pos, len).map_err(|e| Error::io(&path, e)))
+                    .await
+                    .unwrap_or_else(|e| Err(Error::Db(format!("reader task: {e}"))));
+                return match read {
+                    Ok(buf) => {
+                        let n = buf.len() as u64;
+                        Some((Ok(buf), (inf, rx, pos + n, false)))
+                    }
+                    Err(e) => Some((Err(e), (inf, rx, pos, true))),
+                };
+            }
+            match &p.status {
+                Status::Failed { reason } => {
+                    let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: reason.clone() };
+                    return Some((Err(err), (inf, rx, pos, true)));
+                }
+                Status::Complete if limit.is_none() => return None,
+                Status::Complete if p.written <= pos => return None,
+                _ => {}
+            }
+            if rx.changed().await.is_err() {
+                let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: "writer vanished".into() };
+                return Some((Err(err), (inf, rx, pos, true)));
+            }
+        }
+    })
+}
+
+pub(crate) fn read_exact_at(file: &File, pos: u64, len: usize) -> std::io::Result<Bytes> {
+    let mut buf = vec![0u8; len];
+    let mut filled = 0;
+    while filled < len {
+        let n = file.read_at(&mut buf[filled..], pos + filled as u64)?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "blob file shorter than recorded"));
+        }
+        filled += n;
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// Streams `[start, end)` of a complete blob file.
+pub fn read_file(file: Arc<File>, path: PathBuf, start: u64, end: u64) -> impl Stream<Item = Result<Bytes, Error>> + Send {
+    futures::stream::unfold(start, move |pos| {
+        let file = file.clone();
+        let path = path.clone();
+        async move {
+            if pos >= end {
+                return None;
+            }
+            let len = ((end - pos) as usize).min(READ_CHUNK);
+            let r = tokio::task::spawn_blocking(move || read_exact_at(&file, pos, len).map_err(|e| Error::io(&path, e)))
+                .await
+                .unwrap_or_else(|e| Err(Error::Db(format!("reader task: {e}"))));
+            match r {
+                Ok(b) => Some((Ok(b), pos + len as u64)),
+                Err(e) => Some((Err(e), end)),
+            }
+        }
+    })
+}

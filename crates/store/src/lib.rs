@@ -1,0 +1,721 @@
+//! The node's content store: verified blobs addressed by digest and shared across
+//! registries and repositories, partial downloads that survive restarts, single-flight
+//! writers with cut-through readers, tags with their last known digests, pins, and GC
+//! by bytes.
+//!
+//! Invariants:
+//! - A file under `blobs/` was verified against its digest before it was moved there,
+//!   and only files under `blobs/` are recorded as complete.
+//! - At most one writer per digest in this process; readers of an unfinished blob never
+//!   read past the bytes the writer has flushed.
+//! - Pinned content, blobs being written and blobs being served are never evicted.
+#![forbid(unsafe_code)]
+
+mod error;
+pub mod gc;
+pub mod inflight;
+pub mod meta;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+pub use error::Error;
+pub use inflight::{read_file, read_inflight, Inflight, Progress, Status};
+pub use meta::{BlobRecord, PinRecord, TagRecord};
+use oci::{Digest, Verifier};
+
+pub fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub root: PathBuf,
+    /// Cache budget in bytes (blobs + partials).
+    pub budget_bytes: u64,
+    /// GC starts above `high × budget` and evicts down to `low × budget`.
+    pub high_watermark: f64,
+    pub low_watermark: f64,
+    /// Space always left free on the filesystem.
+    pub min_free_bytes: u64,
+}
+
+impl StoreConfig {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into(), budget_bytes: 100 << 30, high_watermark: 0.90, low_watermark: 0.80, min_free_bytes: 256 << 20 }
+    }
+}
+
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: StoreConfig,
+    db: redb::Database,
+    blobs_dir: PathBuf,
+    partial_dir: PathBuf,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    index: HashMap<Digest, BlobRecord>,
+    inflight: HashMap<Digest, Arc<Inflight>>,
+    serving: HashMap<Digest, usize>,
+    dirty_access: HashSet<Digest>,
+    pins: HashMap<Digest, PinRecord>,
+    evictions: u64,
+    evicted_bytes: u64,
+}
+
+/// Result of asking to write a blob.
+pub enum Begin {
+    /// Already complete; serve it.
+    Complete(u64),
+    /// Someone is downloading it; read along.
+    Join(Arc<Inflight>),
+    /// You are the writer. `writer.offset()` tells where to resume.
+    Lead(BlobWriter),
+}
+
+/// Held while a complete blob is streamed to a client, so GC leaves it alone.
+pub struct ServeGuard {
+    store: Store,
+    digest: Digest,
+}
+
+impl Drop for ServeGuard {
+    fn drop(&mut self) {
+        let mut st = self.store.inner.state.lock();
+        if let Some(n) = st.serving.get_mut(&self.digest) {
+            *n -= 1;
+            if *n == 0 {
+                st.serving.remove(&self.digest);
+            }
+        }
+    }
+}
+
+pub struct OpenBlob {
+    pub file: Arc<File>,
+    pub path: PathBuf,
+    pub size: u64,
+    pub guard: ServeGuard,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Usage {
+    pub budget_bytes: u64,
+    pub used_bytes: u64,
+    pub complete_blobs: u64,
+    pub complete_bytes: u64,
+    pub inflight: u64,
+    pub inflight_bytes: u64,
+    pub pinned_manifests: u64,
+    pub evictions: u64,
+    pub evicted_bytes: u64,
+    pub free_disk_bytes: u64,
+}
+
+impl Store {
+    /// Opens (or creates) a store. Partial files are kept for resumption; records whose
+    /// file vanished are dropped; complete files without a record are re-verified.
+    pub fn open(cfg: StoreConfig) -> Result<Self, Error> {
+        let blobs_dir = cfg.root.join("blobs").join("sha256");
+        let partial_dir = cfg.root.join("partial");
+        for d in [&blobs_dir, &partial_dir] {
+            std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
+        }
+        let db_path = cfg.root.join("meta.redb");
+        let db = redb::Database::create(&db_path)?;
+        meta::ensure_tables(&db)?;
+        let mut state = State::default();
+        let mut stale = Vec::new();
+        for (key, rec) in meta::scan::<BlobRecord>(&db, meta::BLOBS, "")? {
+            let Ok(d) = Digest::parse(&key) else {
+                stale.push(key);
+                continue;
+            };
+            let path = blobs_dir.join(d.hex());
+            match std::fs::metadata(&path) {
+                Ok(m) if m.len() == rec.size => {
+                    state.index.insert(d, rec);
+                }
+                _ => {
+                    warn!(digest = %d, "blob record without a matching file; forgetting it");
+                    stale.push(key);
+                }
+            }
+        }
+        meta::remove(&db, meta::BLOBS, &stale)?;
+        for (key, pin) in meta::scan::<PinRecord>(&db, meta::PINS, "")? {
+            if let Ok(d) = Digest::parse(&key) {
+                state.pins.insert(d, pin);
+            }
+        }
+        // Files in blobs/ that the database does not know: a crash between rename and
+        // commit. They were verified before the rename, but check again to be sure.
+        if let Ok(rd) = std::fs::read_dir(&blobs_dir) {
+            for entry in rd.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Ok(d) = Digest::parse(&format!("sha256:{name}")) else { continue };
+                if state.index.contains_key(&d) {
+                    continue;
+                }
+                let path = entry.path();
+                if verify_file(&path, &d).is_ok() {
+                    let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                    let rec = BlobRecord { size, media_type: None, children: vec![], last_access: now_secs(), created: now_secs(), source: "recovered".into() };
+                    meta::put(&db, meta::BLOBS, &d.to_string(), &rec)?;
+                    state.index.insert(d, rec);
+                } else {
+                    warn!(path = %path.display(), "unrecorded blob failed verification; deleting");
+                    std::fs::remove_file(&path).ok();
+                }
+            }
+        }
+        info!(root = %cfg.root.display(), blobs = state.index.len(), "store opened");
+        Ok(Self { inner: Arc::new(Inner { cfg, db, blobs_dir, partial_dir, state: Mutex::new(state) }) })
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.cfg
+    }
+
+    pub fn blob_path(&self, d: &Digest) -> PathBuf {
+        self.inner.blobs_dir.join(d.hex())
+    }
+
+    fn partial_path(&self, d: &Digest) -> PathBuf {
+        self.inner.partial_dir.join(d.hex())
+    }
+
+    /// The record of a complete blob or manifest.
+    pub fn stat(&self, d: &Digest) -> Option<BlobRecord> {
+        self.inner.state.lock().index.get(d).cloned()
+    }
+
+    pub fn inflight(&self, d: &Digest) -> Option<Arc<Inflight>> {
+        self.inner.state.lock().inflight.get(d).cloned()
+    }
+
+    /// Bytes of a partial download on disk (resumable), if any.
+    pub fn partial_len(&self, d: &Digest) -> Option<u64> {
+        std::fs::metadata(self.partial_path(d)).ok().map(|m| m.len())
+    }
+
+    fn touch(&self, st: &mut State, d: &Digest) {
+        if let Some(rec) = st.index.get_mut(d) {
+            rec.last_access = now_secs();
+            st.dirty_access.insert(d.clone());
+        }
+    }
+
+    /// Opens a complete blob for serving; the guard keeps it from eviction.
+    pub fn open_complete(&self, d: &Digest) -> Result<Option<OpenBlob>, Error> {
+        let size = {
+            let mut st = self.inner.state.lock();
+            let Some(rec) = st.index.get(d) else { return Ok(None) };
+            let size = rec.size;
+            self.touch(&mut st, d);
+            *st.serving.entry(d.clone()).or_default() += 1;
+            size
+        };
+        let guard = ServeGuard { store: self.clone(), digest: d.clone() };
+        let path = self.blob_path(d);
+        match File::open(&path) {
+            Ok(f) => Ok(Some(OpenBlob { file: Arc::new(f), path, size, guard })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Deleted behind our back: forget it so it is fetched again.
+                warn!(digest = %d, "complete blob missing on disk; forgetting it");
+                drop(guard);
+                self.forget(d)?;
+                Ok(None)
+            }
+            Err(e) => Err(Error::io(&path, e)),
+        }
+    }
+
+    fn forget(&self, d: &Digest) -> Result<(), Error> {
+        self.inner.state.lock().index.remove(d);
+        meta::remove(&self.inner.db, meta::BLOBS, &[d.to_string()])
+    }
+
+    /// Starts or joins the download of a blob. `expected_size` (from a manifest or a
+    /// HEAD) lets the store check space up front and verify the length.
+    pub async fn begin(&self, d: &Digest, expected_size: Option<u64>, source: &str) -> Result<Begin, Error> {
+        let inflight = {
+            let mut st = self.inner.state.lock();
+            if let Some(rec) = st.index.get(d) {
+                let size = rec.size;
+                self.touch(&mut st, d);
+                return Ok(Begin::Complete(size));
+            }
+            if let Some(inf) = st.inflight.get(d) {
+                return Ok(Begin::Join(inf.clone()));
+            }
+            let path = self.partial_path(d);
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| Error::io(&path, e))?;
+            let (tx, _) = watch::channel(Progress { written: 0, total: expected_size, status: Status::Running });
+            let inf = Arc::new(Inflight { digest: d.clone(), file: Arc::new(file), path, progress: tx });
+            st.inflight.insert(d.clone(), inf.clone());
+            inf
+        };
+        let mut writer = BlobWriter {
+            store: self.clone(),
+            inflight: inflight.clone(),
+            verifier: Verifier::new(d.clone()),
+            written: 0,
+            buf: Vec::new(),
+            expected: expected_size,
+            source: source.to_owned(),
+            done: false,
+        };
+        if let Some(size) = expected_size {
+            if let Err(e) = self.make_room_excluding(size, Some(d)) {
+                writer.fail(&e.to_string());
+                return Err(e);
+            }
+        }
+        // Resume: re-hash what a previous run left, so verification covers every byte.
+        let existing = inflight.file.metadata().map(|m| m.len()).unwrap_or(0);
+        if existing > 0 {
+            let file = inflight.file.clone();
+            let mut verifier = writer.verifier.clone();
+            let limit = expected_size.unwrap_or(u64::MAX).min(existing);
+            let rehash = tokio::task::spawn_blocking(move || -> std::io::Result<Verifier> {
+                let mut pos = 0u64;
+                let mut buf = vec![0u8; inflight::READ_CHUNK];
+                while pos < limit {
+                    let n = ((limit - pos) as usize).min(buf.len());
+                    let got = file.read_at(&mut buf[..n], pos)?;
+                    if got == 0 {
+                        break;
+                    }
+                    verifier.update(&buf[..got]);
+                    pos += got as u64;
+                }
+                file.set_len(pos)?;
+                Ok(verifier)
+            })
+            .await;
+            match rehash {
+                Ok(Ok(v)) => {
+                    writer.written = v.len();
+                    writer.verifier = v;
+                    info!(digest = %d, bytes = writer.written, "resuming partial download");
+                    writer.publish();
+                }
+                _ => {
+                    warn!(digest = %d, "cannot read partial file; starting over");
+                    inflight.file.set_len(0).ok();
+                }
+            }
+        }
+        Ok(Begin::Lead(writer))
+    }
+
+    /// Ensures `needed` more bytes fit in the budget and on the disk, evicting if needed.
+    pub fn make_room(&self, needed: u64) -> Result<(), Error> {
+        self.make_room_excluding(needed, None)
+    }
+
+    fn used_excluding(&self, exclude: Option<&Digest>) -> u64 {
+        let st = self.inner.state.lock();
+        st.index.values().map(|r| r.size).sum::<u64>()
+            + st
+                .inflight
+                .iter()
+                .filter(|(d, _)| Some(*d) != exclude)
+                .map(|(_, i)| {
+                    let p = i.progress.borrow();
+                    p.total.unwrap_or(p.written)
+                })
+                .sum::<u64>()
+    }
+
+    fn make_room_excluding(&self, needed: u64, exclude: Option<&Digest>) -> Result<(), Error> {
+        let cfg = &self.inner.cfg;
+        let used = self.used_excluding(exclude);
+        if used + needed > (cfg.budget_bytes as f64 * cfg.high_watermark) as u64 {
+            let target = ((cfg.budget_bytes as f64 * cfg.low_watermark) as u64).saturating_sub(needed);
+            self.gc_to(target)?;
+        }
+        let free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
+        if free < needed + cfg.min_free_bytes {
+            let over = needed + cfg.min_free_bytes - free;
+            let used = self.used_excluding(exclude);
+            self.gc_to(used.saturating_sub(over))?;
+            let free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
+            if free < needed + cfg.min_free_bytes {
+                return Err(Error::DiskFull { needed, free });
+            }
+        }
+        let used = self.used_excluding(exclude);
+        if used + needed > cfg.budget_bytes {
+            return Err(Error::DiskFull { needed, free: cfg.budget_bytes.saturating_sub(used) });
+        }
+        Ok(())
+    }
+
+    /// Stores a manifest (small; written whole). The caller has verified its digest.
+    pub fn put_manifest(&self, d: &Digest, media_type: &str, bytes: &[u8], children: Vec<Digest>) -> Result<(), Error> {
+        if Digest::of(bytes) != *d {
+            return Err(oci::Error::DigestMismatch { expected: d.clone(), actual: Digest::of(bytes) }.into());
+        }
+        if self.stat(d).is_some_and(|r| r.media_type.as_deref() == Some(media_type)) {
+            return Ok(());
+        }
+        let path = self.blob_path(d);
+        let tmp = self.inner.partial_dir.join(format!("{}.manifest", d.hex()));
+        std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        let rec = BlobRecord {
+            size: bytes.len() as u64,
+            media_type: Some(media_type.to_owned()),
+            children: children.iter().map(|c| c.to_string()).collect(),
+            last_access: now_secs(),
+            created: now_secs(),
+            source: "registry".into(),
+        };
+        meta::put(&self.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
+        self.inner.state.lock().index.insert(d.clone(), rec);
+        Ok(())
+    }
+
+    /// A cached manifest: media type and exact bytes.
+    pub fn get_manifest(&self, d: &Digest) -> Result<Option<(String, Bytes)>, Error> {
+        let media_type = {
+            let mut st = self.inner.state.lock();
+            let Some(mt) = st.index.get(d).and_then(|r| r.media_type.clone()) else { return Ok(None) };
+            self.touch(&mut st, d);
+            mt
+        };
+        let path = self.blob_path(d);
+        match std::fs::read(&path) {
+            Ok(b) if Digest::of(&b) == *d => Ok(Some((media_type, Bytes::from(b)))),
+            Ok(_) => {
+                warn!(digest = %d, "cached manifest corrupt on disk; dropping it");
+                std::fs::remove_file(&path).ok();
+                self.forget(d)?;
+                Ok(None)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.forget(d)?;
+                Ok(None)
+            }
+            Err(e) => Err(Error::io(&path, e)),
+        }
+    }
+
+    pub fn put_tag(&self, rec: &TagRecord) -> Result<(), Error> {
+        meta::put(&self.inner.db, meta::TAGS, &rec.key(), rec)
+    }
+
+    /// Every media type this tag was last seen as.
+    pub fn tags(&self, registry: &str, repo: &str, tag: &str) -> Result<Vec<TagRecord>, Error> {
+        Ok(meta::scan(&self.inner.db, meta::TAGS, &meta::tag_prefix(registry, repo, tag))?.into_iter().map(|(_, v)| v).collect())
+    }
+
+    pub fn all_tags(&self) -> Result<Vec<TagRecord>, Error> {
+        Ok(meta::scan(&self.inner.db, meta::TAGS, "")?.into_iter().map(|(_, v)| v).collect())
+    }
+
+    /// Pins a manifest and everything it references until `until` (Unix seconds).
+    pub fn pin(&self, d: &Digest, until: Option<u64>, reason: &str) -> Result<(), Error> {
+        let rec = PinRecord { until, reason: reason.to_owned() };
+        meta::put(&self.inner.db, meta::PINS, &d.to_string(), &rec)?;
+        self.inner.state.lock().pins.insert(d.clone(), rec);
+        Ok(())
+    }
+
+    pub fn unpin(&self, d: &Digest) -> Result<(), Error> {
+        meta::remove(&self.inner.db, meta::PINS, &[d.to_string()])?;
+        self.inner.state.lock().pins.remove(d);
+        Ok(())
+    }
+
+    pub fn pins(&self) -> Vec<(Digest, PinRecord)> {
+        self.inner.state.lock().pins.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// Complete blobs with their records (for the inventory).
+    pub fn list(&self) -> Vec<(Digest, BlobRecord)> {
+        self.inner.state.lock().index.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    pub fn usage(&self) -> Usage {
+        let st = self.inner.state.lock();
+        let complete_bytes: u64 = st.index.values().map(|r| r.size).sum();
+        let inflight_bytes: u64 = st.inflight.values().map(|i| i.progress.borrow().total.unwrap_or(i.progress.borrow().written)).sum();
+        Usage {
+            budget_bytes: self.inner.cfg.budget_bytes,
+            used_bytes: complete_bytes + inflight_bytes,
+            complete_blobs: st.index.len() as u64,
+            complete_bytes,
+            inflight: st.inflight.len() as u64,
+            inflight_bytes,
+            pinned_manifests: st.pins.len() as u64,
+            evictions: st.evictions,
+            evicted_bytes: st.evicted_bytes,
+            free_disk_bytes: fs2::available_space(&self.inner.cfg.root).unwrap_or(0),
+        }
+    }
+
+    /// Writes batched access times to the database.
+    pub fn flush_access(&self) -> Result<(), Error> {
+        let items: Vec<(String, BlobRecord)> = {
+            let mut st = self.inner.state.lock();
+            let dirty: Vec<Digest> = st.dirty_access.drain().collect();
+            dirty.into_iter().filter_map(|d| st.index.get(&d).map(|r| (d.to_string(), r.clone()))).collect()
+        };
+        if items.is_empty() {
+            return Ok(());
+        }
+        meta::put_many(&self.inner.db, meta::BLOBS, &items)
+    }
+
+    /// Runs GC if usage is above the high watermark.
+    pub fn maybe_gc(&self) -> Result<gc::GcReport, Error> {
+        let cfg = &self.inner.cfg;
+        let used = self.usage().used_bytes;
+        if used as f64 > cfg.budget_bytes as f64 * cfg.high_watermark {
+            self.gc_to((cfg.budget_bytes as f64 * cfg.low_watermark) as u64)
+        } else {
+            Ok(gc::GcReport::default())
+        }
+    }
+
+    /// Evicts least-recently-used unprotected blobs until usage ≤ `target` bytes.
+    pub fn gc_to(&self, target: u64) -> Result<gc::GcReport, Error> {
+        let victims = {
+            let st = self.inner.state.lock();
+            let now = now_secs();
+            let roots: Vec<Digest> =
+                st.pins.iter().filter(|(_, p)| p.until.is_none_or(|u| u > now)).map(|(d, _)| d.clone()).collect();
+            let protected = gc::closure(&roots, |d| st.index.get(d).map(|r| r.children.clone()).unwrap_or_default());
+            let used: u64 = st.index.values().map(|r| r.size).sum::<u64>()
+                + st.inflight.values().map(|i| i.progress.borrow().total.unwrap_or(0)).sum::<u64>();
+            let candidates = st
+                .index
+                .iter()
+                .filter(|(d, _)| !protected.contains(*d) && !st.serving.contains_key(*d) && !st.inflight.contains_key(*d))
+                .map(|(d, r)| gc::Candidate { digest: d.clone(), size: r.size, last_access: r.last_access });
+            gc::choose_victims(candidates, used, target)
+        };
+        let mut report = gc::GcReport::default();
+        if victims.is_empty() {
+            return Ok(report);
+        }
+        let mut keys = Vec::new();
+        {
+            let mut st = self.inner.state.lock();
+            for v in &victims {
+                // Re-check under the lock: a reader may have opened it meanwhile.
+                if st.serving.contains_key(&v.digest) || st.inflight.contains_key(&v.digest) {
+                    continue;
+                }
+                if let Some(rec) = st.index.remove(&v.digest) {
+                    report.evicted += 1;
+                    report.bytes += rec.size;
+                    keys.push(v.digest.to_string());
+                    std::fs::remove_file(self.blob_path(&v.digest)).ok();
+                }
+            }
+            st.evictions += report.evicted;
+            st.evicted_bytes += report.bytes;
+        }
+        meta::remove(&self.inner.db, meta::BLOBS, &keys)?;
+        info!(evicted = report.evicted, bytes = report.bytes, "gc evicted blobs");
+        Ok(report)
+    }
+}
+
+fn verify_file(path: &Path, d: &Digest) -> Result<(), Error> {
+    use std::io::Read;
+    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut v = Verifier::new(d.clone());
+    let mut buf = vec![0u8; inflight::READ_CHUNK];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        v.update(&buf[..n]);
+    }
+    Ok(v.finish()?)
+}
+
+/// Flush granularity: readers following a download see new bytes in steps of this size.
+const FLUSH_BYTES: usize = 128 << 10;
+
+/// The single writer of one blob. Dropping it without `finish` marks the download
+/// failed (readers are told) and keeps the partial file for a later resume.
+pub struct BlobWriter {
+    store: Store,
+    inflight: Arc<Inflight>,
+    verifier: Verifier,
+    written: u64,
+    buf: Vec<u8>,
+    expected: Option<u64>,
+    source: String,
+    done: bool,
+}
+
+impl BlobWriter {
+    /// Where the next byte goes: resume the upstream fetch from here.
+    pub fn offset(&self) -> u64 {
+        self.written + self.buf.len() as u64
+    }
+
+    pub fn inflight(&self) -> Arc<Inflight> {
+        self.inflight.clone()
+    }
+
+    pub fn set_total(&mut self, total: u64) {
+        self.expected = Some(total);
+        self.inflight.progress.send_modify(|p| p.total = Some(total));
+    }
+
+    fn publish(&self) {
+        let written = self.written;
+        self.inflight.progress.send_modify(|p| p.written = written);
+    }
+
+    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), Error> {
+        if let Some(exp) = self.expected {
+            if self.offset() + chunk.len() as u64 > exp {
+                let actual = self.offset() + chunk.len() as u64;
+                return Err(oci::Error::SizeMismatch { expected: exp, actual }.into());
+            }
+        }
+        self.verifier.update(chunk);
+        self.buf.extend_from_slice(chunk);
+        if self.buf.len() >= FLUSH_BYTES {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), Error> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let file = self.inflight.file.clone();
+        let pos = self.written;
+        let path = self.inflight.path.clone();
+        let (res, mut buf) = tokio::task::spawn_blocking(move || {
+            let r = file.write_all_at(&buf, pos);
+            (r, buf)
+        })
+        .await
+        .map_err(|e| Error::Db(format!("writer task: {e}")))?;
+        res.map_err(|e| Error::io(&path, e))?;
+        self.written += buf.len() as u64;
+        buf.clear();
+        self.buf = buf;
+        self.publish();
+        Ok(())
+    }
+
+    /// Verifies length and digest, makes the blob durable and moves it into the store.
+    /// On mismatch the partial file is deleted: those bytes can never become valid.
+    pub async fn finish(mut self) -> Result<u64, Error> {
+        self.flush().await?;
+        let size = self.written;
+        if let Some(exp) = self.expected {
+            if size != exp {
+                let e: Error = oci::Error::SizeMismatch { expected: exp, actual: size }.into();
+                self.discard(&e.to_string());
+                return Err(e);
+            }
+        }
+        if let Err(e) = self.verifier.clone().finish() {
+            let e: Error = e.into();
+            self.discard(&e.to_string());
+            return Err(e);
+        }
+        let store = self.store.clone();
+        let d = self.inflight.digest.clone();
+        let file = self.inflight.file.clone();
+        let from = self.inflight.path.clone();
+        let to = store.blob_path(&d);
+        let moved = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            file.sync_data()?;
+            std::fs::rename(&from, &to)
+        })
+        .await
+        .map_err(|e| Error::Db(format!("finish task: {e}")))?;
+        if let Err(e) = moved {
+            let e = Error::io(&self.inflight.path, e);
+            self.fail(&e.to_string());
+            return Err(e);
+        }
+        let rec = BlobRecord { size, media_type: None, children: vec![], last_access: now_secs(), created: now_secs(), source: self.source.clone() };
+        meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
+        {
+            let mut st = store.inner.state.lock();
+            st.index.insert(d.clone(), rec);
+            st.inflight.remove(&d);
+        }
+        self.done = true;
+        self.inflight.progress.send_modify(|p| {
+            p.written = size;
+            p.total = Some(size);
+            p.status = Status::Complete;
+        });
+        Ok(size)
+    }
+
+    fn discard(&mut self, reason: &str) {
+        std::fs::remove_file(&self.inflight.path).ok();
+        self.fail(reason);
+    }
+
+    /// Marks the download failed; the partial file stays for a resume.
+    pub fn fail(&mut self, reason: &str) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let d = self.inflight.digest.clone();
+        {
+            let mut st = self.store.inner.state.lock();
+            if st.inflight.get(&d).is_some_and(|i| Arc::ptr_eq(i, &self.inflight)) {
+                st.inflight.remove(&d);
+            }
+        }
+        let reason = reason.to_owned();
+        self.inflight.progress.send_modify(|p| p.status = Status::Failed { reason });
+    }
+}
+
+impl Drop for BlobWriter {
+    fn drop(&mut self) {
+        if !self.done {
+            // Keep what was buffered: it is already hashed and part of the resume.
+            if !self.buf.is_empty() {
+                let _ = self.inflight.file.write_all_at(&self.buf, self.written);
+            }
+            self.fail("download abandoned");
+        }
+    }
+}
