@@ -15,3 +15,4 @@ pub use media::{Descriptor, Manifest, Platform};
 pub use reference::{ImageReference, ManifestRef};
 pub mod upstream;
 pub use upstream::{Upstream, UpstreamConfig};
+pub mod pull;

@@ -1,1 +1,102 @@
-fn main() {}
+//! `starling`: one binary for every role. Library crates do the work; this file parses
+//! flags, merges configuration and reports errors with context.
+#![forbid(unsafe_code)]
+
+mod agent_cmd;
+mod demo;
+mod setup_cmd;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "starling", version, about = "Container images to GPU nodes, fast: a caching P2P registry mirror on every node", long_about = None)]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "agent=debug".
+    #[arg(long, global = true, env = "STARLING_LOG", default_value = "info")]
+    log: String,
+    /// Log as JSON lines.
+    #[arg(long, global = true, env = "STARLING_LOG_JSON")]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the node agent: a caching, streaming registry mirror for containerd, Docker and skopeo.
+    Agent(agent_cmd::AgentArgs),
+    /// Serve an OCI image layout directory read-only as a registry (air-gapped origin).
+    ServeOci(agent_cmd::ServeOciArgs),
+    /// Pull an image through a registry or mirror with digest verification, and report timings.
+    Pull(agent_cmd::PullArgs),
+    /// Point container runtimes at the agent.
+    #[command(subcommand)]
+    Setup(setup_cmd::SetupCmd),
+    /// Self-contained demo: synthetic training image, origin, agent, cold and warm pulls.
+    Demo(demo::DemoArgs),
+    /// Benchmarks that compare against a baseline in the same run.
+    #[command(subcommand)]
+    Bench(demo::BenchCmd),
+}
+
+fn init_logging(filter: &str, json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log, cli.log_json);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result: Result<i32> = rt.block_on(async move {
+        match cli.command {
+            Command::Agent(a) => agent_cmd::run_agent(a).await.map(|_| 0),
+            Command::ServeOci(a) => agent_cmd::run_serve_oci(a).await.map(|_| 0),
+            Command::Pull(a) => agent_cmd::run_pull(a).await.map(|_| 0),
+            Command::Setup(s) => setup_cmd::run(s).map(|_| 0),
+            Command::Demo(d) => demo::run_demo(d).await.map(|_| 0),
+            Command::Bench(b) => demo::run_bench(b).await.map(|_| 0),
+        }
+    });
+    match result {
+        Ok(0) => std::process::ExitCode::SUCCESS,
+        Ok(code) => std::process::ExitCode::from(code.clamp(1, 255) as u8),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+}
+
+pub(crate) fn parse_size(s: &str) -> Result<u64> {
+    agent::config::parse_size(s).map_err(anyhow::Error::msg).context("size")
+}

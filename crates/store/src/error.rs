@@ -11,7 +11,7 @@ pub enum Error {
     Content(#[from] oci::Error),
     /// The writer that was filling a blob went away or failed; readers may retry.
     #[error("download of {digest} failed: {reason}")]
-    DownloadFailed { digest: String, reason: String },
+    DownloadFailed { digest: String, reason: String, retryable: bool },
 }
 
 impl Error {

@@ -21,7 +21,9 @@ pub enum Status {
     Running,
     /// Verified and moved into the content store.
     Complete,
-    Failed { reason: String },
+    /// `retryable` is false when the bytes themselves were wrong (digest or size
+    /// mismatch): fetching them again from the same source cannot help.
+    Failed { reason: String, retryable: bool },
 }
 
 #[derive(Clone, Debug)]
@@ -73,7 +75,12 @@ pub fn read_inflight(inflight: Arc<Inflight>, start: u64, end: Option<u64>) -> i
             if limit.is_some_and(|l| pos >= l) {
                 return None;
             }
-            let available = p.written.min(limit.unwrap_or(u64::MAX));
+            let mut available = p.written.min(limit.unwrap_or(u64::MAX));
+            // The last bytes of a blob are held back until the whole blob is verified:
+            // a client never sees a clean end of content that fails its digest.
+            if p.status == Status::Running && p.total.is_some_and(|t| available >= t) {
+                available = available.saturating_sub(1);
+            }
             if available > pos {
                 let len = ((available - pos) as usize).min(READ_CHUNK);
                 let file = inf.file.clone();
@@ -90,8 +97,8 @@ pub fn read_inflight(inflight: Arc<Inflight>, start: u64, end: Option<u64>) -> i
                 };
             }
             match &p.status {
-                Status::Failed { reason } => {
-                    let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: reason.clone() };
+                Status::Failed { reason, retryable } => {
+                    let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: reason.clone(), retryable: *retryable };
                     return Some((Err(err), (inf, rx, pos, true)));
                 }
                 Status::Complete if limit.is_none() => return None,
@@ -99,7 +106,7 @@ pub fn read_inflight(inflight: Arc<Inflight>, start: u64, end: Option<u64>) -> i
                 _ => {}
             }
             if rx.changed().await.is_err() {
-                let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: "writer vanished".into() };
+                let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: "writer vanished".into(), retryable: true };
                 return Some((Err(err), (inf, rx, pos, true)));
             }
         }

@@ -687,11 +687,24 @@ impl BlobWriter {
 
     fn discard(&mut self, reason: &str) {
         std::fs::remove_file(&self.inflight.path).ok();
-        self.fail(reason);
+        self.fail_with(reason, false);
     }
 
     /// Marks the download failed; the partial file stays for a resume.
     pub fn fail(&mut self, reason: &str) {
+        self.fail_with(reason, true)
+    }
+
+    /// Checks that the blob (size from `set_total`) fits the budget and the disk,
+    /// evicting older content if needed.
+    pub fn reserve(&self) -> Result<(), Error> {
+        match self.expected {
+            Some(total) => self.store.make_room_excluding(total.saturating_sub(self.offset()), Some(&self.inflight.digest)),
+            None => Ok(()),
+        }
+    }
+
+    fn fail_with(&mut self, reason: &str, retryable: bool) {
         if self.done {
             return;
         }
@@ -704,7 +717,7 @@ impl BlobWriter {
             }
         }
         let reason = reason.to_owned();
-        self.inflight.progress.send_modify(|p| p.status = Status::Failed { reason });
+        self.inflight.progress.send_modify(|p| p.status = Status::Failed { reason, retryable });
     }
 }
 

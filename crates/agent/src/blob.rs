@@ -1,0 +1,459 @@
+//! Serving blobs: from the cache, by joining or leading a single-flight download, or by
+//! streaming straight from the upstream when the disk cannot take the blob.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use http::{header, HeaderValue, StatusCode};
+use oci::range::ByteRange;
+use oci::{Digest, Error};
+use store::{Begin, Inflight, Status};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::metrics::SourceLabels;
+use crate::Agent;
+
+/// A range that starts this far beyond the bytes downloaded so far is fetched from the
+/// upstream with its own Range request, so lazy pullers reading a footer do not wait
+/// for the whole blob.
+const RANGE_AHEAD_DIRECT: u64 = 16 << 20;
+
+/// Chunks buffered per client between the producer task and the socket.
+const CLIENT_BUFFER_CHUNKS: usize = 2;
+
+enum Source {
+    Complete,
+    Inflight(Arc<Inflight>),
+    /// The store cannot take this blob (disk full, over budget): stream without caching.
+    Passthrough,
+}
+
+pub struct BlobRequest<'a> {
+    pub registry: &'a str,
+    pub repo: &'a str,
+    pub digest: &'a Digest,
+    pub range: Option<&'a str>,
+    pub head: bool,
+}
+
+impl Agent {
+    pub(crate) async fn serve_blob(&self, req: BlobRequest<'_>) -> Result<Response, Error> {
+        let specs = req.range.map(oci::range::parse).transpose()?;
+        let d = req.digest;
+        if let Some(open) = self.store.open_complete(d).map_err(store_err)? {
+            self.metrics.cache_hits.inc();
+            let total = open.size;
+            let plan = plan(specs.as_deref(), total)?;
+            let (status, headers_len) = (plan.status(), plan.body_len(total));
+            let mut resp = plan.response_head(d, total, headers_len, status);
+            if !req.head {
+                let started = Instant::now();
+                let file_stream = stream_plan_from_file(open, plan, total);
+                *resp.body_mut() = Body::from_stream(self.account(file_stream, "cache", d.clone(), started, headers_len));
+            }
+            return Ok(resp);
+        }
+        if req.head {
+            let total = match self.store.inflight(d).and_then(|i| i.progress().total) {
+                Some(t) => t,
+                None => self.upstream.head_blob(req.registry, req.repo, d).await.map_err(|e| blob_err(e, d))?,
+            };
+            let plan = plan(specs.as_deref(), total)?;
+            let len = plan.body_len(total);
+            return Ok(plan.response_head(d, total, len, plan.status()));
+        }
+        self.metrics.cache_misses.inc();
+        let (source, total) = self.acquire(req.registry, req.repo, d).await?;
+        let plan = plan(specs.as_deref(), total)?;
+        let body_len = plan.body_len(total);
+        let mut resp = plan.response_head(d, total, body_len, plan.status());
+        let label = match source {
+            Source::Passthrough => "passthrough",
+            _ => "upstream",
+        };
+        let (tx, rx) = mpsc::channel::<Result<Bytes, Error>>(CLIENT_BUFFER_CHUNKS);
+        let agent = self.clone();
+        let (registry, repo, digest) = (req.registry.to_owned(), req.repo.to_owned(), d.clone());
+        tokio::spawn(async move {
+            for part in plan.parts(total) {
+                match part {
+                    Part::Text(t) => {
+                        if tx.send(Ok(t)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Part::Range(r) => {
+                        if !agent.copy_range(&registry, &repo, &digest, r.start, r.end + 1, &tx).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+        *resp.body_mut() = Body::from_stream(self.account(stream, label, d.clone(), Instant::now(), body_len));
+        Ok(resp)
+    }
+
+    /// Finds or starts the download of a missing blob and learns its size. Errors here
+    /// happen before any byte is sent, so they become proper HTTP statuses.
+    async fn acquire(&self, registry: &str, repo: &str, d: &Digest) -> Result<(Source, u64), Error> {
+        for _ in 0..3 {
+            match self.store.begin(d, None, registry).await {
+                Ok(Begin::Complete(size)) => return Ok((Source::Complete, size)),
+                Ok(Begin::Join(inf)) => {
+                    let mut rx = inf.subscribe();
+                    loop {
+                        let p = rx.borrow_and_update().clone();
+                        if let Some(t) = p.total {
+                            return Ok((Source::Inflight(inf), t));
+                        }
+                        if matches!(p.status, Status::Failed { .. }) || rx.changed().await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                Ok(Begin::Lead(mut writer)) => {
+                    let resp = match self.upstream.get_blob(registry, repo, d, writer.offset()).await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            self.metrics.upstream_errors.inc();
+                            writer.fail(&e.to_string());
+                            return Err(blob_err(e, d));
+                        }
+                    };
+                    let Some(total) = resp.total else {
+                        writer.fail("upstream sent no length");
+                        return Ok((Source::Passthrough, self.upstream.head_blob(registry, repo, d).await.map_err(|e| blob_err(e, d))?));
+                    };
+                    writer.set_total(total);
+                    if let Err(e) = writer.reserve() {
+                        warn!(digest = %d, error = %e, "cannot cache blob; streaming it without caching");
+                        writer.fail(&e.to_string());
+                        return Ok((Source::Passthrough, total));
+                    }
+                    let inf = writer.inflight();
+                    let agent = self.clone();
+                    tokio::spawn(agent.download(writer, resp.stream));
+                    return Ok((Source::Inflight(inf), total));
+                }
+                Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {
+                    warn!(digest = %d, error = %e, "store cannot take blob; streaming it without caching");
+                    let total = self.upstream.head_blob(registry, repo, d).await.map_err(|e| blob_err(e, d))?;
+                    return Ok((Source::Passthrough, total));
+                }
+                Err(e) => return Err(store_err(e)),
+            }
+        }
+        Err(Error::Transport { registry: registry.to_owned(), message: format!("download of {d} keeps failing") })
+    }
+
+    /// Drives one upstream body into the store. Runs detached from any client, so a
+    /// client that disconnects does not waste what other clients are waiting for.
+    async fn download(self, mut writer: store::BlobWriter, mut body: oci::upstream::ByteStream) {
+        let d = writer.inflight().digest.clone();
+        let started = Instant::now();
+        let from = writer.offset();
+        while let Some(chunk) = body.next().await {
+            match chunk {
+                Ok(c) => {
+                    self.metrics.upstream_bytes.inc_by(c.len() as u64);
+                    if let Err(e) = writer.write(&c).await {
+                        warn!(digest = %d, error = %e, "download stopped: cannot write");
+                        writer.fail(&e.to_string());
+                        return;
+                    }
+                }
+                Err(e) => {
+                    self.metrics.upstream_errors.inc();
+                    warn!(digest = %d, error = %e, "download stopped: upstream failed");
+                    writer.fail(&e.to_string());
+                    return;
+                }
+            }
+        }
+        match writer.finish().await {
+            Ok(size) => {
+                let secs = started.elapsed().as_secs_f64();
+                info!(digest = %d, bytes = size, fetched = size - from, seconds = format!("{secs:.3}"), mib_per_s = format!("{:.1}", (size - from) as f64 / secs.max(1e-6) / 1048576.0), "blob cached from upstream");
+                self.refresh_cache_gauges();
+            }
+            Err(e) => warn!(digest = %d, error = %e, "downloaded blob rejected; discarded"),
+        }
+    }
+
+    /// Streams `[start, end)` to the client, switching source when one fails. Returns
+    /// false when the client went away or an unrecoverable error was sent.
+    async fn copy_range(&self, registry: &str, repo: &str, d: &Digest, mut pos: u64, end: u64, tx: &mpsc::Sender<Result<Bytes, Error>>) -> bool {
+        let mut failures = 0;
+        while pos < end {
+            let source = match self.acquire(registry, repo, d).await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return false;
+                }
+            };
+            let stream: std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> = match source {
+                Source::Complete => match self.store.open_complete(d) {
+                    Ok(Some(open)) => {
+                        let guard = open.guard;
+                        Box::pin(store::read_file(open.file, open.path, pos, end).map(move |r| {
+                            let _keep = &guard;
+                            r.map_err(store_err)
+                        }))
+                    }
+                    _ => {
+                        failures += 1;
+                        if failures > 3 {
+                            let _ = tx.send(Err(Error::Transport { registry: registry.into(), message: "blob vanished".into() })).await;
+                            return false;
+                        }
+                        continue;
+                    }
+                },
+                Source::Inflight(inf) if pos > inf.progress().written + RANGE_AHEAD_DIRECT => self.passthrough(registry, repo, d, pos, end),
+                Source::Inflight(inf) => Box::pin(store::read_inflight(inf, pos, Some(end)).map(|r| r.map_err(store_err))),
+                Source::Passthrough => self.passthrough(registry, repo, d, pos, end),
+            };
+            futures::pin_mut!(stream);
+            let mut failed = None;
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(b) => {
+                        pos += b.len() as u64;
+                        if tx.send(Ok(b)).await.is_err() {
+                            return false;
+                        }
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                failures += 1;
+                if !e.is_retryable() || failures > 3 {
+                    warn!(digest = %d, offset = pos, error = %e, "blob stream to client failed");
+                    let _ = tx.send(Err(e)).await;
+                    return false;
+                }
+                warn!(digest = %d, offset = pos, error = %e, "source failed mid-blob; continuing from another");
+            } else if pos < end {
+                failures += 1;
+                if failures > 3 {
+                    let _ = tx.send(Err(Error::Transport { registry: registry.into(), message: "source ended early".into() })).await;
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn passthrough(&self, registry: &str, repo: &str, d: &Digest, start: u64, end: u64) -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
+        let up = self.upstream.clone();
+        let metrics = self.metrics.clone();
+        let (registry, repo, d) = (registry.to_owned(), repo.to_owned(), d.clone());
+        let fut = async move { up.get_blob(&registry, &repo, &d, start).await };
+        Box::pin(
+            futures::stream::once(fut)
+                .map(move |r| match r {
+                    Ok(resp) => resp.stream,
+                    Err(e) => Box::pin(futures::stream::once(async move { Err(e) })) as oci::upstream::ByteStream,
+                })
+                .flatten()
+                .scan(start, move |pos, item| {
+                    let out = match item {
+                        Ok(mut b) => {
+                            if *pos >= end {
+                                return futures::future::ready(None);
+                            }
+                            if *pos + b.len() as u64 > end {
+                                b.truncate((end - *pos) as usize);
+                            }
+                            *pos += b.len() as u64;
+                            metrics.upstream_bytes.inc_by(b.len() as u64);
+                            Ok(b)
+                        }
+                        Err(e) => Err(e),
+                    };
+                    futures::future::ready(Some(out))
+                }),
+        )
+    }
+
+    /// Counts bytes by source and logs one line per blob when the body ends.
+    fn account<S>(&self, stream: S, source: &'static str, d: Digest, started: Instant, expected: u64) -> impl Stream<Item = Result<Bytes, Error>> + Send + 'static
+    where
+        S: Stream<Item = Result<Bytes, Error>> + Send + 'static,
+    {
+        struct Tally {
+            metrics: Arc<crate::metrics::Metrics>,
+            source: &'static str,
+            digest: Digest,
+            started: Instant,
+            bytes: u64,
+            expected: u64,
+        }
+        impl Drop for Tally {
+            fn drop(&mut self) {
+                let secs = self.started.elapsed().as_secs_f64();
+                let labels = SourceLabels { source: self.source };
+                self.metrics.bytes_served.get_or_create(&labels).inc_by(self.bytes);
+                if self.bytes == self.expected {
+                    self.metrics.blob_seconds.get_or_create(&labels).observe(secs);
+                }
+                info!(
+                    digest = %self.digest,
+                    bytes = self.bytes,
+                    complete = self.bytes == self.expected,
+                    source = self.source,
+                    seconds = format!("{secs:.3}"),
+                    mib_per_s = format!("{:.1}", self.bytes as f64 / secs.max(1e-6) / 1048576.0),
+                    "blob served"
+                );
+            }
+        }
+        let mut tally = Tally { metrics: self.metrics.clone(), source, digest: d, started, bytes: 0, expected };
+        stream.map(move |item| {
+            // Borrow the whole struct so the closure owns it (and its Drop) entirely.
+            let t = &mut tally;
+            if let Ok(b) = &item {
+                t.bytes += b.len() as u64;
+            }
+            item
+        })
+    }
+}
+
+fn store_err(e: store::Error) -> Error {
+    match e {
+        store::Error::Content(c) => c,
+        store::Error::DownloadFailed { digest, reason, retryable: false } => {
+            Error::ManifestInvalid(format!("blob {digest} failed verification: {reason}"))
+        }
+        other => Error::Transport { registry: "cache".into(), message: other.to_string() },
+    }
+}
+
+/// Upstream 404 on a blob is BLOB_UNKNOWN, not the generic NAME_UNKNOWN.
+fn blob_err(e: Error, d: &Digest) -> Error {
+    match e {
+        Error::Upstream { registry, status: 404, message, retry_after, .. } => Error::Upstream {
+            registry,
+            status: 404,
+            code: Some(oci::ErrorCode::BlobUnknown),
+            message: format!("blob {d} unknown: {message}"),
+            retry_after,
+        },
+        other => other,
+    }
+}
+
+/// What the response body consists of.
+enum Plan {
+    Full,
+    Single(ByteRange),
+    Multi { ranges: Vec<ByteRange>, boundary: String },
+}
+
+enum Part {
+    Text(Bytes),
+    Range(ByteRange),
+}
+
+fn plan(specs: Option<&[oci::range::RangeSpec]>, total: u64) -> Result<Plan, Error> {
+    let Some(specs) = specs else { return Ok(Plan::Full) };
+    let ranges = oci::range::resolve(specs, total);
+    match ranges.len() {
+        0 => Err(Error::RangeInvalid(format!("unsatisfiable range for {total} bytes"))).map_err(|e| unsatisfiable(e, total)),
+        1 => Ok(Plan::Single(ranges[0])),
+        _ => Ok(Plan::Multi { ranges, boundary: format!("starling{:016x}", rand::random::<u64>()) }),
+    }
+}
+
+/// Marker carried through `Error::Upstream` so the HTTP layer answers 416 with the
+/// `Content-Range: bytes */total` the spec asks for.
+fn unsatisfiable(e: Error, total: u64) -> Error {
+    Error::Upstream { registry: "range".into(), status: 416, code: Some(oci::ErrorCode::RangeInvalid), message: format!("{e}; total={total}"), retry_after: None }
+}
+
+impl Plan {
+    fn status(&self) -> StatusCode {
+        match self {
+            Plan::Full => StatusCode::OK,
+            _ => StatusCode::PARTIAL_CONTENT,
+        }
+    }
+
+    fn multipart_header(boundary: &str, r: &ByteRange, total: u64) -> String {
+        format!("\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\nContent-Range: {}\r\n\r\n", r.content_range(total))
+    }
+
+    fn parts(&self, total: u64) -> Vec<Part> {
+        match self {
+            Plan::Full => vec![Part::Range(ByteRange { start: 0, end: total.saturating_sub(1) })].into_iter().filter(|_| total > 0).collect(),
+            Plan::Single(r) => vec![Part::Range(*r)],
+            Plan::Multi { ranges, boundary } => {
+                let mut v = Vec::new();
+                for r in ranges {
+                    v.push(Part::Text(Bytes::from(Self::multipart_header(boundary, r, total))));
+                    v.push(Part::Range(*r));
+                }
+                v.push(Part::Text(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
+                v
+            }
+        }
+    }
+
+    fn body_len(&self, total: u64) -> u64 {
+        self.parts(total)
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => t.len() as u64,
+                Part::Range(r) => r.len(),
+            })
+            .sum()
+    }
+
+    fn response_head(&self, d: &Digest, total: u64, body_len: u64, status: StatusCode) -> Response {
+        let mut b = Response::builder()
+            .status(status)
+            .header("Docker-Content-Digest", d.to_string())
+            .header(header::ACCEPT_RANGES, "bytes")
+            .header(header::CONTENT_LENGTH, body_len)
+            .header(header::ETAG, format!("\"{d}\""));
+        b = match self {
+            Plan::Full => b.header(header::CONTENT_TYPE, "application/octet-stream"),
+            Plan::Single(r) => b.header(header::CONTENT_TYPE, "application/octet-stream").header(header::CONTENT_RANGE, r.content_range(total)),
+            Plan::Multi { boundary, .. } => b.header(
+                header::CONTENT_TYPE,
+                HeaderValue::from_str(&format!("multipart/byteranges; boundary={boundary}")).unwrap_or(HeaderValue::from_static("multipart/byteranges")),
+            ),
+        };
+        b.body(Body::empty()).unwrap_or_default()
+    }
+}
+
+fn stream_plan_from_file(open: store::OpenBlob, plan: Plan, total: u64) -> impl Stream<Item = Result<Bytes, Error>> + Send {
+    let store::OpenBlob { file, path, guard, .. } = open;
+    let parts = plan.parts(total);
+    futures::stream::iter(parts)
+        .map(move |p| -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
+            match p {
+                Part::Text(t) => Box::pin(futures::stream::once(async move { Ok(t) })),
+                Part::Range(r) => Box::pin(store::read_file(file.clone(), path.clone(), r.start, r.end + 1).map(|x| x.map_err(store_err))),
+            }
+        })
+        .flatten()
+        .map(move |x| {
+            let _keep_from_gc = &guard;
+            x
+        })
+}

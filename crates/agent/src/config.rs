@@ -1,0 +1,137 @@
+//! Agent configuration (TOML). Every key can also be set by a flag or an environment
+//! variable in the `starling` binary, which builds this struct.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Address the mirror listens on (containerd's hosts.toml points here).
+    pub listen: SocketAddr,
+    /// Cache directory: blobs, partial downloads and the metadata database.
+    pub cache_dir: PathBuf,
+    /// Cache budget, e.g. "200GiB".
+    pub cache_budget: String,
+    pub gc_high_watermark: f64,
+    pub gc_low_watermark: f64,
+    /// Space always left free on the cache filesystem, e.g. "1GiB".
+    pub min_free: String,
+    /// Registry used when a request carries no `?ns=` (Docker `registry-mirrors`, skopeo).
+    pub default_registry: String,
+    /// How long a tag's digest is trusted before it is checked again with a HEAD.
+    #[serde(with = "humantime_serde_compat")]
+    pub tag_ttl: Duration,
+    /// When the upstream is unreachable, answer tags with the last known digest.
+    pub serve_stale_tags: bool,
+    /// Images whose content GC never evicts, e.g. "docker.io/library/python:3.12".
+    pub pin: Vec<String>,
+    /// Per-registry settings, keyed by registry host ("docker.io", "ghcr.io", ...).
+    pub registries: HashMap<String, RegistryConfig>,
+    /// A docker `config.json` to read registry credentials from.
+    pub docker_config: Option<PathBuf>,
+    #[serde(with = "humantime_serde_compat")]
+    pub connect_timeout: Duration,
+    /// A body with no bytes for this long counts as a dead connection (then resumed).
+    #[serde(with = "humantime_serde_compat")]
+    pub stall_timeout: Duration,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryConfig {
+    /// Endpoint override, e.g. "http://127.0.0.1:5000" for an air-gapped origin.
+    pub endpoint: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 5050)),
+            cache_dir: PathBuf::from("/var/lib/starling"),
+            cache_budget: "100GiB".into(),
+            gc_high_watermark: 0.90,
+            gc_low_watermark: 0.80,
+            min_free: "1GiB".into(),
+            default_registry: "docker.io".into(),
+            tag_ttl: Duration::from_secs(60),
+            serve_stale_tags: true,
+            pin: Vec::new(),
+            registries: HashMap::new(),
+            docker_config: None,
+            connect_timeout: Duration::from_secs(5),
+            stall_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Parses sizes like `512MiB`, `200GiB`, `1.5TB`, `1048576`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "kib" | "ki" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" | "mi" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" | "gi" => 1 << 30,
+        "t" | "tb" => 1_000_000_000_000,
+        "tib" | "ti" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+    };
+    Ok((n * mult as f64) as u64)
+}
+
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2 GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1000").unwrap(), 1000);
+        assert!(parse_size("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn toml_round_trip() {
+        let text = r#"
+            listen = "127.0.0.1:6000"
+            cache_dir = "/tmp/x"
+            tag_ttl = "30s"
+            pin = ["docker.io/library/python:3.12"]
+            [registries."docker.io"]
+            endpoint = "http://127.0.0.1:5000"
+        "#;
+        let c: AgentConfig = toml::from_str(text).unwrap();
+        assert_eq!(c.tag_ttl, Duration::from_secs(30));
+        assert_eq!(c.registries["docker.io"].endpoint.as_deref(), Some("http://127.0.0.1:5000"));
+        assert!(toml::from_str::<AgentConfig>("bogus_key = 1").is_err());
+    }
+}

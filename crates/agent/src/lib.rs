@@ -1,0 +1,331 @@
+//! The node agent: an OCI registry mirror that containerd, Docker and skopeo pull
+//! through. Requests are answered from the local store when possible; misses are
+//! fetched once from the upstream (single flight) and streamed to every waiting client
+//! while they arrive.
+#![forbid(unsafe_code)]
+
+mod blob;
+pub mod config;
+mod manifest;
+pub mod metrics;
+pub mod routes;
+pub mod setup;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use axum::Router;
+use http::{header, HeaderMap, Method, StatusCode};
+use oci::reference::{canonical_registry, validate_registry};
+use oci::upstream::{Credentials, Upstream, UpstreamConfig};
+use oci::{ErrorBody, ErrorCode};
+use store::{Store, StoreConfig};
+use tracing::{debug, info, warn};
+
+pub use config::AgentConfig;
+use routes::Route;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    #[error(transparent)]
+    Oci(#[from] oci::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+#[derive(Clone)]
+pub struct Agent {
+    pub cfg: Arc<AgentConfig>,
+    pub store: Store,
+    pub upstream: Upstream,
+    pub metrics: Arc<metrics::Metrics>,
+}
+
+impl Agent {
+    pub fn new(cfg: AgentConfig) -> Result<Self, Error> {
+        let mut store_cfg = StoreConfig::new(&cfg.cache_dir);
+        store_cfg.budget_bytes = config::parse_size(&cfg.cache_budget).map_err(Error::Config)?;
+        store_cfg.min_free_bytes = config::parse_size(&cfg.min_free).map_err(Error::Config)?;
+        store_cfg.high_watermark = cfg.gc_high_watermark;
+        store_cfg.low_watermark = cfg.gc_low_watermark;
+        if !(0.0 < cfg.gc_low_watermark && cfg.gc_low_watermark <= cfg.gc_high_watermark && cfg.gc_high_watermark <= 1.0) {
+            return Err(Error::Config("need 0 < gc_low_watermark <= gc_high_watermark <= 1".into()));
+        }
+        let mut up = UpstreamConfig { connect_timeout: cfg.connect_timeout, stall_timeout: cfg.stall_timeout, docker_config: cfg.docker_config.clone(), ..Default::default() };
+        for (name, r) in &cfg.registries {
+            let reg = canonical_registry(name);
+            validate_registry(&reg).map_err(|e| Error::Config(e.to_string()))?;
+            if let Some(ep) = &r.endpoint {
+                if !(ep.starts_with("http://") || ep.starts_with("https://")) {
+                    return Err(Error::Config(format!("registry {name}: endpoint must start with http:// or https://")));
+                }
+                up.endpoints.insert(reg.clone(), ep.clone());
+            }
+            if let (Some(u), Some(p)) = (&r.username, &r.password) {
+                up.credentials.insert(reg.clone(), Credentials { username: u.clone(), password: p.clone() });
+            }
+        }
+        let store = Store::open(store_cfg)?;
+        let upstream = Upstream::new(up)?;
+        let metrics = Arc::new(metrics::Metrics::default());
+        let agent = Self { cfg: Arc::new(cfg), store, upstream, metrics };
+        agent.refresh_cache_gauges();
+        Ok(agent)
+    }
+
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/metrics", axum::routing::get(metrics_handler))
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route("/api/v1/cache", axum::routing::get(cache_handler))
+            .fallback(registry_handler)
+            .with_state(self.clone())
+    }
+
+    /// Binds and serves until `shutdown` resolves. Returns the bound address via `ready`.
+    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+        let addr = listener.local_addr().map_err(|e| Error::Listen { addr: self.cfg.listen, source: e })?;
+        info!(%addr, cache = %self.cfg.cache_dir.display(), "agent listening");
+        self.spawn_background();
+        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await.map_err(|e| Error::Listen { addr, source: e })
+    }
+
+    fn spawn_background(&self) {
+        let agent = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(30));
+            loop {
+                tick.tick().await;
+                if let Err(e) = agent.store.flush_access() {
+                    warn!(error = %e, "cannot persist access times");
+                }
+                match agent.store.maybe_gc() {
+                    Ok(r) if r.evicted > 0 => {
+                        agent.metrics.evictions.inc_by(r.evicted);
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "gc failed"),
+                }
+                agent.refresh_cache_gauges();
+            }
+        });
+        let agent = self.clone();
+        tokio::spawn(async move { agent.apply_pins().await });
+    }
+
+    /// Resolves the configured `pin` references and pins their manifests.
+    pub async fn apply_pins(&self) {
+        for r in &self.cfg.pin {
+            let reference = match oci::ImageReference::parse(r) {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(pin = %r, error = %e, "invalid pin reference");
+                    continue;
+                }
+            };
+            match self.manifest(&reference.registry, &reference.repository, &reference.manifest_ref(), None).await {
+                Ok(m) => {
+                    let mut roots = vec![m.digest.clone()];
+                    // Pin platform manifests of an index too, so the closure reaches layers.
+                    if let Ok(parsed) = oci::Manifest::parse(&m.body) {
+                        for child in &parsed.manifests {
+                            if self.manifest(&reference.registry, &reference.repository, &oci::ManifestRef::Digest(child.digest.clone()), None).await.is_ok() {
+                                roots.push(child.digest.clone());
+                            }
+                        }
+                    }
+                    for d in roots {
+                        if let Err(e) = self.store.pin(&d, None, &format!("config pin {r}")) {
+                            warn!(pin = %r, error = %e, "cannot pin");
+                        }
+                    }
+                    info!(pin = %r, digest = %m.digest, "pinned");
+                }
+                Err(e) => warn!(pin = %r, error = %e, "cannot resolve pinned image; will not pin it now"),
+            }
+        }
+    }
+
+    pub(crate) fn refresh_cache_gauges(&self) {
+        let u = self.store.usage();
+        self.metrics.cache_bytes.set(u.used_bytes as i64);
+        self.metrics.cache_budget_bytes.set(u.budget_bytes as i64);
+    }
+
+    fn registry_for(&self, ns: Option<&str>) -> Result<String, oci::Error> {
+        let r = canonical_registry(ns.unwrap_or(&self.cfg.default_registry));
+        validate_registry(&r)?;
+        Ok(r)
+    }
+}
+
+async fn metrics_handler(State(agent): State<Agent>) -> Response {
+    agent.refresh_cache_gauges();
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .body(Body::from(agent.metrics.encode()))
+        .unwrap_or_default()
+}
+
+async fn cache_handler(State(agent): State<Agent>) -> Response {
+    let body = serde_json::json!({ "usage": agent.store.usage(), "pins": agent.store.pins().iter().map(|(d, p)| serde_json::json!({"digest": d, "until": p.until, "reason": p.reason})).collect::<Vec<_>>() });
+    json_response(StatusCode::OK, body.to_string().into_bytes())
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    Response::builder().status(status).header(header::CONTENT_TYPE, "application/json").body(Body::from(body)).unwrap_or_default()
+}
+
+/// The OCI error body with the status the spec pairs it with.
+pub fn error_response(e: &oci::Error) -> Response {
+    let (status, code) = e.oci_status();
+    let mut builder = Response::builder().status(status).header(header::CONTENT_TYPE, "application/json");
+    if let oci::Error::Upstream { retry_after: Some(ra), .. } = e {
+        builder = builder.header(header::RETRY_AFTER, ra.as_secs().max(1));
+    }
+    if let oci::Error::Upstream { status: 416, message, .. } = e {
+        if let Some(total) = message.rsplit("total=").next() {
+            builder = builder.header(header::CONTENT_RANGE, format!("bytes */{total}"));
+        }
+    }
+    if status == 401 {
+        builder = builder.header(header::WWW_AUTHENTICATE, "Basic realm=\"starling\"");
+    }
+    let message = match e {
+        oci::Error::Upstream { status: 416, .. } => "requested range not satisfiable".to_owned(),
+        other => other.to_string(),
+    };
+    builder.body(Body::from(ErrorBody::single(code, message).to_json())).unwrap_or_default()
+}
+
+fn query_param(query: Option<&str>, key: &str) -> Option<String> {
+    query?.split('&').find_map(|kv| kv.split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| percent_decode(v)))
+}
+
+/// Decodes `%XX` escapes (containerd sends `ns=127.0.0.1%3A5000`). Invalid escapes are
+/// kept literally and then rejected by registry-name validation.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() && s.is_char_boundary(i + 1) && s.is_char_boundary(i + 3) {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().map(str::to_owned);
+    let headers = req.headers().clone();
+    let route = match routes::parse(&path) {
+        None => {
+            let r = error_response(&oci::Error::Upstream { registry: "-".into(), status: 404, code: Some(ErrorCode::NameUnknown), message: format!("no such route {path:.200}"), retry_after: None });
+            return record(&agent, "unknown", r);
+        }
+        Some(Err(e)) => return record(&agent, "invalid", error_response(&e)),
+        Some(Ok(r)) => r,
+    };
+    let label = route.label();
+    if method != Method::GET && method != Method::HEAD {
+        let e = oci::Error::Unsupported(format!("{method} is not supported by a pull-through mirror"));
+        let mut r = error_response(&e);
+        *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+        return record(&agent, label, r);
+    }
+    let ns = query_param(query.as_deref(), "ns");
+    let ns = ns.as_deref();
+    let resp = match handle(&agent, route, &method, ns, query.as_deref(), &headers).await {
+        Ok(r) => r,
+        Err(e) => {
+            debug!(%path, error = %e, "request failed");
+            error_response(&e)
+        }
+    };
+    let mut resp = record(&agent, label, resp);
+    if let Some(ns) = ns {
+        if let Ok(v) = http::HeaderValue::from_str(ns) {
+            resp.headers_mut().insert("OCI-Namespace", v);
+        }
+    }
+    resp
+}
+
+fn record(agent: &Agent, route: &'static str, resp: Response) -> Response {
+    agent.metrics.requests.get_or_create(&metrics::RouteLabels { route, status: resp.status().as_u16() }).inc();
+    resp
+}
+
+async fn handle(agent: &Agent, route: Route, method: &Method, ns: Option<&str>, query: Option<&str>, headers: &HeaderMap) -> Result<Response, oci::Error> {
+    let head = method == Method::HEAD;
+    let hdr = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    match route {
+        Route::Base => Ok(Response::builder()
+            .header("Docker-Distribution-API-Version", "registry/2.0")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from("{}"))
+            .unwrap_or_default()),
+        Route::Manifest { repo, reference } => {
+            let registry = agent.registry_for(ns)?;
+            let m = agent.manifest(&registry, &repo, &reference, hdr(header::ACCEPT)).await?;
+            let b = Response::builder()
+                .header(header::CONTENT_TYPE, &m.media_type)
+                .header("Docker-Content-Digest", m.digest.to_string())
+                .header(header::CONTENT_LENGTH, m.body.len())
+                .header(header::ETAG, format!("\"{}\"", m.digest));
+            Ok(b.body(if head { Body::empty() } else { Body::from(m.body) }).unwrap_or_default())
+        }
+        Route::Blob { repo, digest } => {
+            let registry = agent.registry_for(ns)?;
+            agent.serve_blob(blob::BlobRequest { registry: &registry, repo: &repo, digest: &digest, range: hdr(header::RANGE), head }).await
+        }
+        Route::TagsList { repo } => {
+            let registry = agent.registry_for(ns)?;
+            let q = strip_ns(query);
+            passthrough(agent, &registry, &repo, &format!("/v2/{repo}/tags/list{q}"), hdr(header::ACCEPT), head).await
+        }
+        Route::Referrers { repo, digest } => {
+            let registry = agent.registry_for(ns)?;
+            let q = strip_ns(query);
+            passthrough(agent, &registry, &repo, &format!("/v2/{repo}/referrers/{digest}{q}"), hdr(header::ACCEPT), head).await
+        }
+    }
+}
+
+fn strip_ns(query: Option<&str>) -> String {
+    let kept: Vec<&str> = query.unwrap_or("").split('&').filter(|kv| !kv.is_empty() && !kv.starts_with("ns=")).collect();
+    if kept.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", kept.join("&"))
+    }
+}
+
+async fn passthrough(agent: &Agent, registry: &str, repo: &str, path: &str, accept: Option<&str>, head: bool) -> Result<Response, oci::Error> {
+    let (status, headers, body) = agent.upstream.get_passthrough(registry, repo, path, accept).await?;
+    let mut b = Response::builder().status(status);
+    for name in [header::CONTENT_TYPE, header::LINK, http::HeaderName::from_static("oci-filters-applied")] {
+        if let Some(v) = headers.get(&name) {
+            b = b.header(name, v);
+        }
+    }
+    b = b.header(header::CONTENT_LENGTH, body.len());
+    Ok(b.body(if head { Body::empty() } else { Body::from(body) }).unwrap_or_default())
+}

@@ -1,0 +1,197 @@
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+#[derive(Args)]
+pub struct AgentArgs {
+    /// TOML config file; flags and STARLING_* environment variables override its keys.
+    #[arg(long, short, env = "STARLING_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on (what containerd's hosts.toml points at).
+    #[arg(long, env = "STARLING_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Cache directory (blobs, partial downloads, metadata).
+    #[arg(long, env = "STARLING_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Cache budget, e.g. 200GiB. GC keeps usage between the watermarks below it.
+    #[arg(long, env = "STARLING_CACHE_BUDGET")]
+    cache_budget: Option<String>,
+    #[arg(long, env = "STARLING_GC_HIGH_WATERMARK")]
+    gc_high_watermark: Option<f64>,
+    #[arg(long, env = "STARLING_GC_LOW_WATERMARK")]
+    gc_low_watermark: Option<f64>,
+    /// Space always left free on the cache filesystem, e.g. 1GiB.
+    #[arg(long, env = "STARLING_MIN_FREE")]
+    min_free: Option<String>,
+    /// Registry for requests without ?ns= (Docker registry-mirrors, skopeo).
+    #[arg(long, env = "STARLING_DEFAULT_REGISTRY")]
+    default_registry: Option<String>,
+    /// How long a tag's digest is trusted before a HEAD re-checks it, e.g. 60s.
+    #[arg(long, env = "STARLING_TAG_TTL")]
+    tag_ttl: Option<humantime::Duration>,
+    /// Refuse to answer tags from cache when the upstream is unreachable.
+    #[arg(long, env = "STARLING_NO_STALE_TAGS")]
+    no_stale_tags: bool,
+    /// Upstream endpoint override, REGISTRY=URL (repeatable), e.g. docker.io=http://127.0.0.1:5000.
+    #[arg(long = "registry-endpoint", value_name = "REGISTRY=URL", env = "STARLING_REGISTRY_ENDPOINTS", value_delimiter = ',')]
+    registry_endpoints: Vec<String>,
+    /// Upstream credentials, REGISTRY=USER:PASSWORD (repeatable). Prefer the config file or --docker-config.
+    #[arg(long = "registry-credentials", value_name = "REGISTRY=USER:PASSWORD", env = "STARLING_REGISTRY_CREDENTIALS", value_delimiter = ',', hide_env_values = true)]
+    registry_credentials: Vec<String>,
+    /// A docker config.json to read upstream credentials from.
+    #[arg(long, env = "STARLING_DOCKER_CONFIG")]
+    docker_config: Option<PathBuf>,
+    /// Image to keep in the cache whatever GC wants (repeatable).
+    #[arg(long = "pin", env = "STARLING_PIN", value_delimiter = ',')]
+    pins: Vec<String>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
+    let mut cfg: agent::AgentConfig = match &a.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
+        }
+        None => agent::AgentConfig::default(),
+    };
+    if let Some(v) = a.listen {
+        cfg.listen = v;
+    }
+    if let Some(v) = &a.cache_dir {
+        cfg.cache_dir = v.clone();
+    }
+    if let Some(v) = &a.cache_budget {
+        crate::parse_size(v)?;
+        cfg.cache_budget = v.clone();
+    }
+    if let Some(v) = a.gc_high_watermark {
+        cfg.gc_high_watermark = v;
+    }
+    if let Some(v) = a.gc_low_watermark {
+        cfg.gc_low_watermark = v;
+    }
+    if let Some(v) = &a.min_free {
+        cfg.min_free = v.clone();
+    }
+    if let Some(v) = &a.default_registry {
+        cfg.default_registry = v.clone();
+    }
+    if let Some(v) = a.tag_ttl {
+        cfg.tag_ttl = v.into();
+    }
+    if a.no_stale_tags {
+        cfg.serve_stale_tags = false;
+    }
+    for e in &a.registry_endpoints {
+        let Some((reg, url)) = e.split_once('=') else { bail!("--registry-endpoint wants REGISTRY=URL, got {e:?}") };
+        cfg.registries.entry(reg.to_owned()).or_default().endpoint = Some(url.to_owned());
+    }
+    for e in &a.registry_credentials {
+        let Some((reg, up)) = e.split_once('=') else { bail!("--registry-credentials wants REGISTRY=USER:PASSWORD") };
+        let Some((u, p)) = up.split_once(':') else { bail!("--registry-credentials wants REGISTRY=USER:PASSWORD") };
+        let r = cfg.registries.entry(reg.to_owned()).or_default();
+        r.username = Some(u.to_owned());
+        r.password = Some(p.to_owned());
+    }
+    if let Some(v) = &a.docker_config {
+        cfg.docker_config = Some(v.clone());
+    }
+    cfg.pin.extend(a.pins.iter().cloned());
+    Ok(cfg)
+}
+
+pub async fn run_agent(a: AgentArgs) -> Result<()> {
+    let cfg = build_config(&a)?;
+    if a.print_config {
+        print!("{}", toml::to_string_pretty(&cfg)?);
+        return Ok(());
+    }
+    let listen = cfg.listen;
+    let agent = agent::Agent::new(cfg).context("starting agent")?;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    agent.serve(listener, crate::shutdown_signal()).await?;
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct ServeOciArgs {
+    /// OCI image layout directory (oci-layout, index.json, blobs/).
+    dir: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:5000", env = "STARLING_ORIGIN_LISTEN")]
+    listen: SocketAddr,
+    /// Total egress limit shared by all clients, e.g. 100MiB (per second).
+    #[arg(long, env = "STARLING_ORIGIN_EGRESS_LIMIT")]
+    egress_limit: Option<String>,
+    /// Serve only under this repository name (default: any name).
+    #[arg(long)]
+    repository: Option<String>,
+}
+
+pub async fn run_serve_oci(a: ServeOciArgs) -> Result<()> {
+    let limit = a.egress_limit.as_deref().map(crate::parse_size).transpose()?;
+    let cfg = origin::OriginConfig { layout_dir: a.dir, listen: a.listen, egress_limit_bytes_per_sec: limit, repository: a.repository };
+    origin::serve(cfg, crate::shutdown_signal()).await.context("serve-oci")?;
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct PullArgs {
+    /// Image reference, e.g. docker.io/library/python:3.12 or 127.0.0.1:5000/train:v1.
+    reference: String,
+    /// Pull through this mirror (e.g. the local agent http://127.0.0.1:5050) instead of the registry itself.
+    #[arg(long, env = "STARLING_MIRROR")]
+    mirror: Option<String>,
+    /// Platform os/arch for multi-platform images (default: this host's).
+    #[arg(long)]
+    platform: Option<String>,
+    /// Blobs fetched at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Registry credentials USER:PASSWORD.
+    #[arg(long, env = "STARLING_PULL_CREDS", hide_env_values = true)]
+    creds: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run_pull(a: PullArgs) -> Result<()> {
+    let reference = oci::ImageReference::parse(&a.reference).context("image reference")?;
+    let mut cfg = oci::UpstreamConfig::default();
+    if let Some(m) = &a.mirror {
+        cfg.endpoints.insert(reference.registry.clone(), m.clone());
+    } else if reference.registry.starts_with("127.") || reference.registry.starts_with("localhost") {
+        cfg.endpoints.insert(reference.registry.clone(), format!("http://{}", reference.registry));
+    }
+    if let Some(c) = &a.creds {
+        let Some((u, p)) = c.split_once(':') else { bail!("--creds wants USER:PASSWORD") };
+        cfg.credentials.insert(reference.registry.clone(), oci::upstream::Credentials { username: u.into(), password: p.into() });
+    }
+    let up = oci::Upstream::new(cfg)?;
+    let mut opts = oci::pull::PullOptions { concurrency: a.concurrency, ..Default::default() };
+    if let Some(p) = &a.platform {
+        let Some((os, arch)) = p.split_once('/') else { bail!("--platform wants OS/ARCH") };
+        opts.os = os.into();
+        opts.arch = arch.into();
+    }
+    let report = oci::pull::pull(&up, &reference, &opts).await.with_context(|| format!("pulling {reference}"))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "pulled {} ({}) : {} blobs, {:.1} MiB in {:.2}s ({:.1} MiB/s), every blob sha256-verified",
+            report.reference,
+            report.manifest_digest,
+            report.blobs.len(),
+            report.bytes as f64 / 1048576.0,
+            report.seconds,
+            report.bytes as f64 / 1048576.0 / report.seconds.max(1e-6)
+        );
+    }
+    Ok(())
+}
