@@ -284,7 +284,10 @@ async fn handle(agent: &Agent, route: Route, method: &Method, ns: Option<&str>, 
             .unwrap_or_default()),
         Route::Manifest { repo, reference } => {
             let registry = agent.registry_for(ns)?;
-            let m = agent.manifest(&registry, &repo, &reference, hdr(header::ACCEPT)).await?;
+            // Clients (skopeo, Docker) send one Accept header per media type.
+            let accept: Vec<&str> = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect();
+            let accept = (!accept.is_empty()).then(|| accept.join(", "));
+            let m = agent.manifest(&registry, &repo, &reference, accept.as_deref()).await?;
             let b = Response::builder()
                 .header(header::CONTENT_TYPE, &m.media_type)
                 .header("Docker-Content-Digest", m.digest.to_string())

@@ -64,7 +64,7 @@ impl Agent {
                     retry_after: None,
                 })
             }
-            Err(e) if e.is_not_found() => return Err(e),
+            Err(e) if e.is_not_found() => return Err(self.upstream_failed(e)),
             Err(e) if e.is_retryable() && self.cfg.serve_stale_tags => {
                 self.metrics.upstream_errors.inc();
                 if let Some(stale) = known.iter().max_by_key(|t| t.checked) {

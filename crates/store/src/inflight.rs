@@ -75,10 +75,14 @@ pub fn read_inflight(inflight: Arc<Inflight>, start: u64, end: Option<u64>) -> i
             if limit.is_some_and(|l| pos >= l) {
                 return None;
             }
+            if let Status::Failed { reason, retryable: false } = &p.status {
+                let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: reason.clone(), retryable: false };
+                return Some((Err(err), (inf, rx, pos, true)));
+            }
             let mut available = p.written.min(limit.unwrap_or(u64::MAX));
             // The last bytes of a blob are held back until the whole blob is verified:
             // a client never sees a clean end of content that fails its digest.
-            if p.status == Status::Running && p.total.is_some_and(|t| available >= t) {
+            if p.status != Status::Complete && p.total.is_some_and(|t| available >= t) {
                 available = available.saturating_sub(1);
             }
             if available > pos {

@@ -1,0 +1,43 @@
+//! Test-support library for Starling integration tests.
+//!
+//! Runs REAL components on loopback (`127.0.0.1`):
+//!
+//! * [`Registry`]: the CNCF distribution registry (`docker-registry serve`)
+//!   with no auth, htpasswd auth or Docker token auth (backed by an in-process
+//!   [`TokenServer`] issuing ES256 JWTs).
+//! * [`TestImage`]: builds real images with `umoci` and pushes them with
+//!   `skopeo` (single-platform OCI / docker schema2, and multi-platform OCI
+//!   indexes).
+//! * [`Containerd`]: a private `containerd` daemon (own root/state/socket in a
+//!   temp dir) driven through `ctr`.
+//!
+//! Everything is synchronous (blocking) and safe to call from inside a tokio
+//! test (`#[tokio::test]`): no tokio runtime is entered or dropped on the
+//! caller's thread. Child processes are killed and temp dirs removed on
+//! `Drop`. Ports are picked by binding `127.0.0.1:0`; starts are retried when
+//! the port turns out to be taken.
+//!
+//! Constructors named `start` panic with a descriptive message (they are meant
+//! for tests); every one has a `try_start` twin returning `anyhow::Result`.
+#![forbid(unsafe_code)]
+
+mod containerd;
+mod http;
+mod image;
+mod process;
+mod registry;
+mod token;
+mod util;
+
+pub use containerd::{write_hosts_toml, Containerd, CONTAINERD_NAMESPACE};
+pub use http::{http_get, HttpResponse};
+pub use image::{
+    Blob, ManifestFormat, Platform, PushedImage, PushedIndex, TestImage, DOCKER_LIST,
+    DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST,
+};
+pub use registry::{Registry, RegistryAuth};
+pub use token::{TokenConfig, TokenServer};
+pub use util::{
+    free_port, random_bytes, run_cmd, run_ok, sha256_digest, sha256_hex, skopeo, skopeo_ok,
+    tool_available, wait_http, wait_http_ok,
+};
