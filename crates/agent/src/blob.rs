@@ -54,14 +54,24 @@ impl Agent {
             if !req.head {
                 let started = Instant::now();
                 let file_stream = stream_plan_from_file(open, plan, total);
-                *resp.body_mut() = Body::from_stream(self.account(file_stream, "cache", d.clone(), started, headers_len));
+                *resp.body_mut() = Body::from_stream(self.account(
+                    file_stream,
+                    "cache",
+                    d.clone(),
+                    started,
+                    headers_len,
+                ));
             }
             return Ok(resp);
         }
         if req.head {
             let total = match self.store.inflight(d).and_then(|i| i.progress().total) {
                 Some(t) => t,
-                None => self.upstream.head_blob(req.registry, req.repo, d).await.map_err(|e| blob_err(e, d))?,
+                None => self
+                    .upstream
+                    .head_blob(req.registry, req.repo, d)
+                    .await
+                    .map_err(|e| blob_err(e, d))?,
             };
             let plan = plan(specs.as_deref(), total)?;
             let len = plan.body_len(total);
@@ -88,21 +98,32 @@ impl Agent {
                         }
                     }
                     Part::Range(r) => {
-                        if !agent.copy_range(&registry, &repo, &digest, r.start, r.end + 1, &tx).await {
+                        if !agent
+                            .copy_range(&registry, &repo, &digest, r.start, r.end + 1, &tx)
+                            .await
+                        {
                             return;
                         }
                     }
                 }
             }
         });
-        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
-        *resp.body_mut() = Body::from_stream(self.account(stream, label, d.clone(), Instant::now(), body_len));
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        *resp.body_mut() =
+            Body::from_stream(self.account(stream, label, d.clone(), Instant::now(), body_len));
         Ok(resp)
     }
 
     /// Finds or starts the download of a missing blob and learns its size. Errors here
     /// happen before any byte is sent, so they become proper HTTP statuses.
-    async fn acquire(&self, registry: &str, repo: &str, d: &Digest) -> Result<(Source, u64), Error> {
+    async fn acquire(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+    ) -> Result<(Source, u64), Error> {
         for _ in 0..3 {
             match self.store.begin(d, None, registry).await {
                 Ok(Begin::Complete(size)) => return Ok((Source::Complete, size)),
@@ -113,13 +134,18 @@ impl Agent {
                         if let Some(t) = p.total {
                             return Ok((Source::Inflight(inf), t));
                         }
-                        if matches!(p.status, Status::Failed { .. }) || rx.changed().await.is_err() {
+                        if matches!(p.status, Status::Failed { .. }) || rx.changed().await.is_err()
+                        {
                             break;
                         }
                     }
                 }
                 Ok(Begin::Lead(mut writer)) => {
-                    let resp = match self.upstream.get_blob(registry, repo, d, writer.offset()).await {
+                    let resp = match self
+                        .upstream
+                        .get_blob(registry, repo, d, writer.offset())
+                        .await
+                    {
                         Ok(r) => r,
                         Err(e) => {
                             self.metrics.upstream_errors.inc();
@@ -129,7 +155,13 @@ impl Agent {
                     };
                     let Some(total) = resp.total else {
                         writer.fail("upstream sent no length");
-                        return Ok((Source::Passthrough, self.upstream.head_blob(registry, repo, d).await.map_err(|e| blob_err(e, d))?));
+                        return Ok((
+                            Source::Passthrough,
+                            self.upstream
+                                .head_blob(registry, repo, d)
+                                .await
+                                .map_err(|e| blob_err(e, d))?,
+                        ));
                     };
                     writer.set_total(total);
                     if let Err(e) = writer.reserve() {
@@ -144,13 +176,20 @@ impl Agent {
                 }
                 Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {
                     warn!(digest = %d, error = %e, "store cannot take blob; streaming it without caching");
-                    let total = self.upstream.head_blob(registry, repo, d).await.map_err(|e| blob_err(e, d))?;
+                    let total = self
+                        .upstream
+                        .head_blob(registry, repo, d)
+                        .await
+                        .map_err(|e| blob_err(e, d))?;
                     return Ok((Source::Passthrough, total));
                 }
                 Err(e) => return Err(store_err(e)),
             }
         }
-        Err(Error::Transport { registry: registry.to_owned(), message: format!("download of {d} keeps failing") })
+        Err(Error::Transport {
+            registry: registry.to_owned(),
+            message: format!("download of {d} keeps failing"),
+        })
     }
 
     /// Drives one upstream body into the store. Runs detached from any client, so a
@@ -189,7 +228,15 @@ impl Agent {
 
     /// Streams `[start, end)` to the client, switching source when one fails. Returns
     /// false when the client went away or an unrecoverable error was sent.
-    async fn copy_range(&self, registry: &str, repo: &str, d: &Digest, mut pos: u64, end: u64, tx: &mpsc::Sender<Result<Bytes, Error>>) -> bool {
+    async fn copy_range(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        mut pos: u64,
+        end: u64,
+        tx: &mpsc::Sender<Result<Bytes, Error>>,
+    ) -> bool {
         let mut failures = 0;
         while pos < end {
             let source = match self.acquire(registry, repo, d).await {
@@ -199,28 +246,40 @@ impl Agent {
                     return false;
                 }
             };
-            let stream: std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> = match source {
-                Source::Complete => match self.store.open_complete(d) {
-                    Ok(Some(open)) => {
-                        let guard = open.guard;
-                        Box::pin(store::read_file(open.file, open.path, pos, end).map(move |r| {
-                            let _keep = &guard;
-                            r.map_err(store_err)
-                        }))
-                    }
-                    _ => {
-                        failures += 1;
-                        if failures > 3 {
-                            let _ = tx.send(Err(Error::Transport { registry: registry.into(), message: "blob vanished".into() })).await;
-                            return false;
+            let stream: std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> =
+                match source {
+                    Source::Complete => match self.store.open_complete(d) {
+                        Ok(Some(open)) => {
+                            let guard = open.guard;
+                            Box::pin(store::read_file(open.file, open.path, pos, end).map(
+                                move |r| {
+                                    let _keep = &guard;
+                                    r.map_err(store_err)
+                                },
+                            ))
                         }
-                        continue;
+                        _ => {
+                            failures += 1;
+                            if failures > 3 {
+                                let _ = tx
+                                    .send(Err(Error::Transport {
+                                        registry: registry.into(),
+                                        message: "blob vanished".into(),
+                                    }))
+                                    .await;
+                                return false;
+                            }
+                            continue;
+                        }
+                    },
+                    Source::Inflight(inf) if pos > inf.progress().written + RANGE_AHEAD_DIRECT => {
+                        self.passthrough(registry, repo, d, pos, end)
                     }
-                },
-                Source::Inflight(inf) if pos > inf.progress().written + RANGE_AHEAD_DIRECT => self.passthrough(registry, repo, d, pos, end),
-                Source::Inflight(inf) => Box::pin(store::read_inflight(inf, pos, Some(end)).map(|r| r.map_err(store_err))),
-                Source::Passthrough => self.passthrough(registry, repo, d, pos, end),
-            };
+                    Source::Inflight(inf) => Box::pin(
+                        store::read_inflight(inf, pos, Some(end)).map(|r| r.map_err(store_err)),
+                    ),
+                    Source::Passthrough => self.passthrough(registry, repo, d, pos, end),
+                };
             futures::pin_mut!(stream);
             let mut failed = None;
             while let Some(item) = stream.next().await {
@@ -248,7 +307,12 @@ impl Agent {
             } else if pos < end {
                 failures += 1;
                 if failures > 3 {
-                    let _ = tx.send(Err(Error::Transport { registry: registry.into(), message: "source ended early".into() })).await;
+                    let _ = tx
+                        .send(Err(Error::Transport {
+                            registry: registry.into(),
+                            message: "source ended early".into(),
+                        }))
+                        .await;
                     return false;
                 }
             }
@@ -256,7 +320,14 @@ impl Agent {
         true
     }
 
-    fn passthrough(&self, registry: &str, repo: &str, d: &Digest, start: u64, end: u64) -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
+    fn passthrough(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        start: u64,
+        end: u64,
+    ) -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
         let up = self.upstream.clone();
         let metrics = self.metrics.clone();
         let (registry, repo, d) = (registry.to_owned(), repo.to_owned(), d.clone());
@@ -265,7 +336,8 @@ impl Agent {
             futures::stream::once(fut)
                 .map(move |r| match r {
                     Ok(resp) => resp.stream,
-                    Err(e) => Box::pin(futures::stream::once(async move { Err(e) })) as oci::upstream::ByteStream,
+                    Err(e) => Box::pin(futures::stream::once(async move { Err(e) }))
+                        as oci::upstream::ByteStream,
                 })
                 .flatten()
                 .scan(start, move |pos, item| {
@@ -289,7 +361,14 @@ impl Agent {
     }
 
     /// Counts bytes by source and logs one line per blob when the body ends.
-    fn account<S>(&self, stream: S, source: &'static str, d: Digest, started: Instant, expected: u64) -> impl Stream<Item = Result<Bytes, Error>> + Send + 'static
+    fn account<S>(
+        &self,
+        stream: S,
+        source: &'static str,
+        d: Digest,
+        started: Instant,
+        expected: u64,
+    ) -> impl Stream<Item = Result<Bytes, Error>> + Send + 'static
     where
         S: Stream<Item = Result<Bytes, Error>> + Send + 'static,
     {
@@ -304,10 +383,18 @@ impl Agent {
         impl Drop for Tally {
             fn drop(&mut self) {
                 let secs = self.started.elapsed().as_secs_f64();
-                let labels = SourceLabels { source: self.source };
-                self.metrics.bytes_served.get_or_create(&labels).inc_by(self.bytes);
+                let labels = SourceLabels {
+                    source: self.source,
+                };
+                self.metrics
+                    .bytes_served
+                    .get_or_create(&labels)
+                    .inc_by(self.bytes);
                 if self.bytes == self.expected {
-                    self.metrics.blob_seconds.get_or_create(&labels).observe(secs);
+                    self.metrics
+                        .blob_seconds
+                        .get_or_create(&labels)
+                        .observe(secs);
                 }
                 info!(
                     digest = %self.digest,
@@ -320,7 +407,14 @@ impl Agent {
                 );
             }
         }
-        let mut tally = Tally { metrics: self.metrics.clone(), source, digest: d, started, bytes: 0, expected };
+        let mut tally = Tally {
+            metrics: self.metrics.clone(),
+            source,
+            digest: d,
+            started,
+            bytes: 0,
+            expected,
+        };
         stream.map(move |item| {
             // Borrow the whole struct so the closure owns it (and its Drop) entirely.
             let t = &mut tally;
@@ -335,17 +429,28 @@ impl Agent {
 fn store_err(e: store::Error) -> Error {
     match e {
         store::Error::Content(c) => c,
-        store::Error::DownloadFailed { digest, reason, retryable: false } => {
-            Error::ManifestInvalid(format!("blob {digest} failed verification: {reason}"))
-        }
-        other => Error::Transport { registry: "cache".into(), message: other.to_string() },
+        store::Error::DownloadFailed {
+            digest,
+            reason,
+            retryable: false,
+        } => Error::ManifestInvalid(format!("blob {digest} failed verification: {reason}")),
+        other => Error::Transport {
+            registry: "cache".into(),
+            message: other.to_string(),
+        },
     }
 }
 
 /// Upstream 404 on a blob is BLOB_UNKNOWN, not the generic NAME_UNKNOWN.
 fn blob_err(e: Error, d: &Digest) -> Error {
     match e {
-        Error::Upstream { registry, status: 404, message, retry_after, .. } => Error::Upstream {
+        Error::Upstream {
+            registry,
+            status: 404,
+            message,
+            retry_after,
+            ..
+        } => Error::Upstream {
             registry,
             status: 404,
             code: Some(oci::ErrorCode::BlobUnknown),
@@ -360,7 +465,10 @@ fn blob_err(e: Error, d: &Digest) -> Error {
 enum Plan {
     Full,
     Single(ByteRange),
-    Multi { ranges: Vec<ByteRange>, boundary: String },
+    Multi {
+        ranges: Vec<ByteRange>,
+        boundary: String,
+    },
 }
 
 enum Part {
@@ -369,19 +477,33 @@ enum Part {
 }
 
 fn plan(specs: Option<&[oci::range::RangeSpec]>, total: u64) -> Result<Plan, Error> {
-    let Some(specs) = specs else { return Ok(Plan::Full) };
+    let Some(specs) = specs else {
+        return Ok(Plan::Full);
+    };
     let ranges = oci::range::resolve(specs, total);
     match ranges.len() {
-        0 => Err(Error::RangeInvalid(format!("unsatisfiable range for {total} bytes"))).map_err(|e| unsatisfiable(e, total)),
+        0 => Err(Error::RangeInvalid(format!(
+            "unsatisfiable range for {total} bytes"
+        )))
+        .map_err(|e| unsatisfiable(e, total)),
         1 => Ok(Plan::Single(ranges[0])),
-        _ => Ok(Plan::Multi { ranges, boundary: format!("starling{:016x}", rand::random::<u64>()) }),
+        _ => Ok(Plan::Multi {
+            ranges,
+            boundary: format!("starling{:016x}", rand::random::<u64>()),
+        }),
     }
 }
 
 /// Marker carried through `Error::Upstream` so the HTTP layer answers 416 with the
 /// `Content-Range: bytes */total` the spec asks for.
 fn unsatisfiable(e: Error, total: u64) -> Error {
-    Error::Upstream { registry: "range".into(), status: 416, code: Some(oci::ErrorCode::RangeInvalid), message: format!("{e}; total={total}"), retry_after: None }
+    Error::Upstream {
+        registry: "range".into(),
+        status: 416,
+        code: Some(oci::ErrorCode::RangeInvalid),
+        message: format!("{e}; total={total}"),
+        retry_after: None,
+    }
 }
 
 impl Plan {
@@ -398,12 +520,20 @@ impl Plan {
 
     fn parts(&self, total: u64) -> Vec<Part> {
         match self {
-            Plan::Full => vec![Part::Range(ByteRange { start: 0, end: total.saturating_sub(1) })].into_iter().filter(|_| total > 0).collect(),
+            Plan::Full => vec![Part::Range(ByteRange {
+                start: 0,
+                end: total.saturating_sub(1),
+            })]
+            .into_iter()
+            .filter(|_| total > 0)
+            .collect(),
             Plan::Single(r) => vec![Part::Range(*r)],
             Plan::Multi { ranges, boundary } => {
                 let mut v = Vec::new();
                 for r in ranges {
-                    v.push(Part::Text(Bytes::from(Self::multipart_header(boundary, r, total))));
+                    v.push(Part::Text(Bytes::from(Self::multipart_header(
+                        boundary, r, total,
+                    ))));
                     v.push(Part::Range(*r));
                 }
                 v.push(Part::Text(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
@@ -431,26 +561,40 @@ impl Plan {
             .header(header::ETAG, format!("\"{d}\""));
         b = match self {
             Plan::Full => b.header(header::CONTENT_TYPE, "application/octet-stream"),
-            Plan::Single(r) => b.header(header::CONTENT_TYPE, "application/octet-stream").header(header::CONTENT_RANGE, r.content_range(total)),
+            Plan::Single(r) => b
+                .header(header::CONTENT_TYPE, "application/octet-stream")
+                .header(header::CONTENT_RANGE, r.content_range(total)),
             Plan::Multi { boundary, .. } => b.header(
                 header::CONTENT_TYPE,
-                HeaderValue::from_str(&format!("multipart/byteranges; boundary={boundary}")).unwrap_or(HeaderValue::from_static("multipart/byteranges")),
+                HeaderValue::from_str(&format!("multipart/byteranges; boundary={boundary}"))
+                    .unwrap_or(HeaderValue::from_static("multipart/byteranges")),
             ),
         };
         b.body(Body::empty()).unwrap_or_default()
     }
 }
 
-fn stream_plan_from_file(open: store::OpenBlob, plan: Plan, total: u64) -> impl Stream<Item = Result<Bytes, Error>> + Send {
-    let store::OpenBlob { file, path, guard, .. } = open;
+fn stream_plan_from_file(
+    open: store::OpenBlob,
+    plan: Plan,
+    total: u64,
+) -> impl Stream<Item = Result<Bytes, Error>> + Send {
+    let store::OpenBlob {
+        file, path, guard, ..
+    } = open;
     let parts = plan.parts(total);
     futures::stream::iter(parts)
-        .map(move |p| -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
-            match p {
-                Part::Text(t) => Box::pin(futures::stream::once(async move { Ok(t) })),
-                Part::Range(r) => Box::pin(store::read_file(file.clone(), path.clone(), r.start, r.end + 1).map(|x| x.map_err(store_err))),
-            }
-        })
+        .map(
+            move |p| -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
+                match p {
+                    Part::Text(t) => Box::pin(futures::stream::once(async move { Ok(t) })),
+                    Part::Range(r) => Box::pin(
+                        store::read_file(file.clone(), path.clone(), r.start, r.end + 1)
+                            .map(|x| x.map_err(store_err)),
+                    ),
+                }
+            },
+        )
         .flatten()
         .map(move |x| {
             let _keep_from_gc = &guard;

@@ -74,7 +74,9 @@ impl Default for AgentConfig {
 /// Parses sizes like `512MiB`, `200GiB`, `1.5TB`, `1048576`.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: f64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -131,7 +133,10 @@ mod tests {
         "#;
         let c: AgentConfig = toml::from_str(text).unwrap();
         assert_eq!(c.tag_ttl, Duration::from_secs(30));
-        assert_eq!(c.registries["docker.io"].endpoint.as_deref(), Some("http://127.0.0.1:5000"));
+        assert_eq!(
+            c.registries["docker.io"].endpoint.as_deref(),
+            Some("http://127.0.0.1:5000")
+        );
         assert!(toml::from_str::<AgentConfig>("bogus_key = 1").is_err());
     }
 }

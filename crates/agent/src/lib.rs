@@ -38,7 +38,10 @@ pub enum Error {
     #[error(transparent)]
     Oci(#[from] oci::Error),
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 #[derive(Clone)]
@@ -56,27 +59,50 @@ impl Agent {
         store_cfg.min_free_bytes = config::parse_size(&cfg.min_free).map_err(Error::Config)?;
         store_cfg.high_watermark = cfg.gc_high_watermark;
         store_cfg.low_watermark = cfg.gc_low_watermark;
-        if !(0.0 < cfg.gc_low_watermark && cfg.gc_low_watermark <= cfg.gc_high_watermark && cfg.gc_high_watermark <= 1.0) {
-            return Err(Error::Config("need 0 < gc_low_watermark <= gc_high_watermark <= 1".into()));
+        if !(0.0 < cfg.gc_low_watermark
+            && cfg.gc_low_watermark <= cfg.gc_high_watermark
+            && cfg.gc_high_watermark <= 1.0)
+        {
+            return Err(Error::Config(
+                "need 0 < gc_low_watermark <= gc_high_watermark <= 1".into(),
+            ));
         }
-        let mut up = UpstreamConfig { connect_timeout: cfg.connect_timeout, stall_timeout: cfg.stall_timeout, docker_config: cfg.docker_config.clone(), ..Default::default() };
+        let mut up = UpstreamConfig {
+            connect_timeout: cfg.connect_timeout,
+            stall_timeout: cfg.stall_timeout,
+            docker_config: cfg.docker_config.clone(),
+            ..Default::default()
+        };
         for (name, r) in &cfg.registries {
             let reg = canonical_registry(name);
             validate_registry(&reg).map_err(|e| Error::Config(e.to_string()))?;
             if let Some(ep) = &r.endpoint {
                 if !(ep.starts_with("http://") || ep.starts_with("https://")) {
-                    return Err(Error::Config(format!("registry {name}: endpoint must start with http:// or https://")));
+                    return Err(Error::Config(format!(
+                        "registry {name}: endpoint must start with http:// or https://"
+                    )));
                 }
                 up.endpoints.insert(reg.clone(), ep.clone());
             }
             if let (Some(u), Some(p)) = (&r.username, &r.password) {
-                up.credentials.insert(reg.clone(), Credentials { username: u.clone(), password: p.clone() });
+                up.credentials.insert(
+                    reg.clone(),
+                    Credentials {
+                        username: u.clone(),
+                        password: p.clone(),
+                    },
+                );
             }
         }
         let store = Store::open(store_cfg)?;
         let upstream = Upstream::new(up)?;
         let metrics = Arc::new(metrics::Metrics::default());
-        let agent = Self { cfg: Arc::new(cfg), store, upstream, metrics };
+        let agent = Self {
+            cfg: Arc::new(cfg),
+            store,
+            upstream,
+            metrics,
+        };
         agent.refresh_cache_gauges();
         Ok(agent)
     }
@@ -91,11 +117,21 @@ impl Agent {
     }
 
     /// Binds and serves until `shutdown` resolves. Returns the bound address via `ready`.
-    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), Error> {
-        let addr = listener.local_addr().map_err(|e| Error::Listen { addr: self.cfg.listen, source: e })?;
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let addr = listener.local_addr().map_err(|e| Error::Listen {
+            addr: self.cfg.listen,
+            source: e,
+        })?;
         info!(%addr, cache = %self.cfg.cache_dir.display(), "agent listening");
         self.spawn_background();
-        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await.map_err(|e| Error::Listen { addr, source: e })
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| Error::Listen { addr, source: e })
     }
 
     fn spawn_background(&self) {
@@ -131,13 +167,30 @@ impl Agent {
                     continue;
                 }
             };
-            match self.manifest(&reference.registry, &reference.repository, &reference.manifest_ref(), None).await {
+            match self
+                .manifest(
+                    &reference.registry,
+                    &reference.repository,
+                    &reference.manifest_ref(),
+                    None,
+                )
+                .await
+            {
                 Ok(m) => {
                     let mut roots = vec![m.digest.clone()];
                     // Pin platform manifests of an index too, so the closure reaches layers.
                     if let Ok(parsed) = oci::Manifest::parse(&m.body) {
                         for child in &parsed.manifests {
-                            if self.manifest(&reference.registry, &reference.repository, &oci::ManifestRef::Digest(child.digest.clone()), None).await.is_ok() {
+                            if self
+                                .manifest(
+                                    &reference.registry,
+                                    &reference.repository,
+                                    &oci::ManifestRef::Digest(child.digest.clone()),
+                                    None,
+                                )
+                                .await
+                                .is_ok()
+                            {
                                 roots.push(child.digest.clone());
                             }
                         }
@@ -149,7 +202,9 @@ impl Agent {
                     }
                     info!(pin = %r, digest = %m.digest, "pinned");
                 }
-                Err(e) => warn!(pin = %r, error = %e, "cannot resolve pinned image; will not pin it now"),
+                Err(e) => {
+                    warn!(pin = %r, error = %e, "cannot resolve pinned image; will not pin it now")
+                }
             }
         }
     }
@@ -170,7 +225,10 @@ impl Agent {
 async fn metrics_handler(State(agent): State<Agent>) -> Response {
     agent.refresh_cache_gauges();
     Response::builder()
-        .header(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+        .header(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
         .body(Body::from(agent.metrics.encode()))
         .unwrap_or_default()
 }
@@ -181,17 +239,32 @@ async fn cache_handler(State(agent): State<Agent>) -> Response {
 }
 
 fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
-    Response::builder().status(status).header(header::CONTENT_TYPE, "application/json").body(Body::from(body)).unwrap_or_default()
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body))
+        .unwrap_or_default()
 }
 
 /// The OCI error body with the status the spec pairs it with.
 pub fn error_response(e: &oci::Error) -> Response {
     let (status, code) = e.oci_status();
-    let mut builder = Response::builder().status(status).header(header::CONTENT_TYPE, "application/json");
-    if let oci::Error::Upstream { retry_after: Some(ra), .. } = e {
+    let mut builder = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json");
+    if let oci::Error::Upstream {
+        retry_after: Some(ra),
+        ..
+    } = e
+    {
         builder = builder.header(header::RETRY_AFTER, ra.as_secs().max(1));
     }
-    if let oci::Error::Upstream { status: 416, message, .. } = e {
+    if let oci::Error::Upstream {
+        status: 416,
+        message,
+        ..
+    } = e
+    {
         if let Some(total) = message.rsplit("total=").next() {
             builder = builder.header(header::CONTENT_RANGE, format!("bytes */{total}"));
         }
@@ -203,11 +276,17 @@ pub fn error_response(e: &oci::Error) -> Response {
         oci::Error::Upstream { status: 416, .. } => "requested range not satisfiable".to_owned(),
         other => other.to_string(),
     };
-    builder.body(Body::from(ErrorBody::single(code, message).to_json())).unwrap_or_default()
+    builder
+        .body(Body::from(ErrorBody::single(code, message).to_json()))
+        .unwrap_or_default()
 }
 
 fn query_param(query: Option<&str>, key: &str) -> Option<String> {
-    query?.split('&').find_map(|kv| kv.split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| percent_decode(v)))
+    query?.split('&').find_map(|kv| {
+        kv.split_once('=')
+            .filter(|(k, _)| *k == key)
+            .map(|(_, v)| percent_decode(v))
+    })
 }
 
 /// Decodes `%XX` escapes (containerd sends `ns=127.0.0.1%3A5000`). Invalid escapes are
@@ -217,7 +296,8 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() && s.is_char_boundary(i + 1) && s.is_char_boundary(i + 3) {
+        if b[i] == b'%' && i + 2 < b.len() && s.is_char_boundary(i + 1) && s.is_char_boundary(i + 3)
+        {
             if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
                 out.push(v);
                 i += 3;
@@ -237,7 +317,13 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
     let headers = req.headers().clone();
     let route = match routes::parse(&path) {
         None => {
-            let r = error_response(&oci::Error::Upstream { registry: "-".into(), status: 404, code: Some(ErrorCode::NameUnknown), message: format!("no such route {path:.200}"), retry_after: None });
+            let r = error_response(&oci::Error::Upstream {
+                registry: "-".into(),
+                status: 404,
+                code: Some(ErrorCode::NameUnknown),
+                message: format!("no such route {path:.200}"),
+                retry_after: None,
+            });
             return record(&agent, "unknown", r);
         }
         Some(Err(e)) => return record(&agent, "invalid", error_response(&e)),
@@ -245,7 +331,9 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
     };
     let label = route.label();
     if method != Method::GET && method != Method::HEAD {
-        let e = oci::Error::Unsupported(format!("{method} is not supported by a pull-through mirror"));
+        let e = oci::Error::Unsupported(format!(
+            "{method} is not supported by a pull-through mirror"
+        ));
         let mut r = error_response(&e);
         *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
         return record(&agent, label, r);
@@ -269,11 +357,25 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
 }
 
 fn record(agent: &Agent, route: &'static str, resp: Response) -> Response {
-    agent.metrics.requests.get_or_create(&metrics::RouteLabels { route, status: resp.status().as_u16() }).inc();
+    agent
+        .metrics
+        .requests
+        .get_or_create(&metrics::RouteLabels {
+            route,
+            status: resp.status().as_u16(),
+        })
+        .inc();
     resp
 }
 
-async fn handle(agent: &Agent, route: Route, method: &Method, ns: Option<&str>, query: Option<&str>, headers: &HeaderMap) -> Result<Response, oci::Error> {
+async fn handle(
+    agent: &Agent,
+    route: Route,
+    method: &Method,
+    ns: Option<&str>,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Response, oci::Error> {
     let head = method == Method::HEAD;
     let hdr = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
     match route {
@@ -285,35 +387,74 @@ async fn handle(agent: &Agent, route: Route, method: &Method, ns: Option<&str>, 
         Route::Manifest { repo, reference } => {
             let registry = agent.registry_for(ns)?;
             // Clients (skopeo, Docker) send one Accept header per media type.
-            let accept: Vec<&str> = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect();
+            let accept: Vec<&str> = headers
+                .get_all(header::ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
             let accept = (!accept.is_empty()).then(|| accept.join(", "));
-            let m = agent.manifest(&registry, &repo, &reference, accept.as_deref()).await?;
+            let m = agent
+                .manifest(&registry, &repo, &reference, accept.as_deref())
+                .await?;
             let b = Response::builder()
                 .header(header::CONTENT_TYPE, &m.media_type)
                 .header("Docker-Content-Digest", m.digest.to_string())
                 .header(header::CONTENT_LENGTH, m.body.len())
                 .header(header::ETAG, format!("\"{}\"", m.digest));
-            Ok(b.body(if head { Body::empty() } else { Body::from(m.body) }).unwrap_or_default())
+            Ok(b.body(if head {
+                Body::empty()
+            } else {
+                Body::from(m.body)
+            })
+            .unwrap_or_default())
         }
         Route::Blob { repo, digest } => {
             let registry = agent.registry_for(ns)?;
-            agent.serve_blob(blob::BlobRequest { registry: &registry, repo: &repo, digest: &digest, range: hdr(header::RANGE), head }).await
+            agent
+                .serve_blob(blob::BlobRequest {
+                    registry: &registry,
+                    repo: &repo,
+                    digest: &digest,
+                    range: hdr(header::RANGE),
+                    head,
+                })
+                .await
         }
         Route::TagsList { repo } => {
             let registry = agent.registry_for(ns)?;
             let q = strip_ns(query);
-            passthrough(agent, &registry, &repo, &format!("/v2/{repo}/tags/list{q}"), hdr(header::ACCEPT), head).await
+            passthrough(
+                agent,
+                &registry,
+                &repo,
+                &format!("/v2/{repo}/tags/list{q}"),
+                hdr(header::ACCEPT),
+                head,
+            )
+            .await
         }
         Route::Referrers { repo, digest } => {
             let registry = agent.registry_for(ns)?;
             let q = strip_ns(query);
-            passthrough(agent, &registry, &repo, &format!("/v2/{repo}/referrers/{digest}{q}"), hdr(header::ACCEPT), head).await
+            passthrough(
+                agent,
+                &registry,
+                &repo,
+                &format!("/v2/{repo}/referrers/{digest}{q}"),
+                hdr(header::ACCEPT),
+                head,
+            )
+            .await
         }
     }
 }
 
 fn strip_ns(query: Option<&str>) -> String {
-    let kept: Vec<&str> = query.unwrap_or("").split('&').filter(|kv| !kv.is_empty() && !kv.starts_with("ns=")).collect();
+    let kept: Vec<&str> = query
+        .unwrap_or("")
+        .split('&')
+        .filter(|kv| !kv.is_empty() && !kv.starts_with("ns="))
+        .collect();
     if kept.is_empty() {
         String::new()
     } else {
@@ -321,14 +462,33 @@ fn strip_ns(query: Option<&str>) -> String {
     }
 }
 
-async fn passthrough(agent: &Agent, registry: &str, repo: &str, path: &str, accept: Option<&str>, head: bool) -> Result<Response, oci::Error> {
-    let (status, headers, body) = agent.upstream.get_passthrough(registry, repo, path, accept).await?;
+async fn passthrough(
+    agent: &Agent,
+    registry: &str,
+    repo: &str,
+    path: &str,
+    accept: Option<&str>,
+    head: bool,
+) -> Result<Response, oci::Error> {
+    let (status, headers, body) = agent
+        .upstream
+        .get_passthrough(registry, repo, path, accept)
+        .await?;
     let mut b = Response::builder().status(status);
-    for name in [header::CONTENT_TYPE, header::LINK, http::HeaderName::from_static("oci-filters-applied")] {
+    for name in [
+        header::CONTENT_TYPE,
+        header::LINK,
+        http::HeaderName::from_static("oci-filters-applied"),
+    ] {
         if let Some(v) = headers.get(&name) {
             b = b.header(name, v);
         }
     }
     b = b.header(header::CONTENT_LENGTH, body.len());
-    Ok(b.body(if head { Body::empty() } else { Body::from(body) }).unwrap_or_default())
+    Ok(b.body(if head {
+        Body::empty()
+    } else {
+        Body::from(body)
+    })
+    .unwrap_or_default())
 }

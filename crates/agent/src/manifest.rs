@@ -16,26 +16,56 @@ pub struct ServedManifest {
 }
 
 impl Agent {
-    pub(crate) async fn manifest(&self, registry: &str, repo: &str, reference: &ManifestRef, accept: Option<&str>) -> Result<ServedManifest, Error> {
+    pub(crate) async fn manifest(
+        &self,
+        registry: &str,
+        repo: &str,
+        reference: &ManifestRef,
+        accept: Option<&str>,
+    ) -> Result<ServedManifest, Error> {
         match reference {
             ManifestRef::Digest(d) => self.manifest_by_digest(registry, repo, d, accept).await,
             ManifestRef::Tag(tag) => self.manifest_by_tag(registry, repo, tag, accept).await,
         }
     }
 
-    async fn manifest_by_digest(&self, registry: &str, repo: &str, d: &Digest, accept: Option<&str>) -> Result<ServedManifest, Error> {
+    async fn manifest_by_digest(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        accept: Option<&str>,
+    ) -> Result<ServedManifest, Error> {
         if let Some((media_type, body)) = self.store.get_manifest(d).map_err(to_oci)? {
             self.metrics.cache_hits.inc();
-            return Ok(ServedManifest { media_type, digest: d.clone(), body });
+            return Ok(ServedManifest {
+                media_type,
+                digest: d.clone(),
+                body,
+            });
         }
         self.metrics.cache_misses.inc();
         let accept = accept.unwrap_or(oci::media::DEFAULT_ACCEPT);
-        let (meta, body) = self.upstream.get_manifest(registry, repo, &d.to_string(), accept).await.map_err(|e| self.upstream_failed(e))?;
+        let (meta, body) = self
+            .upstream
+            .get_manifest(registry, repo, &d.to_string(), accept)
+            .await
+            .map_err(|e| self.upstream_failed(e))?;
         self.remember(&meta.digest, &meta.media_type, &body);
-        Ok(ServedManifest { media_type: meta.media_type, digest: meta.digest, body })
+        Ok(ServedManifest {
+            media_type: meta.media_type,
+            digest: meta.digest,
+            body,
+        })
     }
 
-    async fn manifest_by_tag(&self, registry: &str, repo: &str, tag: &str, accept: Option<&str>) -> Result<ServedManifest, Error> {
+    async fn manifest_by_tag(
+        &self,
+        registry: &str,
+        repo: &str,
+        tag: &str,
+        accept: Option<&str>,
+    ) -> Result<ServedManifest, Error> {
         let known: Vec<TagRecord> = self
             .store
             .tags(registry, repo, tag)
@@ -45,14 +75,21 @@ impl Agent {
             .collect();
         let now = store::now_secs();
         let ttl = self.cfg.tag_ttl.as_secs();
-        if let Some(fresh) = known.iter().filter(|t| now.saturating_sub(t.checked) < ttl).max_by_key(|t| t.checked) {
+        if let Some(fresh) = known
+            .iter()
+            .filter(|t| now.saturating_sub(t.checked) < ttl)
+            .max_by_key(|t| t.checked)
+        {
             if let Some(m) = self.cached(fresh)? {
                 self.metrics.cache_hits.inc();
                 return Ok(m);
             }
         }
         let accept_up = accept.unwrap_or(oci::media::DEFAULT_ACCEPT);
-        let head = self.upstream.head_manifest(registry, repo, tag, accept_up).await;
+        let head = self
+            .upstream
+            .head_manifest(registry, repo, tag, accept_up)
+            .await;
         let meta = match head {
             Ok(meta) if accept_admits(accept, &meta.media_type) => meta,
             Ok(meta) => {
@@ -60,7 +97,10 @@ impl Agent {
                     registry: registry.into(),
                     status: 404,
                     code: Some(oci::ErrorCode::ManifestUnknown),
-                    message: format!("{repo}:{tag} is {} which the client does not accept", meta.media_type),
+                    message: format!(
+                        "{repo}:{tag} is {} which the client does not accept",
+                        meta.media_type
+                    ),
                     retry_after: None,
                 })
             }
@@ -97,9 +137,17 @@ impl Agent {
             }
             None => {
                 self.metrics.cache_misses.inc();
-                let (meta, body) = self.upstream.get_manifest(registry, repo, &meta.digest.to_string(), accept_up).await.map_err(|e| self.upstream_failed(e))?;
+                let (meta, body) = self
+                    .upstream
+                    .get_manifest(registry, repo, &meta.digest.to_string(), accept_up)
+                    .await
+                    .map_err(|e| self.upstream_failed(e))?;
                 self.remember(&meta.digest, &meta.media_type, &body);
-                ServedManifest { media_type: meta.media_type, digest: meta.digest, body }
+                ServedManifest {
+                    media_type: meta.media_type,
+                    digest: meta.digest,
+                    body,
+                }
             }
         };
         if let Some(prev) = known.iter().find(|t| t.media_type == rec.media_type) {
@@ -114,14 +162,29 @@ impl Agent {
     }
 
     fn cached(&self, t: &TagRecord) -> Result<Option<ServedManifest>, Error> {
-        let Ok(d) = Digest::parse(&t.digest) else { return Ok(None) };
-        Ok(self.store.get_manifest(&d).map_err(to_oci)?.map(|(media_type, body)| ServedManifest { media_type, digest: d, body }))
+        let Ok(d) = Digest::parse(&t.digest) else {
+            return Ok(None);
+        };
+        Ok(self
+            .store
+            .get_manifest(&d)
+            .map_err(to_oci)?
+            .map(|(media_type, body)| ServedManifest {
+                media_type,
+                digest: d,
+                body,
+            }))
     }
 
     /// Caches a verified manifest with the blobs it references (what a pin keeps).
     pub(crate) fn remember(&self, d: &Digest, media_type: &str, body: &Bytes) {
         let children = Manifest::parse(body)
-            .map(|m| m.blobs().chain(m.manifests.iter()).map(|x| x.digest.clone()).collect())
+            .map(|m| {
+                m.blobs()
+                    .chain(m.manifests.iter())
+                    .map(|x| x.digest.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         if let Err(e) = self.store.put_manifest(d, media_type, body, children) {
             warn!(digest = %d, error = %e, "cannot cache manifest; serving it anyway");
@@ -131,9 +194,19 @@ impl Agent {
     fn upstream_failed(&self, e: Error) -> Error {
         self.metrics.upstream_errors.inc();
         match e {
-            Error::Upstream { registry, status: 404, message, retry_after, .. } => {
-                Error::Upstream { registry, status: 404, code: Some(oci::ErrorCode::ManifestUnknown), message, retry_after }
-            }
+            Error::Upstream {
+                registry,
+                status: 404,
+                message,
+                retry_after,
+                ..
+            } => Error::Upstream {
+                registry,
+                status: 404,
+                code: Some(oci::ErrorCode::ManifestUnknown),
+                message,
+                retry_after,
+            },
             other => other,
         }
     }

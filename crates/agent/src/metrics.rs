@@ -41,8 +41,9 @@ impl Default for Metrics {
         let requests = Family::<RouteLabels, Counter>::default();
         let bytes_served = Family::<SourceLabels, Counter>::default();
         let upstream_bytes = Counter::default();
-        let blob_seconds =
-            Family::<SourceLabels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.0, 16)));
+        let blob_seconds = Family::<SourceLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 16))
+        });
         let cache_hits = Counter::default();
         let cache_misses = Counter::default();
         let cache_bytes = Gauge::default();
@@ -50,17 +51,57 @@ impl Default for Metrics {
         let evictions = Counter::default();
         let stale_tags_served = Counter::default();
         let upstream_errors = Counter::default();
-        registry.register("requests", "HTTP requests by route and status", requests.clone());
-        registry.register("served_bytes", "Blob bytes served to clients by source", bytes_served.clone());
-        registry.register("upstream_bytes", "Bytes received from upstream registries", upstream_bytes.clone());
-        registry.register("blob_duration_seconds", "Time to serve one whole blob, by source", blob_seconds.clone());
-        registry.register("cache_hits", "Blob and manifest requests answered from the cache", cache_hits.clone());
-        registry.register("cache_misses", "Blob and manifest requests that needed the upstream", cache_misses.clone());
-        registry.register("cache_used_bytes", "Bytes held in the cache", cache_bytes.clone());
-        registry.register("cache_budget_bytes", "Cache budget", cache_budget_bytes.clone());
+        registry.register(
+            "requests",
+            "HTTP requests by route and status",
+            requests.clone(),
+        );
+        registry.register(
+            "served_bytes",
+            "Blob bytes served to clients by source",
+            bytes_served.clone(),
+        );
+        registry.register(
+            "upstream_bytes",
+            "Bytes received from upstream registries",
+            upstream_bytes.clone(),
+        );
+        registry.register(
+            "blob_duration_seconds",
+            "Time to serve one whole blob, by source",
+            blob_seconds.clone(),
+        );
+        registry.register(
+            "cache_hits",
+            "Blob and manifest requests answered from the cache",
+            cache_hits.clone(),
+        );
+        registry.register(
+            "cache_misses",
+            "Blob and manifest requests that needed the upstream",
+            cache_misses.clone(),
+        );
+        registry.register(
+            "cache_used_bytes",
+            "Bytes held in the cache",
+            cache_bytes.clone(),
+        );
+        registry.register(
+            "cache_budget_bytes",
+            "Cache budget",
+            cache_budget_bytes.clone(),
+        );
         registry.register("evictions", "Blobs evicted by GC", evictions.clone());
-        registry.register("stale_tags_served", "Tags answered from cache because the upstream was unreachable", stale_tags_served.clone());
-        registry.register("upstream_errors", "Upstream requests that failed", upstream_errors.clone());
+        registry.register(
+            "stale_tags_served",
+            "Tags answered from cache because the upstream was unreachable",
+            stale_tags_served.clone(),
+        );
+        registry.register(
+            "upstream_errors",
+            "Upstream requests that failed",
+            upstream_errors.clone(),
+        );
         Self {
             registry,
             requests,

@@ -8,10 +8,21 @@ use oci::{Digest, Error, ManifestRef};
 #[derive(Debug, PartialEq, Eq)]
 pub enum Route {
     Base,
-    Manifest { repo: String, reference: ManifestRef },
-    Blob { repo: String, digest: Digest },
-    TagsList { repo: String },
-    Referrers { repo: String, digest: Digest },
+    Manifest {
+        repo: String,
+        reference: ManifestRef,
+    },
+    Blob {
+        repo: String,
+        digest: Digest,
+    },
+    TagsList {
+        repo: String,
+    },
+    Referrers {
+        repo: String,
+        digest: Digest,
+    },
 }
 
 impl Route {
@@ -37,16 +48,27 @@ pub fn parse(path: &str) -> Option<Result<Route, Error>> {
         return Some(Err(Error::NameInvalid("request path too long".into())));
     }
     if let Some(repo) = rest.strip_suffix("/tags/list") {
-        return Some(validate_repository(repo).map(|_| Route::TagsList { repo: repo.to_owned() }));
+        return Some(validate_repository(repo).map(|_| Route::TagsList {
+            repo: repo.to_owned(),
+        }));
     }
     for kw in ["/manifests/", "/blobs/", "/referrers/"] {
         if let Some(idx) = rest.rfind(kw) {
             let repo = &rest[..idx];
             let arg = &rest[idx + kw.len()..];
             let r = validate_repository(repo).and_then(|_| match kw {
-                "/manifests/" => ManifestRef::parse(arg).map(|reference| Route::Manifest { repo: repo.to_owned(), reference }),
-                "/blobs/" => Digest::parse(arg).map(|digest| Route::Blob { repo: repo.to_owned(), digest }),
-                _ => Digest::parse(arg).map(|digest| Route::Referrers { repo: repo.to_owned(), digest }),
+                "/manifests/" => ManifestRef::parse(arg).map(|reference| Route::Manifest {
+                    repo: repo.to_owned(),
+                    reference,
+                }),
+                "/blobs/" => Digest::parse(arg).map(|digest| Route::Blob {
+                    repo: repo.to_owned(),
+                    digest,
+                }),
+                _ => Digest::parse(arg).map(|digest| Route::Referrers {
+                    repo: repo.to_owned(),
+                    digest,
+                }),
             });
             return Some(r);
         }
@@ -64,17 +86,30 @@ mod tests {
         assert_eq!(parse("/v2/").unwrap().unwrap(), Route::Base);
         assert_eq!(
             parse(&format!("/v2/a/b/c/blobs/{d}")).unwrap().unwrap(),
-            Route::Blob { repo: "a/b/c".into(), digest: d.clone() }
+            Route::Blob {
+                repo: "a/b/c".into(),
+                digest: d.clone()
+            }
         );
         assert_eq!(
-            parse("/v2/library/ubuntu/manifests/22.04").unwrap().unwrap(),
-            Route::Manifest { repo: "library/ubuntu".into(), reference: ManifestRef::Tag("22.04".into()) }
+            parse("/v2/library/ubuntu/manifests/22.04")
+                .unwrap()
+                .unwrap(),
+            Route::Manifest {
+                repo: "library/ubuntu".into(),
+                reference: ManifestRef::Tag("22.04".into())
+            }
         );
-        assert_eq!(parse("/v2/a/tags/list").unwrap().unwrap(), Route::TagsList { repo: "a".into() });
+        assert_eq!(
+            parse("/v2/a/tags/list").unwrap().unwrap(),
+            Route::TagsList { repo: "a".into() }
+        );
         assert!(parse("/v2/../etc/blobs/sha256:00").unwrap().is_err());
         assert!(parse("/v2/a/%2e%2e/blobs/sha256:00").unwrap().is_err());
         assert!(parse(&format!("/v2/a/../b/blobs/{d}")).unwrap().is_err());
-        assert!(parse("/v2/a/blobs/sha256:../../etc/passwd").unwrap().is_err());
+        assert!(parse("/v2/a/blobs/sha256:../../etc/passwd")
+            .unwrap()
+            .is_err());
         assert!(parse("/v2/A/manifests/x").unwrap().is_err());
         assert!(parse("/v2/a/manifests/bad:tag").unwrap().is_err());
         assert!(parse("/v3/x").is_none());

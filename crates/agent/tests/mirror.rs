@@ -18,12 +18,31 @@ fn sha(b: &[u8]) -> String {
 async fn skopeo_copies_through_agent_oci_docker_and_index() {
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let oci = TestImage::push_multilayer(&registry, "a/oci", "1", &[1 << 20, 64 << 10], 1).unwrap();
-    let docker = TestImage::push_multilayer_format(&registry, "a/docker", "1", &[1 << 20], 2, ManifestFormat::DockerV2S2).unwrap();
+    let docker = TestImage::push_multilayer_format(
+        &registry,
+        "a/docker",
+        "1",
+        &[1 << 20],
+        2,
+        ManifestFormat::DockerV2S2,
+    )
+    .unwrap();
     let index = TestImage::push_multiplatform_index(&registry, "a/index", "1").unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let agent = start_agent(cache.path(), &registry.host(), &registry.url(), None, |_| {}).await;
+    let agent = start_agent(
+        cache.path(),
+        &registry.host(),
+        &registry.url(),
+        None,
+        |_| {},
+    )
+    .await;
     let out = tempfile::tempdir().unwrap();
-    for (repo, expect_digest, all) in [("a/oci", &oci.digest, false), ("a/docker", &docker.digest, false), ("a/index", &index.digest, true)] {
+    for (repo, expect_digest, all) in [
+        ("a/oci", &oci.digest, false),
+        ("a/docker", &docker.digest, false),
+        ("a/index", &index.digest, true),
+    ] {
         let src = format!("docker://{}/{repo}:1", agent.addr);
         let dst = format!("dir:{}", out.path().join(repo.replace('/', "_")).display());
         let mut args = vec!["copy", "--src-tls-verify=false", "--preserve-digests"];
@@ -33,26 +52,71 @@ async fn skopeo_copies_through_agent_oci_docker_and_index() {
         args.push(&src);
         args.push(&dst);
         let args: Vec<String> = args.into_iter().map(String::from).collect();
-        blocking(move || skopeo_ok(&args.iter().map(String::as_str).collect::<Vec<_>>()).map(|_| ())).await.expect("skopeo copy through agent");
-        let manifest = std::fs::read(out.path().join(repo.replace('/', "_")).join("manifest.json")).unwrap();
-        assert_eq!(&sha(&manifest), expect_digest, "{repo}: byte-for-byte manifest");
+        blocking(move || {
+            skopeo_ok(&args.iter().map(String::as_str).collect::<Vec<_>>()).map(|_| ())
+        })
+        .await
+        .expect("skopeo copy through agent");
+        let manifest = std::fs::read(
+            out.path()
+                .join(repo.replace('/', "_"))
+                .join("manifest.json"),
+        )
+        .unwrap();
+        assert_eq!(
+            &sha(&manifest),
+            expect_digest,
+            "{repo}: byte-for-byte manifest"
+        );
     }
     // Manifest headers on HEAD and GET, media types per Accept.
     let url = format!("{}/v2/a/docker/manifests/1", agent.url());
     let client = reqwest::Client::new();
-    let head = client.head(&url).header("Accept", testkit::DOCKER_MANIFEST).send().await.unwrap();
+    let head = client
+        .head(&url)
+        .header("Accept", testkit::DOCKER_MANIFEST)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(head.status(), 200);
-    assert_eq!(head.headers()["docker-content-digest"], docker.digest.as_str());
+    assert_eq!(
+        head.headers()["docker-content-digest"],
+        docker.digest.as_str()
+    );
     assert_eq!(head.headers()["content-type"], testkit::DOCKER_MANIFEST);
-    assert_eq!(head.headers()["content-length"], docker.raw_manifest.len().to_string().as_str());
-    let not_accepted = client.get(&url).header("Accept", testkit::OCI_MANIFEST).send().await.unwrap();
-    assert_eq!(not_accepted.status(), 404, "a docker manifest must not be served to a client accepting only OCI");
+    assert_eq!(
+        head.headers()["content-length"],
+        docker.raw_manifest.len().to_string().as_str()
+    );
+    let not_accepted = client
+        .get(&url)
+        .header("Accept", testkit::OCI_MANIFEST)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        not_accepted.status(),
+        404,
+        "a docker manifest must not be served to a client accepting only OCI"
+    );
     let body: serde_json::Value = not_accepted.json().await.unwrap();
     assert_eq!(body["errors"][0]["code"], "MANIFEST_UNKNOWN");
-    let ns = client.get(format!("{}/v2/a/oci/manifests/1?ns={}", agent.url(), registry.host())).send().await.unwrap();
+    let ns = client
+        .get(format!(
+            "{}/v2/a/oci/manifests/1?ns={}",
+            agent.url(),
+            registry.host()
+        ))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ns.headers()["oci-namespace"], registry.host().as_str());
     assert_eq!(sha(&ns.bytes().await.unwrap()), oci.digest);
-    let tags: serde_json::Value = get(&format!("{}/v2/a/oci/tags/list", agent.url()), &[]).await.json().await.unwrap();
+    let tags: serde_json::Value = get(&format!("{}/v2/a/oci/tags/list", agent.url()), &[])
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(tags["tags"], serde_json::json!(["1"]));
     agent.stop().await;
 }
@@ -62,10 +126,20 @@ async fn range_requests_exact_cold_and_warm() {
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let img = TestImage::push_multilayer(&registry, "r/ranges", "1", &[6 << 20], 3).unwrap();
     let layer = img.layers[0].clone();
-    let full = registry.http_get(&format!("/v2/r/ranges/blobs/{}", layer.digest), &[]).unwrap().body;
+    let full = registry
+        .http_get(&format!("/v2/r/ranges/blobs/{}", layer.digest), &[])
+        .unwrap()
+        .body;
     let total = full.len() as u64;
     let cache = tempfile::tempdir().unwrap();
-    let agent = start_agent(cache.path(), &registry.host(), &registry.url(), None, |_| {}).await;
+    let agent = start_agent(
+        cache.path(),
+        &registry.host(),
+        &registry.url(),
+        None,
+        |_| {},
+    )
+    .await;
     let url = format!("{}/v2/r/ranges/blobs/{}", agent.url(), layer.digest);
     // First request is cold: a range served while the blob is still being fetched.
     for round in ["cold", "warm"] {
@@ -74,28 +148,47 @@ async fn range_requests_exact_cold_and_warm() {
             ("bytes=500-1499".into(), 500, 1499),
             ("bytes=500-".into(), 500, total - 1),
             ("bytes=-500".into(), total - 500, total - 1),
-            (format!("bytes={}-{}", total - 10, total + 5000), total - 10, total - 1),
+            (
+                format!("bytes={}-{}", total - 10, total + 5000),
+                total - 10,
+                total - 1,
+            ),
         ];
         for (h, a, b) in cases {
             let r = get(&url, &[("Range", &h)]).await;
             assert_eq!(r.status(), 206, "{round} {h}");
-            assert_eq!(r.headers()["content-range"], format!("bytes {a}-{b}/{total}").as_str(), "{round} {h}");
+            assert_eq!(
+                r.headers()["content-range"],
+                format!("bytes {a}-{b}/{total}").as_str(),
+                "{round} {h}"
+            );
             let body = r.bytes().await.unwrap();
             assert_eq!(&body[..], &full[a as usize..=b as usize], "{round} {h}");
         }
         let r = get(&url, &[("Range", &format!("bytes={total}-"))]).await;
         assert_eq!(r.status(), 416, "{round}");
-        assert_eq!(r.headers()["content-range"], format!("bytes */{total}").as_str());
+        assert_eq!(
+            r.headers()["content-range"],
+            format!("bytes */{total}").as_str()
+        );
         let r = get(&url, &[("Range", "bytes=zz-1")]).await;
         assert_eq!(r.status(), 400, "{round}");
         let r = get(&url, &[("Range", "bytes=0-9,100-109")]).await;
         assert_eq!(r.status(), 206);
         let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
-        let boundary = ct.split("boundary=").nth(1).expect("multipart boundary").to_owned();
+        let boundary = ct
+            .split("boundary=")
+            .nth(1)
+            .expect("multipart boundary")
+            .to_owned();
         let body = r.bytes().await.unwrap();
         let parts: Vec<&[u8]> = body.split(|_| false).collect();
         let text = String::from_utf8_lossy(parts[0]);
-        assert!(text.contains(&format!("--{boundary}")) && text.contains(&format!("Content-Range: bytes 0-9/{total}")) && text.contains(&format!("Content-Range: bytes 100-109/{total}")));
+        assert!(
+            text.contains(&format!("--{boundary}"))
+                && text.contains(&format!("Content-Range: bytes 0-9/{total}"))
+                && text.contains(&format!("Content-Range: bytes 100-109/{total}"))
+        );
         let needle = |s: &[u8]| body.windows(s.len()).any(|w| w == s);
         assert!(needle(&full[0..10]) && needle(&full[100..110]));
         // Give the background download time to finish before the warm round.
@@ -111,7 +204,14 @@ async fn concurrent_identical_requests_cause_one_upstream_fetch() {
     let img = TestImage::push_multilayer(&registry, "c/one", "1", &[24 << 20], 4).unwrap();
     let layer = img.layers[0].clone();
     let cache = tempfile::tempdir().unwrap();
-    let agent = start_agent(cache.path(), &registry.host(), &registry.url(), None, |_| {}).await;
+    let agent = start_agent(
+        cache.path(),
+        &registry.host(),
+        &registry.url(),
+        None,
+        |_| {},
+    )
+    .await;
     let url = format!("{}/v2/c/one/blobs/{}", agent.url(), layer.digest);
     let fetches = (0..8).map(|_| {
         let url = url.clone();
@@ -123,24 +223,51 @@ async fn concurrent_identical_requests_cause_one_upstream_fetch() {
     });
     let digests = futures::future::join_all(fetches).await;
     assert!(digests.iter().all(|d| d == &layer.digest));
-    assert_eq!(agent.metric("starling_agent_upstream_bytes_total") as u64, layer.size, "8 concurrent requests, one upstream fetch");
+    assert_eq!(
+        agent.metric("starling_agent_upstream_bytes_total") as u64,
+        layer.size,
+        "8 concurrent requests, one upstream fetch"
+    );
     agent.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn htpasswd_and_token_upstreams_and_wrong_credentials() {
-    for auth in [RegistryAuth::htpasswd("u", "p"), RegistryAuth::token("u", "p", false)] {
+    for auth in [
+        RegistryAuth::htpasswd("u", "p"),
+        RegistryAuth::token("u", "p", false),
+    ] {
         let registry = blocking(move || Registry::start(auth)).await;
         let img = TestImage::push_multilayer(&registry, "priv/img", "1", &[512 << 10], 5).unwrap();
         let cache = tempfile::tempdir().unwrap();
-        let agent = start_agent(cache.path(), &registry.host(), &registry.url(), Some(("u", "p")), |_| {}).await;
-        let up = oci::Upstream::new(oci::UpstreamConfig { endpoints: [(registry.host(), agent.url())].into(), ..Default::default() }).unwrap();
+        let agent = start_agent(
+            cache.path(),
+            &registry.host(),
+            &registry.url(),
+            Some(("u", "p")),
+            |_| {},
+        )
+        .await;
+        let up = oci::Upstream::new(oci::UpstreamConfig {
+            endpoints: [(registry.host(), agent.url())].into(),
+            ..Default::default()
+        })
+        .unwrap();
         let r = oci::ImageReference::parse(&img.reference).unwrap();
-        let report = oci::pull::pull(&up, &r, &Default::default()).await.expect("pull via agent with upstream auth");
+        let report = oci::pull::pull(&up, &r, &Default::default())
+            .await
+            .expect("pull via agent with upstream auth");
         assert_eq!(report.manifest_digest.to_string(), img.digest);
         agent.stop().await;
         let cache = tempfile::tempdir().unwrap();
-        let bad = start_agent(cache.path(), &registry.host(), &registry.url(), Some(("u", "wrong")), |_| {}).await;
+        let bad = start_agent(
+            cache.path(),
+            &registry.host(),
+            &registry.url(),
+            Some(("u", "wrong")),
+            |_| {},
+        )
+        .await;
         let resp = get(&format!("{}/v2/priv/img/manifests/1", bad.url()), &[]).await;
         assert_eq!(resp.status(), 401);
         let body: serde_json::Value = resp.json().await.unwrap();
@@ -154,7 +281,14 @@ async fn bad_input_gets_oci_errors_and_agent_stays_up() {
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let img = TestImage::push_multilayer(&registry, "ok/img", "1", &[64 << 10], 6).unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let agent = start_agent(cache.path(), &registry.host(), &registry.url(), None, |_| {}).await;
+    let agent = start_agent(
+        cache.path(),
+        &registry.host(),
+        &registry.url(),
+        None,
+        |_| {},
+    )
+    .await;
     let base = agent.url();
     let d = &img.layers[0].digest;
     let long_name = "a/".repeat(200) + "b";
@@ -163,30 +297,72 @@ async fn bad_input_gets_oci_errors_and_agent_stays_up() {
         (format!("/v2/ok/../etc/blobs/{d}"), 400, "NAME_INVALID"),
         (format!("/v2/ok/%2e%2e/img/blobs/{d}"), 400, "NAME_INVALID"),
         ("/v2/ok/img/blobs/sha256:1234".into(), 400, "DIGEST_INVALID"),
-        ("/v2/ok/img/blobs/sha256:../../../etc/passwd".into(), 400, "DIGEST_INVALID"),
-        (format!("/v2/ok/img/blobs/sha512:{}", "a".repeat(128)), 400, "UNSUPPORTED"),
-        ("/v2/ok/img/manifests/bad..tag!".into(), 400, "MANIFEST_INVALID"),
+        (
+            "/v2/ok/img/blobs/sha256:../../../etc/passwd".into(),
+            400,
+            "DIGEST_INVALID",
+        ),
+        (
+            format!("/v2/ok/img/blobs/sha512:{}", "a".repeat(128)),
+            400,
+            "UNSUPPORTED",
+        ),
+        (
+            "/v2/ok/img/manifests/bad..tag!".into(),
+            400,
+            "MANIFEST_INVALID",
+        ),
         (format!("/v2/{long_name}/manifests/1"), 400, "NAME_INVALID"),
-        (format!("/v2/ok/img/blobs/{}", testkit::sha256_digest(b"nope")), 404, "BLOB_UNKNOWN"),
-        ("/v2/ok/img/manifests/missing".into(), 404, "MANIFEST_UNKNOWN"),
-        (format!("/v2/ok/img/blobs/{d}?ns=bad%20host"), 400, "NAME_INVALID"),
+        (
+            format!("/v2/ok/img/blobs/{}", testkit::sha256_digest(b"nope")),
+            404,
+            "BLOB_UNKNOWN",
+        ),
+        (
+            "/v2/ok/img/manifests/missing".into(),
+            404,
+            "MANIFEST_UNKNOWN",
+        ),
+        (
+            format!("/v2/ok/img/blobs/{d}?ns=bad%20host"),
+            400,
+            "NAME_INVALID",
+        ),
     ];
     for (path, status, code) in cases {
         // A raw client: reqwest would normalise `..` away before sending.
         let url = format!("{base}{path}");
         let r = blocking(move || testkit::http_get(&url, &[]).unwrap()).await;
         assert_eq!(r.status, status, "{path}");
-        let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{path}: not JSON: {e}"));
+        let body: serde_json::Value =
+            serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{path}: not JSON: {e}"));
         assert_eq!(body["errors"][0]["code"], code, "{path}");
     }
     let huge = "x".repeat(60_000);
-    let r = get(&format!("{base}/v2/ok/img/manifests/1"), &[("Accept", &huge)]).await;
-    assert!(r.status().is_client_error() || r.status() == 404, "absurd header answered {}", r.status());
-    for h in ["bytes=5-1", "bytes=abc", "items=0-1", &format!("bytes={}", vec!["0-1"; 200].join(","))] {
+    let r = get(
+        &format!("{base}/v2/ok/img/manifests/1"),
+        &[("Accept", &huge)],
+    )
+    .await;
+    assert!(
+        r.status().is_client_error() || r.status() == 404,
+        "absurd header answered {}",
+        r.status()
+    );
+    for h in [
+        "bytes=5-1",
+        "bytes=abc",
+        "items=0-1",
+        &format!("bytes={}", vec!["0-1"; 200].join(",")),
+    ] {
         let r = get(&format!("{base}/v2/ok/img/blobs/{d}"), &[("Range", h)]).await;
         assert_eq!(r.status(), 400, "{h}");
     }
-    let r = reqwest::Client::new().put(format!("{base}/v2/ok/img/blobs/uploads/")).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .put(format!("{base}/v2/ok/img/blobs/uploads/"))
+        .send()
+        .await
+        .unwrap();
     assert!(r.status().is_client_error());
     // Still serving correctly after all that.
     let r = get(&format!("{base}/v2/ok/img/blobs/{d}"), &[]).await;
@@ -206,12 +382,19 @@ enum Fault {
 
 async fn fault_proxy(upstream: String, fault: Fault) -> (String, Arc<AtomicUsize>) {
     let hits = Arc::new(AtomicUsize::new(0));
-    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
     let h = hits.clone();
     let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
         let (client, upstream, hits) = (client.clone(), upstream.clone(), h.clone());
         async move {
-            let path = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+            let path = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
             let mut fwd = client.request(req.method().clone(), format!("{upstream}{path}"));
             for (k, v) in req.headers() {
                 if k != "host" {
@@ -224,11 +407,16 @@ async fn fault_proxy(upstream: String, fault: Fault) -> (String, Arc<AtomicUsize
                 builder = builder.header(k, v);
             }
             let is_blob = path.contains("/blobs/") && resp.status().is_success();
-            let n = if is_blob { hits.fetch_add(1, Ordering::SeqCst) } else { usize::MAX };
+            let n = if is_blob {
+                hits.fetch_add(1, Ordering::SeqCst)
+            } else {
+                usize::MAX
+            };
             let mut seen = 0usize;
             let stream = resp.bytes_stream().map(move |c| {
                 let mut c = c.map_err(std::io::Error::other)?.to_vec();
-                if is_blob && fault == Fault::Corrupt && seen <= 100_000 && seen + c.len() > 100_000 {
+                if is_blob && fault == Fault::Corrupt && seen <= 100_000 && seen + c.len() > 100_000
+                {
                     c[100_000 - seen] ^= 0xff;
                 }
                 if is_blob && fault == Fault::CutOnce && n == 0 && seen + c.len() > 1 << 20 {
@@ -256,13 +444,26 @@ async fn upstream_sending_wrong_bytes_never_completes_and_never_caches() {
     let agent = start_agent(cache.path(), &registry.host(), &proxy, None, |_| {}).await;
     let url = format!("{}/v2/f/bad/blobs/{}", agent.url(), layer.digest);
     let r = get(&url, &[]).await;
-    let outcome = if r.status() == 200 { r.bytes().await.map(|b| b.len()) } else { Ok(0) };
-    assert!(outcome.is_err() || outcome.as_ref().is_ok_and(|n| (*n as u64) < layer.size), "a corrupt blob must never arrive complete: {outcome:?}");
+    let outcome = if r.status() == 200 {
+        r.bytes().await.map(|b| b.len())
+    } else {
+        Ok(0)
+    };
+    assert!(
+        outcome.is_err() || outcome.as_ref().is_ok_and(|n| (*n as u64) < layer.size),
+        "a corrupt blob must never arrive complete: {outcome:?}"
+    );
     let d = oci::Digest::parse(&layer.digest).unwrap();
-    assert!(agent.agent.store.stat(&d).is_none(), "corrupt blob must not be cached");
+    assert!(
+        agent.agent.store.stat(&d).is_none(),
+        "corrupt blob must not be cached"
+    );
     assert!(!cache.path().join("blobs/sha256").join(d.hex()).exists());
     // The agent is still healthy and serves other content.
-    assert_eq!(get(&format!("{}/v2/", agent.url()), &[]).await.status(), 200);
+    assert_eq!(
+        get(&format!("{}/v2/", agent.url()), &[]).await.status(),
+        200
+    );
     agent.stop().await;
 }
 
@@ -274,12 +475,23 @@ async fn connection_cut_mid_blob_is_resumed_with_range() {
     let (proxy, hits) = fault_proxy(registry.url(), Fault::CutOnce).await;
     let cache = tempfile::tempdir().unwrap();
     let agent = start_agent(cache.path(), &registry.host(), &proxy, None, |_| {}).await;
-    let r = get(&format!("{}/v2/f/cut/blobs/{}", agent.url(), layer.digest), &[]).await;
+    let r = get(
+        &format!("{}/v2/f/cut/blobs/{}", agent.url(), layer.digest),
+        &[],
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let body = r.bytes().await.expect("client stream is not cut");
     assert_eq!(sha(&body), layer.digest);
-    assert!(hits.load(Ordering::SeqCst) >= 2, "a second (Range) request was made after the cut");
+    assert!(
+        hits.load(Ordering::SeqCst) >= 2,
+        "a second (Range) request was made after the cut"
+    );
     let upstream = agent.metric("starling_agent_upstream_bytes_total") as u64;
-    assert!(upstream < layer.size + (2 << 20), "resumed, not restarted: {upstream} upstream bytes for {}", layer.size);
+    assert!(
+        upstream < layer.size + (2 << 20),
+        "resumed, not restarted: {upstream} upstream bytes for {}",
+        layer.size
+    );
     agent.stop().await;
 }

@@ -17,21 +17,35 @@ pub struct Digest {
 impl Digest {
     pub fn parse(s: &str) -> Result<Self, Error> {
         let Some((alg, hex)) = s.split_once(':') else {
-            return Err(Error::DigestInvalid(format!("{s:.80}: missing algorithm prefix")));
+            return Err(Error::DigestInvalid(format!(
+                "{s:.80}: missing algorithm prefix"
+            )));
         };
         match alg {
             "sha256" => {}
             "sha384" | "sha512" => {
-                return Err(Error::Unsupported(format!("digest algorithm {alg} is not supported")))
+                return Err(Error::Unsupported(format!(
+                    "digest algorithm {alg} is not supported"
+                )))
             }
-            _ => return Err(Error::DigestInvalid(format!("unknown digest algorithm {alg:.20}"))),
+            _ => {
+                return Err(Error::DigestInvalid(format!(
+                    "unknown digest algorithm {alg:.20}"
+                )))
+            }
         }
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if hex.len() != 64
+            || !hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             return Err(Error::DigestInvalid(format!(
                 "{s:.80}: sha256 digest must be 64 lowercase hex characters"
             )));
         }
-        Ok(Self { hex: hex.to_owned() })
+        Ok(Self {
+            hex: hex.to_owned(),
+        })
     }
 
     pub fn of(bytes: &[u8]) -> Self {
@@ -39,7 +53,9 @@ impl Digest {
     }
 
     pub fn from_sha256(raw: [u8; 32]) -> Self {
-        Self { hex: hex::encode(raw) }
+        Self {
+            hex: hex::encode(raw),
+        }
     }
 
     pub fn hex(&self) -> &str {
@@ -89,7 +105,11 @@ pub struct Verifier {
 
 impl Verifier {
     pub fn new(expected: Digest) -> Self {
-        Self { expected, hasher: Sha256::new(), len: 0 }
+        Self {
+            expected,
+            hasher: Sha256::new(),
+            len: 0,
+        }
     }
 
     pub fn update(&mut self, chunk: &[u8]) {
@@ -111,7 +131,10 @@ impl Verifier {
         if got == self.expected {
             Ok(())
         } else {
-            Err(Error::DigestMismatch { expected: self.expected, actual: got })
+            Err(Error::DigestMismatch {
+                expected: self.expected,
+                actual: got,
+            })
         }
     }
 }
@@ -128,10 +151,22 @@ mod tests {
             "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
         );
         assert_eq!(Digest::parse(&d.to_string()).unwrap(), d);
-        assert!(matches!(Digest::parse("sha256:abc"), Err(Error::DigestInvalid(_))));
-        assert!(matches!(Digest::parse("md5:abc"), Err(Error::DigestInvalid(_))));
-        assert!(matches!(Digest::parse(&format!("sha512:{}", "a".repeat(128))), Err(Error::Unsupported(_))));
-        assert!(matches!(Digest::parse(&"sha256:".repeat(1)), Err(Error::DigestInvalid(_))));
+        assert!(matches!(
+            Digest::parse("sha256:abc"),
+            Err(Error::DigestInvalid(_))
+        ));
+        assert!(matches!(
+            Digest::parse("md5:abc"),
+            Err(Error::DigestInvalid(_))
+        ));
+        assert!(matches!(
+            Digest::parse(&format!("sha512:{}", "a".repeat(128))),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            Digest::parse(&"sha256:".repeat(1)),
+            Err(Error::DigestInvalid(_))
+        ));
         let upper = d.to_string().to_uppercase().replace("SHA256", "sha256");
         assert!(Digest::parse(&upper).is_err());
     }

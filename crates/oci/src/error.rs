@@ -72,7 +72,13 @@ pub struct ErrorBody {
 
 impl ErrorBody {
     pub fn single(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { errors: vec![ErrorInfo { code: code.as_str().to_owned(), message: message.into(), detail: None }] }
+        Self {
+            errors: vec![ErrorInfo {
+                code: code.as_str().to_owned(),
+                message: message.into(),
+                detail: None,
+            }],
+        }
     }
 
     pub fn to_json(&self) -> Vec<u8> {
@@ -100,7 +106,13 @@ pub enum Error {
     RangeInvalid(String),
     /// The upstream answered with an HTTP error status.
     #[error("upstream {registry} answered {status}: {message}")]
-    Upstream { registry: String, status: u16, code: Option<ErrorCode>, message: String, retry_after: Option<Duration> },
+    Upstream {
+        registry: String,
+        status: u16,
+        code: Option<ErrorCode>,
+        message: String,
+        retry_after: Option<Duration>,
+    },
     /// The upstream could not be reached, or the connection failed mid-response.
     #[error("upstream {registry} unreachable: {message}")]
     Transport { registry: String, message: String },
@@ -134,7 +146,9 @@ impl Error {
             Self::ManifestInvalid(_) => (502, ErrorCode::ManifestInvalid),
             Self::RangeInvalid(_) => (400, ErrorCode::RangeInvalid),
             // The upstream sent wrong bytes: a gateway fault, so clients move to their next host.
-            Self::DigestMismatch { .. } | Self::SizeMismatch { .. } => (502, ErrorCode::Unavailable),
+            Self::DigestMismatch { .. } | Self::SizeMismatch { .. } => {
+                (502, ErrorCode::Unavailable)
+            }
             Self::Upstream { status, code, .. } => match *status {
                 401 => (401, ErrorCode::Unauthorized),
                 403 => (403, ErrorCode::Denied),

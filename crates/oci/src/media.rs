@@ -30,7 +30,9 @@ pub fn accept_admits(accept: Option<&str>, media_type: &str) -> bool {
         let item = item.split(';').next().unwrap_or("").trim();
         item == media_type
             || item == "*/*"
-            || item.strip_suffix("/*").is_some_and(|t| t.eq_ignore_ascii_case(mt_type))
+            || item
+                .strip_suffix("/*")
+                .is_some_and(|t| t.eq_ignore_ascii_case(mt_type))
     })
 }
 
@@ -75,9 +77,13 @@ pub struct Manifest {
 
 impl Manifest {
     pub fn parse(bytes: &[u8]) -> Result<Self, Error> {
-        let m: Self = serde_json::from_slice(bytes).map_err(|e| Error::ManifestInvalid(e.to_string()))?;
+        let m: Self =
+            serde_json::from_slice(bytes).map_err(|e| Error::ManifestInvalid(e.to_string()))?;
         if m.schema_version != 2 {
-            return Err(Error::Unsupported(format!("manifest schemaVersion {}", m.schema_version)));
+            return Err(Error::Unsupported(format!(
+                "manifest schemaVersion {}",
+                m.schema_version
+            )));
         }
         Ok(m)
     }
@@ -92,14 +98,17 @@ impl Manifest {
     }
 
     pub fn is_index(&self) -> bool {
-        is_index(self.effective_media_type()) || (!self.manifests.is_empty() && self.config.is_none())
+        is_index(self.effective_media_type())
+            || (!self.manifests.is_empty() && self.config.is_none())
     }
 
     /// Picks the manifest for a platform from an index.
     pub fn select_platform(&self, os: &str, arch: &str) -> Option<&Descriptor> {
-        self.manifests
-            .iter()
-            .find(|d| d.platform.as_ref().is_some_and(|p| p.os == os && p.architecture == arch))
+        self.manifests.iter().find(|d| {
+            d.platform
+                .as_ref()
+                .is_some_and(|p| p.os == os && p.architecture == arch)
+        })
     }
 
     /// Every blob an image manifest references: config first, then layers.
@@ -128,7 +137,10 @@ mod tests {
         assert!(accept_admits(Some(DEFAULT_ACCEPT), OCI_INDEX));
         assert!(accept_admits(Some("application/*"), OCI_INDEX));
         assert!(!accept_admits(Some(DOCKER_MANIFEST), OCI_MANIFEST));
-        assert!(accept_admits(Some("text/plain, application/vnd.oci.image.manifest.v1+json;q=0.5"), OCI_MANIFEST));
+        assert!(accept_admits(
+            Some("text/plain, application/vnd.oci.image.manifest.v1+json;q=0.5"),
+            OCI_MANIFEST
+        ));
     }
 
     #[test]

@@ -22,7 +22,11 @@ pub struct PullOptions {
 impl Default for PullOptions {
     fn default() -> Self {
         let (os, arch) = host_platform();
-        Self { os: os.into(), arch: arch.into(), concurrency: 4 }
+        Self {
+            os: os.into(),
+            arch: arch.into(),
+            concurrency: 4,
+        }
     }
 }
 
@@ -45,19 +49,37 @@ pub struct PullReport {
 
 /// Pulls an image and verifies every byte; the content is discarded (the point is to
 /// exercise and measure the path, or to warm the caches on the way).
-pub async fn pull(up: &Upstream, reference: &ImageReference, opts: &PullOptions) -> Result<PullReport, Error> {
+pub async fn pull(
+    up: &Upstream,
+    reference: &ImageReference,
+    opts: &PullOptions,
+) -> Result<PullReport, Error> {
     let started = Instant::now();
     let (reg, repo) = (&reference.registry, &reference.repository);
-    let (meta, body) = up.get_manifest(reg, repo, &reference.manifest_ref().to_string(), DEFAULT_ACCEPT).await?;
+    let (meta, body) = up
+        .get_manifest(
+            reg,
+            repo,
+            &reference.manifest_ref().to_string(),
+            DEFAULT_ACCEPT,
+        )
+        .await?;
     let mut manifest = Manifest::parse(&body)?;
     let mut manifest_digest = meta.digest.clone();
     if manifest.is_index() {
         let chosen = manifest
             .select_platform(&opts.os, &opts.arch)
-            .ok_or_else(|| Error::ManifestInvalid(format!("no {}/{} image in index {}", opts.os, opts.arch, meta.digest)))?
+            .ok_or_else(|| {
+                Error::ManifestInvalid(format!(
+                    "no {}/{} image in index {}",
+                    opts.os, opts.arch, meta.digest
+                ))
+            })?
             .digest
             .clone();
-        let (m2, b2) = up.get_manifest(reg, repo, &chosen.to_string(), DEFAULT_ACCEPT).await?;
+        let (m2, b2) = up
+            .get_manifest(reg, repo, &chosen.to_string(), DEFAULT_ACCEPT)
+            .await?;
         manifest = Manifest::parse(&b2)?;
         manifest_digest = m2.digest;
     }
@@ -71,10 +93,21 @@ pub async fn pull(up: &Upstream, reference: &ImageReference, opts: &PullOptions)
         out.push(r?);
     }
     let bytes = out.iter().map(|b| b.bytes).sum();
-    Ok(PullReport { reference: reference.to_string(), manifest_digest, bytes, seconds: started.elapsed().as_secs_f64(), blobs: out })
+    Ok(PullReport {
+        reference: reference.to_string(),
+        manifest_digest,
+        bytes,
+        seconds: started.elapsed().as_secs_f64(),
+        blobs: out,
+    })
 }
 
-async fn fetch_blob(up: &Upstream, reg: &str, repo: &str, desc: Descriptor) -> Result<BlobPull, Error> {
+async fn fetch_blob(
+    up: &Upstream,
+    reg: &str,
+    repo: &str,
+    desc: Descriptor,
+) -> Result<BlobPull, Error> {
     let started = Instant::now();
     let resp = up.get_blob(reg, repo, &desc.digest, 0).await?;
     let mut v = Verifier::new(desc.digest.clone());
@@ -87,13 +120,24 @@ async fn fetch_blob(up: &Upstream, reg: &str, repo: &str, desc: Descriptor) -> R
         }
         v.update(&chunk);
         if v.len() > desc.size {
-            return Err(Error::SizeMismatch { expected: desc.size, actual: v.len() });
+            return Err(Error::SizeMismatch {
+                expected: desc.size,
+                actual: v.len(),
+            });
         }
     }
     let bytes = v.len();
     if bytes != desc.size {
-        return Err(Error::SizeMismatch { expected: desc.size, actual: bytes });
+        return Err(Error::SizeMismatch {
+            expected: desc.size,
+            actual: bytes,
+        });
     }
     v.finish()?;
-    Ok(BlobPull { digest: desc.digest, bytes, first_byte_seconds: first.unwrap_or(0.0), seconds: started.elapsed().as_secs_f64() })
+    Ok(BlobPull {
+        digest: desc.digest,
+        bytes,
+        first_byte_seconds: first.unwrap_or(0.0),
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }

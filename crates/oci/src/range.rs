@@ -41,7 +41,9 @@ pub fn parse(header: &str) -> Result<Vec<RangeSpec>, Error> {
         return Err(Error::RangeInvalid("Range header too long".into()));
     }
     let Some(specs) = header.strip_prefix("bytes=") else {
-        return Err(Error::RangeInvalid(format!("unsupported range unit in {header:.60}")));
+        return Err(Error::RangeInvalid(format!(
+            "unsupported range unit in {header:.60}"
+        )));
     };
     let mut out = Vec::new();
     for raw in specs.split(',') {
@@ -56,22 +58,33 @@ pub fn parse(header: &str) -> Result<Vec<RangeSpec>, Error> {
             if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
                 return Err(Error::RangeInvalid(format!("malformed range {raw:.60}")));
             }
-            s.parse::<u64>().map_err(|_| Error::RangeInvalid(format!("range value out of bounds in {raw:.60}")))
+            s.parse::<u64>()
+                .map_err(|_| Error::RangeInvalid(format!("range value out of bounds in {raw:.60}")))
         };
         let spec = match (a.trim(), b.trim()) {
             ("", n) => RangeSpec::Suffix(num(n)?),
-            (s, "") => RangeSpec::From { start: num(s)?, end: None },
+            (s, "") => RangeSpec::From {
+                start: num(s)?,
+                end: None,
+            },
             (s, e) => {
                 let (s, e) = (num(s)?, num(e)?);
                 if e < s {
-                    return Err(Error::RangeInvalid(format!("range end before start in {raw:.60}")));
+                    return Err(Error::RangeInvalid(format!(
+                        "range end before start in {raw:.60}"
+                    )));
                 }
-                RangeSpec::From { start: s, end: Some(e) }
+                RangeSpec::From {
+                    start: s,
+                    end: Some(e),
+                }
             }
         };
         out.push(spec);
         if out.len() > MAX_RANGES {
-            return Err(Error::RangeInvalid(format!("more than {MAX_RANGES} ranges")));
+            return Err(Error::RangeInvalid(format!(
+                "more than {MAX_RANGES} ranges"
+            )));
         }
     }
     if out.is_empty() {
@@ -97,7 +110,10 @@ pub fn resolve(specs: &[RangeSpec], total: u64) -> Vec<ByteRange> {
                 if n == 0 || total == 0 {
                     return None;
                 }
-                Some(ByteRange { start: total.saturating_sub(n), end: total - 1 })
+                Some(ByteRange {
+                    start: total.saturating_sub(n),
+                    end: total - 1,
+                })
             }
         })
         .collect()
@@ -108,7 +124,10 @@ mod tests {
     use super::*;
 
     fn r(h: &str, total: u64) -> Vec<(u64, u64)> {
-        resolve(&parse(h).unwrap(), total).iter().map(|b| (b.start, b.end)).collect()
+        resolve(&parse(h).unwrap(), total)
+            .iter()
+            .map(|b| (b.start, b.end))
+            .collect()
     }
 
     #[test]
@@ -126,7 +145,16 @@ mod tests {
 
     #[test]
     fn malformed() {
-        for h in ["items=0-1", "bytes=", "bytes=a-b", "bytes=5-1", "bytes=1", "bytes=--1", "bytes=99999999999999999999999-", "bytes= - "] {
+        for h in [
+            "items=0-1",
+            "bytes=",
+            "bytes=a-b",
+            "bytes=5-1",
+            "bytes=1",
+            "bytes=--1",
+            "bytes=99999999999999999999999-",
+            "bytes= - ",
+        ] {
             assert!(parse(h).is_err(), "{h}");
         }
         let many = format!("bytes={}", vec!["0-1"; 100].join(","));

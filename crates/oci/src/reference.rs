@@ -24,19 +24,27 @@ pub fn canonical_registry(host: &str) -> String {
 pub fn validate_registry(host: &str) -> Result<(), Error> {
     let ok = !host.is_empty()
         && host.len() <= 253
-        && host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'))
         && !host.starts_with(['.', '-', ':']);
     if ok {
         Ok(())
     } else {
-        Err(Error::NameInvalid(format!("invalid registry host {host:.100}")))
+        Err(Error::NameInvalid(format!(
+            "invalid registry host {host:.100}"
+        )))
     }
 }
 
 /// Validates a repository name against the distribution-spec grammar:
 /// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*(\/[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*)*`.
 pub fn validate_repository(name: &str) -> Result<(), Error> {
-    let bad = |why: &str| Err(Error::NameInvalid(format!("invalid repository name {name:.100}: {why}")));
+    let bad = |why: &str| {
+        Err(Error::NameInvalid(format!(
+            "invalid repository name {name:.100}: {why}"
+        )))
+    };
     if name.is_empty() {
         return bad("empty");
     }
@@ -75,7 +83,10 @@ fn valid_component(c: &str) -> bool {
             i += 1;
         }
         let sep = &c[sep_start..i];
-        let sep_ok = sep == "." || sep == "_" || sep == "__" || (!sep.is_empty() && sep.bytes().all(|x| x == b'-'));
+        let sep_ok = sep == "."
+            || sep == "_"
+            || sep == "__"
+            || (!sep.is_empty() && sep.bytes().all(|x| x == b'-'));
         if !sep_ok || i == b.len() {
             return false;
         }
@@ -88,7 +99,8 @@ pub fn validate_tag(tag: &str) -> Result<(), Error> {
     let ok = !b.is_empty()
         && b.len() <= 128
         && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
-        && b.iter().all(|x| x.is_ascii_alphanumeric() || matches!(x, b'_' | b'.' | b'-'));
+        && b.iter()
+            .all(|x| x.is_ascii_alphanumeric() || matches!(x, b'_' | b'.' | b'-'));
     if ok {
         Ok(())
     } else {
@@ -143,7 +155,9 @@ impl ImageReference {
             None => (s, None),
         };
         let (registry, path) = match rest.split_once('/') {
-            Some((first, path)) if first.contains('.') || first.contains(':') || first == "localhost" => {
+            Some((first, path))
+                if first.contains('.') || first.contains(':') || first == "localhost" =>
+            {
                 (canonical_registry(first), path)
             }
             _ => (DOCKER_HUB.to_owned(), rest),
@@ -161,8 +175,17 @@ impl ImageReference {
         if let Some(t) = &tag {
             validate_tag(t)?;
         }
-        let tag = if tag.is_none() && digest.is_none() { Some("latest".to_owned()) } else { tag };
-        Ok(Self { registry, repository, tag, digest })
+        let tag = if tag.is_none() && digest.is_none() {
+            Some("latest".to_owned())
+        } else {
+            tag
+        };
+        Ok(Self {
+            registry,
+            repository,
+            tag,
+            digest,
+        })
     }
 
     /// The digest if pinned, otherwise the tag.
@@ -197,7 +220,10 @@ mod tests {
         for ok in ["a", "library/ubuntu", "a.b/c_d/e__f/g-h/i---j", "x0/y9"] {
             assert!(validate_repository(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "A", "a/", "/a", "a//b", "a/../b", "..", "a_", "a___b", "a.-b", "-a", "a/.b", "a b", "a%2fb"] {
+        for bad in [
+            "", "A", "a/", "/a", "a//b", "a/../b", "..", "a_", "a___b", "a.-b", "-a", "a/.b",
+            "a b", "a%2fb",
+        ] {
             assert!(validate_repository(bad).is_err(), "{bad}");
         }
     }
@@ -224,7 +250,10 @@ mod tests {
         assert_eq!(r.tag, None);
         assert_eq!(r.manifest_ref(), ManifestRef::Digest(d));
         let r = ImageReference::parse("localhost:5000/a:t").unwrap();
-        assert_eq!((r.registry.as_str(), r.tag.as_deref()), ("localhost:5000", Some("t")));
+        assert_eq!(
+            (r.registry.as_str(), r.tag.as_deref()),
+            ("localhost:5000", Some("t"))
+        );
         assert!(ImageReference::parse("Bad/Name").is_err());
         assert_eq!(canonical_registry("Index.Docker.IO"), "docker.io");
     }

@@ -35,10 +35,21 @@ pub struct AgentArgs {
     #[arg(long, env = "STARLING_NO_STALE_TAGS")]
     no_stale_tags: bool,
     /// Upstream endpoint override, REGISTRY=URL (repeatable), e.g. docker.io=http://127.0.0.1:5000.
-    #[arg(long = "registry-endpoint", value_name = "REGISTRY=URL", env = "STARLING_REGISTRY_ENDPOINTS", value_delimiter = ',')]
+    #[arg(
+        long = "registry-endpoint",
+        value_name = "REGISTRY=URL",
+        env = "STARLING_REGISTRY_ENDPOINTS",
+        value_delimiter = ','
+    )]
     registry_endpoints: Vec<String>,
     /// Upstream credentials, REGISTRY=USER:PASSWORD (repeatable). Prefer the config file or --docker-config.
-    #[arg(long = "registry-credentials", value_name = "REGISTRY=USER:PASSWORD", env = "STARLING_REGISTRY_CREDENTIALS", value_delimiter = ',', hide_env_values = true)]
+    #[arg(
+        long = "registry-credentials",
+        value_name = "REGISTRY=USER:PASSWORD",
+        env = "STARLING_REGISTRY_CREDENTIALS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     registry_credentials: Vec<String>,
     /// A docker config.json to read upstream credentials from.
     #[arg(long, env = "STARLING_DOCKER_CONFIG")]
@@ -54,7 +65,8 @@ pub struct AgentArgs {
 pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     let mut cfg: agent::AgentConfig = match &a.config {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
         }
         None => agent::AgentConfig::default(),
@@ -88,12 +100,18 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
         cfg.serve_stale_tags = false;
     }
     for e in &a.registry_endpoints {
-        let Some((reg, url)) = e.split_once('=') else { bail!("--registry-endpoint wants REGISTRY=URL, got {e:?}") };
+        let Some((reg, url)) = e.split_once('=') else {
+            bail!("--registry-endpoint wants REGISTRY=URL, got {e:?}")
+        };
         cfg.registries.entry(reg.to_owned()).or_default().endpoint = Some(url.to_owned());
     }
     for e in &a.registry_credentials {
-        let Some((reg, up)) = e.split_once('=') else { bail!("--registry-credentials wants REGISTRY=USER:PASSWORD") };
-        let Some((u, p)) = up.split_once(':') else { bail!("--registry-credentials wants REGISTRY=USER:PASSWORD") };
+        let Some((reg, up)) = e.split_once('=') else {
+            bail!("--registry-credentials wants REGISTRY=USER:PASSWORD")
+        };
+        let Some((u, p)) = up.split_once(':') else {
+            bail!("--registry-credentials wants REGISTRY=USER:PASSWORD")
+        };
         let r = cfg.registries.entry(reg.to_owned()).or_default();
         r.username = Some(u.to_owned());
         r.password = Some(p.to_owned());
@@ -113,7 +131,9 @@ pub async fn run_agent(a: AgentArgs) -> Result<()> {
     }
     let listen = cfg.listen;
     let agent = agent::Agent::new(cfg).context("starting agent")?;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
     agent.serve(listener, crate::shutdown_signal()).await?;
     Ok(())
 }
@@ -133,9 +153,20 @@ pub struct ServeOciArgs {
 }
 
 pub async fn run_serve_oci(a: ServeOciArgs) -> Result<()> {
-    let limit = a.egress_limit.as_deref().map(crate::parse_size).transpose()?;
-    let cfg = origin::OriginConfig { layout_dir: a.dir, listen: a.listen, egress_limit_bytes_per_sec: limit, repository: a.repository };
-    origin::serve(cfg, crate::shutdown_signal()).await.context("serve-oci")?;
+    let limit = a
+        .egress_limit
+        .as_deref()
+        .map(crate::parse_size)
+        .transpose()?;
+    let cfg = origin::OriginConfig {
+        layout_dir: a.dir,
+        listen: a.listen,
+        egress_limit_bytes_per_sec: limit,
+        repository: a.repository,
+    };
+    origin::serve(cfg, crate::shutdown_signal())
+        .await
+        .context("serve-oci")?;
     Ok(())
 }
 
@@ -165,21 +196,40 @@ pub async fn run_pull(a: PullArgs) -> Result<()> {
     let mut cfg = oci::UpstreamConfig::default();
     if let Some(m) = &a.mirror {
         cfg.endpoints.insert(reference.registry.clone(), m.clone());
-    } else if reference.registry.starts_with("127.") || reference.registry.starts_with("localhost") {
-        cfg.endpoints.insert(reference.registry.clone(), format!("http://{}", reference.registry));
+    } else if reference.registry.starts_with("127.") || reference.registry.starts_with("localhost")
+    {
+        cfg.endpoints.insert(
+            reference.registry.clone(),
+            format!("http://{}", reference.registry),
+        );
     }
     if let Some(c) = &a.creds {
-        let Some((u, p)) = c.split_once(':') else { bail!("--creds wants USER:PASSWORD") };
-        cfg.credentials.insert(reference.registry.clone(), oci::upstream::Credentials { username: u.into(), password: p.into() });
+        let Some((u, p)) = c.split_once(':') else {
+            bail!("--creds wants USER:PASSWORD")
+        };
+        cfg.credentials.insert(
+            reference.registry.clone(),
+            oci::upstream::Credentials {
+                username: u.into(),
+                password: p.into(),
+            },
+        );
     }
     let up = oci::Upstream::new(cfg)?;
-    let mut opts = oci::pull::PullOptions { concurrency: a.concurrency, ..Default::default() };
+    let mut opts = oci::pull::PullOptions {
+        concurrency: a.concurrency,
+        ..Default::default()
+    };
     if let Some(p) = &a.platform {
-        let Some((os, arch)) = p.split_once('/') else { bail!("--platform wants OS/ARCH") };
+        let Some((os, arch)) = p.split_once('/') else {
+            bail!("--platform wants OS/ARCH")
+        };
         opts.os = os.into();
         opts.arch = arch.into();
     }
-    let report = oci::pull::pull(&up, &reference, &opts).await.with_context(|| format!("pulling {reference}"))?;
+    let report = oci::pull::pull(&up, &reference, &opts)
+        .await
+        .with_context(|| format!("pulling {reference}"))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -54,7 +54,10 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             println!("{s}")
         }
     };
-    say(format!("[1/5] generating a synthetic training image (scale {}) ...", a.scale));
+    say(format!(
+        "[1/5] generating a synthetic training image (scale {}) ...",
+        a.scale
+    ));
     let spec = origin::SynthSpec::training(a.scale);
     let started = Instant::now();
     let image = tokio::task::spawn_blocking({
@@ -68,22 +71,44 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         image.total_bytes as f64 / 1048576.0,
         started.elapsed().as_secs_f64()
     ));
-    say(format!("[2/5] serving it with serve-oci behind a {}/s egress limit (the shared registry)", a.registry_limit));
-    let origin = origin::bind(origin::OriginConfig { layout_dir: layout, listen: "127.0.0.1:0".parse()?, egress_limit_bytes_per_sec: Some(limit), repository: None })
-        .await?
-        .spawn();
+    say(format!(
+        "[2/5] serving it with serve-oci behind a {}/s egress limit (the shared registry)",
+        a.registry_limit
+    ));
+    let origin = origin::bind(origin::OriginConfig {
+        layout_dir: layout,
+        listen: "127.0.0.1:0".parse()?,
+        egress_limit_bytes_per_sec: Some(limit),
+        repository: None,
+    })
+    .await?
+    .spawn();
     let origin_host = origin.local_addr().to_string();
     let stats = origin.stats();
     say("[3/5] starting a node agent with an empty cache".into());
-    let mut cfg = agent::AgentConfig { cache_dir: work.join("agent-cache"), default_registry: origin_host.clone(), ..Default::default() };
-    cfg.registries.insert(origin_host.clone(), agent::config::RegistryConfig { endpoint: Some(format!("http://{origin_host}")), ..Default::default() });
+    let mut cfg = agent::AgentConfig {
+        cache_dir: work.join("agent-cache"),
+        default_registry: origin_host.clone(),
+        ..Default::default()
+    };
+    cfg.registries.insert(
+        origin_host.clone(),
+        agent::config::RegistryConfig {
+            endpoint: Some(format!("http://{origin_host}")),
+            ..Default::default()
+        },
+    );
     let agent = agent::Agent::new(cfg)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let agent_addr = listener.local_addr()?;
     tokio::spawn(agent.serve(listener, std::future::pending()));
     let reference = oci::ImageReference::parse(&format!("{origin_host}/demo/train:{}", image.tag))?;
     let mut passes = Vec::new();
-    for (name, via_agent) in [("direct from registry", false), ("cold through agent", true), ("warm through agent", true)] {
+    for (name, via_agent) in [
+        ("direct from registry", false),
+        ("cold through agent", true),
+        ("warm through agent", true),
+    ] {
         let step = match name {
             "direct from registry" => "[4/5] pulling directly from the registry (baseline)",
             "cold through agent" => "[5/5] pulling through the agent: cold, then warm",
@@ -93,13 +118,30 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             say(step.into());
         }
         let mut ucfg = oci::UpstreamConfig::default();
-        let url = if via_agent { format!("http://{agent_addr}") } else { format!("http://{origin_host}") };
+        let url = if via_agent {
+            format!("http://{agent_addr}")
+        } else {
+            format!("http://{origin_host}")
+        };
         ucfg.endpoints.insert(origin_host.clone(), url);
         let up = oci::Upstream::new(ucfg)?;
         let before = stats.egress_bytes();
-        let r = oci::pull::pull(&up, &reference, &oci::pull::PullOptions { concurrency: 4, ..Default::default() }).await.with_context(|| format!("{name} pull"))?;
+        let r = oci::pull::pull(
+            &up,
+            &reference,
+            &oci::pull::PullOptions {
+                concurrency: 4,
+                ..Default::default()
+            },
+        )
+        .await
+        .with_context(|| format!("{name} pull"))?;
         let registry_bytes = stats.egress_bytes() - before;
-        let ttfb = r.blobs.iter().map(|b| b.first_byte_seconds).fold(0.0, f64::max);
+        let ttfb = r
+            .blobs
+            .iter()
+            .map(|b| b.first_byte_seconds)
+            .fold(0.0, f64::max);
         say(format!(
             "      {name:<22} {:>7.2}s  {:>8.1} MiB/s  registry sent {:>8.1} MiB  (all {} blobs sha256-verified)",
             r.seconds,
@@ -107,7 +149,13 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             registry_bytes as f64 / 1048576.0,
             r.blobs.len()
         ));
-        passes.push(PassReport { name, seconds: r.seconds, registry_bytes, mib_per_s: r.bytes as f64 / 1048576.0 / r.seconds.max(1e-6), max_first_byte_seconds: ttfb });
+        passes.push(PassReport {
+            name,
+            seconds: r.seconds,
+            registry_bytes,
+            mib_per_s: r.bytes as f64 / 1048576.0 / r.seconds.max(1e-6),
+            max_first_byte_seconds: ttfb,
+        });
     }
     let report = DemoReport {
         image_bytes: image.total_bytes,
@@ -134,6 +182,17 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
 pub enum BenchCmd {
     /// Mirror benchmarks against a running docker-registry (see scripts/bench-mirror).
     Mirror(MirrorBenchArgs),
+    /// Write an OCI layout with incompressible layers of the given sizes (bench input).
+    Synth {
+        /// Output directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Layer sizes, e.g. 1GiB,1GiB.
+        #[arg(long, value_delimiter = ',')]
+        layers: Vec<String>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 #[derive(Args)]
@@ -159,16 +218,40 @@ pub struct MirrorBenchArgs {
     /// Repetitions per client.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Measure only one side: registry or agent.
+    #[arg(long)]
+    only: Option<String>,
+    /// One concurrent client per blob (instead of every client fetching every blob).
+    #[arg(long)]
+    each: bool,
 }
 
 /// Fetches blobs from one base URL with `clients` concurrent clients and reports bytes,
 /// seconds and errors (each body checked for its length and digest).
-async fn fetch_all(base: &str, repo: &str, blobs: &[String], clients: usize, rounds: usize) -> (u64, f64, usize) {
-    let client = reqwest::Client::builder().pool_max_idle_per_host(clients.max(1)).build().unwrap_or_default();
+async fn fetch_all(
+    base: &str,
+    repo: &str,
+    blobs: &[String],
+    clients: usize,
+    rounds: usize,
+    each: bool,
+) -> (u64, f64, usize) {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients.max(1))
+        .build()
+        .unwrap_or_default();
     let started = Instant::now();
-    let tasks = (0..clients).map(|_| {
+    let groups: Vec<Vec<String>> = if each {
+        blobs.iter().map(|b| vec![b.clone()]).collect()
+    } else {
+        (0..clients).map(|_| blobs.to_vec()).collect()
+    };
+    let tasks = groups.into_iter().map(|group| {
         let client = client.clone();
-        let urls: Vec<(String, String)> = blobs.iter().map(|b| (format!("{base}/v2/{repo}/blobs/{b}"), b.clone())).collect();
+        let urls: Vec<(String, String)> = group
+            .iter()
+            .map(|b| (format!("{base}/v2/{repo}/blobs/{b}"), b.clone()))
+            .collect();
         async move {
             let (mut bytes, mut errors) = (0u64, 0usize);
             for _ in 0..rounds {
@@ -211,13 +294,36 @@ async fn fetch_all(base: &str, repo: &str, blobs: &[String], clients: usize, rou
 }
 
 pub async fn run_bench(b: BenchCmd) -> Result<()> {
-    let BenchCmd::Mirror(a) = b;
+    let a = match b {
+        BenchCmd::Mirror(a) => a,
+        BenchCmd::Synth { dir, layers, seed } => {
+            let layers = layers
+                .iter()
+                .enumerate()
+                .map(|(i, s)| Ok((format!("layer{i}"), crate::parse_size(s)?)))
+                .collect::<Result<Vec<_>>>()?;
+            let spec = origin::SynthSpec {
+                layers,
+                seed,
+                tag: "bench".into(),
+            };
+            let img =
+                tokio::task::spawn_blocking(move || origin::generate_training_image(&dir, &spec))
+                    .await??;
+            println!(
+                "{}",
+                serde_json::json!({"manifest": img.manifest_digest, "layers": img.layers.iter().map(|l| serde_json::json!({"digest": l.digest, "size": l.size})).collect::<Vec<_>>()})
+            );
+            return Ok(());
+        }
+    };
     let mut out = serde_json::Map::new();
     for (name, base) in [("registry", &a.registry), ("agent", &a.agent)] {
-        if a.mode == "concurrent" && name == "registry" {
+        if a.only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
-        let (bytes, secs, errors) = fetch_all(base, &a.repo, &a.blobs, a.clients, a.rounds).await;
+        let (bytes, secs, errors) =
+            fetch_all(base, &a.repo, &a.blobs, a.clients, a.rounds, a.each).await;
         let mibs = bytes as f64 / 1048576.0 / secs.max(1e-9);
         println!("{name:<9} mode={} clients={} bytes={bytes} seconds={secs:.3} MiB/s={mibs:.1} errors={errors}", a.mode, a.clients);
         out.insert(name.into(), serde_json::json!({"bytes": bytes, "seconds": secs, "mib_per_s": mibs, "errors": errors}));

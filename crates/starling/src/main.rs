@@ -41,8 +41,11 @@ enum Command {
 }
 
 fn init_logging(filter: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -52,8 +55,15 @@ fn init_logging(filter: &str, json: bool) {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log, cli.log_json);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // The demo prints its own report; per-blob log lines would drown it.
+    let quiet_default = matches!(cli.command, Command::Demo(_))
+        && std::env::var_os("STARLING_LOG").is_none()
+        && cli.log == "info";
+    init_logging(if quiet_default { "warn" } else { &cli.log }, cli.log_json);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -98,5 +108,7 @@ pub(crate) async fn shutdown_signal() {
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<u64> {
-    agent::config::parse_size(s).map_err(anyhow::Error::msg).context("size")
+    agent::config::parse_size(s)
+        .map_err(anyhow::Error::msg)
+        .context("size")
 }

@@ -38,11 +38,23 @@ pub enum SetupCmd {
 
 pub fn run(cmd: SetupCmd) -> Result<()> {
     let report = match cmd {
-        SetupCmd::Containerd { certs_dir, mirror, registries, containerd_config } => {
-            let cfg = containerd_config.exists().then_some(containerd_config.as_path());
-            agent::setup::containerd(&certs_dir, &mirror, &registries, cfg).with_context(|| format!("writing {}", certs_dir.display()))?
+        SetupCmd::Containerd {
+            certs_dir,
+            mirror,
+            registries,
+            containerd_config,
+        } => {
+            let cfg = containerd_config
+                .exists()
+                .then_some(containerd_config.as_path());
+            agent::setup::containerd(&certs_dir, &mirror, &registries, cfg)
+                .with_context(|| format!("writing {}", certs_dir.display()))?
         }
-        SetupCmd::Docker { daemon_json, mirror } => agent::setup::docker(&daemon_json, &mirror).with_context(|| format!("updating {}", daemon_json.display()))?,
+        SetupCmd::Docker {
+            daemon_json,
+            mirror,
+        } => agent::setup::docker(&daemon_json, &mirror)
+            .with_context(|| format!("updating {}", daemon_json.display()))?,
         SetupCmd::RegistriesConf { mirror, registries } => {
             print!("{}", agent::setup::registries_conf(&mirror, &registries));
             return Ok(());

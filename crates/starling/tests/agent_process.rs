@@ -8,9 +8,21 @@ use futures::StreamExt;
 fn spawn_agent(port: u16, cache: &std::path::Path, origin: &str) -> Child {
     let log = std::fs::File::create(cache.with_extension(format!("log{port}"))).unwrap();
     Command::new(env!("CARGO_BIN_EXE_starling"))
-        .args(["agent", "--listen", &format!("127.0.0.1:{port}"), "--cache-dir"])
+        .args([
+            "agent",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--cache-dir",
+        ])
         .arg(cache)
-        .args(["--default-registry", origin, "--registry-endpoint", &format!("{origin}=http://{origin}"), "--min-free", "0"])
+        .args([
+            "--default-registry",
+            origin,
+            "--registry-endpoint",
+            &format!("{origin}=http://{origin}"),
+            "--min-free",
+            "0",
+        ])
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -19,7 +31,10 @@ fn spawn_agent(port: u16, cache: &std::path::Path, origin: &str) -> Child {
 
 async fn wait_ready(port: u16) {
     for _ in 0..200 {
-        if reqwest::get(format!("http://127.0.0.1:{port}/healthz")).await.is_ok_and(|r| r.status() == 200) {
+        if reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -30,7 +45,11 @@ async fn wait_ready(port: u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_mid_download_then_restart_resumes_and_never_serves_partial_as_complete() {
     let work = tempfile::tempdir().unwrap();
-    let spec = origin::SynthSpec { layers: vec![("big".into(), 40 << 20)], seed: 42, tag: "t".into() };
+    let spec = origin::SynthSpec {
+        layers: vec![("big".into(), 40 << 20)],
+        seed: 42,
+        tag: "t".into(),
+    };
     let image = origin::generate_training_image(&work.path().join("layout"), &spec).unwrap();
     let layer = image.layers[0].clone();
     // A slow origin so the kill lands mid-blob.
@@ -64,14 +83,29 @@ async fn kill_9_mid_download_then_restart_resumes_and_never_serves_partial_as_co
     let partial = cache.join("partial").join(layer.digest.hex());
     let complete = cache.join("blobs/sha256").join(layer.digest.hex());
     let partial_len = std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
-    assert!(partial_len > 0 && partial_len < layer.size, "partial file kept after kill -9: {partial_len}");
-    assert!(!complete.exists(), "a half-written blob is never in the complete store");
+    assert!(
+        partial_len > 0 && partial_len < layer.size,
+        "partial file kept after kill -9: {partial_len}"
+    );
+    assert!(
+        !complete.exists(),
+        "a half-written blob is never in the complete store"
+    );
     let sent_before_restart = origin.stats().snapshot().blob_bytes_sent;
 
     let mut agent = spawn_agent(port, &cache, &origin_host);
     wait_ready(port).await;
-    let cache_api: serde_json::Value = reqwest::get(format!("http://127.0.0.1:{port}/api/v1/cache")).await.unwrap().json().await.unwrap();
-    assert_eq!(cache_api["usage"]["complete_blobs"], 0, "restart does not promote the partial blob");
+    let cache_api: serde_json::Value =
+        reqwest::get(format!("http://127.0.0.1:{port}/api/v1/cache"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(
+        cache_api["usage"]["complete_blobs"], 0,
+        "restart does not promote the partial blob"
+    );
     let body = reqwest::get(&url).await.unwrap().bytes().await.unwrap();
     assert_eq!(oci::Digest::of(&body), layer.digest);
     assert!(complete.exists());

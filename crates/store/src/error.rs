@@ -1,7 +1,10 @@
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("store I/O on {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("store database: {0}")]
     Db(String),
     /// No room for the blob even after eviction; callers stream without caching.
@@ -11,18 +14,28 @@ pub enum Error {
     Content(#[from] oci::Error),
     /// The writer that was filling a blob went away or failed; readers may retry.
     #[error("download of {digest} failed: {reason}")]
-    DownloadFailed { digest: String, reason: String, retryable: bool },
+    DownloadFailed {
+        digest: String,
+        reason: String,
+        retryable: bool,
+    },
 }
 
 impl Error {
     pub fn io(path: &std::path::Path, source: std::io::Error) -> Self {
-        Self::Io { path: path.display().to_string(), source }
+        Self::Io {
+            path: path.display().to_string(),
+            source,
+        }
     }
 
     pub fn is_disk_full(&self) -> bool {
         match self {
             Self::DiskFull { .. } => true,
-            Self::Io { source, .. } => source.raw_os_error() == Some(28) || source.kind() == std::io::ErrorKind::StorageFull,
+            Self::Io { source, .. } => {
+                source.raw_os_error() == Some(28)
+                    || source.kind() == std::io::ErrorKind::StorageFull
+            }
             _ => false,
         }
     }
@@ -35,4 +48,12 @@ macro_rules! db_err {
         }
     )*};
 }
-db_err!(redb::Error, redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError, serde_json::Error);
+db_err!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    serde_json::Error
+);

@@ -18,7 +18,11 @@ pub struct Candidate {
 }
 
 /// Least recently used first, until `used` drops to `target`.
-pub fn choose_victims(candidates: impl Iterator<Item = Candidate>, used: u64, target: u64) -> Vec<Candidate> {
+pub fn choose_victims(
+    candidates: impl Iterator<Item = Candidate>,
+    used: u64,
+    target: u64,
+) -> Vec<Candidate> {
     if used <= target {
         return Vec::new();
     }
@@ -58,12 +62,20 @@ mod tests {
     use super::*;
 
     fn cand(n: u8, size: u64, at: u64) -> Candidate {
-        Candidate { digest: Digest::of(&[n]), size, last_access: at }
+        Candidate {
+            digest: Digest::of(&[n]),
+            size,
+            last_access: at,
+        }
     }
 
     #[test]
     fn lru_until_target() {
-        let v = choose_victims(vec![cand(1, 10, 5), cand(2, 10, 1), cand(3, 10, 3)].into_iter(), 30, 15);
+        let v = choose_victims(
+            vec![cand(1, 10, 5), cand(2, 10, 1), cand(3, 10, 3)].into_iter(),
+            30,
+            15,
+        );
         let order: Vec<_> = v.iter().map(|c| c.last_access).collect();
         assert_eq!(order, vec![1, 3]);
         assert!(choose_victims(vec![cand(1, 10, 5)].into_iter(), 10, 20).is_empty());
@@ -75,7 +87,15 @@ mod tests {
         let b = Digest::of(b"b");
         let c = Digest::of(b"c");
         let (b2, c2) = (b.to_string(), c.to_string());
-        let set = closure(&[a.clone()], |d| if *d == a { vec![b2.clone()] } else if *d == b { vec![c2.clone()] } else { vec![] });
+        let set = closure(&[a.clone()], |d| {
+            if *d == a {
+                vec![b2.clone()]
+            } else if *d == b {
+                vec![c2.clone()]
+            } else {
+                vec![]
+            }
+        });
         assert_eq!(set.len(), 3);
     }
 }

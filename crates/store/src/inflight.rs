@@ -23,7 +23,10 @@ pub enum Status {
     Complete,
     /// `retryable` is false when the bytes themselves were wrong (digest or size
     /// mismatch): fetching them again from the same source cannot help.
-    Failed { reason: String, retryable: bool },
+    Failed {
+        reason: String,
+        retryable: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -59,62 +62,87 @@ impl Inflight {
 /// Streams `[start, end)` of a blob that is being written. `end = None` means to the end
 /// of the blob (known once the writer learns the total). Yields an error if the writer
 /// fails before the range is covered; the caller decides where to get the rest.
-pub fn read_inflight(inflight: Arc<Inflight>, start: u64, end: Option<u64>) -> impl Stream<Item = Result<Bytes, Error>> + Send {
+pub fn read_inflight(
+    inflight: Arc<Inflight>,
+    start: u64,
+    end: Option<u64>,
+) -> impl Stream<Item = Result<Bytes, Error>> + Send {
     let rx = inflight.subscribe();
-    futures::stream::unfold((inflight, rx, start, false), move |(inf, mut rx, pos, done)| async move {
-        if done {
-            return None;
-        }
-        loop {
-            let p = rx.borrow_and_update().clone();
-            let limit = match (end, p.total) {
-                (Some(e), Some(t)) => Some(e.min(t)),
-                (Some(e), None) => Some(e),
-                (None, t) => t,
-            };
-            if limit.is_some_and(|l| pos >= l) {
+    futures::stream::unfold(
+        (inflight, rx, start, false),
+        move |(inf, mut rx, pos, done)| async move {
+            if done {
                 return None;
             }
-            if let Status::Failed { reason, retryable: false } = &p.status {
-                let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: reason.clone(), retryable: false };
-                return Some((Err(err), (inf, rx, pos, true)));
-            }
-            let mut available = p.written.min(limit.unwrap_or(u64::MAX));
-            // The last bytes of a blob are held back until the whole blob is verified:
-            // a client never sees a clean end of content that fails its digest.
-            if p.status != Status::Complete && p.total.is_some_and(|t| available >= t) {
-                available = available.saturating_sub(1);
-            }
-            if available > pos {
-                let len = ((available - pos) as usize).min(READ_CHUNK);
-                let file = inf.file.clone();
-                let path = inf.path.clone();
-                let read = tokio::task::spawn_blocking(move || read_exact_at(&file, pos, len).map_err(|e| Error::io(&path, e)))
-                    .await
-                    .unwrap_or_else(|e| Err(Error::Db(format!("reader task: {e}"))));
-                return match read {
-                    Ok(buf) => {
-                        let n = buf.len() as u64;
-                        Some((Ok(buf), (inf, rx, pos + n, false)))
-                    }
-                    Err(e) => Some((Err(e), (inf, rx, pos, true))),
+            loop {
+                let p = rx.borrow_and_update().clone();
+                let limit = match (end, p.total) {
+                    (Some(e), Some(t)) => Some(e.min(t)),
+                    (Some(e), None) => Some(e),
+                    (None, t) => t,
                 };
-            }
-            match &p.status {
-                Status::Failed { reason, retryable } => {
-                    let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: reason.clone(), retryable: *retryable };
+                if limit.is_some_and(|l| pos >= l) {
+                    return None;
+                }
+                if let Status::Failed {
+                    reason,
+                    retryable: false,
+                } = &p.status
+                {
+                    let err = Error::DownloadFailed {
+                        digest: inf.digest.to_string(),
+                        reason: reason.clone(),
+                        retryable: false,
+                    };
                     return Some((Err(err), (inf, rx, pos, true)));
                 }
-                Status::Complete if limit.is_none() => return None,
-                Status::Complete if p.written <= pos => return None,
-                _ => {}
+                let mut available = p.written.min(limit.unwrap_or(u64::MAX));
+                // The last bytes of a blob are held back until the whole blob is verified:
+                // a client never sees a clean end of content that fails its digest.
+                if p.status != Status::Complete && p.total.is_some_and(|t| available >= t) {
+                    available = available.saturating_sub(1);
+                }
+                if available > pos {
+                    let len = ((available - pos) as usize).min(READ_CHUNK);
+                    let file = inf.file.clone();
+                    let path = inf.path.clone();
+                    let read = tokio::task::spawn_blocking(move || {
+                        read_exact_at(&file, pos, len).map_err(|e| Error::io(&path, e))
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(Error::Db(format!("reader task: {e}"))));
+                    return match read {
+                        Ok(buf) => {
+                            let n = buf.len() as u64;
+                            Some((Ok(buf), (inf, rx, pos + n, false)))
+                        }
+                        Err(e) => Some((Err(e), (inf, rx, pos, true))),
+                    };
+                }
+                match &p.status {
+                    Status::Failed { reason, retryable } => {
+                        let err = Error::DownloadFailed {
+                            digest: inf.digest.to_string(),
+                            reason: reason.clone(),
+                            retryable: *retryable,
+                        };
+                        return Some((Err(err), (inf, rx, pos, true)));
+                    }
+                    Status::Complete if limit.is_none() => return None,
+                    Status::Complete if p.written <= pos => return None,
+                    _ => {}
+                }
+                if rx.changed().await.is_err() {
+                    let err = Error::DownloadFailed {
+                        digest: inf.digest.to_string(),
+                        reason: "writer vanished".into(),
+                        retryable: true,
+                    };
+                    return Some((Err(err), (inf, rx, pos, true)));
+                }
             }
-            if rx.changed().await.is_err() {
-                let err = Error::DownloadFailed { digest: inf.digest.to_string(), reason: "writer vanished".into(), retryable: true };
-                return Some((Err(err), (inf, rx, pos, true)));
-            }
-        }
-    })
+        },
+    )
 }
 
 pub(crate) fn read_exact_at(file: &File, pos: u64, len: usize) -> std::io::Result<Bytes> {
@@ -123,7 +151,10 @@ pub(crate) fn read_exact_at(file: &File, pos: u64, len: usize) -> std::io::Resul
     while filled < len {
         let n = file.read_at(&mut buf[filled..], pos + filled as u64)?;
         if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "blob file shorter than recorded"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "blob file shorter than recorded",
+            ));
         }
         filled += n;
     }
@@ -131,7 +162,12 @@ pub(crate) fn read_exact_at(file: &File, pos: u64, len: usize) -> std::io::Resul
 }
 
 /// Streams `[start, end)` of a complete blob file.
-pub fn read_file(file: Arc<File>, path: PathBuf, start: u64, end: u64) -> impl Stream<Item = Result<Bytes, Error>> + Send {
+pub fn read_file(
+    file: Arc<File>,
+    path: PathBuf,
+    start: u64,
+    end: u64,
+) -> impl Stream<Item = Result<Bytes, Error>> + Send {
     futures::stream::unfold(start, move |pos| {
         let file = file.clone();
         let path = path.clone();
@@ -140,9 +176,11 @@ pub fn read_file(file: Arc<File>, path: PathBuf, start: u64, end: u64) -> impl S
                 return None;
             }
             let len = ((end - pos) as usize).min(READ_CHUNK);
-            let r = tokio::task::spawn_blocking(move || read_exact_at(&file, pos, len).map_err(|e| Error::io(&path, e)))
-                .await
-                .unwrap_or_else(|e| Err(Error::Db(format!("reader task: {e}"))));
+            let r = tokio::task::spawn_blocking(move || {
+                read_exact_at(&file, pos, len).map_err(|e| Error::io(&path, e))
+            })
+            .await
+            .unwrap_or_else(|e| Err(Error::Db(format!("reader task: {e}"))));
             match r {
                 Ok(b) => Some((Ok(b), pos + len as u64)),
                 Err(e) => Some((Err(e), end)),

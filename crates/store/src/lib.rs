@@ -34,7 +34,10 @@ pub use meta::{BlobRecord, PinRecord, TagRecord};
 use oci::{Digest, Verifier};
 
 pub fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 #[derive(Clone, Debug)]
@@ -51,7 +54,13 @@ pub struct StoreConfig {
 
 impl StoreConfig {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into(), budget_bytes: 100 << 30, high_watermark: 0.90, low_watermark: 0.80, min_free_bytes: 256 << 20 }
+        Self {
+            root: root.into(),
+            budget_bytes: 100 << 30,
+            high_watermark: 0.90,
+            low_watermark: 0.80,
+            min_free_bytes: 256 << 20,
+        }
     }
 }
 
@@ -169,14 +178,23 @@ impl Store {
         if let Ok(rd) = std::fs::read_dir(&blobs_dir) {
             for entry in rd.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let Ok(d) = Digest::parse(&format!("sha256:{name}")) else { continue };
+                let Ok(d) = Digest::parse(&format!("sha256:{name}")) else {
+                    continue;
+                };
                 if state.index.contains_key(&d) {
                     continue;
                 }
                 let path = entry.path();
                 if verify_file(&path, &d).is_ok() {
                     let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
-                    let rec = BlobRecord { size, media_type: None, children: vec![], last_access: now_secs(), created: now_secs(), source: "recovered".into() };
+                    let rec = BlobRecord {
+                        size,
+                        media_type: None,
+                        children: vec![],
+                        last_access: now_secs(),
+                        created: now_secs(),
+                        source: "recovered".into(),
+                    };
                     meta::put(&db, meta::BLOBS, &d.to_string(), &rec)?;
                     state.index.insert(d, rec);
                 } else {
@@ -186,7 +204,15 @@ impl Store {
             }
         }
         info!(root = %cfg.root.display(), blobs = state.index.len(), "store opened");
-        Ok(Self { inner: Arc::new(Inner { cfg, db, blobs_dir, partial_dir, state: Mutex::new(state) }) })
+        Ok(Self {
+            inner: Arc::new(Inner {
+                cfg,
+                db,
+                blobs_dir,
+                partial_dir,
+                state: Mutex::new(state),
+            }),
+        })
     }
 
     pub fn config(&self) -> &StoreConfig {
@@ -212,7 +238,9 @@ impl Store {
 
     /// Bytes of a partial download on disk (resumable), if any.
     pub fn partial_len(&self, d: &Digest) -> Option<u64> {
-        std::fs::metadata(self.partial_path(d)).ok().map(|m| m.len())
+        std::fs::metadata(self.partial_path(d))
+            .ok()
+            .map(|m| m.len())
     }
 
     fn touch(&self, st: &mut State, d: &Digest) {
@@ -226,16 +254,26 @@ impl Store {
     pub fn open_complete(&self, d: &Digest) -> Result<Option<OpenBlob>, Error> {
         let size = {
             let mut st = self.inner.state.lock();
-            let Some(rec) = st.index.get(d) else { return Ok(None) };
+            let Some(rec) = st.index.get(d) else {
+                return Ok(None);
+            };
             let size = rec.size;
             self.touch(&mut st, d);
             *st.serving.entry(d.clone()).or_default() += 1;
             size
         };
-        let guard = ServeGuard { store: self.clone(), digest: d.clone() };
+        let guard = ServeGuard {
+            store: self.clone(),
+            digest: d.clone(),
+        };
         let path = self.blob_path(d);
         match File::open(&path) {
-            Ok(f) => Ok(Some(OpenBlob { file: Arc::new(f), path, size, guard })),
+            Ok(f) => Ok(Some(OpenBlob {
+                file: Arc::new(f),
+                path,
+                size,
+                guard,
+            })),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // Deleted behind our back: forget it so it is fetched again.
                 warn!(digest = %d, "complete blob missing on disk; forgetting it");
@@ -254,7 +292,12 @@ impl Store {
 
     /// Starts or joins the download of a blob. `expected_size` (from a manifest or a
     /// HEAD) lets the store check space up front and verify the length.
-    pub async fn begin(&self, d: &Digest, expected_size: Option<u64>, source: &str) -> Result<Begin, Error> {
+    pub async fn begin(
+        &self,
+        d: &Digest,
+        expected_size: Option<u64>,
+        source: &str,
+    ) -> Result<Begin, Error> {
         let inflight = {
             let mut st = self.inner.state.lock();
             if let Some(rec) = st.index.get(d) {
@@ -273,8 +316,17 @@ impl Store {
                 .write(true)
                 .open(&path)
                 .map_err(|e| Error::io(&path, e))?;
-            let (tx, _) = watch::channel(Progress { written: 0, total: expected_size, status: Status::Running });
-            let inf = Arc::new(Inflight { digest: d.clone(), file: Arc::new(file), path, progress: tx });
+            let (tx, _) = watch::channel(Progress {
+                written: 0,
+                total: expected_size,
+                status: Status::Running,
+            });
+            let inf = Arc::new(Inflight {
+                digest: d.clone(),
+                file: Arc::new(file),
+                path,
+                progress: tx,
+            });
             st.inflight.insert(d.clone(), inf.clone());
             inf
         };
@@ -340,8 +392,7 @@ impl Store {
     fn used_excluding(&self, exclude: Option<&Digest>) -> u64 {
         let st = self.inner.state.lock();
         st.index.values().map(|r| r.size).sum::<u64>()
-            + st
-                .inflight
+            + st.inflight
                 .iter()
                 .filter(|(d, _)| Some(*d) != exclude)
                 .map(|(_, i)| {
@@ -355,7 +406,8 @@ impl Store {
         let cfg = &self.inner.cfg;
         let used = self.used_excluding(exclude);
         if used + needed > (cfg.budget_bytes as f64 * cfg.high_watermark) as u64 {
-            let target = ((cfg.budget_bytes as f64 * cfg.low_watermark) as u64).saturating_sub(needed);
+            let target =
+                ((cfg.budget_bytes as f64 * cfg.low_watermark) as u64).saturating_sub(needed);
             self.gc_to(target)?;
         }
         let free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
@@ -370,17 +422,33 @@ impl Store {
         }
         let used = self.used_excluding(exclude);
         if used + needed > cfg.budget_bytes {
-            return Err(Error::DiskFull { needed, free: cfg.budget_bytes.saturating_sub(used) });
+            return Err(Error::DiskFull {
+                needed,
+                free: cfg.budget_bytes.saturating_sub(used),
+            });
         }
         Ok(())
     }
 
     /// Stores a manifest (small; written whole). The caller has verified its digest.
-    pub fn put_manifest(&self, d: &Digest, media_type: &str, bytes: &[u8], children: Vec<Digest>) -> Result<(), Error> {
+    pub fn put_manifest(
+        &self,
+        d: &Digest,
+        media_type: &str,
+        bytes: &[u8],
+        children: Vec<Digest>,
+    ) -> Result<(), Error> {
         if Digest::of(bytes) != *d {
-            return Err(oci::Error::DigestMismatch { expected: d.clone(), actual: Digest::of(bytes) }.into());
+            return Err(oci::Error::DigestMismatch {
+                expected: d.clone(),
+                actual: Digest::of(bytes),
+            }
+            .into());
         }
-        if self.stat(d).is_some_and(|r| r.media_type.as_deref() == Some(media_type)) {
+        if self
+            .stat(d)
+            .is_some_and(|r| r.media_type.as_deref() == Some(media_type))
+        {
             return Ok(());
         }
         let path = self.blob_path(d);
@@ -404,7 +472,9 @@ impl Store {
     pub fn get_manifest(&self, d: &Digest) -> Result<Option<(String, Bytes)>, Error> {
         let media_type = {
             let mut st = self.inner.state.lock();
-            let Some(mt) = st.index.get(d).and_then(|r| r.media_type.clone()) else { return Ok(None) };
+            let Some(mt) = st.index.get(d).and_then(|r| r.media_type.clone()) else {
+                return Ok(None);
+            };
             self.touch(&mut st, d);
             mt
         };
@@ -431,16 +501,29 @@ impl Store {
 
     /// Every media type this tag was last seen as.
     pub fn tags(&self, registry: &str, repo: &str, tag: &str) -> Result<Vec<TagRecord>, Error> {
-        Ok(meta::scan(&self.inner.db, meta::TAGS, &meta::tag_prefix(registry, repo, tag))?.into_iter().map(|(_, v)| v).collect())
+        Ok(meta::scan(
+            &self.inner.db,
+            meta::TAGS,
+            &meta::tag_prefix(registry, repo, tag),
+        )?
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect())
     }
 
     pub fn all_tags(&self) -> Result<Vec<TagRecord>, Error> {
-        Ok(meta::scan(&self.inner.db, meta::TAGS, "")?.into_iter().map(|(_, v)| v).collect())
+        Ok(meta::scan(&self.inner.db, meta::TAGS, "")?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect())
     }
 
     /// Pins a manifest and everything it references until `until` (Unix seconds).
     pub fn pin(&self, d: &Digest, until: Option<u64>, reason: &str) -> Result<(), Error> {
-        let rec = PinRecord { until, reason: reason.to_owned() };
+        let rec = PinRecord {
+            until,
+            reason: reason.to_owned(),
+        };
         meta::put(&self.inner.db, meta::PINS, &d.to_string(), &rec)?;
         self.inner.state.lock().pins.insert(d.clone(), rec);
         Ok(())
@@ -453,18 +536,39 @@ impl Store {
     }
 
     pub fn pins(&self) -> Vec<(Digest, PinRecord)> {
-        self.inner.state.lock().pins.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.inner
+            .state
+            .lock()
+            .pins
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// Complete blobs with their records (for the inventory).
     pub fn list(&self) -> Vec<(Digest, BlobRecord)> {
-        self.inner.state.lock().index.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.inner
+            .state
+            .lock()
+            .index
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     pub fn usage(&self) -> Usage {
         let st = self.inner.state.lock();
         let complete_bytes: u64 = st.index.values().map(|r| r.size).sum();
-        let inflight_bytes: u64 = st.inflight.values().map(|i| i.progress.borrow().total.unwrap_or(i.progress.borrow().written)).sum();
+        let inflight_bytes: u64 = st
+            .inflight
+            .values()
+            .map(|i| {
+                i.progress
+                    .borrow()
+                    .total
+                    .unwrap_or(i.progress.borrow().written)
+            })
+            .sum();
         Usage {
             budget_bytes: self.inner.cfg.budget_bytes,
             used_bytes: complete_bytes + inflight_bytes,
@@ -484,7 +588,10 @@ impl Store {
         let items: Vec<(String, BlobRecord)> = {
             let mut st = self.inner.state.lock();
             let dirty: Vec<Digest> = st.dirty_access.drain().collect();
-            dirty.into_iter().filter_map(|d| st.index.get(&d).map(|r| (d.to_string(), r.clone()))).collect()
+            dirty
+                .into_iter()
+                .filter_map(|d| st.index.get(&d).map(|r| (d.to_string(), r.clone())))
+                .collect()
         };
         if items.is_empty() {
             return Ok(());
@@ -508,16 +615,36 @@ impl Store {
         let victims = {
             let st = self.inner.state.lock();
             let now = now_secs();
-            let roots: Vec<Digest> =
-                st.pins.iter().filter(|(_, p)| p.until.is_none_or(|u| u > now)).map(|(d, _)| d.clone()).collect();
-            let protected = gc::closure(&roots, |d| st.index.get(d).map(|r| r.children.clone()).unwrap_or_default());
+            let roots: Vec<Digest> = st
+                .pins
+                .iter()
+                .filter(|(_, p)| p.until.is_none_or(|u| u > now))
+                .map(|(d, _)| d.clone())
+                .collect();
+            let protected = gc::closure(&roots, |d| {
+                st.index
+                    .get(d)
+                    .map(|r| r.children.clone())
+                    .unwrap_or_default()
+            });
             let used: u64 = st.index.values().map(|r| r.size).sum::<u64>()
-                + st.inflight.values().map(|i| i.progress.borrow().total.unwrap_or(0)).sum::<u64>();
+                + st.inflight
+                    .values()
+                    .map(|i| i.progress.borrow().total.unwrap_or(0))
+                    .sum::<u64>();
             let candidates = st
                 .index
                 .iter()
-                .filter(|(d, _)| !protected.contains(*d) && !st.serving.contains_key(*d) && !st.inflight.contains_key(*d))
-                .map(|(d, r)| gc::Candidate { digest: d.clone(), size: r.size, last_access: r.last_access });
+                .filter(|(d, _)| {
+                    !protected.contains(*d)
+                        && !st.serving.contains_key(*d)
+                        && !st.inflight.contains_key(*d)
+                })
+                .map(|(d, r)| gc::Candidate {
+                    digest: d.clone(),
+                    size: r.size,
+                    last_access: r.last_access,
+                });
             gc::choose_victims(candidates, used, target)
         };
         let mut report = gc::GcReport::default();
@@ -543,7 +670,11 @@ impl Store {
             st.evicted_bytes += report.bytes;
         }
         meta::remove(&self.inner.db, meta::BLOBS, &keys)?;
-        info!(evicted = report.evicted, bytes = report.bytes, "gc evicted blobs");
+        info!(
+            evicted = report.evicted,
+            bytes = report.bytes,
+            "gc evicted blobs"
+        );
         Ok(report)
     }
 }
@@ -591,7 +722,9 @@ impl BlobWriter {
 
     pub fn set_total(&mut self, total: u64) {
         self.expected = Some(total);
-        self.inflight.progress.send_modify(|p| p.total = Some(total));
+        self.inflight
+            .progress
+            .send_modify(|p| p.total = Some(total));
     }
 
     fn publish(&self) {
@@ -603,7 +736,11 @@ impl BlobWriter {
         if let Some(exp) = self.expected {
             if self.offset() + chunk.len() as u64 > exp {
                 let actual = self.offset() + chunk.len() as u64;
-                return Err(oci::Error::SizeMismatch { expected: exp, actual }.into());
+                return Err(oci::Error::SizeMismatch {
+                    expected: exp,
+                    actual,
+                }
+                .into());
             }
         }
         self.verifier.update(chunk);
@@ -643,7 +780,11 @@ impl BlobWriter {
         let size = self.written;
         if let Some(exp) = self.expected {
             if size != exp {
-                let e: Error = oci::Error::SizeMismatch { expected: exp, actual: size }.into();
+                let e: Error = oci::Error::SizeMismatch {
+                    expected: exp,
+                    actual: size,
+                }
+                .into();
                 self.discard(&e.to_string());
                 return Err(e);
             }
@@ -669,7 +810,14 @@ impl BlobWriter {
             self.fail(&e.to_string());
             return Err(e);
         }
-        let rec = BlobRecord { size, media_type: None, children: vec![], last_access: now_secs(), created: now_secs(), source: self.source.clone() };
+        let rec = BlobRecord {
+            size,
+            media_type: None,
+            children: vec![],
+            last_access: now_secs(),
+            created: now_secs(),
+            source: self.source.clone(),
+        };
         meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
         {
             let mut st = store.inner.state.lock();
@@ -699,7 +847,10 @@ impl BlobWriter {
     /// evicting older content if needed.
     pub fn reserve(&self) -> Result<(), Error> {
         match self.expected {
-            Some(total) => self.store.make_room_excluding(total.saturating_sub(self.offset()), Some(&self.inflight.digest)),
+            Some(total) => self.store.make_room_excluding(
+                total.saturating_sub(self.offset()),
+                Some(&self.inflight.digest),
+            ),
             None => Ok(()),
         }
     }
@@ -712,12 +863,18 @@ impl BlobWriter {
         let d = self.inflight.digest.clone();
         {
             let mut st = self.store.inner.state.lock();
-            if st.inflight.get(&d).is_some_and(|i| Arc::ptr_eq(i, &self.inflight)) {
+            if st
+                .inflight
+                .get(&d)
+                .is_some_and(|i| Arc::ptr_eq(i, &self.inflight))
+            {
                 st.inflight.remove(&d);
             }
         }
         let reason = reason.to_owned();
-        self.inflight.progress.send_modify(|p| p.status = Status::Failed { reason, retryable });
+        self.inflight
+            .progress
+            .send_modify(|p| p.status = Status::Failed { reason, retryable });
     }
 }
 

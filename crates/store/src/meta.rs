@@ -43,7 +43,12 @@ pub struct TagRecord {
 
 impl TagRecord {
     pub fn key(&self) -> String {
-        tag_key(&self.registry, &self.repository, &self.tag, &self.media_type)
+        tag_key(
+            &self.registry,
+            &self.repository,
+            &self.tag,
+            &self.media_type,
+        )
     }
 }
 
@@ -63,7 +68,12 @@ pub struct PinRecord {
     pub reason: String,
 }
 
-pub(crate) fn put<T: Serialize>(db: &redb::Database, table: TableDefinition<&str, &[u8]>, key: &str, v: &T) -> Result<(), Error> {
+pub(crate) fn put<T: Serialize>(
+    db: &redb::Database,
+    table: TableDefinition<&str, &[u8]>,
+    key: &str,
+    v: &T,
+) -> Result<(), Error> {
     let bytes = serde_json::to_vec(v)?;
     let tx = db.begin_write()?;
     {
@@ -74,7 +84,11 @@ pub(crate) fn put<T: Serialize>(db: &redb::Database, table: TableDefinition<&str
     Ok(())
 }
 
-pub(crate) fn put_many<T: Serialize>(db: &redb::Database, table: TableDefinition<&str, &[u8]>, items: &[(String, T)]) -> Result<(), Error> {
+pub(crate) fn put_many<T: Serialize>(
+    db: &redb::Database,
+    table: TableDefinition<&str, &[u8]>,
+    items: &[(String, T)],
+) -> Result<(), Error> {
     let tx = db.begin_write()?;
     {
         let mut t = tx.open_table(table)?;
@@ -86,7 +100,11 @@ pub(crate) fn put_many<T: Serialize>(db: &redb::Database, table: TableDefinition
     Ok(())
 }
 
-pub(crate) fn remove(db: &redb::Database, table: TableDefinition<&str, &[u8]>, keys: &[String]) -> Result<(), Error> {
+pub(crate) fn remove(
+    db: &redb::Database,
+    table: TableDefinition<&str, &[u8]>,
+    keys: &[String],
+) -> Result<(), Error> {
     let tx = db.begin_write()?;
     {
         let mut t = tx.open_table(table)?;
@@ -98,7 +116,11 @@ pub(crate) fn remove(db: &redb::Database, table: TableDefinition<&str, &[u8]>, k
     Ok(())
 }
 
-pub(crate) fn scan<T: DeserializeOwned>(db: &redb::Database, table: TableDefinition<&str, &[u8]>, prefix: &str) -> Result<Vec<(String, T)>, Error> {
+pub(crate) fn scan<T: DeserializeOwned>(
+    db: &redb::Database,
+    table: TableDefinition<&str, &[u8]>,
+    prefix: &str,
+) -> Result<Vec<(String, T)>, Error> {
     let tx = db.begin_read()?;
     let t = match tx.open_table(table) {
         Ok(t) => t,

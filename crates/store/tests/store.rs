@@ -3,10 +3,19 @@ use oci::Digest;
 use store::{Begin, Store, StoreConfig};
 
 fn data(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u32).wrapping_mul(2654435761).wrapping_add(seed as u32).to_le_bytes()[1]).collect()
+    (0..n)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed as u32)
+                .to_le_bytes()[1]
+        })
+        .collect()
 }
 
-async fn collect(s: impl futures::Stream<Item = Result<bytes::Bytes, store::Error>>) -> Result<Vec<u8>, store::Error> {
+async fn collect(
+    s: impl futures::Stream<Item = Result<bytes::Bytes, store::Error>>,
+) -> Result<Vec<u8>, store::Error> {
     let mut out = Vec::new();
     futures::pin_mut!(s);
     while let Some(c) = s.next().await {
@@ -25,9 +34,17 @@ async fn single_writer_cut_through_readers_and_completion() {
     let store = open(dir.path());
     let body = data(3 << 20, 1);
     let d = Digest::of(&body);
-    let Begin::Lead(mut w) = store.begin(&d, Some(body.len() as u64), "test").await.unwrap() else { panic!("expected lead") };
+    let Begin::Lead(mut w) = store
+        .begin(&d, Some(body.len() as u64), "test")
+        .await
+        .unwrap()
+    else {
+        panic!("expected lead")
+    };
     // A second request joins instead of starting a second download.
-    let Begin::Join(inf) = store.begin(&d, None, "test").await.unwrap() else { panic!("expected join") };
+    let Begin::Join(inf) = store.begin(&d, None, "test").await.unwrap() else {
+        panic!("expected join")
+    };
     let reader = tokio::spawn(collect(store::read_inflight(inf.clone(), 0, None)));
     let ranged = tokio::spawn(collect(store::read_inflight(inf, 1000, Some(2_000_000))));
     for chunk in body.chunks(100_000) {
@@ -37,9 +54,18 @@ async fn single_writer_cut_through_readers_and_completion() {
     assert_eq!(w.finish().await.unwrap(), body.len() as u64);
     assert_eq!(reader.await.unwrap().unwrap(), body);
     assert_eq!(ranged.await.unwrap().unwrap(), body[1000..2_000_000]);
-    assert!(matches!(store.begin(&d, None, "test").await.unwrap(), Begin::Complete(n) if n == body.len() as u64));
+    assert!(
+        matches!(store.begin(&d, None, "test").await.unwrap(), Begin::Complete(n) if n == body.len() as u64)
+    );
     let open = store.open_complete(&d).unwrap().unwrap();
-    let all = collect(store::read_file(open.file.clone(), open.path.clone(), 0, open.size)).await.unwrap();
+    let all = collect(store::read_file(
+        open.file.clone(),
+        open.path.clone(),
+        0,
+        open.size,
+    ))
+    .await
+    .unwrap();
     assert_eq!(all, body);
 }
 
@@ -49,18 +75,31 @@ async fn wrong_bytes_are_never_stored_and_readers_get_an_error() {
     let store = open(dir.path());
     let good = data(500_000, 2);
     let d = Digest::of(&good);
-    let Begin::Lead(mut w) = store.begin(&d, None, "test").await.unwrap() else { panic!() };
-    let Begin::Join(inf) = store.begin(&d, None, "test").await.unwrap() else { panic!() };
+    let Begin::Lead(mut w) = store.begin(&d, None, "test").await.unwrap() else {
+        panic!()
+    };
+    let Begin::Join(inf) = store.begin(&d, None, "test").await.unwrap() else {
+        panic!()
+    };
     let reader = tokio::spawn(collect(store::read_inflight(inf, 0, None)));
     let mut bad = good.clone();
     bad[12345] ^= 1;
     w.write(&bad).await.unwrap();
     assert!(w.finish().await.is_err());
-    assert!(reader.await.unwrap().is_err(), "reader must not see a clean end of a corrupt blob");
+    assert!(
+        reader.await.unwrap().is_err(),
+        "reader must not see a clean end of a corrupt blob"
+    );
     assert!(store.stat(&d).is_none());
-    assert_eq!(store.partial_len(&d), None, "corrupt partial must be discarded");
+    assert_eq!(
+        store.partial_len(&d),
+        None,
+        "corrupt partial must be discarded"
+    );
     // Size lies are caught before the bytes are even hashed to the end.
-    let Begin::Lead(mut w) = store.begin(&d, Some(10), "test").await.unwrap() else { panic!() };
+    let Begin::Lead(mut w) = store.begin(&d, Some(10), "test").await.unwrap() else {
+        panic!()
+    };
     assert!(w.write(&good).await.is_err());
 }
 
@@ -71,15 +110,30 @@ async fn partial_download_resumes_after_restart_and_is_not_complete() {
     let d = Digest::of(&body);
     {
         let store = open(dir.path());
-        let Begin::Lead(mut w) = store.begin(&d, Some(body.len() as u64), "test").await.unwrap() else { panic!() };
+        let Begin::Lead(mut w) = store
+            .begin(&d, Some(body.len() as u64), "test")
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
         w.write(&body[..700_000]).await.unwrap();
         // Simulated crash: the writer is dropped without finishing.
         drop(w);
     }
     let store = open(dir.path());
-    assert!(store.stat(&d).is_none(), "a partial blob must not be complete after restart");
+    assert!(
+        store.stat(&d).is_none(),
+        "a partial blob must not be complete after restart"
+    );
     assert!(store.open_complete(&d).unwrap().is_none());
-    let Begin::Lead(mut w) = store.begin(&d, Some(body.len() as u64), "test").await.unwrap() else { panic!() };
+    let Begin::Lead(mut w) = store
+        .begin(&d, Some(body.len() as u64), "test")
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
     assert_eq!(w.offset(), 700_000);
     w.write(&body[700_000..]).await.unwrap();
     w.finish().await.unwrap();
@@ -95,7 +149,9 @@ async fn corrupted_partial_is_caught_at_finish() {
     let d = Digest::of(&body);
     {
         let store = open(dir.path());
-        let Begin::Lead(mut w) = store.begin(&d, None, "test").await.unwrap() else { panic!() };
+        let Begin::Lead(mut w) = store.begin(&d, None, "test").await.unwrap() else {
+            panic!()
+        };
         w.write(&body[..300_000]).await.unwrap();
         drop(w);
     }
@@ -105,7 +161,9 @@ async fn corrupted_partial_is_caught_at_finish() {
     raw[10] ^= 0xff;
     std::fs::write(&p, raw).unwrap();
     let store = open(dir.path());
-    let Begin::Lead(mut w) = store.begin(&d, None, "test").await.unwrap() else { panic!() };
+    let Begin::Lead(mut w) = store.begin(&d, None, "test").await.unwrap() else {
+        panic!()
+    };
     w.write(&body[w.offset() as usize..]).await.unwrap();
     assert!(w.finish().await.is_err());
     assert!(store.stat(&d).is_none());
@@ -122,7 +180,10 @@ async fn gc_evicts_lru_but_keeps_pinned_and_served_blobs() {
     for i in 0..4u8 {
         let b = data(2 << 20, 10 + i);
         let d = Digest::of(&b);
-        let Begin::Lead(mut w) = store.begin(&d, Some(b.len() as u64), "test").await.unwrap() else { panic!() };
+        let Begin::Lead(mut w) = store.begin(&d, Some(b.len() as u64), "test").await.unwrap()
+        else {
+            panic!()
+        };
         w.write(&b).await.unwrap();
         w.finish().await.unwrap();
         digests.push(d);
@@ -130,13 +191,23 @@ async fn gc_evicts_lru_but_keeps_pinned_and_served_blobs() {
     // Pin blob 0 through a manifest that references it; hold blob 1 open.
     let manifest = format!("{{\"schemaVersion\":2,\"layers\":[\"{}\"]}}", digests[0]);
     let md = Digest::of(manifest.as_bytes());
-    store.put_manifest(&md, oci::media::OCI_MANIFEST, manifest.as_bytes(), vec![digests[0].clone()]).unwrap();
+    store
+        .put_manifest(
+            &md,
+            oci::media::OCI_MANIFEST,
+            manifest.as_bytes(),
+            vec![digests[0].clone()],
+        )
+        .unwrap();
     store.pin(&md, None, "test").unwrap();
     let served = store.open_complete(&digests[1]).unwrap().unwrap();
     let report = store.gc_to(0).unwrap();
     assert_eq!(report.evicted, 2);
     assert!(store.stat(&digests[0]).is_some(), "pinned content survives");
-    assert!(store.stat(&digests[1]).is_some(), "content being served survives");
+    assert!(
+        store.stat(&digests[1]).is_some(),
+        "content being served survives"
+    );
     assert!(store.stat(&digests[2]).is_none() && store.stat(&digests[3]).is_none());
     drop(served);
     store.unpin(&md).unwrap();

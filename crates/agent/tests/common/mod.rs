@@ -33,11 +33,26 @@ impl RunningAgent {
 }
 
 /// An agent whose default registry is `registry_host`, reached at `upstream_url`.
-pub async fn start_agent(cache: &Path, registry_host: &str, upstream_url: &str, creds: Option<(&str, &str)>, tweak: impl FnOnce(&mut AgentConfig)) -> RunningAgent {
-    let mut cfg = AgentConfig { cache_dir: cache.to_owned(), default_registry: registry_host.to_owned(), min_free: "0".into(), ..Default::default() };
+pub async fn start_agent(
+    cache: &Path,
+    registry_host: &str,
+    upstream_url: &str,
+    creds: Option<(&str, &str)>,
+    tweak: impl FnOnce(&mut AgentConfig),
+) -> RunningAgent {
+    let mut cfg = AgentConfig {
+        cache_dir: cache.to_owned(),
+        default_registry: registry_host.to_owned(),
+        min_free: "0".into(),
+        ..Default::default()
+    };
     cfg.registries.insert(
         registry_host.to_owned(),
-        RegistryConfig { endpoint: Some(upstream_url.to_owned()), username: creds.map(|c| c.0.to_owned()), password: creds.map(|c| c.1.to_owned()) },
+        RegistryConfig {
+            endpoint: Some(upstream_url.to_owned()),
+            username: creds.map(|c| c.0.to_owned()),
+            password: creds.map(|c| c.1.to_owned()),
+        },
     );
     tweak(&mut cfg);
     let agent = Agent::new(cfg).expect("agent starts");
@@ -47,7 +62,11 @@ pub async fn start_agent(cache: &Path, registry_host: &str, upstream_url: &str, 
     tokio::spawn(agent.clone().serve(listener, async move {
         let _ = rx.await;
     }));
-    RunningAgent { agent, addr, stop: Some(tx) }
+    RunningAgent {
+        agent,
+        addr,
+        stop: Some(tx),
+    }
 }
 
 pub async fn get(url: &str, headers: &[(&str, &str)]) -> reqwest::Response {

@@ -27,7 +27,10 @@ impl std::fmt::Debug for Credentials {
 impl Credentials {
     pub fn basic_header(&self) -> String {
         let raw = format!("{}:{}", self.username, self.password);
-        format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(raw))
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(raw)
+        )
     }
 }
 
@@ -35,13 +38,19 @@ impl Credentials {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Challenge {
     Basic,
-    Bearer { realm: String, service: Option<String>, scope: Option<String> },
+    Bearer {
+        realm: String,
+        service: Option<String>,
+        scope: Option<String>,
+    },
 }
 
 impl Challenge {
     pub fn parse(header: &str) -> Option<Self> {
         let header = header.trim();
-        let (scheme, rest) = header.split_once(char::is_whitespace).unwrap_or((header, ""));
+        let (scheme, rest) = header
+            .split_once(char::is_whitespace)
+            .unwrap_or((header, ""));
         if scheme.eq_ignore_ascii_case("basic") {
             return Some(Self::Basic);
         }
@@ -50,7 +59,11 @@ impl Challenge {
         }
         let params = parse_auth_params(rest);
         let realm = params.get("realm")?.clone();
-        Some(Self::Bearer { realm, service: params.get("service").cloned(), scope: params.get("scope").cloned() })
+        Some(Self::Bearer {
+            realm,
+            service: params.get("service").cloned(),
+            scope: params.get("scope").cloned(),
+        })
     }
 }
 
@@ -62,7 +75,12 @@ fn parse_auth_params(s: &str) -> HashMap<String, String> {
         while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
             chars.next();
         }
-        let key: String = chars.by_ref().take_while(|c| *c != '=').collect::<String>().trim().to_ascii_lowercase();
+        let key: String = chars
+            .by_ref()
+            .take_while(|c| *c != '=')
+            .collect::<String>()
+            .trim()
+            .to_ascii_lowercase();
         if key.is_empty() {
             break;
         }
@@ -130,11 +148,16 @@ impl TokenCache {
             let now = Instant::now();
             map.retain(|_, (_, exp)| *exp > now);
         }
-        map.insert((registry.to_owned(), scope.to_owned()), (token, Instant::now() + life));
+        map.insert(
+            (registry.to_owned(), scope.to_owned()),
+            (token, Instant::now() + life),
+        );
     }
 
     pub fn invalidate(&self, registry: &str, scope: &str) {
-        self.tokens.lock().remove(&(registry.to_owned(), scope.to_owned()));
+        self.tokens
+            .lock()
+            .remove(&(registry.to_owned(), scope.to_owned()));
     }
 }
 
@@ -158,20 +181,30 @@ struct DockerAuth {
 /// registry. Credential helpers are not run: a node agent must not shell out per pull.
 pub fn load_docker_config(path: &Path) -> std::io::Result<HashMap<String, Credentials>> {
     let text = std::fs::read_to_string(path)?;
-    let cfg: DockerConfig =
-        serde_json::from_str(&text).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let cfg: DockerConfig = serde_json::from_str(&text)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     let mut out = HashMap::new();
     for (key, a) in cfg.auths {
-        let host = key.trim_start_matches("https://").trim_start_matches("http://");
+        let host = key
+            .trim_start_matches("https://")
+            .trim_start_matches("http://");
         let host = host.split('/').next().unwrap_or(host);
         let creds = if let (Some(u), Some(p)) = (a.username, a.password) {
-            Some(Credentials { username: u, password: p })
+            Some(Credentials {
+                username: u,
+                password: p,
+            })
         } else if let Some(encoded) = a.auth {
             base64::engine::general_purpose::STANDARD
                 .decode(encoded.trim())
                 .ok()
                 .and_then(|raw| String::from_utf8(raw).ok())
-                .and_then(|s| s.split_once(':').map(|(u, p)| Credentials { username: u.to_owned(), password: p.to_owned() }))
+                .and_then(|s| {
+                    s.split_once(':').map(|(u, p)| Credentials {
+                        username: u.to_owned(),
+                        password: p.to_owned(),
+                    })
+                })
         } else {
             None
         };
@@ -188,7 +221,9 @@ mod tests {
 
     #[test]
     fn challenges() {
-        let c = Challenge::parse(r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#);
+        let c = Challenge::parse(
+            r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#,
+        );
         assert_eq!(
             c,
             Some(Challenge::Bearer {
@@ -197,7 +232,10 @@ mod tests {
                 scope: Some("repository:a/b:pull,push".into())
             })
         );
-        assert_eq!(Challenge::parse("Basic realm=\"x\""), Some(Challenge::Basic));
+        assert_eq!(
+            Challenge::parse("Basic realm=\"x\""),
+            Some(Challenge::Basic)
+        );
         assert_eq!(Challenge::parse("Negotiate"), None);
         assert_eq!(Challenge::parse("Bearer service=x"), None);
     }
@@ -214,7 +252,13 @@ mod tests {
         )
         .unwrap();
         let m = load_docker_config(&p).unwrap();
-        assert_eq!(m["docker.io"], Credentials { username: "u1".into(), password: "p:1".into() });
+        assert_eq!(
+            m["docker.io"],
+            Credentials {
+                username: "u1".into(),
+                password: "p:1".into()
+            }
+        );
         assert_eq!(m["127.0.0.1:5000"].username, "a");
         std::fs::remove_dir_all(dir).ok();
     }

@@ -91,7 +91,10 @@ struct Inner {
 }
 
 fn transport(registry: &str, e: impl std::fmt::Display) -> Error {
-    Error::Transport { registry: registry.to_owned(), message: e.to_string() }
+    Error::Transport {
+        registry: registry.to_owned(),
+        message: e.to_string(),
+    }
 }
 
 impl Upstream {
@@ -100,10 +103,16 @@ impl Upstream {
         if let Some(path) = &cfg.docker_config {
             match auth::load_docker_config(path) {
                 Ok(c) => credentials.extend(c),
-                Err(e) => warn!(path = %path.display(), error = %e, "cannot read docker config.json; continuing without it"),
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "cannot read docker config.json; continuing without it")
+                }
             }
         }
-        credentials.extend(cfg.credentials.iter().map(|(k, v)| (canonical_registry(k), v.clone())));
+        credentials.extend(
+            cfg.credentials
+                .iter()
+                .map(|(k, v)| (canonical_registry(k), v.clone())),
+        );
         let http = reqwest::Client::builder()
             .connect_timeout(cfg.connect_timeout)
             .redirect(reqwest::redirect::Policy::none())
@@ -112,7 +121,15 @@ impl Upstream {
             .tcp_nodelay(true)
             .build()
             .map_err(|e| transport("*", e))?;
-        Ok(Self { inner: Arc::new(Inner { http, cfg, credentials, tokens: TokenCache::default(), basic: Mutex::default() }) })
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                cfg,
+                credentials,
+                tokens: TokenCache::default(),
+                basic: Mutex::default(),
+            }),
+        })
     }
 
     pub fn config(&self) -> &UpstreamConfig {
@@ -133,9 +150,24 @@ impl Upstream {
     }
 
     /// `HEAD` a manifest: how tags are checked (Docker Hub counts GETs, not HEADs).
-    pub async fn head_manifest(&self, registry: &str, repo: &str, reference: &str, accept: &str) -> Result<ManifestMeta, Error> {
+    pub async fn head_manifest(
+        &self,
+        registry: &str,
+        repo: &str,
+        reference: &str,
+        accept: &str,
+    ) -> Result<ManifestMeta, Error> {
         let path = format!("/v2/{repo}/manifests/{reference}");
-        let resp = self.request(Method::HEAD, registry, repo, &path, accept_headers(accept), None).await?;
+        let resp = self
+            .request(
+                Method::HEAD,
+                registry,
+                repo,
+                &path,
+                accept_headers(accept),
+                None,
+            )
+            .await?;
         let resp = check_status(registry, resp).await?;
         let meta = manifest_meta(registry, resp.headers(), None)?;
         Ok(meta)
@@ -152,38 +184,70 @@ impl Upstream {
     ) -> Result<(ManifestMeta, Bytes), Error> {
         const MAX_MANIFEST: usize = 4 << 20;
         let path = format!("/v2/{repo}/manifests/{reference}");
-        let resp = self.request(Method::GET, registry, repo, &path, accept_headers(accept), None).await?;
+        let resp = self
+            .request(
+                Method::GET,
+                registry,
+                repo,
+                &path,
+                accept_headers(accept),
+                None,
+            )
+            .await?;
         let resp = check_status(registry, resp).await?;
         let headers = resp.headers().clone();
-        if resp.content_length().is_some_and(|l| l as usize > MAX_MANIFEST) {
-            return Err(Error::ManifestInvalid(format!("manifest larger than {MAX_MANIFEST} bytes")));
+        if resp
+            .content_length()
+            .is_some_and(|l| l as usize > MAX_MANIFEST)
+        {
+            return Err(Error::ManifestInvalid(format!(
+                "manifest larger than {MAX_MANIFEST} bytes"
+            )));
         }
         let body = self.read_body(registry, resp, MAX_MANIFEST).await?;
         let computed = Digest::of(&body);
         if let Ok(d) = Digest::parse(reference) {
             if d != computed {
-                return Err(Error::DigestMismatch { expected: d, actual: computed });
+                return Err(Error::DigestMismatch {
+                    expected: d,
+                    actual: computed,
+                });
             }
         }
         let meta = manifest_meta(registry, &headers, Some(&body))?;
         if meta.digest != computed {
-            return Err(Error::DigestMismatch { expected: meta.digest, actual: computed });
+            return Err(Error::DigestMismatch {
+                expected: meta.digest,
+                actual: computed,
+            });
         }
         Ok((meta, body))
     }
 
-    async fn read_body(&self, registry: &str, resp: reqwest::Response, cap: usize) -> Result<Bytes, Error> {
+    async fn read_body(
+        &self,
+        registry: &str,
+        resp: reqwest::Response,
+        cap: usize,
+    ) -> Result<Bytes, Error> {
         let stall = self.inner.cfg.stall_timeout;
         let mut stream = resp.bytes_stream();
         let mut buf = Vec::new();
         loop {
             match tokio::time::timeout(stall, stream.next()).await {
-                Err(_) => return Err(Error::Timeout { registry: registry.to_owned(), message: "body stalled".into() }),
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        registry: registry.to_owned(),
+                        message: "body stalled".into(),
+                    })
+                }
                 Ok(None) => break,
                 Ok(Some(Err(e))) => return Err(transport(registry, e)),
                 Ok(Some(Ok(chunk))) => {
                     if buf.len() + chunk.len() > cap {
-                        return Err(Error::ManifestInvalid(format!("body larger than {cap} bytes")));
+                        return Err(Error::ManifestInvalid(format!(
+                            "body larger than {cap} bytes"
+                        )));
                     }
                     buf.extend_from_slice(&chunk);
                 }
@@ -193,9 +257,16 @@ impl Upstream {
     }
 
     /// `HEAD` a blob: its size, or the upstream's error.
-    pub async fn head_blob(&self, registry: &str, repo: &str, digest: &Digest) -> Result<u64, Error> {
+    pub async fn head_blob(
+        &self,
+        registry: &str,
+        repo: &str,
+        digest: &Digest,
+    ) -> Result<u64, Error> {
         let path = format!("/v2/{repo}/blobs/{digest}");
-        let resp = self.request(Method::HEAD, registry, repo, &path, HeaderMap::new(), None).await?;
+        let resp = self
+            .request(Method::HEAD, registry, repo, &path, HeaderMap::new(), None)
+            .await?;
         let resp = check_status(registry, resp).await?;
         content_length(resp.headers())
             .ok_or_else(|| transport(registry, "blob HEAD without Content-Length"))
@@ -204,7 +275,13 @@ impl Upstream {
     /// Streams a blob from `start` (to the end). A connection lost or stalled mid-body is
     /// resumed with `Range: bytes=<offset>-` up to `max_attempts` times; the caller sees
     /// one uninterrupted stream or an error, never a silent gap.
-    pub async fn get_blob(&self, registry: &str, repo: &str, digest: &Digest, start: u64) -> Result<BlobResponse, Error> {
+    pub async fn get_blob(
+        &self,
+        registry: &str,
+        repo: &str,
+        digest: &Digest,
+        start: u64,
+    ) -> Result<BlobResponse, Error> {
         let (total, resp) = self.open_blob(registry, repo, digest, start).await?;
         let state = ResumeState {
             upstream: self.clone(),
@@ -221,23 +298,43 @@ impl Upstream {
             let item = st.next_chunk().await?;
             Some((item, st))
         });
-        Ok(BlobResponse { total, start, stream: Box::pin(stream) })
+        Ok(BlobResponse {
+            total,
+            start,
+            stream: Box::pin(stream),
+        })
     }
 
-    async fn open_blob(&self, registry: &str, repo: &str, digest: &Digest, start: u64) -> Result<(Option<u64>, reqwest::Response), Error> {
+    async fn open_blob(
+        &self,
+        registry: &str,
+        repo: &str,
+        digest: &Digest,
+        start: u64,
+    ) -> Result<(Option<u64>, reqwest::Response), Error> {
         let path = format!("/v2/{repo}/blobs/{digest}");
         let mut headers = HeaderMap::new();
         if start > 0 {
             headers.insert(http::header::RANGE, hv(&format!("bytes={start}-")));
         }
-        let resp = self.request(Method::GET, registry, repo, &path, headers, None).await?;
+        let resp = self
+            .request(Method::GET, registry, repo, &path, headers, None)
+            .await?;
         let resp = check_status(registry, resp).await?;
         let status = resp.status();
         let total = if status == StatusCode::PARTIAL_CONTENT {
-            let cr = resp.headers().get(http::header::CONTENT_RANGE).and_then(|v| v.to_str().ok()).unwrap_or("");
-            let (first, total) = parse_content_range(cr).ok_or_else(|| transport(registry, format!("bad Content-Range {cr:.80}")))?;
+            let cr = resp
+                .headers()
+                .get(http::header::CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let (first, total) = parse_content_range(cr)
+                .ok_or_else(|| transport(registry, format!("bad Content-Range {cr:.80}")))?;
             if first != start {
-                return Err(transport(registry, format!("asked for offset {start}, got {first}")));
+                return Err(transport(
+                    registry,
+                    format!("asked for offset {start}, got {first}"),
+                ));
             }
             total
         } else if start > 0 {
@@ -261,7 +358,9 @@ impl Upstream {
         if let Some(a) = accept {
             headers.insert(http::header::ACCEPT, hv(a));
         }
-        let resp = self.request(Method::GET, registry, repo, path_and_query, headers, None).await?;
+        let resp = self
+            .request(Method::GET, registry, repo, path_and_query, headers, None)
+            .await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let body = self.read_body(registry, resp, 16 << 20).await?;
@@ -286,7 +385,9 @@ impl Upstream {
         loop {
             attempt += 1;
             let auth = self.auth_header(&registry, &scope);
-            let result = self.send_following_redirects(&registry, method.clone(), &url, &headers, auth.clone()).await;
+            let result = self
+                .send_following_redirects(&registry, method.clone(), &url, &headers, auth.clone())
+                .await;
             let retry_in = match result {
                 Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !authed_retry => {
                     authed_retry = true;
@@ -306,13 +407,17 @@ impl Upstream {
                 }
                 Ok(resp) if resp.status() == StatusCode::TOO_MANY_REQUESTS => {
                     let wait = retry_after(resp.headers()).unwrap_or(Duration::from_secs(1));
-                    if attempt >= self.inner.cfg.max_attempts || wait > self.inner.cfg.max_retry_after {
+                    if attempt >= self.inner.cfg.max_attempts
+                        || wait > self.inner.cfg.max_retry_after
+                    {
                         return Ok(resp);
                     }
                     info!(%registry, wait_ms = wait.as_millis() as u64, "upstream rate-limited us; honouring Retry-After");
                     wait
                 }
-                Ok(resp) if resp.status().is_server_error() && attempt < self.inner.cfg.max_attempts => {
+                Ok(resp)
+                    if resp.status().is_server_error() && attempt < self.inner.cfg.max_attempts =>
+                {
                     debug!(%registry, status = resp.status().as_u16(), "upstream 5xx; retrying");
                     backoff(attempt)
                 }
@@ -331,25 +436,51 @@ impl Upstream {
         if let Some(t) = self.inner.tokens.get(registry, scope) {
             return Some(format!("Bearer {t}"));
         }
-        if self.inner.basic.lock().get(registry).copied().unwrap_or(false) {
-            return self.inner.credentials.get(registry).map(Credentials::basic_header);
+        if self
+            .inner
+            .basic
+            .lock()
+            .get(registry)
+            .copied()
+            .unwrap_or(false)
+        {
+            return self
+                .inner
+                .credentials
+                .get(registry)
+                .map(Credentials::basic_header);
         }
         None
     }
 
-    async fn answer_challenge(&self, registry: &str, scope: &str, challenge: Challenge) -> Result<(), Error> {
-        let auth_err = |m: String| Error::Auth { registry: registry.to_owned(), message: m };
+    async fn answer_challenge(
+        &self,
+        registry: &str,
+        scope: &str,
+        challenge: Challenge,
+    ) -> Result<(), Error> {
+        let auth_err = |m: String| Error::Auth {
+            registry: registry.to_owned(),
+            message: m,
+        };
         match challenge {
             Challenge::Basic => {
                 if !self.inner.credentials.contains_key(registry) {
-                    return Err(auth_err("registry requires Basic credentials and none are configured".into()));
+                    return Err(auth_err(
+                        "registry requires Basic credentials and none are configured".into(),
+                    ));
                 }
                 self.inner.basic.lock().insert(registry.to_owned(), true);
                 Ok(())
             }
-            Challenge::Bearer { realm, service, scope: challenge_scope } => {
+            Challenge::Bearer {
+                realm,
+                service,
+                scope: challenge_scope,
+            } => {
                 self.inner.tokens.invalidate(registry, scope);
-                let mut url = url::Url::parse(&realm).map_err(|e| auth_err(format!("bad token realm {realm:.100}: {e}")))?;
+                let mut url = url::Url::parse(&realm)
+                    .map_err(|e| auth_err(format!("bad token realm {realm:.100}: {e}")))?;
                 {
                     let mut q = url.query_pairs_mut();
                     if let Some(s) = &service {
@@ -363,15 +494,29 @@ impl Upstream {
                 }
                 let resp = tokio::time::timeout(self.inner.cfg.response_timeout, req.send())
                     .await
-                    .map_err(|_| Error::Timeout { registry: registry.to_owned(), message: "token endpoint".into() })?
+                    .map_err(|_| Error::Timeout {
+                        registry: registry.to_owned(),
+                        message: "token endpoint".into(),
+                    })?
                     .map_err(|e| transport(registry, e))?;
                 let status = resp.status();
                 if !status.is_success() {
                     return Err(auth_err(format!("token endpoint answered {status}")));
                 }
-                let reply: TokenReply = resp.json().await.map_err(|e| auth_err(format!("token reply: {e}")))?;
-                let token = reply.token.or(reply.access_token).ok_or_else(|| auth_err("token reply without token".into()))?;
-                self.inner.tokens.put(registry, scope, token, reply.expires_in.unwrap_or(DEFAULT_TOKEN_SECONDS));
+                let reply: TokenReply = resp
+                    .json()
+                    .await
+                    .map_err(|e| auth_err(format!("token reply: {e}")))?;
+                let token = reply
+                    .token
+                    .or(reply.access_token)
+                    .ok_or_else(|| auth_err("token reply without token".into()))?;
+                self.inner.tokens.put(
+                    registry,
+                    scope,
+                    token,
+                    reply.expires_in.unwrap_or(DEFAULT_TOKEN_SECONDS),
+                );
                 Ok(())
             }
         }
@@ -387,18 +532,34 @@ impl Upstream {
         headers: &HeaderMap,
         auth: Option<String>,
     ) -> Result<reqwest::Response, Error> {
-        let mut current = url::Url::parse(url).map_err(|e| transport(registry, format!("bad URL {url:.200}: {e}")))?;
+        let mut current = url::Url::parse(url)
+            .map_err(|e| transport(registry, format!("bad URL {url:.200}: {e}")))?;
         let origin = current.origin();
         for _ in 0..6 {
-            let mut req = self.inner.http.request(method.clone(), current.as_str()).headers(headers.clone());
+            let mut req = self
+                .inner
+                .http
+                .request(method.clone(), current.as_str())
+                .headers(headers.clone());
             if let Some(a) = &auth {
                 if current.origin() == origin {
                     req = req.header(http::header::AUTHORIZATION, a);
                 }
             }
-            let resp = match tokio::time::timeout(self.inner.cfg.response_timeout, req.send()).await {
-                Err(_) => return Err(Error::Timeout { registry: registry.to_owned(), message: format!("no response from {}", current.host_str().unwrap_or("?")) }),
-                Ok(Err(e)) if e.is_timeout() => return Err(Error::Timeout { registry: registry.to_owned(), message: e.to_string() }),
+            let resp = match tokio::time::timeout(self.inner.cfg.response_timeout, req.send()).await
+            {
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        registry: registry.to_owned(),
+                        message: format!("no response from {}", current.host_str().unwrap_or("?")),
+                    })
+                }
+                Ok(Err(e)) if e.is_timeout() => {
+                    return Err(Error::Timeout {
+                        registry: registry.to_owned(),
+                        message: e.to_string(),
+                    })
+                }
                 Ok(Err(e)) => return Err(transport(registry, e)),
                 Ok(Ok(r)) => r,
             };
@@ -410,7 +571,9 @@ impl Upstream {
                 .get(http::header::LOCATION)
                 .and_then(|v| v.to_str().ok())
                 .ok_or_else(|| transport(registry, "redirect without Location"))?;
-            current = current.join(loc).map_err(|e| transport(registry, format!("bad redirect {loc:.200}: {e}")))?;
+            current = current
+                .join(loc)
+                .map_err(|e| transport(registry, format!("bad redirect {loc:.200}: {e}")))?;
             debug!(%registry, to = %current.host_str().unwrap_or("?"), "following redirect");
         }
         Err(transport(registry, "too many redirects"))
@@ -443,7 +606,9 @@ impl ResumeState {
                         return Some(Ok(chunk));
                     }
                     Ok(None) => match self.total {
-                        Some(t) if self.offset < t => format!("connection closed at {} of {t} bytes", self.offset),
+                        Some(t) if self.offset < t => {
+                            format!("connection closed at {} of {t} bytes", self.offset)
+                        }
                         _ => {
                             self.done = true;
                             return None;
@@ -457,11 +622,18 @@ impl ResumeState {
             self.body = None;
             if self.resumes >= self.upstream.inner.cfg.max_attempts.max(1) * 2 {
                 self.done = true;
-                return Some(Err(transport(&self.registry, format!("{failure}; gave up after {} resumes", self.resumes))));
+                return Some(Err(transport(
+                    &self.registry,
+                    format!("{failure}; gave up after {} resumes", self.resumes),
+                )));
             }
             self.resumes += 1;
             warn!(registry = %self.registry, digest = %self.digest, offset = self.offset, reason = %failure, "upstream blob stream broke; resuming with Range");
-            match self.upstream.open_blob(&self.registry, &self.repo, &self.digest, self.offset).await {
+            match self
+                .upstream
+                .open_blob(&self.registry, &self.repo, &self.digest, self.offset)
+                .await
+            {
                 Ok((total, resp)) => {
                     if self.total.is_none() {
                         self.total = total;
@@ -493,7 +665,9 @@ fn accept_headers(accept: &str) -> HeaderMap {
 }
 
 fn content_length(h: &HeaderMap) -> Option<u64> {
-    h.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse().ok())
+    h.get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse().ok())
 }
 
 fn retry_after(h: &HeaderMap) -> Option<Duration> {
@@ -506,7 +680,11 @@ pub fn parse_content_range(v: &str) -> Option<(u64, Option<u64>)> {
     let rest = v.trim().strip_prefix("bytes ")?;
     let (range, total) = rest.split_once('/')?;
     let (a, _b) = range.split_once('-')?;
-    let total = if total == "*" { None } else { Some(total.parse().ok()?) };
+    let total = if total == "*" {
+        None
+    } else {
+        Some(total.parse().ok()?)
+    };
     Some((a.parse().ok()?, total))
 }
 
@@ -519,31 +697,60 @@ async fn check_status(registry: &str, resp: reqwest::Response) -> Result<reqwest
     let retry = retry_after(resp.headers());
     let body = resp.bytes().await.unwrap_or_default();
     let (code, message) = match serde_json::from_slice::<ErrorBody>(&body) {
-        Ok(b) if !b.errors.is_empty() => (ErrorCode::parse(&b.errors[0].code), b.errors[0].message.clone()),
-        _ => (None, String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned()),
+        Ok(b) if !b.errors.is_empty() => (
+            ErrorCode::parse(&b.errors[0].code),
+            b.errors[0].message.clone(),
+        ),
+        _ => (
+            None,
+            String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+        ),
     };
-    Err(Error::Upstream { registry: registry.to_owned(), status: status.as_u16(), code, message, retry_after: retry })
+    Err(Error::Upstream {
+        registry: registry.to_owned(),
+        status: status.as_u16(),
+        code,
+        message,
+        retry_after: retry,
+    })
 }
 
-fn manifest_meta(registry: &str, h: &HeaderMap, body: Option<&[u8]>) -> Result<ManifestMeta, Error> {
+fn manifest_meta(
+    registry: &str,
+    h: &HeaderMap,
+    body: Option<&[u8]>,
+) -> Result<ManifestMeta, Error> {
     let media_type = h
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(|s| s.split(';').next().unwrap_or(s).trim().to_owned())
-        .or_else(|| body.and_then(|b| crate::Manifest::parse(b).ok()).map(|m| m.effective_media_type().to_owned()))
+        .or_else(|| {
+            body.and_then(|b| crate::Manifest::parse(b).ok())
+                .map(|m| m.effective_media_type().to_owned())
+        })
         .ok_or_else(|| transport(registry, "manifest without Content-Type"))?;
     let digest = match h.get("docker-content-digest").and_then(|v| v.to_str().ok()) {
         Some(d) => Digest::parse(d)?,
         None => match body {
             Some(b) => Digest::of(b),
-            None => return Err(transport(registry, "manifest HEAD without Docker-Content-Digest")),
+            None => {
+                return Err(transport(
+                    registry,
+                    "manifest HEAD without Docker-Content-Digest",
+                ))
+            }
         },
     };
     let size = match body {
         Some(b) => b.len() as u64,
-        None => content_length(h).ok_or_else(|| transport(registry, "manifest HEAD without Content-Length"))?,
+        None => content_length(h)
+            .ok_or_else(|| transport(registry, "manifest HEAD without Content-Length"))?,
     };
-    Ok(ManifestMeta { digest, media_type, size })
+    Ok(ManifestMeta {
+        digest,
+        media_type,
+        size,
+    })
 }
 
 #[cfg(test)]
@@ -552,7 +759,10 @@ mod tests {
 
     #[test]
     fn content_range() {
-        assert_eq!(parse_content_range("bytes 10-19/100"), Some((10, Some(100))));
+        assert_eq!(
+            parse_content_range("bytes 10-19/100"),
+            Some((10, Some(100)))
+        );
         assert_eq!(parse_content_range("bytes 10-19/*"), Some((10, None)));
         assert_eq!(parse_content_range("items 1-2/3"), None);
     }
