@@ -1,0 +1,108 @@
+//! The announce protocol between agents and the tracker (JSON over HTTP).
+
+use std::collections::BTreeMap;
+
+use oci::Digest;
+use serde::{Deserialize, Serialize};
+
+use crate::Bitfield;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Topology {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rack: Option<String>,
+}
+
+impl Topology {
+    /// 0 same rack, 1 same zone, 2 elsewhere or unknown.
+    pub fn distance(&self, other: &Topology) -> u8 {
+        match (&self.zone, &other.zone, &self.rack, &other.rack) {
+            (Some(z1), Some(z2), Some(r1), Some(r2)) if z1 == z2 && r1 == r2 => 0,
+            (Some(z1), Some(z2), _, _) if z1 == z2 => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// What an agent tells the tracker about one blob, periodically while it downloads
+/// and whenever it starts, finishes or drops the blob.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AnnounceRequest {
+    pub node: String,
+    /// Base URL other agents fetch pieces from, e.g. `http://10.0.0.7:5050`.
+    pub addr: String,
+    #[serde(default)]
+    pub topology: Topology,
+    pub digest: Digest,
+    /// Known once anyone has seen the registry's response.
+    #[serde(default)]
+    pub size: Option<u64>,
+    #[serde(default)]
+    pub piece_size: Option<u64>,
+    /// Verified pieces held.
+    #[serde(default)]
+    pub have: Option<Bitfield>,
+    #[serde(default)]
+    pub complete: bool,
+    /// This agent is streaming the blob from the registry (a claim that survives a
+    /// tracker restart).
+    #[serde(default)]
+    pub fetching_from_registry: bool,
+    /// Piece hashes this agent computed from registry bytes (the source publishes them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hashes: BTreeMap<u32, String>,
+    /// The agent already knows hashes `[0, known_hashes)`; the reply sends the rest.
+    #[serde(default)]
+    pub known_hashes: u32,
+    /// Peers that served pieces failing verification.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bad_peers: Vec<String>,
+    /// The agent no longer holds or wants this blob.
+    #[serde(default)]
+    pub leaving: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Fetch from the registry (one agent per blob, or a replacement when it died),
+    /// publish piece hashes, serve pieces.
+    Source,
+    /// Fetch pieces from the peers listed.
+    Peer,
+    /// Skip P2P: the blob is below the threshold; go to the registry through the cache.
+    Direct,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerInfo {
+    pub node: String,
+    pub addr: String,
+    #[serde(default)]
+    pub topology: Topology,
+    /// `None` means complete.
+    pub have: Option<Bitfield>,
+}
+
+impl PeerInfo {
+    pub fn has(&self, piece: u32) -> bool {
+        self.have.as_ref().is_none_or(|b| b.get(piece))
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AnnounceResponse {
+    pub role: Role,
+    pub size: Option<u64>,
+    pub piece_size: u64,
+    /// Piece hashes (hex sha256) from `known_hashes` on, as far as known.
+    #[serde(default)]
+    pub hashes: BTreeMap<u32, String>,
+    pub peers: Vec<PeerInfo>,
+    /// Whether some agent is fetching the blob from the registry right now.
+    pub source_alive: bool,
+    /// When to announce again while downloading.
+    pub interval_ms: u64,
+}

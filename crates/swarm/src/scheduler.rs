@@ -1,0 +1,255 @@
+//! The agent's piece scheduler: which missing piece to ask which peer for next.
+//!
+//! Policy: pieces at the read head (the first few missing ones) first, so bytes stream
+//! to the runtime in order; otherwise rarest first, ties by index. Each peer gets a few
+//! requests in flight; near peers and idle peers are preferred. When every missing
+//! piece is already requested and few remain (endgame), pieces are also asked of a
+//! second peer so one slow peer cannot hold up the tail. Peers that served a corrupt
+//! piece are banned.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::Bitfield;
+
+pub type PeerId = String;
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    pub max_inflight_per_peer: u32,
+    pub max_inflight_total: u32,
+    /// Missing pieces at the read head that outrank rarity.
+    pub read_head: u32,
+    /// Endgame starts when at most this many pieces are missing.
+    pub endgame: u32,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self { max_inflight_per_peer: 3, max_inflight_total: 12, read_head: 2, endgame: 4 }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Slot {
+    /// `None`: the peer has every piece.
+    have: Option<Bitfield>,
+    distance: u8,
+    inflight: u32,
+    banned: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub piece: u32,
+    pub peer: PeerId,
+}
+
+#[derive(Clone, Debug)]
+pub struct PieceScheduler {
+    cfg: SchedulerConfig,
+    have: Bitfield,
+    inflight: HashMap<u32, Vec<PeerId>>,
+    peers: BTreeMap<PeerId, Slot>,
+}
+
+impl PieceScheduler {
+    pub fn new(have: Bitfield, cfg: SchedulerConfig) -> Self {
+        Self { cfg, have, inflight: HashMap::new(), peers: BTreeMap::new() }
+    }
+
+    pub fn have(&self) -> &Bitfield {
+        &self.have
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.have.is_complete()
+    }
+
+    /// Adds or updates a peer; `have = None` means it holds everything.
+    pub fn set_peer(&mut self, id: &str, have: Option<Bitfield>, distance: u8) {
+        let slot = self.peers.entry(id.to_owned()).or_insert(Slot { have: None, distance, inflight: 0, banned: false });
+        slot.have = have;
+        slot.distance = distance;
+    }
+
+    pub fn remove_peer(&mut self, id: &str) {
+        self.peers.remove(id);
+    }
+
+    pub fn is_banned(&self, id: &str) -> bool {
+        self.peers.get(id).is_some_and(|s| s.banned)
+    }
+
+    fn holds(slot: &Slot, piece: u32) -> bool {
+        !slot.banned && slot.have.as_ref().is_none_or(|h| h.get(piece))
+    }
+
+    /// Pieces neither held nor in flight that no usable peer holds.
+    pub fn orphans(&self) -> Vec<u32> {
+        (0..self.have.len())
+            .filter(|&i| !self.have.get(i) && !self.inflight.contains_key(&i) && !self.peers.values().any(|s| Self::holds(s, i)))
+            .collect()
+    }
+
+    pub fn inflight_count(&self) -> u32 {
+        self.peers.values().map(|s| s.inflight).sum()
+    }
+
+    /// The next requests to issue, already counted as in flight.
+    pub fn next_requests(&mut self) -> Vec<Request> {
+        let mut out = Vec::new();
+        let missing: Vec<u32> = (0..self.have.len()).filter(|&i| !self.have.get(i)).collect();
+        if missing.is_empty() {
+            return out;
+        }
+        let head: Vec<u32> = missing.iter().copied().take(self.cfg.read_head as usize).collect();
+        let mut candidates: Vec<(u32, usize)> = missing
+            .iter()
+            .copied()
+            .filter(|i| !self.inflight.contains_key(i))
+            .map(|i| (i, self.peers.values().filter(|s| Self::holds(s, i)).count()))
+            .filter(|(_, holders)| *holders > 0)
+            .collect();
+        candidates.sort_by_key(|&(i, holders)| (!head.contains(&i), holders, i));
+        for (piece, _) in candidates {
+            if self.inflight_count() >= self.cfg.max_inflight_total {
+                break;
+            }
+            if let Some(peer) = self.pick_peer(piece, &[]) {
+                self.assign(piece, &peer);
+                out.push(Request { piece, peer });
+            }
+        }
+        // Endgame: duplicate the remaining in-flight pieces on another peer.
+        if missing.len() as u32 <= self.cfg.endgame && missing.iter().all(|i| self.inflight.contains_key(i)) {
+            for &piece in &missing {
+                if self.inflight.get(&piece).is_some_and(|v| v.len() >= 2) {
+                    continue;
+                }
+                let busy = self.inflight.get(&piece).cloned().unwrap_or_default();
+                if let Some(peer) = self.pick_peer(piece, &busy) {
+                    self.assign(piece, &peer);
+                    out.push(Request { piece, peer });
+                }
+            }
+        }
+        out
+    }
+
+    fn pick_peer(&self, piece: u32, exclude: &[PeerId]) -> Option<PeerId> {
+        self.peers
+            .iter()
+            .filter(|(id, s)| Self::holds(s, piece) && s.inflight < self.cfg.max_inflight_per_peer && !exclude.contains(id))
+            // Idle before busy, near before far; complete peers (seeds) after partial
+            // ones at equal load, so seeds are not the only uploaders.
+            .min_by_key(|(id, s)| (s.inflight, s.distance, s.have.is_none(), (*id).clone()))
+            .map(|(id, _)| id.clone())
+    }
+
+    fn assign(&mut self, piece: u32, peer: &str) {
+        self.inflight.entry(piece).or_default().push(peer.to_owned());
+        if let Some(s) = self.peers.get_mut(peer) {
+            s.inflight += 1;
+        }
+    }
+
+    fn release(&mut self, piece: u32, peer: &str) {
+        if let Some(v) = self.inflight.get_mut(&piece) {
+            v.retain(|p| p != peer);
+            if v.is_empty() {
+                self.inflight.remove(&piece);
+            }
+        }
+        if let Some(s) = self.peers.get_mut(peer) {
+            s.inflight = s.inflight.saturating_sub(1);
+        }
+    }
+
+    /// A verified piece arrived from `peer` (or from anywhere: `peer` may be unknown).
+    /// Returns `true` if it was new.
+    pub fn on_done(&mut self, piece: u32, peer: &str) -> bool {
+        self.release(piece, peer);
+        let new = !self.have.get(piece);
+        self.have.set(piece);
+        new
+    }
+
+    /// A request failed. `corrupt` bans the peer: it served bytes that fail the hash.
+    pub fn on_failed(&mut self, piece: u32, peer: &str, corrupt: bool) {
+        self.release(piece, peer);
+        if corrupt {
+            if let Some(s) = self.peers.get_mut(peer) {
+                s.banned = true;
+            }
+        }
+    }
+
+    /// Marks a piece as being produced elsewhere (e.g. the registry stream).
+    pub fn claim(&mut self, piece: u32, by: &str) {
+        if !self.have.get(piece) && !self.inflight.contains_key(&piece) {
+            self.inflight.entry(piece).or_default().push(by.to_owned());
+        }
+    }
+
+    pub fn is_inflight(&self, piece: u32) -> bool {
+        self.inflight.contains_key(&piece)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bits(len: u32, ones: &[u32]) -> Bitfield {
+        let mut b = Bitfield::new(len);
+        for &i in ones {
+            b.set(i);
+        }
+        b
+    }
+
+    #[test]
+    fn read_head_then_rarest_first_with_per_peer_limits() {
+        let mut s = PieceScheduler::new(Bitfield::new(8), SchedulerConfig { max_inflight_per_peer: 2, max_inflight_total: 10, read_head: 1, endgame: 0 });
+        s.set_peer("a", None, 2);
+        s.set_peer("b", Some(bits(8, &[0, 1, 2, 3])), 0);
+        s.set_peer("c", Some(bits(8, &[0, 1, 2, 3])), 0);
+        let reqs = s.next_requests();
+        // Piece 0 (read head) first; then pieces 4..7 held only by `a` are rarest.
+        assert_eq!(reqs[0].piece, 0);
+        let pieces: Vec<u32> = reqs.iter().map(|r| r.piece).collect();
+        assert_eq!(pieces.len(), 6, "3 peers × 2 in flight");
+        assert!(pieces.contains(&4) && pieces.contains(&5));
+        assert_eq!(reqs.iter().filter(|r| r.peer == "a").count(), 2);
+        assert!(reqs.iter().filter(|r| r.peer == "a").all(|r| r.piece >= 4), "the only holder of rare pieces serves rare pieces");
+    }
+
+    #[test]
+    fn corrupt_peer_is_banned_and_orphans_are_reported() {
+        let mut s = PieceScheduler::new(Bitfield::new(3), SchedulerConfig::default());
+        s.set_peer("liar", None, 0);
+        let r = s.next_requests();
+        assert_eq!(r.len(), 3);
+        s.on_failed(0, "liar", true);
+        assert!(s.is_banned("liar"));
+        assert!(s.next_requests().is_empty());
+        assert_eq!(s.orphans(), vec![0]);
+        s.set_peer("good", Some(bits(3, &[0])), 1);
+        assert_eq!(s.next_requests(), vec![Request { piece: 0, peer: "good".into() }]);
+        assert!(s.on_done(0, "good"));
+        assert!(!s.on_done(0, "good"));
+    }
+
+    #[test]
+    fn endgame_asks_a_second_peer_for_the_tail() {
+        let mut s = PieceScheduler::new(bits(4, &[0, 1, 2]), SchedulerConfig { endgame: 2, ..Default::default() });
+        s.set_peer("slow", None, 0);
+        s.set_peer("fast", None, 1);
+        let r = s.next_requests();
+        assert_eq!(r.len(), 2, "first request plus its endgame duplicate: {r:?}");
+        assert_ne!(r[0].peer, r[1].peer);
+        assert!(r.iter().all(|x| x.piece == 3));
+        assert!(s.on_done(3, &r[1].peer));
+        assert!(s.is_complete());
+    }
+}

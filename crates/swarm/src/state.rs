@@ -1,0 +1,290 @@
+//! The tracker's soft state: per blob, who holds which pieces, who fetches from the
+//! registry, the piece hashes, and which peers to hand out. Time is passed in (ms) so
+//! the simulator can drive it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use oci::Digest;
+use serde::Serialize;
+
+use crate::pieces::{piece_size_for, DEFAULT_PIECE_SIZE};
+use crate::protocol::{AnnounceRequest, AnnounceResponse, PeerInfo, Role, Topology};
+use crate::Bitfield;
+
+#[derive(Clone, Debug)]
+pub struct SwarmConfig {
+    /// A peer not heard from for this long is not handed out (and a source is replaced).
+    pub peer_ttl_ms: u64,
+    pub max_peers: usize,
+    /// Blobs smaller than this skip P2P (measured: below it the swarm's fixed costs
+    /// exceed the registry saving; see BENCHMARKS.md).
+    pub min_p2p_size: u64,
+    pub piece_size: u64,
+    /// How long a peer reported for bad pieces is left out.
+    pub bad_peer_ms: u64,
+    pub announce_interval_ms: u64,
+}
+
+impl Default for SwarmConfig {
+    fn default() -> Self {
+        Self { peer_ttl_ms: 3_000, max_peers: 16, min_p2p_size: 4 << 20, piece_size: DEFAULT_PIECE_SIZE, bad_peer_ms: 60_000, announce_interval_ms: 250 }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct PeerEntry {
+    addr: String,
+    topology: Topology,
+    have: Option<Bitfield>,
+    complete: bool,
+    last_seen: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Swarm {
+    size: Option<u64>,
+    piece_size: u64,
+    hashes: BTreeMap<u32, String>,
+    source: Option<String>,
+    peers: HashMap<String, PeerEntry>,
+    bad: HashMap<String, u64>,
+    /// Times a source was elected: 1 means the registry was asked once.
+    elections: u32,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SwarmStats {
+    pub digest: String,
+    pub size: Option<u64>,
+    pub peers: usize,
+    pub complete: usize,
+    pub source: Option<String>,
+    pub source_elections: u32,
+}
+
+#[derive(Default)]
+pub struct TrackerState {
+    pub cfg: SwarmConfig,
+    swarms: HashMap<Digest, Swarm>,
+}
+
+impl TrackerState {
+    pub fn new(cfg: SwarmConfig) -> Self {
+        Self { cfg, swarms: HashMap::new() }
+    }
+
+    fn alive(&self, p: &PeerEntry, now: u64) -> bool {
+        now.saturating_sub(p.last_seen) <= self.cfg.peer_ttl_ms
+    }
+
+    pub fn announce(&mut self, req: &AnnounceRequest, now: u64) -> AnnounceResponse {
+        let cfg = self.cfg.clone();
+        let swarm = self.swarms.entry(req.digest.clone()).or_default();
+        if swarm.size.is_none() {
+            swarm.size = req.size;
+        }
+        if swarm.piece_size == 0 {
+            swarm.piece_size = match (req.piece_size, swarm.size) {
+                (Some(p), _) => p,
+                (None, Some(s)) => piece_size_for(s, cfg.piece_size),
+                (None, None) => 0,
+            };
+        }
+        for bad in &req.bad_peers {
+            swarm.bad.insert(bad.clone(), now + cfg.bad_peer_ms);
+        }
+        swarm.bad.retain(|_, until| *until > now);
+        if req.leaving {
+            swarm.peers.remove(&req.node);
+            if swarm.source.as_deref() == Some(&req.node) {
+                swarm.source = None;
+            }
+        } else {
+            swarm.peers.insert(
+                req.node.clone(),
+                PeerEntry { addr: req.addr.clone(), topology: req.topology.clone(), have: req.have.clone(), complete: req.complete, last_seen: now },
+            );
+        }
+        let source_alive = |s: &Swarm| s.source.as_ref().and_then(|n| s.peers.get(n)).is_some_and(|p| now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !p.complete);
+        if !source_alive(swarm) {
+            swarm.source = None;
+        }
+        // Hashes come from whoever streams registry bytes; the first value for a piece wins.
+        if swarm.source.as_deref() == Some(&req.node) || req.fetching_from_registry || req.complete {
+            for (i, h) in &req.hashes {
+                swarm.hashes.entry(*i).or_insert_with(|| h.clone());
+            }
+        }
+        let any_complete = swarm.peers.iter().any(|(n, p)| p.complete && n != &req.node && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms);
+        let role = if req.leaving || req.complete {
+            Role::Peer
+        } else if swarm.size.is_some_and(|s| s < cfg.min_p2p_size) {
+            Role::Direct
+        } else if swarm.source.as_deref() == Some(&req.node) {
+            Role::Source
+        } else if swarm.source.is_none() && (req.fetching_from_registry || !any_complete) {
+            // Elect: the blob is not in the cluster (or its holders vanished mid-way).
+            swarm.source = Some(req.node.clone());
+            swarm.elections += 1;
+            Role::Source
+        } else {
+            Role::Peer
+        };
+        let hashes = swarm.hashes.range(req.known_hashes..).map(|(k, v)| (*k, v.clone())).collect();
+        let mut peers: Vec<(&String, &PeerEntry)> = swarm
+            .peers
+            .iter()
+            .filter(|(n, p)| *n != &req.node && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !swarm.bad.contains_key(*n))
+            .filter(|(_, p)| p.complete || p.have.as_ref().is_some_and(|h| h.count() > 0) || swarm.source.is_some())
+            .collect();
+        // Near first, then the most complete, then a per-requester rotation so load spreads.
+        peers.sort_by_key(|(n, p)| {
+            let held = if p.complete { u32::MAX } else { p.have.as_ref().map_or(0, |h| h.count()) };
+            (req.topology.distance(&p.topology), std::cmp::Reverse(held), spread(&req.node, n))
+        });
+        let peers = peers
+            .into_iter()
+            .take(cfg.max_peers)
+            .map(|(n, p)| PeerInfo { node: n.clone(), addr: p.addr.clone(), topology: p.topology.clone(), have: if p.complete { None } else { p.have.clone() } })
+            .collect();
+        let source_alive = swarm.source.is_some();
+        AnnounceResponse { role, size: swarm.size, piece_size: swarm.piece_size.max(1), hashes, peers, source_alive, interval_ms: cfg.announce_interval_ms }
+    }
+
+    /// Drops peers not heard from within the TTL and empty swarms.
+    pub fn expire(&mut self, now: u64) {
+        let ttl = self.cfg.peer_ttl_ms;
+        self.swarms.retain(|_, s| {
+            s.peers.retain(|_, p| now.saturating_sub(p.last_seen) <= ttl * 10);
+            if let Some(src) = &s.source {
+                if !s.peers.contains_key(src) {
+                    s.source = None;
+                }
+            }
+            !s.peers.is_empty()
+        });
+    }
+
+    pub fn stats(&self) -> Vec<SwarmStats> {
+        let mut v: Vec<SwarmStats> = self
+            .swarms
+            .iter()
+            .map(|(d, s)| SwarmStats {
+                digest: d.to_string(),
+                size: s.size,
+                peers: s.peers.len(),
+                complete: s.peers.values().filter(|p| p.complete).count(),
+                source: s.source.clone(),
+                source_elections: s.elections,
+            })
+            .collect();
+        v.sort_by(|a, b| a.digest.cmp(&b.digest));
+        v
+    }
+
+    pub fn alive_peers(&self, d: &Digest, now: u64) -> usize {
+        self.swarms.get(d).map_or(0, |s| s.peers.values().filter(|p| self.alive(p, now)).count())
+    }
+}
+
+fn spread(a: &str, b: &str) -> u64 {
+    // FNV-1a of the pair: deterministic, different for each requester.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for byte in a.bytes().chain([0]).chain(b.bytes()) {
+        h ^= byte as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(node: &str, d: &Digest) -> AnnounceRequest {
+        AnnounceRequest {
+            node: node.into(),
+            addr: format!("http://{node}"),
+            topology: Topology::default(),
+            digest: d.clone(),
+            size: None,
+            piece_size: None,
+            have: None,
+            complete: false,
+            fetching_from_registry: false,
+            hashes: BTreeMap::new(),
+            known_hashes: 0,
+            bad_peers: vec![],
+            leaving: false,
+        }
+    }
+
+    #[test]
+    fn one_source_then_peers_and_reelection_when_it_dies() {
+        let d = Digest::of(b"blob");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        assert_eq!(t.announce(&req("a", &d), 0).role, Role::Source);
+        for n in ["b", "c", "d"] {
+            assert_eq!(t.announce(&req(n, &d), 10).role, Role::Peer, "{n}");
+        }
+        let mut r = req("a", &d);
+        r.size = Some(100 << 20);
+        r.hashes.insert(0, "h0".into());
+        r.fetching_from_registry = true;
+        assert_eq!(t.announce(&r, 20).role, Role::Source);
+        let resp = t.announce(&req("b", &d), 30);
+        assert_eq!(resp.size, Some(100 << 20));
+        assert_eq!(resp.hashes.get(&0).map(String::as_str), Some("h0"));
+        assert!(resp.peers.iter().any(|p| p.node == "a"));
+        // Hashes from a non-source are ignored.
+        let mut liar = req("c", &d);
+        liar.hashes.insert(1, "evil".into());
+        t.announce(&liar, 40);
+        assert!(!t.announce(&req("b", &d), 50).hashes.contains_key(&1));
+        // The source goes silent: the next announcer takes over.
+        let later = 40 + t.cfg.peer_ttl_ms + 1;
+        assert_eq!(t.announce(&req("b", &d), later).role, Role::Source);
+        assert_eq!(t.stats()[0].source_elections, 2);
+    }
+
+    #[test]
+    fn small_blobs_go_direct_and_bad_peers_are_left_out() {
+        let d = Digest::of(b"small");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        let mut r = req("a", &d);
+        r.size = Some(1000);
+        assert_eq!(t.announce(&r, 0).role, Role::Direct);
+        let big = Digest::of(b"big");
+        let mut c = req("seed", &big);
+        c.complete = true;
+        c.size = Some(64 << 20);
+        t.announce(&c, 0);
+        let mut other = req("x", &big);
+        other.have = Some(Bitfield::new(16));
+        t.announce(&other, 0);
+        let resp = t.announce(&req("b", &big), 1);
+        assert_eq!(resp.role, Role::Peer, "a complete holder exists: no registry fetch");
+        assert_eq!(resp.peers[0].node, "seed", "complete peers first");
+        let mut reporter = req("b", &big);
+        reporter.bad_peers = vec!["seed".into()];
+        let resp = t.announce(&reporter, 2);
+        assert!(resp.peers.iter().all(|p| p.node != "seed"));
+    }
+
+    #[test]
+    fn near_peers_first() {
+        let d = Digest::of(b"topo");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        for (n, z, r) in [("far", "z2", "r9"), ("zone", "z1", "r2"), ("rack", "z1", "r1")] {
+            let mut q = req(n, &d);
+            q.complete = true;
+            q.size = Some(64 << 20);
+            q.topology = Topology { zone: Some(z.into()), rack: Some(r.into()) };
+            t.announce(&q, 0);
+        }
+        let mut me = req("me", &d);
+        me.topology = Topology { zone: Some("z1".into()), rack: Some("r1".into()) };
+        let names: Vec<String> = t.announce(&me, 1).peers.into_iter().map(|p| p.node).collect();
+        assert_eq!(names, vec!["rack", "zone", "far"]);
+    }
+}
