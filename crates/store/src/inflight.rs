@@ -43,6 +43,8 @@ pub struct Inflight {
     pub(crate) file: Arc<File>,
     pub(crate) path: PathBuf,
     pub(crate) progress: watch::Sender<Progress>,
+    /// In piece mode: the layout and the pieces on disk (what peers may fetch).
+    pub(crate) pieces: parking_lot::Mutex<Option<(swarm::PieceLayout, swarm::Bitfield)>>,
 }
 
 impl Inflight {
@@ -52,6 +54,28 @@ impl Inflight {
 
     pub fn subscribe(&self) -> watch::Receiver<Progress> {
         self.progress.subscribe()
+    }
+
+    /// Whether piece `i` of `piece_size` is on disk (a sequential download counts the
+    /// pieces wholly inside its flushed prefix).
+    pub fn has_piece(&self, piece_size: u64, i: u32) -> bool {
+        if let Some((layout, have)) = &*self.pieces.lock() {
+            if layout.piece_size == piece_size {
+                return have.get(i);
+            }
+        }
+        let p = self.progress.borrow();
+        let end = ((i as u64 + 1) * piece_size).min(p.total.unwrap_or(u64::MAX));
+        p.written >= end
+    }
+
+    /// Reads bytes that are known to be on disk (a held piece), whatever the prefix.
+    pub async fn read_at(&self, start: u64, len: usize) -> Result<Bytes, Error> {
+        let file = self.file.clone();
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || read_exact_at(&file, start, len).map_err(|e| Error::io(&path, e)))
+            .await
+            .map_err(|e| Error::Db(format!("reader task: {e}")))?
     }
 
     pub fn path(&self) -> &std::path::Path {

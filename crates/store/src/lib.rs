@@ -15,6 +15,7 @@ mod error;
 pub mod gc;
 pub mod inflight;
 pub mod meta;
+mod writer;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -31,6 +32,7 @@ use tracing::{info, warn};
 pub use error::Error;
 pub use inflight::{read_file, read_inflight, Inflight, Progress, Status};
 pub use meta::{BlobRecord, PinRecord, TagRecord};
+pub use writer::BlobWriter;
 use oci::{Digest, Verifier};
 
 pub fn now_secs() -> u64 {
@@ -66,21 +68,21 @@ impl StoreConfig {
 
 #[derive(Clone)]
 pub struct Store {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     cfg: StoreConfig,
-    db: redb::Database,
-    blobs_dir: PathBuf,
+    pub(crate) db: redb::Database,
+    pub(crate) blobs_dir: PathBuf,
     partial_dir: PathBuf,
-    state: Mutex<State>,
+    pub(crate) state: Mutex<State>,
 }
 
 #[derive(Default)]
-struct State {
-    index: HashMap<Digest, BlobRecord>,
-    inflight: HashMap<Digest, Arc<Inflight>>,
+pub(crate) struct State {
+    pub(crate) index: HashMap<Digest, BlobRecord>,
+    pub(crate) inflight: HashMap<Digest, Arc<Inflight>>,
     serving: HashMap<Digest, usize>,
     dirty_access: HashSet<Digest>,
     pins: HashMap<Digest, PinRecord>,
@@ -326,20 +328,12 @@ impl Store {
                 file: Arc::new(file),
                 path,
                 progress: tx,
+                pieces: Mutex::new(None),
             });
             st.inflight.insert(d.clone(), inf.clone());
             inf
         };
-        let mut writer = BlobWriter {
-            store: self.clone(),
-            inflight: inflight.clone(),
-            verifier: Verifier::new(d.clone()),
-            written: 0,
-            buf: Vec::new(),
-            expected: expected_size,
-            source: source.to_owned(),
-            done: false,
-        };
+        let mut writer = BlobWriter::new(self.clone(), inflight.clone(), expected_size, source);
         if let Some(size) = expected_size {
             if let Err(e) = self.make_room_excluding(size, Some(d)) {
                 writer.fail(&e.to_string());
@@ -347,11 +341,18 @@ impl Store {
             }
         }
         // Resume: re-hash what a previous run left, so verification covers every byte.
+        // With a piece sidecar only the contiguous prefix is re-hashed; later pieces are
+        // offered to the P2P downloader as claims it re-verifies against piece hashes.
+        let sidecar = writer::Sidecar::load(&writer::sidecar_path(&inflight.path));
         let existing = inflight.file.metadata().map(|m| m.len()).unwrap_or(0);
-        if existing > 0 {
+        let limit = match &sidecar {
+            Some(sc) => sc.prefix_bytes().min(existing),
+            None => expected_size.unwrap_or(u64::MAX).min(existing),
+        };
+        if limit > 0 {
             let file = inflight.file.clone();
             let mut verifier = writer.verifier.clone();
-            let limit = expected_size.unwrap_or(u64::MAX).min(existing);
+            let truncate = sidecar.is_none();
             let rehash = tokio::task::spawn_blocking(move || -> std::io::Result<Verifier> {
                 let mut pos = 0u64;
                 let mut buf = vec![0u8; inflight::READ_CHUNK];
@@ -364,7 +365,9 @@ impl Store {
                     verifier.update(&buf[..got]);
                     pos += got as u64;
                 }
-                file.set_len(pos)?;
+                if truncate {
+                    file.set_len(pos)?;
+                }
                 Ok(verifier)
             })
             .await;
@@ -372,6 +375,7 @@ impl Store {
                 Ok(Ok(v)) => {
                     writer.written = v.len();
                     writer.verifier = v;
+                    writer.claimed = sidecar;
                     info!(digest = %d, bytes = writer.written, "resuming partial download");
                     writer.publish();
                 }
@@ -380,6 +384,8 @@ impl Store {
                     inflight.file.set_len(0).ok();
                 }
             }
+        } else if existing > 0 && sidecar.is_some() {
+            writer.claimed = sidecar;
         }
         Ok(Begin::Lead(writer))
     }
@@ -400,6 +406,10 @@ impl Store {
                     p.total.unwrap_or(p.written)
                 })
                 .sum::<u64>()
+    }
+
+    pub(crate) fn make_room_excluding_pub(&self, needed: u64, exclude: Option<&Digest>) -> Result<(), Error> {
+        self.make_room_excluding(needed, exclude)
     }
 
     fn make_room_excluding(&self, needed: u64, exclude: Option<&Digest>) -> Result<(), Error> {
@@ -694,198 +704,3 @@ fn verify_file(path: &Path, d: &Digest) -> Result<(), Error> {
     Ok(v.finish()?)
 }
 
-/// Flush granularity: readers following a download see new bytes in steps of this size.
-const FLUSH_BYTES: usize = 128 << 10;
-
-/// The single writer of one blob. Dropping it without `finish` marks the download
-/// failed (readers are told) and keeps the partial file for a later resume.
-pub struct BlobWriter {
-    store: Store,
-    inflight: Arc<Inflight>,
-    verifier: Verifier,
-    written: u64,
-    buf: Vec<u8>,
-    expected: Option<u64>,
-    source: String,
-    done: bool,
-}
-
-impl BlobWriter {
-    /// Where the next byte goes: resume the upstream fetch from here.
-    pub fn offset(&self) -> u64 {
-        self.written + self.buf.len() as u64
-    }
-
-    pub fn inflight(&self) -> Arc<Inflight> {
-        self.inflight.clone()
-    }
-
-    pub fn set_total(&mut self, total: u64) {
-        self.expected = Some(total);
-        self.inflight
-            .progress
-            .send_modify(|p| p.total = Some(total));
-    }
-
-    fn publish(&self) {
-        let written = self.written;
-        self.inflight.progress.send_modify(|p| p.written = written);
-    }
-
-    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), Error> {
-        if let Some(exp) = self.expected {
-            if self.offset() + chunk.len() as u64 > exp {
-                let actual = self.offset() + chunk.len() as u64;
-                return Err(oci::Error::SizeMismatch {
-                    expected: exp,
-                    actual,
-                }
-                .into());
-            }
-        }
-        self.verifier.update(chunk);
-        self.buf.extend_from_slice(chunk);
-        if self.buf.len() >= FLUSH_BYTES {
-            self.flush().await?;
-        }
-        Ok(())
-    }
-
-    async fn flush(&mut self) -> Result<(), Error> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let buf = std::mem::take(&mut self.buf);
-        let file = self.inflight.file.clone();
-        let pos = self.written;
-        let path = self.inflight.path.clone();
-        let (res, mut buf) = tokio::task::spawn_blocking(move || {
-            let r = file.write_all_at(&buf, pos);
-            (r, buf)
-        })
-        .await
-        .map_err(|e| Error::Db(format!("writer task: {e}")))?;
-        res.map_err(|e| Error::io(&path, e))?;
-        self.written += buf.len() as u64;
-        buf.clear();
-        self.buf = buf;
-        self.publish();
-        Ok(())
-    }
-
-    /// Verifies length and digest, makes the blob durable and moves it into the store.
-    /// On mismatch the partial file is deleted: those bytes can never become valid.
-    pub async fn finish(mut self) -> Result<u64, Error> {
-        self.flush().await?;
-        let size = self.written;
-        if let Some(exp) = self.expected {
-            if size != exp {
-                let e: Error = oci::Error::SizeMismatch {
-                    expected: exp,
-                    actual: size,
-                }
-                .into();
-                self.discard(&e.to_string());
-                return Err(e);
-            }
-        }
-        if let Err(e) = self.verifier.clone().finish() {
-            let e: Error = e.into();
-            self.discard(&e.to_string());
-            return Err(e);
-        }
-        let store = self.store.clone();
-        let d = self.inflight.digest.clone();
-        let file = self.inflight.file.clone();
-        let from = self.inflight.path.clone();
-        let to = store.blob_path(&d);
-        let moved = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            file.sync_data()?;
-            std::fs::rename(&from, &to)
-        })
-        .await
-        .map_err(|e| Error::Db(format!("finish task: {e}")))?;
-        if let Err(e) = moved {
-            let e = Error::io(&self.inflight.path, e);
-            self.fail(&e.to_string());
-            return Err(e);
-        }
-        let rec = BlobRecord {
-            size,
-            media_type: None,
-            children: vec![],
-            last_access: now_secs(),
-            created: now_secs(),
-            source: self.source.clone(),
-        };
-        meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
-        {
-            let mut st = store.inner.state.lock();
-            st.index.insert(d.clone(), rec);
-            st.inflight.remove(&d);
-        }
-        self.done = true;
-        self.inflight.progress.send_modify(|p| {
-            p.written = size;
-            p.total = Some(size);
-            p.status = Status::Complete;
-        });
-        Ok(size)
-    }
-
-    fn discard(&mut self, reason: &str) {
-        std::fs::remove_file(&self.inflight.path).ok();
-        self.fail_with(reason, false);
-    }
-
-    /// Marks the download failed; the partial file stays for a resume.
-    pub fn fail(&mut self, reason: &str) {
-        self.fail_with(reason, true)
-    }
-
-    /// Checks that the blob (size from `set_total`) fits the budget and the disk,
-    /// evicting older content if needed.
-    pub fn reserve(&self) -> Result<(), Error> {
-        match self.expected {
-            Some(total) => self.store.make_room_excluding(
-                total.saturating_sub(self.offset()),
-                Some(&self.inflight.digest),
-            ),
-            None => Ok(()),
-        }
-    }
-
-    fn fail_with(&mut self, reason: &str, retryable: bool) {
-        if self.done {
-            return;
-        }
-        self.done = true;
-        let d = self.inflight.digest.clone();
-        {
-            let mut st = self.store.inner.state.lock();
-            if st
-                .inflight
-                .get(&d)
-                .is_some_and(|i| Arc::ptr_eq(i, &self.inflight))
-            {
-                st.inflight.remove(&d);
-            }
-        }
-        let reason = reason.to_owned();
-        self.inflight
-            .progress
-            .send_modify(|p| p.status = Status::Failed { reason, retryable });
-    }
-}
-
-impl Drop for BlobWriter {
-    fn drop(&mut self) {
-        if !self.done {
-            // Keep what was buffered: it is already hashed and part of the resume.
-            if !self.buf.is_empty() {
-                let _ = self.inflight.file.write_all_at(&self.buf, self.written);
-            }
-            self.fail("download abandoned");
-        }
-    }
-}

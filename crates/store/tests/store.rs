@@ -217,3 +217,42 @@ async fn gc_evicts_lru_but_keeps_pinned_and_served_blobs() {
     let big = Digest::of(b"big");
     assert!(matches!(store.begin(&big, Some(20 << 20), "test").await, Err(e) if e.is_disk_full()));
 }
+
+#[tokio::test]
+async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(10 << 20, 9);
+    let d = Digest::of(&body);
+    let layout = swarm::PieceLayout::new(body.len() as u64, 4 << 20);
+    let piece = |i: u32| {
+        let (a, b) = layout.range(i);
+        bytes::Bytes::copy_from_slice(&body[a as usize..b as usize])
+    };
+    {
+        let store = open(dir.path());
+        let Begin::Lead(mut w) = store.begin(&d, None, "peer").await.unwrap() else { panic!() };
+        assert!(w.enable_pieces(layout).is_empty());
+        let inf = w.inflight();
+        let reader = tokio::spawn(collect(store::read_inflight(inf.clone(), 0, None)));
+        w.write_piece(2, piece(2)).await.unwrap();
+        assert_eq!(inf.progress().written, 0, "a later piece does not advance the in-order prefix");
+        assert!(inf.has_piece(4 << 20, 2) && !inf.has_piece(4 << 20, 0));
+        assert_eq!(&inf.read_at(8 << 20, 16).await.unwrap()[..], &body[8 << 20..(8 << 20) + 16]);
+        // Crash after piece 2 only.
+        drop(w);
+        assert!(reader.await.unwrap().is_err());
+    }
+    let store = open(dir.path());
+    let Begin::Lead(mut w) = store.begin(&d, None, "peer").await.unwrap() else { panic!() };
+    let claims = w.enable_pieces(layout);
+    assert_eq!(claims, vec![2], "the piece written before the crash is offered for re-verification");
+    assert_eq!(&w.read_piece(2).await.unwrap()[..], &piece(2)[..]);
+    w.accept_existing(2).await.unwrap();
+    let reader = tokio::spawn(collect(store::read_inflight(w.inflight(), 0, None)));
+    w.write_piece(1, piece(1)).await.unwrap();
+    w.write_piece(0, piece(0)).await.unwrap();
+    assert_eq!(w.inflight().progress().written, body.len() as u64);
+    w.finish().await.unwrap();
+    assert_eq!(reader.await.unwrap().unwrap(), body);
+    assert!(!dir.path().join("partial").join(format!("{}.pieces", d.hex())).exists());
+}

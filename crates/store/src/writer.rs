@@ -1,0 +1,360 @@
+//! The single writer of one blob: sequential (registry stream) or piece by piece (P2P).
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use swarm::{Bitfield, PieceLayout};
+use tracing::warn;
+
+use crate::inflight::{Inflight, Status};
+use crate::{meta, now_secs, BlobRecord, Error, Store};
+use oci::Verifier;
+
+/// Flush granularity: readers following a download see new bytes in steps of this size.
+const FLUSH_BYTES: usize = 128 << 10;
+
+/// The single writer of one blob. Dropping it without `finish` marks the download
+/// failed (readers are told) and keeps the partial file for a later resume.
+pub struct BlobWriter {
+    store: Store,
+    inflight: Arc<Inflight>,
+    pub(crate) verifier: Verifier,
+    /// Bytes `[0, written)` are on disk, contiguous and fed to the verifier.
+    pub(crate) written: u64,
+    buf: Vec<u8>,
+    expected: Option<u64>,
+    source: String,
+    done: bool,
+    /// Piece mode (P2P): which pieces are on disk.
+    pieces: Option<(PieceLayout, Bitfield)>,
+    /// Pieces a previous run wrote beyond the prefix; untrusted until re-verified.
+    pub(crate) claimed: Option<Sidecar>,
+}
+
+/// `partial/<hex>.pieces`: which pieces a P2P download has written, so a restart keeps
+/// them. A torn or unreadable sidecar is ignored (only the re-hashed prefix is kept).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Sidecar {
+    pub layout: PieceLayout,
+    pub have: Bitfield,
+}
+
+impl Sidecar {
+    pub fn load(path: &Path) -> Option<Self> {
+        let text = std::fs::read(path).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    pub fn prefix_bytes(&self) -> u64 {
+        let p = self.have.prefix();
+        if p == 0 {
+            0
+        } else {
+            self.layout.range(p - 1).1
+        }
+    }
+}
+
+pub(crate) fn sidecar_path(partial: &Path) -> PathBuf {
+    partial.with_extension("pieces")
+}
+
+impl BlobWriter {
+    pub(crate) fn new(store: Store, inflight: Arc<Inflight>, expected: Option<u64>, source: &str) -> Self {
+        let verifier = Verifier::new(inflight.digest.clone());
+        Self { store, inflight, verifier, written: 0, buf: Vec::new(), expected, source: source.to_owned(), done: false, pieces: None, claimed: None }
+    }
+
+    /// Switches to piece mode. Pieces inside the verified prefix count as held. Returns
+    /// pieces a previous run wrote past the prefix: the caller re-verifies each with
+    /// [`BlobWriter::read_piece`] and keeps it with [`BlobWriter::accept_existing`].
+    pub fn enable_pieces(&mut self, layout: PieceLayout) -> Vec<u32> {
+        self.set_total(layout.blob_size);
+        let mut have = Bitfield::new(layout.count());
+        for i in 0..layout.count() {
+            if layout.range(i).1 <= self.written {
+                have.set(i);
+            }
+        }
+        // A sequential prefix that ends mid-piece: keep only whole pieces.
+        self.written = if have.prefix() == 0 { 0 } else { layout.range(have.prefix() - 1).1 };
+        if self.written != self.verifier.len() {
+            // Re-hashing is cheaper than tracking a partial piece: start the digest over.
+            self.verifier = Verifier::new(self.inflight.digest.clone());
+            self.written = 0;
+            have = Bitfield::new(layout.count());
+        }
+        let claims = match self.claimed.take() {
+            Some(sc) if sc.layout == layout => sc.have.iter_ones().filter(|&i| !have.get(i)).collect(),
+            _ => Vec::new(),
+        };
+        self.pieces = Some((layout, have));
+        self.publish_pieces();
+        self.publish();
+        claims
+    }
+
+    pub fn pieces(&self) -> Option<&Bitfield> {
+        self.pieces.as_ref().map(|(_, b)| b)
+    }
+
+    /// Reads a piece back from the partial file (to re-verify a claim after restart).
+    pub async fn read_piece(&self, i: u32) -> Result<Bytes, Error> {
+        let Some((layout, _)) = &self.pieces else { return Err(Error::Db("not in piece mode".into())) };
+        let (a, b) = layout.range(i);
+        let file = self.inflight.file.clone();
+        let path = self.inflight.path.clone();
+        tokio::task::spawn_blocking(move || crate::inflight::read_exact_at(&file, a, (b - a) as usize).map_err(|e| Error::io(&path, e)))
+            .await
+            .map_err(|e| Error::Db(format!("reader task: {e}")))?
+    }
+
+    /// Keeps a piece that is already on disk (verified by the caller).
+    pub async fn accept_existing(&mut self, i: u32) -> Result<(), Error> {
+        let data = self.read_piece(i).await?;
+        self.mark_piece(i, Some(data)).await
+    }
+
+    /// Writes one piece the caller has verified against its piece hash. Pieces may come
+    /// in any order; readers see bytes as the contiguous prefix grows.
+    pub async fn write_piece(&mut self, i: u32, data: Bytes) -> Result<(), Error> {
+        let Some((layout, have)) = &self.pieces else { return Err(Error::Db("not in piece mode".into())) };
+        if i >= layout.count() || data.len() as u64 != layout.len(i) {
+            return Err(oci::Error::SizeMismatch { expected: layout.len(i.min(layout.count().saturating_sub(1))), actual: data.len() as u64 }.into());
+        }
+        if have.get(i) {
+            return Ok(());
+        }
+        let offset = layout.range(i).0;
+        let file = self.inflight.file.clone();
+        let path = self.inflight.path.clone();
+        let d2 = data.clone();
+        tokio::task::spawn_blocking(move || file.write_all_at(&d2, offset).map_err(|e| Error::io(&path, e)))
+            .await
+            .map_err(|e| Error::Db(format!("writer task: {e}")))??;
+        self.mark_piece(i, Some(data)).await
+    }
+
+    async fn mark_piece(&mut self, i: u32, data: Option<Bytes>) -> Result<(), Error> {
+        let Some((layout, have)) = &mut self.pieces else { return Ok(()) };
+        let layout = *layout;
+        have.set(i);
+        // Advance the in-order digest over every piece that became contiguous.
+        loop {
+            let next = layout.piece_of(self.written);
+            if self.written >= layout.blob_size || !have.get(next) {
+                break;
+            }
+            let bytes = match (&data, next == i) {
+                (Some(d), true) => d.clone(),
+                _ => {
+                    let (a, b) = layout.range(next);
+                    let file = self.inflight.file.clone();
+                    let path = self.inflight.path.clone();
+                    tokio::task::spawn_blocking(move || crate::inflight::read_exact_at(&file, a, (b - a) as usize).map_err(|e| Error::io(&path, e)))
+                        .await
+                        .map_err(|e| Error::Db(format!("reader task: {e}")))??
+                }
+            };
+            self.verifier.update(&bytes);
+            self.written += bytes.len() as u64;
+        }
+        let sc = Sidecar { layout, have: have.clone() };
+        if let Ok(json) = serde_json::to_vec(&sc) {
+            if let Err(e) = std::fs::write(sidecar_path(&self.inflight.path), json) {
+                warn!(error = %e, "cannot persist piece map; a restart will refetch pieces past the prefix");
+            }
+        }
+        self.publish_pieces();
+        self.publish();
+        Ok(())
+    }
+
+    fn publish_pieces(&self) {
+        if let Some((layout, have)) = &self.pieces {
+            *self.inflight.pieces.lock() = Some((*layout, have.clone()));
+        }
+    }
+
+    /// Where the next byte goes: resume the upstream fetch from here.
+    pub fn offset(&self) -> u64 {
+        self.written + self.buf.len() as u64
+    }
+
+    pub fn inflight(&self) -> Arc<Inflight> {
+        self.inflight.clone()
+    }
+
+    pub fn set_total(&mut self, total: u64) {
+        self.expected = Some(total);
+        self.inflight
+            .progress
+            .send_modify(|p| p.total = Some(total));
+    }
+
+    pub(crate) fn publish(&self) {
+        let written = self.written;
+        self.inflight.progress.send_modify(|p| p.written = written);
+    }
+
+    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), Error> {
+        if let Some(exp) = self.expected {
+            if self.offset() + chunk.len() as u64 > exp {
+                let actual = self.offset() + chunk.len() as u64;
+                return Err(oci::Error::SizeMismatch {
+                    expected: exp,
+                    actual,
+                }
+                .into());
+            }
+        }
+        self.verifier.update(chunk);
+        self.buf.extend_from_slice(chunk);
+        if self.buf.len() >= FLUSH_BYTES {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), Error> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let buf = std::mem::take(&mut self.buf);
+        let file = self.inflight.file.clone();
+        let pos = self.written;
+        let path = self.inflight.path.clone();
+        let (res, mut buf) = tokio::task::spawn_blocking(move || {
+            let r = file.write_all_at(&buf, pos);
+            (r, buf)
+        })
+        .await
+        .map_err(|e| Error::Db(format!("writer task: {e}")))?;
+        res.map_err(|e| Error::io(&path, e))?;
+        self.written += buf.len() as u64;
+        buf.clear();
+        self.buf = buf;
+        self.publish();
+        Ok(())
+    }
+
+    /// Verifies length and digest, makes the blob durable and moves it into the store.
+    /// On mismatch the partial file is deleted: those bytes can never become valid.
+    pub async fn finish(mut self) -> Result<u64, Error> {
+        self.flush().await?;
+        let size = self.written;
+        if let Some(exp) = self.expected {
+            if size != exp {
+                let e: Error = oci::Error::SizeMismatch {
+                    expected: exp,
+                    actual: size,
+                }
+                .into();
+                self.discard(&e.to_string());
+                return Err(e);
+            }
+        }
+        if let Err(e) = self.verifier.clone().finish() {
+            let e: Error = e.into();
+            self.discard(&e.to_string());
+            return Err(e);
+        }
+        let store = self.store.clone();
+        let d = self.inflight.digest.clone();
+        let file = self.inflight.file.clone();
+        let from = self.inflight.path.clone();
+        let to = store.blob_path(&d);
+        let moved = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            file.sync_data()?;
+            std::fs::rename(&from, &to)
+        })
+        .await
+        .map_err(|e| Error::Db(format!("finish task: {e}")))?;
+        if let Err(e) = moved {
+            let e = Error::io(&self.inflight.path, e);
+            self.fail(&e.to_string());
+            return Err(e);
+        }
+        std::fs::remove_file(sidecar_path(&self.inflight.path)).ok();
+        let rec = BlobRecord {
+            size,
+            media_type: None,
+            children: vec![],
+            last_access: now_secs(),
+            created: now_secs(),
+            source: self.source.clone(),
+        };
+        meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
+        {
+            let mut st = store.inner.state.lock();
+            st.index.insert(d.clone(), rec);
+            st.inflight.remove(&d);
+        }
+        self.done = true;
+        self.inflight.progress.send_modify(|p| {
+            p.written = size;
+            p.total = Some(size);
+            p.status = Status::Complete;
+        });
+        Ok(size)
+    }
+
+    fn discard(&mut self, reason: &str) {
+        std::fs::remove_file(&self.inflight.path).ok();
+        std::fs::remove_file(sidecar_path(&self.inflight.path)).ok();
+        self.fail_with(reason, false);
+    }
+
+    /// Marks the download failed; the partial file stays for a resume.
+    pub fn fail(&mut self, reason: &str) {
+        self.fail_with(reason, true)
+    }
+
+    /// Checks that the blob (size from `set_total`) fits the budget and the disk,
+    /// evicting older content if needed.
+    pub fn reserve(&self) -> Result<(), Error> {
+        match self.expected {
+            Some(total) => self.store.make_room_excluding_pub(
+                total.saturating_sub(self.offset()),
+                Some(&self.inflight.digest),
+            ),
+            None => Ok(()),
+        }
+    }
+
+    fn fail_with(&mut self, reason: &str, retryable: bool) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let d = self.inflight.digest.clone();
+        {
+            let mut st = self.store.inner.state.lock();
+            if st
+                .inflight
+                .get(&d)
+                .is_some_and(|i| Arc::ptr_eq(i, &self.inflight))
+            {
+                st.inflight.remove(&d);
+            }
+        }
+        let reason = reason.to_owned();
+        self.inflight
+            .progress
+            .send_modify(|p| p.status = Status::Failed { reason, retryable });
+    }
+}
+
+impl Drop for BlobWriter {
+    fn drop(&mut self) {
+        if !self.done {
+            // Keep what was buffered: it is already hashed and part of the resume.
+            if !self.buf.is_empty() {
+                let _ = self.inflight.file.write_all_at(&self.buf, self.written);
+            }
+            self.fail("download abandoned");
+        }
+    }
+}
