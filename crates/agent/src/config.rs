@@ -39,6 +39,29 @@ pub struct AgentConfig {
     /// A body with no bytes for this long counts as a dead connection (then resumed).
     #[serde(with = "humantime_serde_compat")]
     pub stall_timeout: Duration,
+    /// This node's name in the swarm and the inventory (default: the host name).
+    pub node_name: String,
+    /// URL other agents use to fetch pieces from this one (default: http://<listen>).
+    pub advertise: Option<String>,
+    /// Topology labels; the tracker prefers peers in the same rack, then zone.
+    pub zone: Option<String>,
+    pub rack: Option<String>,
+    /// Tracker URL; without it the agent is a plain caching mirror.
+    pub tracker: Option<String>,
+    /// Shared secret for the tracker and for peers.
+    pub cluster_token: Option<String>,
+    /// Token-bucket limits per second, e.g. "1GiB": what this node may send to peers
+    /// and receive from peers and the registry.
+    pub upload_limit: Option<String>,
+    pub download_limit: Option<String>,
+    /// Concurrent piece uploads served to peers; more get 503 and ask elsewhere.
+    pub max_uploads: usize,
+    /// Blobs below this go straight to the registry (through the cache).
+    pub p2p_threshold: String,
+    pub piece_size: String,
+    /// Test mode: serve corrupted pieces to peers (proves they are rejected).
+    #[serde(skip)]
+    pub corrupt_pieces: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -67,6 +90,18 @@ impl Default for AgentConfig {
             docker_config: None,
             connect_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(20),
+            node_name: std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "node".into()),
+            advertise: None,
+            zone: None,
+            rack: None,
+            tracker: None,
+            cluster_token: None,
+            upload_limit: None,
+            download_limit: None,
+            max_uploads: 16,
+            p2p_threshold: "4MiB".into(),
+            piece_size: "4MiB".into(),
+            corrupt_pieces: false,
         }
     }
 }

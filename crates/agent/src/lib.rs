@@ -8,6 +8,7 @@ mod blob;
 pub mod config;
 mod manifest;
 pub mod metrics;
+pub mod p2p;
 pub mod routes;
 pub mod setup;
 
@@ -50,6 +51,8 @@ pub struct Agent {
     pub store: Store,
     pub upstream: Upstream,
     pub metrics: Arc<metrics::Metrics>,
+    /// Present when a tracker is configured.
+    pub p2p: Option<Arc<p2p::P2p>>,
 }
 
 impl Agent {
@@ -96,13 +99,10 @@ impl Agent {
         }
         let store = Store::open(store_cfg)?;
         let upstream = Upstream::new(up)?;
-        let metrics = Arc::new(metrics::Metrics::default());
-        let agent = Self {
-            cfg: Arc::new(cfg),
-            store,
-            upstream,
-            metrics,
-        };
+        let mut metrics = metrics::Metrics::default();
+        let p2p = p2p::P2p::from_config(&cfg, &mut metrics.registry)?;
+        let metrics = Arc::new(metrics);
+        let agent = Self { cfg: Arc::new(cfg), store, upstream, metrics, p2p };
         agent.refresh_cache_gauges();
         Ok(agent)
     }
@@ -112,6 +112,7 @@ impl Agent {
             .route("/metrics", axum::routing::get(metrics_handler))
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/api/v1/cache", axum::routing::get(cache_handler))
+            .route("/p2p/v1/blobs/{digest}/pieces/{index}", axum::routing::get(p2p::piece_handler))
             .fallback(registry_handler)
             .with_state(self.clone())
     }
@@ -155,6 +156,26 @@ impl Agent {
         });
         let agent = self.clone();
         tokio::spawn(async move { agent.apply_pins().await });
+        if let Some(p2p) = self.p2p.clone() {
+            let agent = self.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    let mut blobs: Vec<(store::BlobRecord, oci::Digest)> =
+                        agent.store.list().into_iter().filter(|(_, r)| r.media_type.is_none() && r.size >= p2p.threshold).map(|(d, r)| (r, d)).collect();
+                    blobs.sort_by_key(|(r, _)| std::cmp::Reverse(r.last_access));
+                    blobs.truncate(10_000);
+                    if blobs.is_empty() {
+                        continue;
+                    }
+                    if let Err(e) = p2p.seeding(blobs.into_iter().map(|(r, d)| (d, r.size)).collect()).await {
+                        p2p.metrics.tracker_errors.inc();
+                        debug!(error = %e, "seeding announce failed");
+                    }
+                }
+            });
+        }
     }
 
     /// Resolves the configured `pin` references and pins their manifests.

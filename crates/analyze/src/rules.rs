@@ -385,7 +385,7 @@ impl Acc {
     }
 
     fn finish(mut self, rule: Rule, title: String, fix: &str, max: usize) -> Option<Finding> {
-        if self.files == 0 {
+        if self.files == 0 || self.bytes == 0 {
             return None;
         }
         self.examples

@@ -17,6 +17,10 @@ pub struct PullOptions {
     pub arch: String,
     /// Blobs downloaded at once.
     pub concurrency: usize,
+    /// Caps this pull's download rate (emulates a node's NIC in benchmarks).
+    pub max_bytes_per_sec: Option<u64>,
+    /// Incremented with every byte received (live progress).
+    pub progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for PullOptions {
@@ -26,6 +30,8 @@ impl Default for PullOptions {
             os: os.into(),
             arch: arch.into(),
             concurrency: 4,
+            max_bytes_per_sec: None,
+            progress: None,
         }
     }
 }
@@ -84,7 +90,8 @@ pub async fn pull(
         manifest_digest = m2.digest;
     }
     let blobs: Vec<Descriptor> = manifest.blobs().cloned().collect();
-    let results = futures::stream::iter(blobs.into_iter().map(|d| fetch_blob(up, reg, repo, d)))
+    let pacer = opts.max_bytes_per_sec.map(|r| Pacer { rate: r, started: Instant::now(), bytes: std::sync::atomic::AtomicU64::new(0) });
+    let results = futures::stream::iter(blobs.into_iter().map(|d| fetch_blob(up, reg, repo, d, pacer.as_ref(), opts.progress.as_deref())))
         .buffer_unordered(opts.concurrency.max(1))
         .collect::<Vec<_>>()
         .await;
@@ -102,11 +109,31 @@ pub async fn pull(
     })
 }
 
+/// A shared byte budget for one pull: sleeps whenever the pull is ahead of its rate.
+struct Pacer {
+    rate: u64,
+    started: Instant,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Pacer {
+    async fn take(&self, n: u64) {
+        let total = self.bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+        let due = std::time::Duration::from_secs_f64(total as f64 / self.rate as f64);
+        let elapsed = self.started.elapsed();
+        if due > elapsed {
+            tokio::time::sleep(due - elapsed).await;
+        }
+    }
+}
+
 async fn fetch_blob(
     up: &Upstream,
     reg: &str,
     repo: &str,
     desc: Descriptor,
+    pacer: Option<&Pacer>,
+    progress: Option<&std::sync::atomic::AtomicU64>,
 ) -> Result<BlobPull, Error> {
     let started = Instant::now();
     let resp = up.get_blob(reg, repo, &desc.digest, 0).await?;
@@ -119,6 +146,12 @@ async fn fetch_blob(
             first = Some(started.elapsed().as_secs_f64());
         }
         v.update(&chunk);
+        if let Some(p) = progress {
+            p.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Some(p) = pacer {
+            p.take(chunk.len() as u64).await;
+        }
         if v.len() > desc.size {
             return Err(Error::SizeMismatch {
                 expected: desc.size,

@@ -57,6 +57,39 @@ pub struct AgentArgs {
     /// Image to keep in the cache whatever GC wants (repeatable).
     #[arg(long = "pin", env = "STARLING_PIN", value_delimiter = ',')]
     pins: Vec<String>,
+    /// Tracker URL: join the P2P swarm (without it: a plain caching mirror).
+    #[arg(long, env = "STARLING_TRACKER")]
+    tracker: Option<String>,
+    /// This node's name in the swarm (default: host name).
+    #[arg(long, env = "STARLING_NODE_NAME")]
+    node_name: Option<String>,
+    /// URL peers use to reach this agent (default: http://<listen>).
+    #[arg(long, env = "STARLING_ADVERTISE")]
+    advertise: Option<String>,
+    #[arg(long, env = "STARLING_ZONE")]
+    zone: Option<String>,
+    #[arg(long, env = "STARLING_RACK")]
+    rack: Option<String>,
+    /// Shared cluster secret for the tracker and peers.
+    #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
+    cluster_token: Option<String>,
+    /// Bytes per second this node may send to peers, e.g. 1GiB.
+    #[arg(long, env = "STARLING_UPLOAD_LIMIT")]
+    upload_limit: Option<String>,
+    /// Bytes per second this node may receive from peers and the registry.
+    #[arg(long, env = "STARLING_DOWNLOAD_LIMIT")]
+    download_limit: Option<String>,
+    /// Concurrent piece uploads to peers.
+    #[arg(long, env = "STARLING_MAX_UPLOADS")]
+    max_uploads: Option<usize>,
+    /// Blobs below this size skip P2P.
+    #[arg(long, env = "STARLING_P2P_THRESHOLD")]
+    p2p_threshold: Option<String>,
+    #[arg(long, env = "STARLING_PIECE_SIZE")]
+    piece_size: Option<String>,
+    /// Test mode: serve corrupted pieces to peers.
+    #[arg(long, hide = true)]
+    corrupt_pieces: bool,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -120,6 +153,25 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
         cfg.docker_config = Some(v.clone());
     }
     cfg.pin.extend(a.pins.iter().cloned());
+    macro_rules! set_opt {
+        ($($f:ident),*) => {$( if let Some(v) = &a.$f { cfg.$f = Some(v.clone()); } )*};
+    }
+    set_opt!(tracker, advertise, zone, rack, cluster_token, upload_limit, download_limit);
+    if let Some(v) = &a.node_name {
+        cfg.node_name = v.clone();
+    }
+    if let Some(v) = a.max_uploads {
+        cfg.max_uploads = v;
+    }
+    if let Some(v) = &a.p2p_threshold {
+        crate::parse_size(v)?;
+        cfg.p2p_threshold = v.clone();
+    }
+    if let Some(v) = &a.piece_size {
+        crate::parse_size(v)?;
+        cfg.piece_size = v.clone();
+    }
+    cfg.corrupt_pieces = a.corrupt_pieces;
     Ok(cfg)
 }
 
@@ -243,5 +295,35 @@ pub async fn run_pull(a: PullArgs) -> Result<()> {
             report.bytes as f64 / 1048576.0 / report.seconds.max(1e-6)
         );
     }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct TrackerArgs {
+    #[arg(long, default_value = "127.0.0.1:7070", env = "STARLING_TRACKER_LISTEN")]
+    listen: SocketAddr,
+    /// Shared cluster secret agents must present.
+    #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
+    cluster_token: Option<String>,
+    /// Blobs below this size skip P2P.
+    #[arg(long, default_value = "4MiB")]
+    p2p_threshold: String,
+    #[arg(long, default_value = "4MiB")]
+    piece_size: String,
+    /// Peers silent for this long are no longer handed out.
+    #[arg(long, default_value = "3s")]
+    peer_ttl: humantime::Duration,
+}
+
+pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
+    let cfg = swarm::SwarmConfig {
+        min_p2p_size: crate::parse_size(&a.p2p_threshold)?,
+        piece_size: crate::parse_size(&a.piece_size)?,
+        peer_ttl_ms: std::time::Duration::from(a.peer_ttl).as_millis() as u64,
+        ..Default::default()
+    };
+    let t = tracker::Tracker::new(cfg, a.cluster_token);
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
+    t.serve(listener, crate::shutdown_signal()).await?;
     Ok(())
 }

@@ -1,333 +1,334 @@
-//! `starling demo` and `starling bench`: self-contained runs that compare Starling with
-//! the direct path in the same process, on loopback.
+//! `starling demo`: a tracker and N agents as separate processes on loopback, a
+//! synthetic training image behind an egress-limited origin playing the shared
+//! registry, every node pulling at once, compared with the direct baseline and the
+//! physical bound in the same run.
 
-use std::path::PathBuf;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
-use futures::StreamExt;
+use anyhow::{bail, Context, Result};
+use clap::Args;
 use serde::Serialize;
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct DemoArgs {
+    /// Agents (nodes) pulling at once.
+    #[arg(long, default_value_t = 8)]
+    pub nodes: usize,
     /// Image size multiplier: 1.0 ≈ 4.9 GiB CUDA-like training image; default ≈ 490 MiB.
     #[arg(long, default_value_t = 0.1)]
-    scale: f64,
-    /// Registry egress limit (plays the shared registry), per second.
-    #[arg(long, default_value = "200MiB")]
-    registry_limit: String,
-    /// Keep generated files here instead of a temporary directory.
+    pub scale: f64,
+    /// Registry egress limit per second (shared by all nodes).
+    #[arg(long, default_value = "100MiB")]
+    pub registry_limit: String,
+    /// Per-node upload and download limit per second (emulated NIC).
+    #[arg(long, default_value = "50MiB")]
+    pub node_limit: String,
+    #[arg(long, default_value = "4MiB")]
+    pub piece_size: String,
+    #[arg(long, default_value = "4MiB")]
+    pub p2p_threshold: String,
+    /// Skip the direct baseline run.
     #[arg(long)]
-    workdir: Option<PathBuf>,
+    pub no_direct: bool,
+    /// Keep generated files and logs here instead of a temporary directory.
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
     /// Print the report as one JSON object.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
 #[derive(Serialize)]
-struct PassReport {
-    name: &'static str,
+struct NodeReport {
+    node: String,
     seconds: f64,
-    registry_bytes: u64,
-    mib_per_s: f64,
-    max_first_byte_seconds: f64,
+    first_byte_seconds: f64,
+    bytes_from_peers: u64,
+    bytes_from_registry: u64,
+    bytes_uploaded: u64,
 }
 
 #[derive(Serialize)]
-struct DemoReport {
+struct Report {
+    nodes: usize,
     image_bytes: u64,
     layers: usize,
     registry_limit_bytes_per_sec: u64,
-    passes: Vec<PassReport>,
-    warm_speedup_vs_direct: f64,
-    cold_overhead_vs_direct: f64,
+    node_limit_bytes_per_sec: u64,
+    piece_size: u64,
+    registry_bytes: u64,
+    registry_bytes_ratio: f64,
+    all_nodes_seconds: f64,
+    bound_seconds: f64,
+    ratio_to_bound: f64,
+    direct_all_nodes_seconds: Option<f64>,
+    direct_registry_bytes: Option<u64>,
+    speedup_vs_direct: Option<f64>,
+    per_node: Vec<NodeReport>,
+    agent_cpu_seconds_per_gib: f64,
+    agent_peak_rss_mib_max: f64,
+}
+
+/// Children killed when the demo ends, however it ends.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
+    let f = std::fs::File::create(log)?;
+    Command::new(exe).args(args).env("STARLING_LOG", "info").stdout(Stdio::null()).stderr(f).spawn().with_context(|| format!("starting {}", exe.display()))
+}
+
+async fn wait_ready(url: &str) -> Result<()> {
+    for _ in 0..400 {
+        if reqwest::get(url).await.is_ok_and(|r| r.status().is_success()) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    bail!("{url} did not become ready")
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() as u64
+}
+
+/// (utime+stime seconds, VmHWM MiB) of a process.
+fn proc_usage(pid: u32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = fields.get(11).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0) + fields.get(12).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm = status.lines().find(|l| l.starts_with("VmHWM")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks / 100.0, hwm / 1024.0)
 }
 
 pub async fn run_demo(a: DemoArgs) -> Result<()> {
+    if a.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
     let tmp = tempfile::tempdir()?;
     let work = a.workdir.clone().unwrap_or_else(|| tmp.path().to_owned());
-    let limit = crate::parse_size(&a.registry_limit)?;
-    let layout = work.join("layout");
+    std::fs::create_dir_all(&work)?;
+    let registry_limit = crate::parse_size(&a.registry_limit)?;
+    let node_limit = crate::parse_size(&a.node_limit)?;
+    let piece_size = crate::parse_size(&a.piece_size)?;
     let say = |s: String| {
         if !a.json {
-            println!("{s}")
+            println!("{s}");
         }
     };
-    say(format!(
-        "[1/5] generating a synthetic training image (scale {}) ...",
-        a.scale
-    ));
+    say(format!("[1/6] generating a synthetic training image (scale {}) ...", a.scale));
+    let layout = work.join("layout");
     let spec = origin::SynthSpec::training(a.scale);
-    let started = Instant::now();
     let image = tokio::task::spawn_blocking({
         let layout = layout.clone();
         move || origin::generate_training_image(&layout, &spec)
     })
     .await??;
-    say(format!(
-        "      {} layers, {:.1} MiB in {:.1}s",
-        image.layers.len(),
-        image.total_bytes as f64 / 1048576.0,
-        started.elapsed().as_secs_f64()
-    ));
-    say(format!(
-        "[2/5] serving it with serve-oci behind a {}/s egress limit (the shared registry)",
-        a.registry_limit
-    ));
-    let origin = origin::bind(origin::OriginConfig {
-        layout_dir: layout,
-        listen: "127.0.0.1:0".parse()?,
-        egress_limit_bytes_per_sec: Some(limit),
-        repository: None,
-    })
-    .await?
-    .spawn();
+    let s = image.total_bytes;
+    say(format!("      {} layers, {:.1} MiB", image.layers.len(), s as f64 / 1048576.0));
+    say(format!("[2/6] registry: serve-oci behind a {}/s egress limit", a.registry_limit));
+    let origin = origin::bind(origin::OriginConfig { layout_dir: layout, listen: "127.0.0.1:0".parse()?, egress_limit_bytes_per_sec: Some(registry_limit), repository: None })
+        .await?
+        .spawn();
     let origin_host = origin.local_addr().to_string();
     let stats = origin.stats();
-    say("[3/5] starting a node agent with an empty cache".into());
-    let mut cfg = agent::AgentConfig {
-        cache_dir: work.join("agent-cache"),
-        default_registry: origin_host.clone(),
-        ..Default::default()
-    };
-    cfg.registries.insert(
-        origin_host.clone(),
-        agent::config::RegistryConfig {
-            endpoint: Some(format!("http://{origin_host}")),
-            ..Default::default()
-        },
-    );
-    let agent = agent::Agent::new(cfg)?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let agent_addr = listener.local_addr()?;
-    tokio::spawn(agent.serve(listener, std::future::pending()));
     let reference = oci::ImageReference::parse(&format!("{origin_host}/demo/train:{}", image.tag))?;
-    let mut passes = Vec::new();
-    for (name, via_agent) in [
-        ("direct from registry", false),
-        ("cold through agent", true),
-        ("warm through agent", true),
-    ] {
-        let step = match name {
-            "direct from registry" => "[4/5] pulling directly from the registry (baseline)",
-            "cold through agent" => "[5/5] pulling through the agent: cold, then warm",
-            _ => "",
-        };
-        if !step.is_empty() {
-            say(step.into());
-        }
+
+    let exe = std::env::current_exe()?;
+    let mut procs = Procs(Vec::new());
+    let token = format!("demo-{:x}", std::process::id());
+    let tport = free_port()?;
+    say(format!("[3/6] tracker on 127.0.0.1:{tport}, {} agents limited to {}/s up and down each", a.nodes, a.node_limit));
+    procs.0.push(spawn(
+        &exe,
+        &["tracker".into(), "--listen".into(), format!("127.0.0.1:{tport}"), "--cluster-token".into(), token.clone(), "--p2p-threshold".into(), a.p2p_threshold.clone(), "--piece-size".into(), a.piece_size.clone()],
+        &work.join("tracker.log"),
+    )?);
+    wait_ready(&format!("http://127.0.0.1:{tport}/healthz")).await?;
+    let mut agents = Vec::new();
+    for i in 0..a.nodes {
+        let port = free_port()?;
+        let name = format!("node-{i}");
+        let args: Vec<String> = vec![
+            "agent".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--cache-dir".into(),
+            work.join(&name).display().to_string(),
+            "--default-registry".into(),
+            origin_host.clone(),
+            "--registry-endpoint".into(),
+            format!("{origin_host}=http://{origin_host}"),
+            "--tracker".into(),
+            format!("http://127.0.0.1:{tport}"),
+            "--cluster-token".into(),
+            token.clone(),
+            "--node-name".into(),
+            name.clone(),
+            "--zone".into(),
+            "z1".into(),
+            "--rack".into(),
+            format!("r{}", i % 2),
+            "--upload-limit".into(),
+            a.node_limit.clone(),
+            "--download-limit".into(),
+            a.node_limit.clone(),
+            "--p2p-threshold".into(),
+            a.p2p_threshold.clone(),
+            "--piece-size".into(),
+            a.piece_size.clone(),
+            "--min-free".into(),
+            "0".into(),
+        ];
+        let child = spawn(&exe, &args, &work.join(format!("{name}.log")))?;
+        agents.push((name, port, child.id()));
+        procs.0.push(child);
+    }
+    for (_, port, _) in &agents {
+        wait_ready(&format!("http://127.0.0.1:{port}/healthz")).await?;
+    }
+    let before_cpu: Vec<f64> = agents.iter().map(|(_, _, pid)| proc_usage(*pid).0).collect();
+
+    say(format!("[4/6] all {} nodes pull {} at once through their agents", a.nodes, reference));
+    let progress: Vec<Arc<AtomicU64>> = (0..a.nodes).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let egress_before = stats.egress_bytes();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, (_, port, _)) in agents.iter().enumerate() {
         let mut ucfg = oci::UpstreamConfig::default();
-        let url = if via_agent {
-            format!("http://{agent_addr}")
-        } else {
-            format!("http://{origin_host}")
-        };
-        ucfg.endpoints.insert(origin_host.clone(), url);
+        ucfg.endpoints.insert(origin_host.clone(), format!("http://127.0.0.1:{port}"));
         let up = oci::Upstream::new(ucfg)?;
-        let before = stats.egress_bytes();
-        let r = oci::pull::pull(
-            &up,
-            &reference,
-            &oci::pull::PullOptions {
-                concurrency: 4,
-                ..Default::default()
-            },
-        )
-        .await
-        .with_context(|| format!("{name} pull"))?;
-        let registry_bytes = stats.egress_bytes() - before;
-        let ttfb = r
-            .blobs
-            .iter()
-            .map(|b| b.first_byte_seconds)
-            .fold(0.0, f64::max);
-        say(format!(
-            "      {name:<22} {:>7.2}s  {:>8.1} MiB/s  registry sent {:>8.1} MiB  (all {} blobs sha256-verified)",
-            r.seconds,
-            r.bytes as f64 / 1048576.0 / r.seconds.max(1e-6),
-            registry_bytes as f64 / 1048576.0,
-            r.blobs.len()
-        ));
-        passes.push(PassReport {
-            name,
+        let r = reference.clone();
+        let opts = oci::pull::PullOptions { concurrency: 4, progress: Some(progress[i].clone()), ..Default::default() };
+        tasks.push(tokio::spawn(async move { oci::pull::pull(&up, &r, &opts).await }));
+    }
+    let ticker = {
+        let progress = progress.clone();
+        let stats = stats.clone();
+        let json = a.json;
+        let total = s * a.nodes as u64;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if !json {
+                    let done: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
+                    let bars: String = progress.iter().map(|p| ["▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"][((p.load(Ordering::Relaxed) * 7) / s.max(1)).min(7) as usize]).collect();
+                    println!(
+                        "      t={:>5.1}s  nodes [{bars}]  {:>6.1}/{:.1} MiB  registry sent {:>6.1} MiB",
+                        started.elapsed().as_secs_f64(),
+                        done as f64 / 1048576.0,
+                        total as f64 / 1048576.0,
+                        (stats.egress_bytes() - egress_before) as f64 / 1048576.0
+                    );
+                }
+            }
+        })
+    };
+    let mut per_node = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let r = t.await?.with_context(|| format!("pull on {}", agents[i].0))?;
+        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", agents[i].1)).await?.text().await?;
+        per_node.push(NodeReport {
+            node: agents[i].0.clone(),
             seconds: r.seconds,
-            registry_bytes,
-            mib_per_s: r.bytes as f64 / 1048576.0 / r.seconds.max(1e-6),
-            max_first_byte_seconds: ttfb,
+            // Time to first byte of the largest blob: what a cold non-seeding node waits.
+            first_byte_seconds: r.blobs.iter().max_by_key(|b| b.bytes).map_or(0.0, |b| b.first_byte_seconds),
+            bytes_from_peers: metric(&text, "starling_agent_p2p_peer_bytes_total"),
+            bytes_from_registry: metric(&text, "starling_agent_upstream_bytes_total"),
+            bytes_uploaded: metric(&text, "starling_agent_p2p_upload_bytes_total"),
         });
     }
-    let report = DemoReport {
-        image_bytes: image.total_bytes,
+    let all_nodes = started.elapsed().as_secs_f64();
+    ticker.abort();
+    let registry_bytes = stats.egress_bytes() - egress_before;
+    let usage: Vec<(f64, f64)> = agents.iter().map(|(_, _, pid)| proc_usage(*pid)).collect();
+    let cpu: f64 = usage.iter().zip(&before_cpu).map(|(u, b)| u.0 - b).sum();
+    let rss_max = usage.iter().map(|u| u.1).fold(0.0, f64::max);
+    drop(procs);
+
+    let n = a.nodes as f64;
+    let (sf, ur, un) = (s as f64, registry_limit as f64, node_limit as f64);
+    let bound = (sf / ur).max(sf / un).max(n * sf / (ur + n * un));
+    say(format!("[5/6] P2P: all nodes done in {all_nodes:.2}s; registry sent {:.2}× the image", registry_bytes as f64 / sf));
+
+    let (mut direct_secs, mut direct_bytes) = (None, None);
+    if !a.no_direct {
+        say(format!("[6/6] baseline: the same {} nodes pull directly from the registry (each limited to {}/s)", a.nodes, a.node_limit));
+        let before = stats.egress_bytes();
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..a.nodes {
+            let mut ucfg = oci::UpstreamConfig::default();
+            ucfg.endpoints.insert(origin_host.clone(), format!("http://{origin_host}"));
+            let up = oci::Upstream::new(ucfg)?;
+            let r = reference.clone();
+            let opts = oci::pull::PullOptions { concurrency: 4, max_bytes_per_sec: Some(node_limit), ..Default::default() };
+            tasks.push(tokio::spawn(async move { oci::pull::pull(&up, &r, &opts).await }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        direct_secs = Some(started.elapsed().as_secs_f64());
+        direct_bytes = Some(stats.egress_bytes() - before);
+    }
+    let report = Report {
+        nodes: a.nodes,
+        image_bytes: s,
         layers: image.layers.len(),
-        registry_limit_bytes_per_sec: limit,
-        warm_speedup_vs_direct: passes[0].seconds / passes[2].seconds.max(1e-6),
-        cold_overhead_vs_direct: passes[1].seconds / passes[0].seconds.max(1e-6),
-        passes,
+        registry_limit_bytes_per_sec: registry_limit,
+        node_limit_bytes_per_sec: node_limit,
+        piece_size,
+        registry_bytes,
+        registry_bytes_ratio: registry_bytes as f64 / sf,
+        all_nodes_seconds: all_nodes,
+        bound_seconds: bound,
+        ratio_to_bound: all_nodes / bound,
+        direct_all_nodes_seconds: direct_secs,
+        direct_registry_bytes: direct_bytes,
+        speedup_vs_direct: direct_secs.map(|d| d / all_nodes),
+        agent_cpu_seconds_per_gib: cpu / (n * sf / (1u64 << 30) as f64),
+        agent_peak_rss_mib_max: rss_max,
+        per_node,
     };
     if a.json {
         println!("{}", serde_json::to_string(&report)?);
-    } else {
+        return Ok(());
+    }
+    println!("\n  node      seconds  first byte  from peers  from registry  uploaded");
+    for p in &report.per_node {
         println!(
-            "\nresult: cold pull through the agent took {:.2}× the direct time; warm pull was {:.1}× faster than direct and the registry sent {} bytes for it.",
-            report.cold_overhead_vs_direct, report.warm_speedup_vs_direct, report.passes[2].registry_bytes
+            "  {:<8} {:>8.2} {:>10.2}s {:>8.1} MiB {:>10.1} MiB {:>7.1} MiB",
+            p.node,
+            p.seconds,
+            p.first_byte_seconds,
+            p.bytes_from_peers as f64 / 1048576.0,
+            p.bytes_from_registry as f64 / 1048576.0,
+            p.bytes_uploaded as f64 / 1048576.0
         );
-        println!("(the multi-node P2P swarm demo arrives with the tracker; see README)");
     }
-    drop(origin);
-    Ok(())
-}
-
-#[derive(Subcommand)]
-pub enum BenchCmd {
-    /// Mirror benchmarks against a running docker-registry (see scripts/bench-mirror).
-    Mirror(MirrorBenchArgs),
-    /// Write an OCI layout with incompressible layers of the given sizes (bench input).
-    Synth {
-        /// Output directory.
-        #[arg(long)]
-        dir: PathBuf,
-        /// Layer sizes, e.g. 1GiB,1GiB.
-        #[arg(long, value_delimiter = ',')]
-        layers: Vec<String>,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
-}
-
-#[derive(Args)]
-pub struct MirrorBenchArgs {
-    /// Base URL of the registry, e.g. http://127.0.0.1:5000.
-    #[arg(long)]
-    registry: String,
-    /// Base URL of the agent mirroring it.
-    #[arg(long)]
-    agent: String,
-    /// Repository holding the blobs.
-    #[arg(long)]
-    repo: String,
-    /// Blob digest(s) to fetch (repeatable).
-    #[arg(long = "blob", required = true)]
-    blobs: Vec<String>,
-    /// What to measure: cached (a), cold (b), concurrent (d).
-    #[arg(long, default_value = "cached")]
-    mode: String,
-    /// Concurrent clients.
-    #[arg(long, default_value_t = 1)]
-    clients: usize,
-    /// Repetitions per client.
-    #[arg(long, default_value_t = 1)]
-    rounds: usize,
-    /// Measure only one side: registry or agent.
-    #[arg(long)]
-    only: Option<String>,
-    /// One concurrent client per blob (instead of every client fetching every blob).
-    #[arg(long)]
-    each: bool,
-}
-
-/// Fetches blobs from one base URL with `clients` concurrent clients and reports bytes,
-/// seconds and errors (each body checked for its length and digest).
-async fn fetch_all(
-    base: &str,
-    repo: &str,
-    blobs: &[String],
-    clients: usize,
-    rounds: usize,
-    each: bool,
-) -> (u64, f64, usize) {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(clients.max(1))
-        .build()
-        .unwrap_or_default();
-    let started = Instant::now();
-    let groups: Vec<Vec<String>> = if each {
-        blobs.iter().map(|b| vec![b.clone()]).collect()
-    } else {
-        (0..clients).map(|_| blobs.to_vec()).collect()
-    };
-    let tasks = groups.into_iter().map(|group| {
-        let client = client.clone();
-        let urls: Vec<(String, String)> = group
-            .iter()
-            .map(|b| (format!("{base}/v2/{repo}/blobs/{b}"), b.clone()))
-            .collect();
-        async move {
-            let (mut bytes, mut errors) = (0u64, 0usize);
-            for _ in 0..rounds {
-                for (u, d) in &urls {
-                    let Ok(digest) = oci::Digest::parse(d) else {
-                        errors += 1;
-                        continue;
-                    };
-                    match client.get(u).send().await {
-                        Ok(r) if r.status().is_success() => {
-                            let mut v = oci::Verifier::new(digest);
-                            let mut s = r.bytes_stream();
-                            let mut ok = true;
-                            while let Some(c) = s.next().await {
-                                match c {
-                                    Ok(c) => v.update(&c),
-                                    Err(_) => {
-                                        ok = false;
-                                        break;
-                                    }
-                                }
-                            }
-                            bytes += v.len();
-                            if !ok || v.finish().is_err() {
-                                errors += 1;
-                            }
-                        }
-                        _ => errors += 1,
-                    }
-                }
-            }
-            (bytes, errors)
-        }
-    });
-    let results = futures::future::join_all(tasks).await;
-    let secs = started.elapsed().as_secs_f64();
-    let bytes = results.iter().map(|r| r.0).sum();
-    let errors = results.iter().map(|r| r.1).sum();
-    (bytes, secs, errors)
-}
-
-pub async fn run_bench(b: BenchCmd) -> Result<()> {
-    let a = match b {
-        BenchCmd::Mirror(a) => a,
-        BenchCmd::Synth { dir, layers, seed } => {
-            let layers = layers
-                .iter()
-                .enumerate()
-                .map(|(i, s)| Ok((format!("layer{i}"), crate::parse_size(s)?)))
-                .collect::<Result<Vec<_>>>()?;
-            let spec = origin::SynthSpec {
-                layers,
-                seed,
-                tag: "bench".into(),
-            };
-            let img =
-                tokio::task::spawn_blocking(move || origin::generate_training_image(&dir, &spec))
-                    .await??;
-            println!(
-                "{}",
-                serde_json::json!({"manifest": img.manifest_digest, "layers": img.layers.iter().map(|l| serde_json::json!({"digest": l.digest, "size": l.size})).collect::<Vec<_>>()})
-            );
-            return Ok(());
-        }
-    };
-    let mut out = serde_json::Map::new();
-    for (name, base) in [("registry", &a.registry), ("agent", &a.agent)] {
-        if a.only.as_deref().is_some_and(|o| o != name) {
-            continue;
-        }
-        let (bytes, secs, errors) =
-            fetch_all(base, &a.repo, &a.blobs, a.clients, a.rounds, a.each).await;
-        let mibs = bytes as f64 / 1048576.0 / secs.max(1e-9);
-        println!("{name:<9} mode={} clients={} bytes={bytes} seconds={secs:.3} MiB/s={mibs:.1} errors={errors}", a.mode, a.clients);
-        out.insert(name.into(), serde_json::json!({"bytes": bytes, "seconds": secs, "mib_per_s": mibs, "errors": errors}));
+    println!("\n  image                 {:.1} MiB in {} layers", sf / 1048576.0, report.layers);
+    println!("  all nodes (P2P)       {:.2} s   = {:.2} × the bound T* = {:.2} s", all_nodes, report.ratio_to_bound, bound);
+    println!("  registry egress       {:.1} MiB = {:.3} × the image", registry_bytes as f64 / 1048576.0, report.registry_bytes_ratio);
+    if let (Some(d), Some(b)) = (direct_secs, direct_bytes) {
+        println!("  direct baseline       {:.2} s, registry sent {:.2} × the image  → P2P is {:.1}× faster", d, b as f64 / sf, d / all_nodes);
     }
-    println!("{}", serde_json::Value::Object(out));
+    println!("  agent CPU             {:.2} CPU-seconds per GiB delivered; peak RSS {:.1} MiB", report.agent_cpu_seconds_per_gib, rss_max);
     Ok(())
 }

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod agent_cmd;
+mod bench;
 mod demo;
 mod setup_cmd;
 
@@ -26,10 +27,16 @@ struct Cli {
 enum Command {
     /// Run the node agent: a caching, streaming registry mirror for containerd, Docker and skopeo.
     Agent(agent_cmd::AgentArgs),
+    /// Run the tracker: swarm membership, registry-fetch election, peer handout.
+    Tracker(agent_cmd::TrackerArgs),
     /// Serve an OCI image layout directory read-only as a registry (air-gapped origin).
     ServeOci(agent_cmd::ServeOciArgs),
     /// Pull an image through a registry or mirror with digest verification, and report timings.
     Pull(agent_cmd::PullArgs),
+    /// Show what bloats an image and what each update costs to ship.
+    Analyze(analyze::cli::AnalyzeArgs),
+    /// Compare two images: shared layers, bytes to fetch, content reused at file level.
+    Diff(analyze::cli::DiffArgs),
     /// Point container runtimes at the agent.
     #[command(subcommand)]
     Setup(setup_cmd::SetupCmd),
@@ -37,7 +44,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Benchmarks that compare against a baseline in the same run.
     #[command(subcommand)]
-    Bench(demo::BenchCmd),
+    Bench(bench::BenchCmd),
 }
 
 fn init_logging(filter: &str, json: bool) {
@@ -73,11 +80,15 @@ fn main() -> std::process::ExitCode {
     let result: Result<i32> = rt.block_on(async move {
         match cli.command {
             Command::Agent(a) => agent_cmd::run_agent(a).await.map(|_| 0),
+            Command::Tracker(a) => agent_cmd::run_tracker(a).await.map(|_| 0),
             Command::ServeOci(a) => agent_cmd::run_serve_oci(a).await.map(|_| 0),
             Command::Pull(a) => agent_cmd::run_pull(a).await.map(|_| 0),
             Command::Setup(s) => setup_cmd::run(s).map(|_| 0),
+            // The analyzer blocks (it runs its own threads and, for registries, its own runtime).
+            Command::Analyze(a) => tokio::task::spawn_blocking(move || analyze::cli::run_analyze(&a)).await?.map_err(anyhow::Error::from),
+            Command::Diff(a) => tokio::task::spawn_blocking(move || analyze::cli::run_diff(&a)).await?.map_err(anyhow::Error::from),
             Command::Demo(d) => demo::run_demo(d).await.map(|_| 0),
-            Command::Bench(b) => demo::run_bench(b).await.map(|_| 0),
+            Command::Bench(b) => bench::run_bench(b).await.map(|_| 0),
         }
     });
     match result {

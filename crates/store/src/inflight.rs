@@ -169,6 +169,11 @@ pub fn read_inflight(
     )
 }
 
+/// Reads exactly `len` bytes at `pos` (blocking; run it on the blocking pool).
+pub fn read_exact_at_pub(file: &File, pos: u64, len: usize) -> std::io::Result<Bytes> {
+    read_exact_at(file, pos, len)
+}
+
 pub(crate) fn read_exact_at(file: &File, pos: u64, len: usize) -> std::io::Result<Bytes> {
     let mut buf = vec![0u8; len];
     let mut filled = 0;

@@ -21,11 +21,15 @@ pub struct SchedulerConfig {
     pub read_head: u32,
     /// Endgame starts when at most this many pieces are missing.
     pub endgame: u32,
+    /// Per-node seed for ordering pieces of equal rarity. Nodes that start together
+    /// would otherwise all ask the source for the same piece; with distinct orders
+    /// each gets different pieces first and they trade them among themselves.
+    pub seed: u64,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self { max_inflight_per_peer: 3, max_inflight_total: 12, read_head: 2, endgame: 4 }
+        Self { max_inflight_per_peer: 3, max_inflight_total: 12, read_head: 1, endgame: 4, seed: 0 }
     }
 }
 
@@ -110,7 +114,8 @@ impl PieceScheduler {
             .map(|i| (i, self.peers.values().filter(|s| Self::holds(s, i)).count()))
             .filter(|(_, holders)| *holders > 0)
             .collect();
-        candidates.sort_by_key(|&(i, holders)| (!head.contains(&i), holders, i));
+        let seed = self.cfg.seed;
+        candidates.sort_by_key(|&(i, holders)| (!head.contains(&i), holders, mix(seed, i)));
         for (piece, _) in candidates {
             if self.inflight_count() >= self.cfg.max_inflight_total {
                 break;
@@ -196,6 +201,19 @@ impl PieceScheduler {
     }
 }
 
+/// A cheap bijective mix of (seed, piece) for per-node piece orders (splitmix64).
+fn mix(seed: u64, i: u32) -> u64 {
+    let mut z = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A stable seed for a node name.
+pub fn seed_for(node: &str) -> u64 {
+    node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,7 +228,7 @@ mod tests {
 
     #[test]
     fn read_head_then_rarest_first_with_per_peer_limits() {
-        let mut s = PieceScheduler::new(Bitfield::new(8), SchedulerConfig { max_inflight_per_peer: 2, max_inflight_total: 10, read_head: 1, endgame: 0 });
+        let mut s = PieceScheduler::new(Bitfield::new(8), SchedulerConfig { max_inflight_per_peer: 2, max_inflight_total: 10, read_head: 1, endgame: 0, seed: 0 });
         s.set_peer("a", None, 2);
         s.set_peer("b", Some(bits(8, &[0, 1, 2, 3])), 0);
         s.set_peer("c", Some(bits(8, &[0, 1, 2, 3])), 0);
@@ -219,9 +237,21 @@ mod tests {
         assert_eq!(reqs[0].piece, 0);
         let pieces: Vec<u32> = reqs.iter().map(|r| r.piece).collect();
         assert_eq!(pieces.len(), 6, "3 peers × 2 in flight");
-        assert!(pieces.contains(&4) && pieces.contains(&5));
         assert_eq!(reqs.iter().filter(|r| r.peer == "a").count(), 2);
         assert!(reqs.iter().filter(|r| r.peer == "a").all(|r| r.piece >= 4), "the only holder of rare pieces serves rare pieces");
+    }
+
+    #[test]
+    fn nodes_starting_together_ask_the_source_for_different_pieces() {
+        let firsts: std::collections::HashSet<u32> = (0..8)
+            .map(|n| {
+                let cfg = SchedulerConfig { read_head: 0, max_inflight_per_peer: 1, seed: seed_for(&format!("node-{n}")), ..Default::default() };
+                let mut s = PieceScheduler::new(Bitfield::new(64), cfg);
+                s.set_peer("source", None, 0);
+                s.next_requests()[0].piece
+            })
+            .collect();
+        assert!(firsts.len() >= 6, "8 nodes should mostly start on different pieces: {firsts:?}");
     }
 
     #[test]

@@ -1,0 +1,176 @@
+//! The agent as a swarm peer: announcing to the tracker, serving verified pieces to
+//! other agents, and downloading blobs piece by piece from peers (and, when elected,
+//! from the registry).
+
+mod download;
+mod serve;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use origin::TokenBucket;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use swarm::{AnnounceRequest, AnnounceResponse, Topology};
+use tokio::sync::Semaphore;
+
+pub(crate) use download::{start, Start};
+pub(crate) use serve::piece_handler;
+
+use crate::config::{parse_size, AgentConfig};
+use crate::Error;
+
+pub struct P2pMetrics {
+    pub peer_bytes: Counter,
+    pub registry_bytes: Counter,
+    pub upload_bytes: Counter,
+    pub pieces_rejected: Counter,
+    pub pieces_from_peers: Counter,
+    pub uploads_refused: Counter,
+    pub tracker_errors: Counter,
+    pub swarm_peers: Gauge,
+    pub source_roles: Counter,
+}
+
+impl P2pMetrics {
+    fn register(r: &mut prometheus_client::registry::Registry) -> Self {
+        let m = Self {
+            peer_bytes: Counter::default(),
+            registry_bytes: Counter::default(),
+            upload_bytes: Counter::default(),
+            pieces_rejected: Counter::default(),
+            pieces_from_peers: Counter::default(),
+            uploads_refused: Counter::default(),
+            tracker_errors: Counter::default(),
+            swarm_peers: Gauge::default(),
+            source_roles: Counter::default(),
+        };
+        r.register("p2p_peer_bytes", "Blob bytes received from peers (registry bytes saved)", m.peer_bytes.clone());
+        r.register("p2p_registry_bytes", "Blob bytes this agent fetched from the registry as a swarm source", m.registry_bytes.clone());
+        r.register("p2p_upload_bytes", "Piece bytes served to peers", m.upload_bytes.clone());
+        r.register("p2p_pieces_rejected", "Pieces from peers that failed their hash", m.pieces_rejected.clone());
+        r.register("p2p_pieces_from_peers", "Verified pieces received from peers", m.pieces_from_peers.clone());
+        r.register("p2p_uploads_refused", "Piece requests refused because of the upload cap", m.uploads_refused.clone());
+        r.register("p2p_tracker_errors", "Failed tracker requests", m.tracker_errors.clone());
+        r.register("p2p_swarm_peers", "Peers in the most recent tracker answer", m.swarm_peers.clone());
+        r.register("p2p_source_roles", "Times this agent was elected to fetch a blob from the registry", m.source_roles.clone());
+        m
+    }
+}
+
+pub struct P2p {
+    pub node: String,
+    pub addr: String,
+    pub topology: Topology,
+    tracker: String,
+    token: Option<String>,
+    http: reqwest::Client,
+    pub(crate) upload: Option<TokenBucket>,
+    pub(crate) download: Option<TokenBucket>,
+    pub(crate) uploads: Semaphore,
+    pub threshold: u64,
+    pub piece_size: u64,
+    pub(crate) corrupt: bool,
+    pub metrics: P2pMetrics,
+}
+
+impl P2p {
+    pub(crate) fn from_config(cfg: &AgentConfig, registry: &mut prometheus_client::registry::Registry) -> Result<Option<Arc<Self>>, Error> {
+        let Some(tracker) = &cfg.tracker else { return Ok(None) };
+        let limit = |s: &Option<String>| -> Result<Option<TokenBucket>, Error> {
+            s.as_deref().map(|v| parse_size(v).map(TokenBucket::new).map_err(Error::Config)).transpose()
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .pool_max_idle_per_host(8)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| Error::Config(format!("http client: {e}")))?;
+        Ok(Some(Arc::new(Self {
+            node: cfg.node_name.clone(),
+            addr: cfg.advertise.clone().unwrap_or_else(|| format!("http://{}", cfg.listen)),
+            topology: Topology { zone: cfg.zone.clone(), rack: cfg.rack.clone() },
+            tracker: tracker.trim_end_matches('/').to_owned(),
+            token: cfg.cluster_token.clone(),
+            http,
+            upload: limit(&cfg.upload_limit)?,
+            download: limit(&cfg.download_limit)?,
+            uploads: Semaphore::new(cfg.max_uploads.max(1)),
+            threshold: parse_size(&cfg.p2p_threshold).map_err(Error::Config)?,
+            piece_size: parse_size(&cfg.piece_size).map_err(Error::Config)?,
+            corrupt: cfg.corrupt_pieces,
+            metrics: P2pMetrics::register(registry),
+        })))
+    }
+
+    fn authed(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => rb.bearer_auth(t),
+            None => rb,
+        }
+    }
+
+    pub(crate) fn token_ok(&self, header: Option<&str>) -> bool {
+        match &self.token {
+            None => true,
+            Some(want) => {
+                let given = header.and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
+                given.len() == want.len() && given.bytes().zip(want.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+            }
+        }
+    }
+
+    pub(crate) async fn announce(&self, req: &AnnounceRequest) -> Result<AnnounceResponse, String> {
+        let r = self
+            .authed(self.http.post(format!("{}/swarm/v1/announce", self.tracker)).json(req))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !r.status().is_success() {
+            return Err(format!("tracker answered {}", r.status()));
+        }
+        r.json().await.map_err(|e| e.to_string())
+    }
+
+    /// Tells the tracker which complete blobs this node can serve.
+    pub(crate) async fn seeding(&self, blobs: Vec<(oci::Digest, u64)>) -> Result<(), String> {
+        let body = serde_json::json!({
+            "node": self.node, "addr": self.addr, "topology": self.topology,
+            "blobs": blobs.iter().map(|(d, s)| serde_json::json!({"digest": d, "size": s})).collect::<Vec<_>>(),
+        });
+        let r = self
+            .authed(self.http.post(format!("{}/swarm/v1/seeding", self.tracker)).json(&body))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("tracker answered {}", r.status()))
+        }
+    }
+
+    pub(crate) async fn fetch_piece(&self, peer_addr: &str, d: &oci::Digest, piece: u32, piece_size: u64) -> Result<bytes::Bytes, String> {
+        use futures::StreamExt;
+        let url = format!("{}/p2p/v1/blobs/{d}/pieces/{piece}?piece_size={piece_size}", peer_addr.trim_end_matches('/'));
+        let r = self.authed(self.http.get(url)).timeout(Duration::from_secs(30)).send().await.map_err(|e| e.to_string())?;
+        if !r.status().is_success() {
+            return Err(format!("peer answered {}", r.status()));
+        }
+        let mut buf = Vec::with_capacity(piece_size as usize);
+        let mut s = r.bytes_stream();
+        while let Some(c) = s.next().await {
+            let c = c.map_err(|e| e.to_string())?;
+            if let Some(l) = &self.download {
+                l.acquire(c.len() as u64).await;
+            }
+            buf.extend_from_slice(&c);
+            if buf.len() as u64 > piece_size {
+                return Err("peer sent more than a piece".into());
+            }
+        }
+        Ok(bytes::Bytes::from(buf))
+    }
+}

@@ -1,0 +1,87 @@
+//! Serving pieces to other agents: only bytes that are verified (a complete blob) or a
+//! piece this agent has written after verifying it (a partial blob in piece mode, or
+//! the flushed prefix of a registry stream).
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::response::Response;
+use http::{header, HeaderMap, StatusCode};
+use serde::Deserialize;
+
+use crate::Agent;
+
+#[derive(Deserialize)]
+pub(crate) struct PieceQuery {
+    piece_size: u64,
+}
+
+fn status(code: StatusCode, msg: &str) -> Response {
+    Response::builder()
+        .status(code)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(serde_json::json!({ "error": msg }).to_string()))
+        .unwrap_or_default()
+}
+
+pub(crate) async fn piece_handler(State(agent): State<Agent>, Path((digest, index)): Path<(String, u32)>, Query(q): Query<PieceQuery>, headers: HeaderMap) -> Response {
+    let Some(p2p) = agent.p2p.clone() else { return status(StatusCode::NOT_FOUND, "p2p disabled") };
+    if !p2p.token_ok(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())) {
+        return status(StatusCode::UNAUTHORIZED, "missing or wrong cluster token");
+    }
+    let Ok(d) = oci::Digest::parse(&digest) else { return status(StatusCode::BAD_REQUEST, "invalid digest") };
+    if q.piece_size < (64 << 10) || q.piece_size > (1 << 30) {
+        return status(StatusCode::BAD_REQUEST, "piece_size out of range");
+    }
+    let Ok(_permit) = p2p.uploads.try_acquire() else {
+        p2p.metrics.uploads_refused.inc();
+        return status(StatusCode::SERVICE_UNAVAILABLE, "upload slots full");
+    };
+    let start = index as u64 * q.piece_size;
+    let data = match agent.store.open_complete(&d) {
+        Ok(Some(open)) => {
+            if start >= open.size {
+                return status(StatusCode::RANGE_NOT_SATISFIABLE, "piece beyond blob");
+            }
+            let len = (open.size - start).min(q.piece_size) as usize;
+            let file = open.file.clone();
+            let path = open.path.clone();
+            match tokio::task::spawn_blocking(move || store::inflight::read_exact_at_pub(&file, start, len)).await {
+                Ok(Ok(b)) => b,
+                _ => return status(StatusCode::INTERNAL_SERVER_ERROR, &format!("cannot read {}", path.display())),
+            }
+        }
+        _ => match agent.store.inflight(&d) {
+            Some(inf) if inf.has_piece(q.piece_size, index) => {
+                let total = inf.progress().total.unwrap_or(0);
+                if start >= total {
+                    return status(StatusCode::RANGE_NOT_SATISFIABLE, "piece beyond blob");
+                }
+                let len = (total - start).min(q.piece_size) as usize;
+                match inf.read_at(start, len).await {
+                    Ok(b) => b,
+                    Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+                }
+            }
+            _ => return status(StatusCode::NOT_FOUND, "piece not held"),
+        },
+    };
+    let data = if p2p.corrupt {
+        let mut v = data.to_vec();
+        let mid = v.len() / 2;
+        if let Some(b) = v.get_mut(mid) {
+            *b ^= 0x5a;
+        }
+        bytes::Bytes::from(v)
+    } else {
+        data
+    };
+    if let Some(l) = &p2p.upload {
+        l.acquire(data.len() as u64).await;
+    }
+    p2p.metrics.upload_bytes.inc_by(data.len() as u64);
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, data.len())
+        .body(Body::from(data))
+        .unwrap_or_default()
+}

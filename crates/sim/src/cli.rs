@@ -1,0 +1,126 @@
+//! `starling sim`: run a scenario, print a table or JSON, write SVG charts.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::report::{self, Report, SweepPoint};
+use crate::scenario::Scenario;
+use crate::Error;
+
+#[derive(Clone, Debug, clap::Args)]
+#[command(about = "Simulate pulling an image onto N nodes with each strategy (drives the real tracker and piece scheduler)")]
+pub struct SimArgs {
+    /// Scenario file (TOML), e.g. scenarios/swarm16.toml.
+    pub scenario: PathBuf,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write SVG charts (time-to-ready CDF; time vs nodes with a sweep) into this directory.
+    #[arg(long)]
+    pub svg_dir: Option<PathBuf>,
+    /// Override the job's node count.
+    #[arg(long)]
+    pub nodes: Option<usize>,
+    /// Run only these strategies (by name; repeatable).
+    #[arg(long = "strategy")]
+    pub strategies: Vec<String>,
+    /// Override the piece size (e.g. 64MiB): coarser pieces make huge scenarios faster.
+    #[arg(long)]
+    pub piece_size: Option<String>,
+    /// Override the rate-recompute quantum in ms (0 = exact event-driven).
+    #[arg(long)]
+    pub quantum_ms: Option<f64>,
+    /// Job sizes for the time-vs-nodes chart, e.g. 16,64,256 (overrides the scenario's).
+    #[arg(long, value_delimiter = ',')]
+    pub sweep: Option<Vec<usize>>,
+}
+
+/// Loads the scenario with the command line's overrides applied.
+pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
+    let mut sc = Scenario::load(&args.scenario)?;
+    if let Some(n) = args.nodes {
+        sc.job.nodes = n;
+        if sc.cluster.nodes.is_some_and(|c| c < n) {
+            sc.cluster.nodes = Some(n);
+        }
+    }
+    if let Some(p) = &args.piece_size {
+        sc.starling.piece_size = crate::scenario::Bytes(crate::scenario::parse_bytes(p).map_err(Error::Scenario)?);
+    }
+    if let Some(q) = args.quantum_ms {
+        sc.sim.quantum_ms = q;
+    }
+    if let Some(s) = &args.sweep {
+        sc.job.sweep_nodes = s.clone();
+    }
+    if !args.strategies.is_empty() {
+        let names: Vec<String> = sc.strategies.iter().map(|s| s.label()).collect();
+        for want in &args.strategies {
+            if !names.contains(want) {
+                return Err(Error::Scenario(format!("no strategy `{want}` (have: {})", names.join(", "))));
+            }
+        }
+        sc.strategies.retain(|s| args.strategies.contains(&s.label()));
+    }
+    sc.validate()?;
+    Ok(sc)
+}
+
+/// Runs every strategy of the scenario (and the sweep) and builds the report.
+pub fn simulate_all(sc: &Scenario) -> Result<Report, Error> {
+    let wall = Instant::now();
+    let n = sc.job.nodes;
+    let mut results = Vec::new();
+    for spec in &sc.strategies {
+        let plan = crate::strategy::Plan::new(sc, spec, n);
+        let bytes: f64 = plan.job.iter().map(|&j| sc.image.layers.iter().zip(&plan.holds[j as usize]).filter(|(_, h)| !**h).map(|(l, _)| l.size.0 as f64).sum::<f64>()).sum::<f64>() / n as f64;
+        let o = crate::engine::Engine::new(sc, &plan).run()?;
+        results.push(report::result(sc, spec, n, o, bytes));
+    }
+    let mut sweep = Vec::new();
+    for &m in &sc.job.sweep_nodes {
+        let mut s2 = sc.clone();
+        s2.job.nodes = m;
+        if s2.cluster.nodes.is_some_and(|c| c < m) {
+            s2.cluster.nodes = Some(m);
+        }
+        for spec in &sc.strategies {
+            let o = crate::engine::simulate(&s2, spec, m)?;
+            let mut r = o.ready_s.clone();
+            r.sort_by(f64::total_cmp);
+            sweep.push(SweepPoint { strategy: spec.label(), nodes: m, p50_s: report::percentile(&r, 50.0), max_s: r.last().copied().unwrap_or(f64::NAN), registry_bytes: o.registry_bytes });
+        }
+    }
+    Ok(Report {
+        scenario: if sc.name.is_empty() { "scenario".into() } else { sc.name.clone() },
+        description: sc.description.clone(),
+        nodes: n,
+        image_bytes: sc.image.layers.iter().map(|l| l.size.0).sum(),
+        piece_size: sc.starling.piece_size.0,
+        quantum_ms: sc.sim.quantum_ms,
+        results,
+        sweep,
+        wall_s: wall.elapsed().as_secs_f64(),
+        peak_rss_kib: report::peak_rss_kib(),
+    })
+}
+
+/// The `starling sim` entry point. Returns the process exit code (1 when some node
+/// never became ready).
+pub fn run(args: &SimArgs) -> Result<i32, Error> {
+    let sc = load(args)?;
+    let rep = simulate_all(&sc)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rep).map_err(|e| Error::Io(e.to_string()))?);
+    } else {
+        print!("{}", rep.table());
+    }
+    if let Some(dir) = &args.svg_dir {
+        for p in rep.write_svgs(dir)? {
+            if !args.json {
+                println!("wrote {}", p.display());
+            }
+        }
+    }
+    Ok(if rep.results.iter().any(|r| r.stuck_nodes > 0) { 1 } else { 0 })
+}

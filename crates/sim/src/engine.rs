@@ -1,0 +1,653 @@
+//! The event loop: nodes arrive, pull layers (direct, through the shared cache, or
+//! through the swarm driven by the real `TrackerState` and `PieceScheduler`), flows
+//! share bandwidth max-min fairly, completions trigger the next requests.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::Instant;
+
+use oci::Digest;
+use swarm::pieces::piece_size_for;
+use swarm::scheduler::SchedulerConfig;
+use swarm::{AnnounceRequest, Bitfield, PieceLayout, PieceScheduler, Role, SwarmConfig, TrackerState};
+
+use crate::flow::{FlowPath, Solver};
+use crate::model::{Network, Origin};
+use crate::scenario::{Scenario, Transport};
+use crate::strategy::Plan;
+use crate::Error;
+
+const REGISTRY_PEER: &str = "registry";
+
+/// What one simulated run measured.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Time-to-ready per job node (seconds after the job starts; includes arrival
+    /// offset and `start_overhead_s`).
+    pub ready_s: Vec<f64>,
+    pub registry_bytes: f64,
+    pub cache_bytes: f64,
+    pub p2p_bytes: f64,
+    pub cross_rack_bytes: f64,
+    pub source_elections: u32,
+    pub announces: u64,
+    pub steps: u64,
+    pub piece_transfers: u64,
+    pub wall_s: f64,
+    pub tracker_wall_s: f64,
+    pub scheduler_wall_s: f64,
+    pub solver_wall_s: f64,
+    /// Nodes that never became ready (stopped at `max_seconds` or stuck).
+    pub stuck: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// A whole layer from the registry (direct pull).
+    Whole { slot: u32, layer: u32 },
+    /// One piece of the source's sequential registry stream.
+    RegPiece { slot: u32, layer: u32, piece: u32 },
+    /// One piece between agents.
+    Piece { slot: u32, layer: u32, piece: u32, from: u32 },
+    /// The shared cache filling from the registry.
+    CacheFill { layer: u32, piece: u32 },
+    /// A node reading one piece from the shared cache.
+    CacheRead { slot: u32, layer: u32, piece: u32 },
+}
+
+struct Flow {
+    path: FlowPath,
+    remaining: f64,
+    bytes: f64,
+    kind: Kind,
+    cross_rack: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Timer {
+    Arrive(u32),
+    Announce { slot: u32, layer: u32 },
+    Heartbeat { slot: u32, layer: u32 },
+    Start(Kind),
+}
+
+#[derive(Default)]
+struct Pull {
+    active: bool,
+    done: bool,
+    sched: Option<PieceScheduler>,
+    layout: Option<PieceLayout>,
+    streaming: bool,
+    direct: bool,
+    known_hashes: u32,
+    hashes_sent: u32,
+    /// Cache read cursor.
+    cursor: u32,
+}
+
+struct NodeState {
+    node: u32,
+    job: bool,
+    queue: Vec<u32>,
+    active: usize,
+    left: usize,
+    ready: Option<f64>,
+}
+
+pub struct Engine<'a> {
+    sc: &'a Scenario,
+    net: Network,
+    transport: Transport,
+    tracker: TrackerState,
+    sched_cfg: SchedulerConfig,
+    names: Vec<String>,
+    digests: Vec<Digest>,
+    sizes: Vec<u64>,
+    piece_size: Vec<u64>,
+    nodes: Vec<NodeState>,
+    pulls: Vec<Pull>,
+    layers: usize,
+    flows: Vec<Flow>,
+    rates: Vec<f64>,
+    dirty: bool,
+    solver: Solver,
+    timers: BinaryHeap<Reverse<(u64, u64, TimerBox)>>,
+    seq: u64,
+    now: f64,
+    cache_have: Vec<u32>,
+    cache_filling: Vec<bool>,
+    cache_waiters: Vec<Vec<u32>>,
+    /// Layers some job node must fetch (only those swarms get seed heartbeats).
+    needed: Vec<bool>,
+    /// Job nodes not ready yet.
+    pending: usize,
+    out: Outcome,
+}
+
+/// Orders timers by (time in ns, sequence); the payload does not take part.
+#[derive(Clone, Copy, Debug)]
+struct TimerBox(Timer);
+impl PartialEq for TimerBox {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for TimerBox {}
+impl PartialOrd for TimerBox {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for TimerBox {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+fn ns(t: f64) -> u64 {
+    (t * 1e9).round().max(0.0) as u64
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(sc: &'a Scenario, plan: &Plan) -> Self {
+        let net = Network::build(sc, plan.transport);
+        let n = net.nodes;
+        let layers = sc.image.layers.len();
+        let st = &sc.starling;
+        let cfg = SwarmConfig {
+            peer_ttl_ms: st.peer_ttl_ms,
+            max_peers: st.max_peers,
+            min_p2p_size: st.min_p2p_size.0,
+            piece_size: st.piece_size.0,
+            announce_interval_ms: st.announce_interval_ms,
+            ..SwarmConfig::default()
+        };
+        let sched_cfg = SchedulerConfig { max_inflight_per_peer: st.max_inflight_per_peer, max_inflight_total: st.max_inflight_total, ..SchedulerConfig::default() };
+        let sizes: Vec<u64> = sc.image.layers.iter().map(|l| l.size.0).collect();
+        let piece_size = sizes.iter().map(|&s| piece_size_for(s, st.piece_size.0)).collect();
+        let digests = sc.image.layers.iter().enumerate().map(|(i, l)| Digest::of(format!("{}#{i}#{}", sc.name, l.name).as_bytes())).collect();
+        // Participants: the job's nodes, plus non-job nodes holding something (seeds).
+        let mut slot_of = vec![u32::MAX; n];
+        let mut nodes = Vec::new();
+        let mut needed = vec![false; layers];
+        for &j in &plan.job {
+            slot_of[j as usize] = nodes.len() as u32;
+            let queue: Vec<u32> = (0..layers as u32).filter(|&l| !plan.holds[j as usize][l as usize]).collect();
+            for &l in &queue {
+                needed[l as usize] = true;
+            }
+            nodes.push(NodeState { node: j, job: true, left: queue.len(), queue, active: 0, ready: None });
+        }
+        if plan.transport == Transport::P2p {
+            for (i, h) in plan.holds.iter().enumerate() {
+                if slot_of[i] == u32::MAX && h.iter().any(|&x| x) {
+                    slot_of[i] = nodes.len() as u32;
+                    nodes.push(NodeState { node: i as u32, job: false, queue: vec![], active: 0, left: 0, ready: None });
+                }
+            }
+        }
+        let mut pulls = Vec::with_capacity(nodes.len() * layers);
+        for ns in &nodes {
+            for l in 0..layers {
+                let held = plan.holds[ns.node as usize][l];
+                pulls.push(Pull { done: held, ..Pull::default() });
+            }
+        }
+        Self {
+            sc,
+            net,
+            transport: plan.transport,
+            tracker: TrackerState::new(cfg),
+            sched_cfg,
+            names: (0..n).map(|i| format!("n{i}")).collect(),
+            digests,
+            sizes,
+            piece_size,
+            nodes,
+            pulls,
+            layers,
+            flows: Vec::new(),
+            rates: Vec::new(),
+            dirty: true,
+            solver: Solver::default(),
+            timers: BinaryHeap::new(),
+            seq: 0,
+            now: 0.0,
+            cache_have: vec![0; layers],
+            cache_filling: vec![false; layers],
+            cache_waiters: vec![Vec::new(); layers],
+            needed,
+            pending: plan.job.len(),
+            out: Outcome::default(),
+        }
+    }
+
+    fn at(&mut self, t: f64, timer: Timer) {
+        self.seq += 1;
+        self.timers.push(Reverse((ns(t), self.seq, TimerBox(timer))));
+    }
+
+    fn pull(&mut self, slot: u32, layer: u32) -> &mut Pull {
+        &mut self.pulls[slot as usize * self.layers + layer as usize]
+    }
+
+    fn count(&self, layer: u32) -> u32 {
+        PieceLayout::new(self.sizes[layer as usize], self.piece_size[layer as usize]).count()
+    }
+
+    fn piece_len(&self, layer: u32, piece: u32) -> u64 {
+        PieceLayout::new(self.sizes[layer as usize], self.piece_size[layer as usize]).len(piece)
+    }
+
+    /// Runs to completion.
+    pub fn run(mut self) -> Result<Outcome, Error> {
+        let wall = Instant::now();
+        let job_nodes = self.nodes.iter().filter(|n| n.job).count();
+        let spread = self.sc.job.arrival_spread_s;
+        for s in 0..self.nodes.len() as u32 {
+            let sn = &self.nodes[s as usize];
+            let t = if sn.job && spread > 0.0 && job_nodes > 1 { spread * s as f64 / (job_nodes - 1) as f64 } else { 0.0 };
+            self.at(t, Timer::Arrive(s));
+        }
+        let quantum = self.sc.sim.quantum_ms / 1e3;
+        let max_t = self.sc.sim.max_seconds.unwrap_or(36_000.0);
+        let mut done_buf: Vec<(f64, Flow)> = Vec::new();
+        loop {
+            if self.pending == 0 {
+                break;
+            }
+            if self.dirty {
+                let t0 = Instant::now();
+                let paths: Vec<&FlowPath> = self.flows.iter().map(|f| &f.path).collect();
+                self.solver.solve(&self.net.caps, &paths, &mut self.rates);
+                self.out.solver_wall_s += t0.elapsed().as_secs_f64();
+                self.dirty = false;
+            }
+            let mut next = f64::INFINITY;
+            for (f, &r) in self.flows.iter().zip(&self.rates) {
+                if r > 0.0 {
+                    next = next.min(self.now + f.remaining / r);
+                }
+            }
+            if let Some(Reverse((t, _, _))) = self.timers.peek() {
+                next = next.min(*t as f64 / 1e9);
+            }
+            if !next.is_finite() || next > max_t {
+                break;
+            }
+            let t_end = next.max(self.now + quantum);
+            self.out.steps += 1;
+            // Advance flows; collect those finishing by t_end with their exact time.
+            let dt = t_end - self.now;
+            let mut i = 0;
+            while i < self.flows.len() {
+                let r = self.rates[i];
+                let f = &mut self.flows[i];
+                if r > 0.0 && f.remaining <= r * dt * (1.0 + 1e-12) + 1e-3 {
+                    let fin = self.now + f.remaining / r;
+                    let f = self.flows.swap_remove(i);
+                    self.rates.swap_remove(i);
+                    done_buf.push((fin, f));
+                    self.dirty = true;
+                } else {
+                    f.remaining -= r * dt;
+                    i += 1;
+                }
+            }
+            done_buf.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut di = 0;
+            let done: Vec<(f64, Flow)> = std::mem::take(&mut done_buf);
+            loop {
+                let tc = done.get(di).map(|d| d.0);
+                let tt = self.timers.peek().map(|Reverse((t, _, _))| *t as f64 / 1e9).filter(|&t| t <= t_end + 1e-12);
+                match (tc, tt) {
+                    (None, None) => break,
+                    (Some(c), Some(t)) if t < c => self.fire_timer(),
+                    (None, Some(_)) => self.fire_timer(),
+                    (Some(c), _) => {
+                        self.now = c.max(self.now);
+                        let kind = done[di].1.kind;
+                        let (bytes, cross) = (done[di].1.bytes, done[di].1.cross_rack);
+                        di += 1;
+                        self.flow_done(kind, bytes, cross);
+                    }
+                }
+            }
+            done_buf = done;
+            done_buf.clear();
+            self.now = t_end;
+        }
+        self.out.source_elections = self.tracker.stats().iter().map(|s| s.source_elections).sum();
+        let overhead = self.sc.job.start_overhead_s;
+        for n in &self.nodes {
+            if n.job {
+                match n.ready {
+                    Some(t) => self.out.ready_s.push(t + overhead),
+                    None => self.out.stuck += 1,
+                }
+            }
+        }
+        self.out.wall_s = wall.elapsed().as_secs_f64();
+        Ok(self.out)
+    }
+
+    fn fire_timer(&mut self) {
+        let Some(Reverse((t, _, TimerBox(timer)))) = self.timers.pop() else { return };
+        self.now = self.now.max(t as f64 / 1e9);
+        match timer {
+            Timer::Arrive(s) => self.arrive(s),
+            Timer::Announce { slot, layer } => {
+                let p = &self.pulls[slot as usize * self.layers + layer as usize];
+                if p.active && !p.done {
+                    self.announce(slot, layer);
+                }
+            }
+            Timer::Heartbeat { slot, layer } => {
+                self.announce(slot, layer);
+                let every = (self.sc.starling.peer_ttl_ms as f64 / 2e3).max(self.sc.starling.announce_interval_ms as f64 / 1e3);
+                if self.pending > 0 {
+                    self.at(self.now + every, Timer::Heartbeat { slot, layer });
+                }
+            }
+            Timer::Start(kind) => self.start_flow(kind),
+        }
+    }
+
+    fn arrive(&mut self, s: u32) {
+        if self.nodes[s as usize].left == 0 && self.nodes[s as usize].job {
+            self.nodes[s as usize].ready = Some(self.now);
+            self.pending -= 1;
+        }
+        // Seeds (complete holders) join the swarm and keep heartbeating.
+        if self.transport == Transport::P2p {
+            for l in 0..self.layers as u32 {
+                if self.pulls[s as usize * self.layers + l as usize].done && self.needed[l as usize] {
+                    self.announce(s, l);
+                    let every = (self.sc.starling.peer_ttl_ms as f64 / 2e3).max(self.sc.starling.announce_interval_ms as f64 / 1e3);
+                    self.at(self.now + every, Timer::Heartbeat { slot: s, layer: l });
+                }
+            }
+        }
+        self.start_more(s);
+    }
+
+    fn start_more(&mut self, s: u32) {
+        while self.nodes[s as usize].active < self.sc.job.layer_concurrency && !self.nodes[s as usize].queue.is_empty() {
+            let l = self.nodes[s as usize].queue.remove(0);
+            self.nodes[s as usize].active += 1;
+            self.pull(s, l).active = true;
+            self.start_layer(s, l);
+        }
+    }
+
+    fn start_layer(&mut self, s: u32, l: u32) {
+        match self.transport {
+            Transport::Direct => self.start_direct(s, l),
+            Transport::SharedCache => {
+                let t = self.now + self.sc.cache.latency_ms / 1e3;
+                self.pull(s, l).cursor = 0;
+                self.at(t, Timer::Start(Kind::CacheRead { slot: s, layer: l, piece: u32::MAX }));
+            }
+            Transport::P2p => self.announce(s, l),
+        }
+    }
+
+    fn start_direct(&mut self, s: u32, l: u32) {
+        let p = self.pull(s, l);
+        if p.direct {
+            return;
+        }
+        p.direct = true;
+        let t = self.now + self.sc.registry.latency_ms / 1e3;
+        self.at(t, Timer::Start(Kind::Whole { slot: s, layer: l }));
+    }
+
+    fn layer_done(&mut self, s: u32, l: u32) {
+        let p = self.pull(s, l);
+        if p.done {
+            return;
+        }
+        p.done = true;
+        p.sched = None;
+        let n = &mut self.nodes[s as usize];
+        n.active -= 1;
+        n.left -= 1;
+        if n.left == 0 && n.ready.is_none() {
+            n.ready = Some(self.now);
+            if n.job {
+                self.pending -= 1;
+            }
+        }
+        if self.transport == Transport::P2p {
+            // Tell the tracker at once, then keep serving (heartbeats).
+            self.announce(s, l);
+            let every = (self.sc.starling.peer_ttl_ms as f64 / 2e3).max(self.sc.starling.announce_interval_ms as f64 / 1e3);
+            self.at(self.now + every, Timer::Heartbeat { slot: s, layer: l });
+        }
+        self.start_more(s);
+    }
+
+    fn announce(&mut self, s: u32, l: u32) {
+        let node = self.nodes[s as usize].node;
+        let li = l as usize;
+        let complete = self.pulls[s as usize * self.layers + li].done;
+        let count = self.count(l);
+        let p = &self.pulls[s as usize * self.layers + li];
+        let mut hashes = BTreeMap::new();
+        let mut hashes_sent = p.hashes_sent;
+        // The source publishes the hashes of the pieces it streamed (in order).
+        if p.streaming || (complete && p.hashes_sent > 0) {
+            let upto = if complete { count } else { p.sched.as_ref().map_or(0, |x| x.have().prefix()) };
+            for i in p.hashes_sent..upto {
+                hashes.insert(i, format!("{li}:{i}"));
+            }
+            hashes_sent = hashes_sent.max(upto);
+        }
+        let req = AnnounceRequest {
+            node: self.names[node as usize].clone(),
+            addr: String::new(),
+            topology: self.net.topology[node as usize].clone(),
+            digest: self.digests[li].clone(),
+            size: Some(self.sizes[li]),
+            piece_size: Some(self.piece_size[li]),
+            have: if complete { None } else { p.sched.as_ref().map(|x| x.have().clone()) },
+            complete,
+            fetching_from_registry: p.streaming && !complete,
+            hashes,
+            known_hashes: p.known_hashes,
+            bad_peers: vec![],
+            leaving: false,
+        };
+        let t0 = Instant::now();
+        let resp = self.tracker.announce(&req, (self.now * 1e3) as u64);
+        self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
+        self.out.announces += 1;
+        let sched_cfg = self.sched_cfg.clone();
+        let size = self.sizes[li];
+        let my_topo = self.net.topology[node as usize].clone();
+        let p = self.pull(s, l);
+        p.hashes_sent = hashes_sent;
+        if let Some((&k, _)) = resp.hashes.iter().next_back() {
+            p.known_hashes = p.known_hashes.max(k + 1);
+        }
+        if complete || !p.active {
+            return;
+        }
+        if p.sched.is_none() {
+            let layout = PieceLayout::new(size, resp.piece_size);
+            p.layout = Some(layout);
+            p.sched = Some(PieceScheduler::new(Bitfield::new(layout.count()), sched_cfg));
+        }
+        let interval = resp.interval_ms as f64 / 1e3;
+        match resp.role {
+            Role::Direct => {
+                self.start_direct(s, l);
+                return;
+            }
+            Role::Source => {
+                let p = self.pull(s, l);
+                if !p.streaming {
+                    p.streaming = true;
+                    if let Some(sch) = p.sched.as_mut() {
+                        for i in 0..count {
+                            sch.claim(i, REGISTRY_PEER);
+                        }
+                    }
+                    let first = p.sched.as_ref().map_or(0, |x| x.have().prefix());
+                    let t = self.now + self.sc.registry.latency_ms / 1e3;
+                    self.at(t, Timer::Start(Kind::RegPiece { slot: s, layer: l, piece: first }));
+                }
+            }
+            Role::Peer => {
+                let t0 = Instant::now();
+                let p = &mut self.pulls[s as usize * self.layers + li];
+                if let Some(sch) = p.sched.as_mut() {
+                    for peer in &resp.peers {
+                        sch.set_peer(&peer.node, peer.have.clone(), my_topo.distance(&peer.topology));
+                    }
+                }
+                self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
+                self.pump(s, l);
+            }
+        }
+        self.at(self.now + interval, Timer::Announce { slot: s, layer: l });
+    }
+
+    fn pump(&mut self, s: u32, l: u32) {
+        let t0 = Instant::now();
+        let reqs = match self.pull(s, l).sched.as_mut() {
+            Some(sch) => sch.next_requests(),
+            None => return,
+        };
+        self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
+        let lat = self.sc.starling.peer_latency_ms / 1e3;
+        for r in reqs {
+            let from: u32 = r.peer.strip_prefix('n').and_then(|x| x.parse().ok()).unwrap_or(0);
+            let kind = Kind::Piece { slot: s, layer: l, piece: r.piece, from };
+            if lat > 0.0 {
+                self.at(self.now + lat, Timer::Start(kind));
+            } else {
+                self.start_flow(kind);
+            }
+        }
+    }
+
+    fn add_flow(&mut self, origin: Origin, dst: Option<u32>, bytes: u64, kind: Kind) {
+        let (path, cross) = match dst {
+            Some(d) => (self.net.path(origin, d), matches!(origin, Origin::Node(_)) && self.net.cross_rack(origin, d)),
+            // Cache fill: only the registry side is modelled.
+            None => (FlowPath::new(&[0], self.net.per_connection), false),
+        };
+        self.flows.push(Flow { path, remaining: bytes as f64, bytes: bytes as f64, kind, cross_rack: cross });
+        self.rates.push(0.0);
+        self.dirty = true;
+    }
+
+    fn start_flow(&mut self, kind: Kind) {
+        match kind {
+            Kind::Whole { slot, layer } => {
+                let node = self.nodes[slot as usize].node;
+                self.add_flow(Origin::Registry, Some(node), self.sizes[layer as usize], kind);
+            }
+            Kind::RegPiece { slot, layer, piece } => {
+                let node = self.nodes[slot as usize].node;
+                let len = self.piece_len(layer, piece);
+                self.add_flow(Origin::Registry, Some(node), len, kind);
+            }
+            Kind::Piece { slot, layer, piece, from } => {
+                let node = self.nodes[slot as usize].node;
+                let len = self.piece_len(layer, piece);
+                self.add_flow(Origin::Node(from), Some(node), len, kind);
+            }
+            Kind::CacheFill { layer, piece } => {
+                let len = self.piece_len(layer, piece);
+                self.add_flow(Origin::Registry, None, len, kind);
+            }
+            Kind::CacheRead { slot, layer, piece: _ } => self.cache_next(slot, layer),
+        }
+    }
+
+    fn cache_next(&mut self, s: u32, l: u32) {
+        let count = self.count(l);
+        let cursor = self.pull(s, l).cursor;
+        if cursor >= count {
+            self.layer_done(s, l);
+            return;
+        }
+        if cursor < self.cache_have[l as usize] {
+            let node = self.nodes[s as usize].node;
+            let len = self.piece_len(l, cursor);
+            self.add_flow(Origin::Cache, Some(node), len, Kind::CacheRead { slot: s, layer: l, piece: cursor });
+            return;
+        }
+        self.cache_waiters[l as usize].push(s);
+        if !self.cache_filling[l as usize] {
+            self.cache_filling[l as usize] = true;
+            let t = self.now + self.sc.registry.latency_ms / 1e3;
+            self.at(t, Timer::Start(Kind::CacheFill { layer: l, piece: 0 }));
+        }
+    }
+
+    fn flow_done(&mut self, kind: Kind, bytes: f64, cross: bool) {
+        match kind {
+            Kind::Whole { slot, layer } => {
+                self.out.registry_bytes += bytes;
+                self.layer_done(slot, layer);
+            }
+            Kind::RegPiece { slot, layer, piece } => {
+                self.out.registry_bytes += bytes;
+                let count = self.count(layer);
+                let p = self.pull(slot, layer);
+                let Some(sch) = p.sched.as_mut() else { return };
+                sch.on_done(piece, REGISTRY_PEER);
+                if sch.is_complete() {
+                    p.streaming = false;
+                    self.layer_done(slot, layer);
+                } else {
+                    let next = (piece + 1..count).find(|&i| !sch.have().get(i));
+                    if let Some(nx) = next {
+                        self.start_flow(Kind::RegPiece { slot, layer, piece: nx });
+                    }
+                }
+            }
+            Kind::Piece { slot, layer, piece, from } => {
+                self.out.p2p_bytes += bytes;
+                self.out.piece_transfers += 1;
+                if cross {
+                    self.out.cross_rack_bytes += bytes;
+                }
+                let name = &self.names[from as usize];
+                let p = &mut self.pulls[slot as usize * self.layers + layer as usize];
+                let Some(sch) = p.sched.as_mut() else { return };
+                sch.on_done(piece, name);
+                if sch.is_complete() {
+                    self.layer_done(slot, layer);
+                } else {
+                    self.pump(slot, layer);
+                }
+            }
+            Kind::CacheFill { layer, piece } => {
+                self.out.registry_bytes += bytes;
+                self.cache_have[layer as usize] = piece + 1;
+                if piece + 1 < self.count(layer) {
+                    self.start_flow(Kind::CacheFill { layer, piece: piece + 1 });
+                }
+                let waiters = std::mem::take(&mut self.cache_waiters[layer as usize]);
+                for s in waiters {
+                    self.cache_next(s, layer);
+                }
+            }
+            Kind::CacheRead { slot, layer, piece: _ } => {
+                self.out.cache_bytes += bytes;
+                self.pull(slot, layer).cursor += 1;
+                self.cache_next(slot, layer);
+            }
+        }
+    }
+}
+
+/// Convenience: plan and run one strategy at one job size.
+pub fn simulate(sc: &Scenario, strategy: &crate::scenario::StrategySpec, job_nodes: usize) -> Result<Outcome, Error> {
+    let plan = Plan::new(sc, strategy, job_nodes);
+    Engine::new(sc, &plan).run()
+}

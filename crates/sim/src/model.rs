@@ -1,0 +1,206 @@
+//! The physical model: nodes, racks, zones and their links as max-min resources, the
+//! registry and the shared cache; and reading layer sizes from an OCI layout.
+
+use std::path::Path;
+
+use swarm::Topology;
+
+use crate::flow::{FlowPath, ResId};
+use crate::scenario::{Layer, Scenario, Transport};
+use crate::Error;
+
+/// Where a flow's bytes come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    Registry,
+    Cache,
+    Node(u32),
+}
+
+pub struct Network {
+    pub caps: Vec<f64>,
+    pub nodes: usize,
+    rack_of: Vec<u32>,
+    zone_of_rack: Vec<u32>,
+    racks: usize,
+    zones: usize,
+    has_racks: bool,
+    has_zones: bool,
+    pub per_connection: f64,
+    pub topology: Vec<Topology>,
+}
+
+const REGISTRY: ResId = 0;
+const CACHE: ResId = 1;
+
+impl Network {
+    /// Resources: registry egress, cache egress, per node up and down, per rack up and
+    /// down, per zone up and down. `transport` decides whether Starling's own limits apply.
+    pub fn build(sc: &Scenario, transport: Transport) -> Self {
+        let n = sc.cluster_nodes();
+        let c = &sc.cluster;
+        let per_rack = if c.nodes_per_rack == 0 { n.max(1) } else { c.nodes_per_rack };
+        let racks = n.div_ceil(per_rack).max(1);
+        let per_zone = if c.racks_per_zone == 0 { racks } else { c.racks_per_zone };
+        let zones = racks.div_ceil(per_zone).max(1);
+        let mut up = c.nic_up.0;
+        let mut down = c.nic_down.0;
+        if let Some(d) = c.disk_write {
+            down = down.min(d.0);
+        }
+        if transport == Transport::P2p {
+            if let Some(l) = sc.starling.upload_limit {
+                up = up.min(l.0);
+            }
+            if let Some(l) = sc.starling.download_limit {
+                down = down.min(l.0);
+            }
+        }
+        let mut caps = vec![sc.registry.egress.0, sc.cache.egress.0];
+        caps.extend(std::iter::repeat_n(up, n));
+        caps.extend(std::iter::repeat_n(down, n));
+        let rack = c.rack_uplink.map_or(f64::INFINITY, |r| r.0);
+        let zone = c.zone_uplink.map_or(f64::INFINITY, |r| r.0);
+        caps.extend(std::iter::repeat_n(rack, 2 * racks));
+        caps.extend(std::iter::repeat_n(zone, 2 * zones));
+        let rack_of: Vec<u32> = (0..n).map(|i| (i / per_rack) as u32).collect();
+        let zone_of_rack: Vec<u32> = (0..racks).map(|r| (r / per_zone) as u32).collect();
+        let has_racks = c.nodes_per_rack > 0;
+        let has_zones = c.racks_per_zone > 0;
+        let topology = (0..n)
+            .map(|i| {
+                if has_racks {
+                    let r = rack_of[i];
+                    Topology { zone: Some(format!("z{}", zone_of_rack[r as usize])), rack: Some(format!("r{r}")) }
+                } else {
+                    Topology::default()
+                }
+            })
+            .collect();
+        Self {
+            caps,
+            nodes: n,
+            rack_of,
+            zone_of_rack,
+            racks,
+            zones,
+            has_racks,
+            has_zones,
+            per_connection: sc.registry.per_connection.map_or(f64::INFINITY, |r| r.0),
+            topology,
+        }
+    }
+
+    fn up(&self, i: u32) -> ResId {
+        2 + i
+    }
+    fn down(&self, i: u32) -> ResId {
+        2 + self.nodes as u32 + i
+    }
+    fn rack_up(&self, r: u32) -> ResId {
+        2 + 2 * self.nodes as u32 + r
+    }
+    fn rack_down(&self, r: u32) -> ResId {
+        2 + 2 * self.nodes as u32 + self.racks as u32 + r
+    }
+    fn zone_up(&self, z: u32) -> ResId {
+        2 + 2 * (self.nodes + self.racks) as u32 + z
+    }
+    fn zone_down(&self, z: u32) -> ResId {
+        2 + 2 * (self.nodes + self.racks) as u32 + self.zones as u32 + z
+    }
+
+    pub fn rack(&self, i: u32) -> u32 {
+        self.rack_of[i as usize]
+    }
+
+    /// Whether bytes from `o` to node `dst` cross a rack uplink.
+    pub fn cross_rack(&self, o: Origin, dst: u32) -> bool {
+        match o {
+            Origin::Node(s) => self.has_racks && self.rack(s) != self.rack(dst),
+            // Registry and cache sit outside the racks.
+            _ => self.has_racks,
+        }
+    }
+
+    /// The resources a flow from `o` to node `dst` crosses, and its own cap.
+    pub fn path(&self, o: Origin, dst: u32) -> FlowPath {
+        let mut v: Vec<ResId> = Vec::with_capacity(7);
+        let rd = self.rack(dst);
+        let zd = self.zone_of_rack[rd as usize];
+        let mut cap = f64::INFINITY;
+        match o {
+            Origin::Registry => {
+                v.push(REGISTRY);
+                cap = self.per_connection;
+            }
+            Origin::Cache => v.push(CACHE),
+            Origin::Node(s) => v.push(self.up(s)),
+        }
+        v.push(self.down(dst));
+        let (cross_rack, cross_zone, src_rack) = match o {
+            Origin::Node(s) => {
+                let rs = self.rack(s);
+                (rs != rd, self.zone_of_rack[rs as usize] != zd, Some(rs))
+            }
+            _ => (true, true, None),
+        };
+        if self.has_racks && cross_rack {
+            if let Some(rs) = src_rack {
+                v.push(self.rack_up(rs));
+            }
+            v.push(self.rack_down(rd));
+        }
+        if self.has_zones && cross_zone {
+            if let Some(rs) = src_rack {
+                v.push(self.zone_up(self.zone_of_rack[rs as usize]));
+            }
+            v.push(self.zone_down(zd));
+        }
+        FlowPath::new(&v, cap)
+    }
+}
+
+/// Layer sizes of an image in an OCI layout (`index.json` → manifest → layers).
+pub fn layers_from_oci_layout(dir: &Path, reference: Option<&str>) -> Result<Vec<Layer>, Error> {
+    let read = |p: &Path| -> Result<serde_json::Value, Error> {
+        let text = std::fs::read(p).map_err(|e| Error::Io(format!("{}: {e}", p.display())))?;
+        serde_json::from_slice(&text).map_err(|e| Error::Scenario(format!("{}: {e}", p.display())))
+    };
+    let blob = |digest: &str| -> Result<serde_json::Value, Error> {
+        let d = oci::Digest::parse(digest).map_err(|e| Error::Scenario(format!("bad digest {digest}: {e}")))?;
+        read(&dir.join("blobs").join("sha256").join(d.hex()))
+    };
+    let index = read(&dir.join("index.json"))?;
+    let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
+    let chosen = manifests
+        .iter()
+        .find(|m| match reference {
+            None => true,
+            Some(r) => m["digest"].as_str() == Some(r) || m["annotations"]["org.opencontainers.image.ref.name"].as_str() == Some(r),
+        })
+        .ok_or_else(|| Error::Scenario(format!("{}: no manifest {}", dir.display(), reference.unwrap_or("(any)"))))?;
+    let mut m = blob(chosen["digest"].as_str().unwrap_or_default())?;
+    // An index: take the first (linux/amd64 preferred) manifest.
+    if let Some(list) = m["manifests"].as_array().cloned() {
+        let pick = list
+            .iter()
+            .find(|x| x["platform"]["architecture"].as_str() == Some("amd64"))
+            .or_else(|| list.first())
+            .ok_or_else(|| Error::Scenario("empty image index".into()))?;
+        m = blob(pick["digest"].as_str().unwrap_or_default())?;
+    }
+    let layers = m["layers"].as_array().cloned().unwrap_or_default();
+    if layers.is_empty() {
+        return Err(Error::Scenario(format!("{}: manifest has no layers", dir.display())));
+    }
+    Ok(layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let d = l["digest"].as_str().unwrap_or_default();
+            let short = d.strip_prefix("sha256:").unwrap_or(d);
+            Layer { name: format!("{i}:{}", &short[..short.len().min(12)]), size: crate::scenario::Bytes(l["size"].as_u64().unwrap_or(0)) }
+        })
+        .collect())
+}

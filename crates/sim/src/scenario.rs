@@ -1,0 +1,473 @@
+//! The scenario file (TOML): cluster, registry, cache, Starling settings, image, job and
+//! strategies. Sizes are bytes or strings (`"5GB"`, `"512MiB"`); bandwidths are bytes/s
+//! or strings (`"200Mbit/s"`, `"50MiB/s"`, `"10Gbit/s"`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer};
+
+use crate::Error;
+
+/// A byte count.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Bytes(pub u64);
+/// Bytes per second.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rate(pub f64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumOrStr {
+    Int(u64),
+    Float(f64),
+    Str(String),
+}
+
+fn split_num(s: &str) -> Result<(f64, String), String> {
+    let s = s.trim();
+    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(s.len());
+    let num: f64 = s[..end].replace('_', "").parse().map_err(|_| format!("`{s}`: expected a number followed by a unit"))?;
+    Ok((num, s[end..].trim().to_owned()))
+}
+
+fn unit_bytes(u: &str) -> Option<f64> {
+    Some(match u {
+        "" | "B" => 1.0,
+        "k" | "kB" | "KB" => 1e3,
+        "M" | "MB" => 1e6,
+        "G" | "GB" => 1e9,
+        "T" | "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => 1048576.0,
+        "GiB" => 1073741824.0,
+        "TiB" => 1099511627776.0,
+        _ => return None,
+    })
+}
+
+/// Parses `"5GB"`, `"512MiB"`, `"4096"`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let (n, u) = split_num(s)?;
+    let m = unit_bytes(&u).ok_or_else(|| format!("`{s}`: unknown size unit `{u}` (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"))?;
+    Ok((n * m).round() as u64)
+}
+
+/// Parses `"200Mbit/s"`, `"10Gbps"`, `"50MiB/s"`, `"1.25GB/s"` into bytes/s.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    let (n, u) = split_num(s)?;
+    let u = u.strip_suffix("/s").unwrap_or(&u);
+    let bits = |p: &str| -> Option<f64> {
+        Some(match p {
+            "bit" | "b" => 1.0,
+            "kbit" | "Kbit" | "kb" => 1e3,
+            "Mbit" | "Mb" => 1e6,
+            "Gbit" | "Gb" => 1e9,
+            "Tbit" | "Tb" => 1e12,
+            _ => return None,
+        })
+    };
+    let v = if let Some(p) = u.strip_suffix("ps") {
+        bits(p).map(|m| n * m / 8.0)
+    } else if let Some(m) = bits(u) {
+        Some(n * m / 8.0)
+    } else {
+        unit_bytes(u).map(|m| n * m)
+    };
+    v.ok_or_else(|| format!("`{s}`: unknown rate unit (use e.g. 200Mbit/s, 10Gbps, 50MiB/s, 1.25GB/s)"))
+}
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrStr::deserialize(d)? {
+            NumOrStr::Int(n) => Ok(Bytes(n)),
+            NumOrStr::Float(f) if f >= 0.0 => Ok(Bytes(f as u64)),
+            NumOrStr::Float(f) => Err(serde::de::Error::custom(format!("negative size {f}"))),
+            NumOrStr::Str(s) => parse_bytes(&s).map(Bytes).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Rate {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrStr::deserialize(d)? {
+            NumOrStr::Int(n) => Ok(Rate(n as f64)),
+            NumOrStr::Float(f) => Ok(Rate(f)),
+            NumOrStr::Str(s) => parse_rate(&s).map(Rate).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub cluster: Cluster,
+    pub registry: Registry,
+    #[serde(default)]
+    pub cache: Cache,
+    #[serde(default)]
+    pub starling: Starling,
+    pub image: Image,
+    pub job: Job,
+    #[serde(default)]
+    pub sim: SimCfg,
+    #[serde(rename = "strategy")]
+    pub strategies: Vec<StrategySpec>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    /// Nodes in the cluster (the job runs on `job.nodes` of them); default `job.nodes`.
+    #[serde(default)]
+    pub nodes: Option<usize>,
+    /// 0: no topology (every pair of nodes is "far", no rack links modelled).
+    #[serde(default)]
+    pub nodes_per_rack: usize,
+    #[serde(default)]
+    pub racks_per_zone: usize,
+    /// Each rack's uplink, per direction (oversubscribed: below the sum of its NICs).
+    #[serde(default)]
+    pub rack_uplink: Option<Rate>,
+    #[serde(default)]
+    pub zone_uplink: Option<Rate>,
+    pub nic_up: Rate,
+    pub nic_down: Rate,
+    #[serde(default)]
+    pub disk_write: Option<Rate>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registry {
+    pub egress: Rate,
+    #[serde(default)]
+    pub per_connection: Option<Rate>,
+    #[serde(default)]
+    pub latency_ms: f64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cache {
+    pub egress: Rate,
+    #[serde(default)]
+    pub latency_ms: f64,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Self { egress: Rate(10e9 / 8.0), latency_ms: 1.0 }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Starling {
+    pub upload_limit: Option<Rate>,
+    pub download_limit: Option<Rate>,
+    pub piece_size: Bytes,
+    pub announce_interval_ms: u64,
+    pub peer_ttl_ms: u64,
+    pub max_peers: usize,
+    pub min_p2p_size: Bytes,
+    pub max_inflight_per_peer: u32,
+    pub max_inflight_total: u32,
+    /// Latency of one piece request between agents.
+    pub peer_latency_ms: f64,
+}
+
+impl Default for Starling {
+    fn default() -> Self {
+        let s = swarm::SwarmConfig::default();
+        let p = swarm::scheduler::SchedulerConfig::default();
+        Self {
+            upload_limit: None,
+            download_limit: None,
+            piece_size: Bytes(s.piece_size),
+            announce_interval_ms: s.announce_interval_ms,
+            peer_ttl_ms: s.peer_ttl_ms,
+            max_peers: s.max_peers,
+            min_p2p_size: Bytes(s.min_p2p_size),
+            max_inflight_per_peer: p.max_inflight_per_peer,
+            max_inflight_total: p.max_inflight_total,
+            peer_latency_ms: 0.5,
+        }
+    }
+}
+
+// serde(default) on individual fields of Starling: a partial [starling] table keeps the
+// other defaults.
+impl Starling {
+    fn fill(partial: StarlingPartial) -> Self {
+        let d = Self::default();
+        Self {
+            upload_limit: partial.upload_limit,
+            download_limit: partial.download_limit,
+            piece_size: partial.piece_size.unwrap_or(d.piece_size),
+            announce_interval_ms: partial.announce_interval_ms.unwrap_or(d.announce_interval_ms),
+            peer_ttl_ms: partial.peer_ttl_ms.unwrap_or(d.peer_ttl_ms),
+            max_peers: partial.max_peers.unwrap_or(d.max_peers),
+            min_p2p_size: partial.min_p2p_size.unwrap_or(d.min_p2p_size),
+            max_inflight_per_peer: partial.max_inflight_per_peer.unwrap_or(d.max_inflight_per_peer),
+            max_inflight_total: partial.max_inflight_total.unwrap_or(d.max_inflight_total),
+            peer_latency_ms: partial.peer_latency_ms.unwrap_or(d.peer_latency_ms),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StarlingPartial {
+    upload_limit: Option<Rate>,
+    download_limit: Option<Rate>,
+    piece_size: Option<Bytes>,
+    announce_interval_ms: Option<u64>,
+    peer_ttl_ms: Option<u64>,
+    max_peers: Option<usize>,
+    min_p2p_size: Option<Bytes>,
+    max_inflight_per_peer: Option<u32>,
+    max_inflight_total: Option<u32>,
+    peer_latency_ms: Option<f64>,
+}
+
+impl<'de> Deserialize<'de> for Starling {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        StarlingPartial::deserialize(d).map(Starling::fill)
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Layer {
+    pub name: String,
+    pub size: Bytes,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    #[serde(default)]
+    pub layers: Vec<Layer>,
+    /// An OCI image layout directory (relative to the scenario file); its layers'
+    /// sizes are read from the manifest.
+    #[serde(default)]
+    pub oci_layout: Option<PathBuf>,
+    /// Tag (`org.opencontainers.image.ref.name`) or digest in the layout; default: the
+    /// first manifest.
+    #[serde(default)]
+    pub reference: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Job {
+    pub nodes: usize,
+    /// Node arrivals spread uniformly over this many seconds (0: all at once).
+    #[serde(default)]
+    pub arrival_spread_s: f64,
+    /// Added to every node's time-to-ready (container start once the image is there).
+    #[serde(default)]
+    pub start_overhead_s: f64,
+    /// Layers a node pulls at once (containerd's `max_concurrent_downloads`, 3).
+    #[serde(default = "three")]
+    pub layer_concurrency: usize,
+    /// Extra job sizes for the time-vs-nodes chart.
+    #[serde(default)]
+    pub sweep_nodes: Vec<usize>,
+}
+
+fn three() -> usize {
+    3
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimCfg {
+    /// 0: exact event-driven. >0: rates are recomputed at most once per quantum (flows
+    /// finishing inside a quantum complete at their exact time, but the capacity they
+    /// free is reassigned at the quantum's end).
+    #[serde(default)]
+    pub quantum_ms: f64,
+    #[serde(default)]
+    pub seed: u64,
+    /// Safety stop (simulated seconds).
+    #[serde(default)]
+    pub max_seconds: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Every node pulls every layer from the registry.
+    Direct,
+    /// A shared pull-through cache fetches each blob once; nodes read from it.
+    SharedCache,
+    /// Starling's swarm: one source per blob, pieces between agents.
+    P2p,
+    /// P2P after `prewarm_fraction` of the job's nodes already hold the image.
+    P2pPrewarm,
+    /// The job scheduler places the job on nodes holding the image first
+    /// (`cached_fraction` of the cluster holds it); the rest pull with `transport`.
+    Locality,
+    /// Every node holds the previous version: only `changed_layers` move (`transport`).
+    CodeUpdate,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    Direct,
+    SharedCache,
+    P2p,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategySpec {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub kind: Kind,
+    #[serde(default)]
+    pub transport: Option<Transport>,
+    #[serde(default)]
+    pub prewarm_fraction: f64,
+    #[serde(default)]
+    pub cached_fraction: f64,
+    #[serde(default)]
+    pub changed_layers: Option<Vec<String>>,
+}
+
+impl StrategySpec {
+    pub fn label(&self) -> String {
+        self.name.clone().unwrap_or_else(|| format!("{:?}", self.kind).to_lowercase())
+    }
+
+    pub fn transport(&self) -> Transport {
+        match self.kind {
+            Kind::Direct => Transport::Direct,
+            Kind::SharedCache => Transport::SharedCache,
+            Kind::P2p | Kind::P2pPrewarm => Transport::P2p,
+            Kind::Locality | Kind::CodeUpdate => self.transport.unwrap_or(Transport::P2p),
+        }
+    }
+}
+
+impl Scenario {
+    pub fn parse(text: &str, base_dir: &Path) -> Result<Self, Error> {
+        let mut s: Scenario = toml::from_str(text).map_err(|e| Error::Scenario(e.to_string()))?;
+        if let Some(dir) = s.image.oci_layout.clone() {
+            let dir = if dir.is_absolute() { dir } else { base_dir.join(dir) };
+            if !s.image.layers.is_empty() {
+                return Err(Error::Scenario("image: give either `layers` or `oci_layout`, not both".into()));
+            }
+            s.image.layers = crate::model::layers_from_oci_layout(&dir, s.image.reference.as_deref())?;
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+        Self::parse(&text, path.parent().unwrap_or(Path::new("."))).map_err(|e| match e {
+            Error::Scenario(m) => Error::Scenario(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Scenario(m));
+        if self.job.nodes == 0 {
+            return bad("job.nodes must be at least 1".into());
+        }
+        let cluster = self.cluster_nodes();
+        if cluster < self.job.nodes {
+            return bad(format!("cluster.nodes ({cluster}) is smaller than job.nodes ({})", self.job.nodes));
+        }
+        if self.image.layers.is_empty() {
+            return bad("image: no layers (give `layers = [{ name, size }]` or `oci_layout`)".into());
+        }
+        for (i, l) in self.image.layers.iter().enumerate() {
+            if l.size.0 == 0 {
+                return bad(format!("image.layers[{i}] ({}): size must be > 0", l.name));
+            }
+            if self.image.layers[..i].iter().any(|o| o.name == l.name) {
+                return bad(format!("image.layers: duplicate layer name `{}`", l.name));
+            }
+        }
+        let rates = [
+            ("cluster.nic_up", Some(self.cluster.nic_up)),
+            ("cluster.nic_down", Some(self.cluster.nic_down)),
+            ("cluster.disk_write", self.cluster.disk_write),
+            ("cluster.rack_uplink", self.cluster.rack_uplink),
+            ("cluster.zone_uplink", self.cluster.zone_uplink),
+            ("registry.egress", Some(self.registry.egress)),
+            ("registry.per_connection", self.registry.per_connection),
+            ("cache.egress", Some(self.cache.egress)),
+            ("starling.upload_limit", self.starling.upload_limit),
+            ("starling.download_limit", self.starling.download_limit),
+        ];
+        for (name, r) in rates {
+            if let Some(Rate(v)) = r {
+                if !(v.is_finite() && v > 0.0) {
+                    return bad(format!("{name} must be a positive rate, got {v}"));
+                }
+            }
+        }
+        if self.starling.piece_size.0 < 4096 {
+            return bad("starling.piece_size must be at least 4KiB".into());
+        }
+        if self.starling.announce_interval_ms == 0 || self.starling.max_inflight_total == 0 || self.starling.max_inflight_per_peer == 0 {
+            return bad("starling: announce_interval_ms, max_inflight_per_peer and max_inflight_total must be > 0".into());
+        }
+        if self.job.layer_concurrency == 0 {
+            return bad("job.layer_concurrency must be at least 1".into());
+        }
+        if self.strategies.is_empty() {
+            return bad("no [[strategy]] given".into());
+        }
+        for s in &self.strategies {
+            let l = s.label();
+            if !(0.0..=1.0).contains(&s.prewarm_fraction) || !(0.0..=1.0).contains(&s.cached_fraction) {
+                return bad(format!("strategy `{l}`: fractions must be within [0, 1]"));
+            }
+            if s.kind == Kind::CodeUpdate && s.changed_layers.is_none() {
+                return bad(format!("strategy `{l}`: code_update needs `changed_layers = [...]` (layer names)"));
+            }
+            for c in s.changed_layers.iter().flatten() {
+                if !self.image.layers.iter().any(|x| &x.name == c) {
+                    let names: Vec<&str> = self.image.layers.iter().map(|x| x.name.as_str()).collect();
+                    return bad(format!("strategy `{l}`: changed layer `{c}` is not in the image (layers: {})", names.join(", ")));
+                }
+            }
+            if s.kind == Kind::Locality && cluster == self.job.nodes && s.cached_fraction < 1.0 {
+                // Allowed, but locality has nothing to choose from.
+            }
+        }
+        if self.cluster.racks_per_zone > 0 && self.cluster.nodes_per_rack == 0 {
+            return bad("cluster.racks_per_zone needs cluster.nodes_per_rack".into());
+        }
+        Ok(())
+    }
+
+    pub fn cluster_nodes(&self) -> usize {
+        self.cluster.nodes.unwrap_or(self.job.nodes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(parse_bytes("5GB"), Ok(5_000_000_000));
+        assert_eq!(parse_bytes("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_rate("200Mbit/s"), Ok(25e6));
+        assert_eq!(parse_rate("10Gbps"), Ok(1.25e9));
+        assert_eq!(parse_rate("50MiB/s"), Ok(50.0 * 1048576.0));
+        assert!(parse_rate("5 furlongs/s").is_err());
+    }
+}

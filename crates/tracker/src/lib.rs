@@ -1,0 +1,211 @@
+//! `starling tracker`: which agent holds which pieces of which blob, who fetches from
+//! the registry, which peers to hand out. State is soft and in memory: agents announce
+//! every few hundred milliseconds while downloading and every second for what they
+//! seed, so a restarted tracker is whole again within a second or two.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use http::StatusCode;
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use serde::{Deserialize, Serialize};
+use swarm::{AnnounceRequest, SwarmConfig, TrackerState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot serve on {addr}: {source}")]
+    Serve { addr: SocketAddr, source: std::io::Error },
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+    status: u16,
+}
+
+pub struct Metrics {
+    pub registry: prometheus_client::registry::Registry,
+    requests: Family<RouteLabels, Counter>,
+    latency: Histogram,
+    swarms: Gauge,
+    peers: Gauge,
+    elections: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = prometheus_client::registry::Registry::with_prefix("starling_tracker");
+        let requests = Family::<RouteLabels, Counter>::default();
+        let latency = Histogram::new(exponential_buckets(0.00005, 2.0, 16));
+        let (swarms, peers, elections) = (Gauge::default(), Gauge::default(), Gauge::default());
+        registry.register("requests", "Tracker HTTP requests by route and status", requests.clone());
+        registry.register("request_duration_seconds", "Tracker request handling time", latency.clone());
+        registry.register("swarms", "Blobs with at least one peer", swarms.clone());
+        registry.register("swarm_peers", "Peer entries across all swarms", peers.clone());
+        registry.register("source_elections", "Registry fetchers elected (current swarms)", elections.clone());
+        Self { registry, requests, latency, swarms, peers, elections }
+    }
+}
+
+#[derive(Clone)]
+pub struct Tracker {
+    pub state: Arc<Mutex<TrackerState>>,
+    pub metrics: Arc<Metrics>,
+    token: Option<Arc<str>>,
+    started: Instant,
+}
+
+/// A batch of complete blobs an agent seeds, re-sent every second.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SeedingRequest {
+    pub node: String,
+    pub addr: String,
+    #[serde(default)]
+    pub topology: swarm::Topology,
+    pub blobs: Vec<SeedBlob>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SeedBlob {
+    pub digest: oci::Digest,
+    pub size: u64,
+}
+
+impl Tracker {
+    pub fn new(cfg: SwarmConfig, token: Option<String>) -> Self {
+        Self { state: Arc::new(Mutex::new(TrackerState::new(cfg))), metrics: Arc::new(Metrics::default()), token: token.map(Into::into), started: Instant::now() }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Routes for agents (`/swarm/v1/...`, token-protected) and operators.
+    pub fn router(&self) -> Router {
+        let protected = Router::new()
+            .route("/swarm/v1/announce", axum::routing::post(announce))
+            .route("/swarm/v1/seeding", axum::routing::post(seeding))
+            .layer(axum::middleware::from_fn_with_state(self.clone(), auth));
+        Router::new()
+            .merge(protected)
+            .route("/swarm/v1/swarms", axum::routing::get(swarms))
+            .route("/metrics", axum::routing::get(metrics))
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn_with_state(self.clone(), observe))
+            .with_state(self.clone())
+    }
+
+    /// Expires stale peers periodically; call once after creating the tracker.
+    pub fn spawn_expiry(&self) {
+        let t = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                let now = t.now_ms();
+                t.state.lock().expire(now);
+            }
+        });
+    }
+
+    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+        let addr = listener.local_addr().map_err(|e| Error::Serve { addr: SocketAddr::from(([0, 0, 0, 0], 0)), source: e })?;
+        tracing::info!(%addr, "tracker listening");
+        self.spawn_expiry();
+        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await.map_err(|e| Error::Serve { addr, source: e })
+    }
+}
+
+/// Constant-time comparison so the token cannot be guessed byte by byte from timing.
+fn token_matches(given: &[u8], want: &[u8]) -> bool {
+    given.len() == want.len() && given.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
+async fn auth(State(t): State<Tracker>, req: Request, next: Next) -> Response {
+    if let Some(want) = &t.token {
+        let given = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+        if !token_matches(given.as_bytes(), want.as_bytes()) {
+            return (StatusCode::UNAUTHORIZED, Json(serde_json::json!({"error": "missing or wrong cluster token"}))).into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn observe(State(t): State<Tracker>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = req.uri().path().to_owned();
+    let resp = next.run(req).await;
+    t.metrics.latency.observe(started.elapsed().as_secs_f64());
+    let route = if route.starts_with("/swarm/") || route == "/metrics" || route == "/healthz" { route } else { "other".into() };
+    t.metrics.requests.get_or_create(&RouteLabels { route, status: resp.status().as_u16() }).inc();
+    resp
+}
+
+async fn announce(State(t): State<Tracker>, Json(req): Json<AnnounceRequest>) -> Response {
+    let now = t.now_ms();
+    let resp = t.state.lock().announce(&req, now);
+    Json(resp).into_response()
+}
+
+async fn seeding(State(t): State<Tracker>, Json(req): Json<SeedingRequest>) -> Response {
+    let now = t.now_ms();
+    let mut st = t.state.lock();
+    for b in req.blobs.iter().take(100_000) {
+        let a = AnnounceRequest {
+            node: req.node.clone(),
+            addr: req.addr.clone(),
+            topology: req.topology.clone(),
+            digest: b.digest.clone(),
+            size: Some(b.size),
+            piece_size: None,
+            have: None,
+            complete: true,
+            fetching_from_registry: false,
+            hashes: Default::default(),
+            known_hashes: u32::MAX,
+            bad_peers: vec![],
+            leaving: false,
+        };
+        st.announce(&a, now);
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn swarms(State(t): State<Tracker>) -> Response {
+    Json(t.state.lock().stats()).into_response()
+}
+
+async fn metrics(State(t): State<Tracker>) -> Response {
+    {
+        let stats = t.state.lock().stats();
+        t.metrics.swarms.set(stats.len() as i64);
+        t.metrics.peers.set(stats.iter().map(|s| s.peers as i64).sum());
+        t.metrics.elections.set(stats.iter().map(|s| s.source_elections as i64).sum());
+    }
+    let mut out = String::new();
+    let _ = prometheus_client::encoding::text::encode(&mut out, &t.metrics.registry);
+    ([(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_compare() {
+        assert!(token_matches(b"abc", b"abc"));
+        assert!(!token_matches(b"abd", b"abc"));
+        assert!(!token_matches(b"ab", b"abc"));
+    }
+}
