@@ -127,6 +127,16 @@ impl ClusterState {
         out
     }
 
+    /// The cluster metrics as OpenMetrics text without the final `# EOF` line, to be
+    /// inserted into another exposition before its own `# EOF`.
+    pub fn encode_metrics_fragment(&self) -> String {
+        let mut text = self.encode_metrics();
+        if text.ends_with("# EOF\n") {
+            text.truncate(text.len() - "# EOF\n".len());
+        }
+        text
+    }
+
     pub fn inventory(&self) -> RwLockReadGuard<'_, Inventory> {
         self.inner.inventory.read()
     }
@@ -520,7 +530,16 @@ fn parse_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T> {
     serde_json::from_slice(body).map_err(|e| Error::InvalidRequest(format!("JSON body: {e}")))
 }
 
-/// All cluster routes (see API.md).
+/// `GET /metrics` with the cluster metrics only, for a standalone server. The
+/// tracker, which serves its own `/metrics`, appends
+/// [`ClusterState::encode_metrics_fragment`] to its output instead (or registers
+/// [`ClusterMetrics`] in its registry with [`ClusterMetrics::register`]).
+pub fn metrics_router(state: ClusterState) -> Router {
+    Router::new().route("/metrics", get(metrics)).with_state(state)
+}
+
+/// All cluster API routes (see API.md). No `/metrics` and no `/healthz`, so it
+/// merges into the tracker's router without overlapping routes.
 pub fn router(state: ClusterState) -> Router {
     Router::new()
         .route("/", get(dashboard_page))
@@ -534,7 +553,6 @@ pub fn router(state: ClusterState) -> Router {
         .route("/api/v1/rank", post(rank))
         .route("/scheduler/filter", post(filter))
         .route("/scheduler/prioritize", post(prioritize))
-        .route("/metrics", get(metrics))
         .with_state(state)
 }
 

@@ -14,7 +14,7 @@ pub mod selector;
 
 pub use error::{Error, Result};
 pub use extender::{ImageCatalog, ScoreConfig};
-pub use http::{router, ClusterConfig, ClusterState};
+pub use http::{metrics_router, router, ClusterConfig, ClusterState};
 pub use inventory::{Inventory, NodeReport, NodeStatus, ResolvedImage};
 pub use metrics::ClusterMetrics;
 pub use prewarm::{Assignment, JobStore, PrewarmRequest};

@@ -18,11 +18,15 @@ fn chromium() -> String {
             return c.to_owned();
         }
     }
-    let status = Command::new("apt-get")
-        .args(["install", "-y", "--no-install-recommends", "chromium"])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .status();
-    assert!(status.is_ok_and(|s| s.success()), "chromium is missing and `apt-get install -y chromium` failed (scripts/test installs it)");
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends", "chromium"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let ok = install() || (Command::new("apt-get").arg("update").status().is_ok_and(|s| s.success()) && install());
+    assert!(ok, "chromium is missing and `apt-get install -y chromium` failed (scripts/test installs it)");
     "chromium".to_owned()
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use cluster::inventory::SourceBytes;
-use cluster::{router, ClusterConfig, ClusterState, JobStore};
+use cluster::{metrics_router, router, ClusterConfig, ClusterState, JobStore};
 use common::*;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -40,7 +40,8 @@ impl App {
             .header("content-type", "application/json")
             .body(body.map_or(Body::empty(), |b| Body::from(b.to_string())))
             .expect("request");
-        let resp = router(self.state.clone()).oneshot(req).await.expect("response");
+        let app = router(self.state.clone()).merge(metrics_router(self.state.clone()));
+        let resp = app.oneshot(req).await.expect("response");
         let status = resp.status();
         let bytes = resp.into_body().collect().await.expect("body").to_bytes();
         let text = String::from_utf8_lossy(&bytes).into_owned();
@@ -192,6 +193,8 @@ async fn scheduler_verbs_and_rank() {
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
     }
+    let fragment = app.state.encode_metrics_fragment();
+    assert!(text.ends_with("# EOF\n") && !fragment.contains("# EOF") && text.starts_with(&fragment));
     for name in cluster::metrics::METRIC_NAMES {
         assert!(text.contains(&format!("# TYPE {}", name.trim_end_matches("_total"))), "{name} not exposed");
     }

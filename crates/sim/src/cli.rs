@@ -30,6 +30,9 @@ pub struct SimArgs {
     /// Override the rate-recompute quantum in ms (0 = exact event-driven).
     #[arg(long)]
     pub quantum_ms: Option<f64>,
+    /// What-if: per-agent piece-index rotation in the scheduler (see `sim.piece_rotation`).
+    #[arg(long)]
+    pub piece_rotation: bool,
     /// Job sizes for the time-vs-nodes chart, e.g. 16,64,256 (overrides the scenario's).
     #[arg(long, value_delimiter = ',')]
     pub sweep: Option<Vec<usize>>,
@@ -49,6 +52,9 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
     }
     if let Some(q) = args.quantum_ms {
         sc.sim.quantum_ms = q;
+    }
+    if args.piece_rotation {
+        sc.sim.piece_rotation = true;
     }
     if let Some(s) = &args.sweep {
         sc.job.sweep_nodes = s.clone();

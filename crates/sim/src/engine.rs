@@ -76,6 +76,9 @@ struct Pull {
     active: bool,
     done: bool,
     sched: Option<PieceScheduler>,
+    /// What-if `sim.piece_rotation`: this agent's scheduler sees piece `p` as
+    /// `(p - rot) mod count`, so index tie-breaks differ between agents.
+    rot: u32,
     layout: Option<PieceLayout>,
     streaming: bool,
     direct: bool,
@@ -437,7 +440,7 @@ impl<'a> Engine<'a> {
         let mut hashes_sent = p.hashes_sent;
         // The source publishes the hashes of the pieces it streamed (in order).
         if p.streaming || (complete && p.hashes_sent > 0) {
-            let upto = if complete { count } else { p.sched.as_ref().map_or(0, |x| x.have().prefix()) };
+            let upto = if complete { count } else { p.sched.as_ref().map_or(0, |x| unrotate(x.have(), p.rot).prefix()) };
             for i in p.hashes_sent..upto {
                 hashes.insert(i, format!("{li}:{i}"));
             }
@@ -450,7 +453,7 @@ impl<'a> Engine<'a> {
             digest: self.digests[li].clone(),
             size: Some(self.sizes[li]),
             piece_size: Some(self.piece_size[li]),
-            have: if complete { None } else { p.sched.as_ref().map(|x| x.have().clone()) },
+            have: if complete { None } else { p.sched.as_ref().map(|x| unrotate(x.have(), p.rot)) },
             complete,
             fetching_from_registry: p.streaming && !complete,
             hashes,
@@ -463,6 +466,7 @@ impl<'a> Engine<'a> {
         self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
         self.out.announces += 1;
         let sched_cfg = self.sched_cfg.clone();
+        let rotate = self.sc.sim.piece_rotation;
         let size = self.sizes[li];
         let my_topo = self.net.topology[node as usize].clone();
         let p = self.pull(s, l);
@@ -477,6 +481,9 @@ impl<'a> Engine<'a> {
             let layout = PieceLayout::new(size, resp.piece_size);
             p.layout = Some(layout);
             p.sched = Some(PieceScheduler::new(Bitfield::new(layout.count()), sched_cfg));
+            if rotate && layout.count() > 0 {
+                p.rot = (fnv(node as u64 * 1_000_003 + l as u64) % layout.count() as u64) as u32;
+            }
         }
         let interval = resp.interval_ms as f64 / 1e3;
         match resp.role {
@@ -488,12 +495,13 @@ impl<'a> Engine<'a> {
                 let p = self.pull(s, l);
                 if !p.streaming {
                     p.streaming = true;
+                    let rot = p.rot;
                     if let Some(sch) = p.sched.as_mut() {
                         for i in 0..count {
-                            sch.claim(i, REGISTRY_PEER);
+                            sch.claim(to_sched(i, rot, count), REGISTRY_PEER);
                         }
                     }
-                    let first = p.sched.as_ref().map_or(0, |x| x.have().prefix());
+                    let first = p.sched.as_ref().map_or(0, |x| unrotate(x.have(), rot).prefix());
                     let t = self.now + self.sc.registry.latency_ms / 1e3;
                     self.at(t, Timer::Start(Kind::RegPiece { slot: s, layer: l, piece: first }));
                 }
@@ -501,9 +509,11 @@ impl<'a> Engine<'a> {
             Role::Peer => {
                 let t0 = Instant::now();
                 let p = &mut self.pulls[s as usize * self.layers + li];
+                let rot = p.rot;
                 if let Some(sch) = p.sched.as_mut() {
                     for peer in &resp.peers {
-                        sch.set_peer(&peer.node, peer.have.clone(), my_topo.distance(&peer.topology));
+                        let have = if rot == 0 { peer.have.clone() } else { peer.have.as_ref().map(|h| rotate_bits(h, rot)) };
+                        sch.set_peer(&peer.node, have, my_topo.distance(&peer.topology));
                     }
                 }
                 self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
@@ -515,7 +525,10 @@ impl<'a> Engine<'a> {
 
     fn pump(&mut self, s: u32, l: u32) {
         let t0 = Instant::now();
-        let reqs = match self.pull(s, l).sched.as_mut() {
+        let count = self.count(l);
+        let p = self.pull(s, l);
+        let rot = p.rot;
+        let reqs = match p.sched.as_mut() {
             Some(sch) => sch.next_requests(),
             None => return,
         };
@@ -523,7 +536,7 @@ impl<'a> Engine<'a> {
         let lat = self.sc.starling.peer_latency_ms / 1e3;
         for r in reqs {
             let from: u32 = r.peer.strip_prefix('n').and_then(|x| x.parse().ok()).unwrap_or(0);
-            let kind = Kind::Piece { slot: s, layer: l, piece: r.piece, from };
+            let kind = Kind::Piece { slot: s, layer: l, piece: (r.piece + rot) % count.max(1), from };
             if lat > 0.0 {
                 self.at(self.now + lat, Timer::Start(kind));
             } else {
@@ -598,13 +611,14 @@ impl<'a> Engine<'a> {
                 self.out.registry_bytes += bytes;
                 let count = self.count(layer);
                 let p = self.pull(slot, layer);
+                let rot = p.rot;
                 let Some(sch) = p.sched.as_mut() else { return };
-                sch.on_done(piece, REGISTRY_PEER);
+                sch.on_done(to_sched(piece, rot, count), REGISTRY_PEER);
                 if sch.is_complete() {
                     p.streaming = false;
                     self.layer_done(slot, layer);
                 } else {
-                    let next = (piece + 1..count).find(|&i| !sch.have().get(i));
+                    let next = (piece + 1..count).find(|&i| !sch.have().get(to_sched(i, rot, count)));
                     if let Some(nx) = next {
                         self.start_flow(Kind::RegPiece { slot, layer, piece: nx });
                     }
@@ -618,8 +632,10 @@ impl<'a> Engine<'a> {
                 }
                 let name = &self.names[from as usize];
                 let p = &mut self.pulls[slot as usize * self.layers + layer as usize];
+                let count = PieceLayout::new(self.sizes[layer as usize], self.piece_size[layer as usize]).count();
+                let rot = p.rot;
                 let Some(sch) = p.sched.as_mut() else { return };
-                sch.on_done(piece, name);
+                sch.on_done(to_sched(piece, rot, count), name);
                 if sch.is_complete() {
                     self.layer_done(slot, layer);
                 } else {
@@ -650,4 +666,44 @@ impl<'a> Engine<'a> {
 pub fn simulate(sc: &Scenario, strategy: &crate::scenario::StrategySpec, job_nodes: usize) -> Result<Outcome, Error> {
     let plan = Plan::new(sc, strategy, job_nodes);
     Engine::new(sc, &plan).run()
+}
+
+fn to_sched(p: u32, rot: u32, count: u32) -> u32 {
+    if rot == 0 || count == 0 {
+        p
+    } else {
+        (p + count - rot) % count
+    }
+}
+
+/// Real-space bitfield → this agent's scheduler space.
+fn rotate_bits(b: &Bitfield, rot: u32) -> Bitfield {
+    let n = b.len();
+    let mut out = Bitfield::new(n);
+    for p in b.iter_ones() {
+        out.set(to_sched(p, rot, n));
+    }
+    out
+}
+
+/// Scheduler space → real space.
+fn unrotate(b: &Bitfield, rot: u32) -> Bitfield {
+    if rot == 0 {
+        return b.clone();
+    }
+    let n = b.len();
+    let mut out = Bitfield::new(n);
+    for q in b.iter_ones() {
+        out.set((q + rot) % n);
+    }
+    out
+}
+
+fn fnv(x: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in x.to_le_bytes() {
+        h ^= byte as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
 }

@@ -296,6 +296,11 @@ pub struct SimCfg {
     /// Safety stop (simulated seconds).
     #[serde(default)]
     pub max_seconds: Option<f64>,
+    /// What-if (not the shipped scheduler's behaviour): each agent's `PieceScheduler`
+    /// sees the piece indices rotated by a per-agent offset, emulating a per-agent
+    /// tie-break instead of "lowest index first" (see the report's swarm notes).
+    #[serde(default)]
+    pub piece_rotation: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

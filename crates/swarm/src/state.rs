@@ -115,7 +115,10 @@ impl TrackerState {
                 swarm.hashes.entry(*i).or_insert_with(|| h.clone());
             }
         }
-        let any_complete = swarm.peers.iter().any(|(n, p)| p.complete && n != &req.node && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms);
+        let any_complete = swarm
+            .peers
+            .iter()
+            .any(|(n, p)| p.complete && n != &req.node && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !swarm.bad.contains_key(n));
         let role = if req.leaving || req.complete {
             Role::Peer
         } else if swarm.size.is_some_and(|s| s < cfg.min_p2p_size) {
@@ -269,6 +272,7 @@ mod tests {
         reporter.bad_peers = vec!["seed".into()];
         let resp = t.announce(&reporter, 2);
         assert!(resp.peers.iter().all(|p| p.node != "seed"));
+        assert_eq!(resp.role, Role::Source, "the only holder lies: someone must go to the registry");
     }
 
     #[test]
