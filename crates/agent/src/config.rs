@@ -54,8 +54,12 @@ pub struct AgentConfig {
     /// and receive from peers and the registry.
     pub upload_limit: Option<String>,
     pub download_limit: Option<String>,
-    /// Concurrent piece uploads served to peers; more get 503 and ask elsewhere.
+    /// Concurrent piece uploads served to peers; more get 503 and ask elsewhere. Few
+    /// fast uploads beat many slow ones: a piece that trickles holds up its requester.
     pub max_uploads: usize,
+    /// Piece requests this node keeps in flight across all blobs. Enough to fill the
+    /// download link from upload-capped peers; more would only make each piece slower.
+    pub max_piece_requests: usize,
     /// Blobs below this go straight to the registry (through the cache).
     pub p2p_threshold: String,
     pub piece_size: String,
@@ -98,7 +102,8 @@ impl Default for AgentConfig {
             cluster_token: None,
             upload_limit: None,
             download_limit: None,
-            max_uploads: 16,
+            max_uploads: 4,
+            max_piece_requests: 8,
             p2p_threshold: "4MiB".into(),
             piece_size: "4MiB".into(),
             corrupt_pieces: false,

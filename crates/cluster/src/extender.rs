@@ -116,7 +116,13 @@ impl ExtenderArgs {
         }
         self.nodes
             .as_ref()
-            .map(|l| l.items.iter().filter_map(item_name).map(str::to_owned).collect())
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter_map(item_name)
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -191,7 +197,10 @@ impl Workload {
         let mut resolved = Vec::new();
         let mut unresolved = Vec::new();
         for i in images {
-            match ImageReference::parse(i).ok().and_then(|r| catalog.resolve(&r)) {
+            match ImageReference::parse(i)
+                .ok()
+                .and_then(|r| catalog.resolve(&r))
+            {
                 Some(r) => resolved.push(r),
                 None => unresolved.push(i.clone()),
             }
@@ -253,7 +262,12 @@ pub fn estimate(
             },
         };
         let held: u64 = entry
-            .map(|e| w.blobs.iter().map(|b| e.bytes_held(&b.digest).min(b.size)).sum())
+            .map(|e| {
+                w.blobs
+                    .iter()
+                    .map(|b| e.bytes_held(&b.digest).min(b.size))
+                    .sum()
+            })
             .unwrap_or(0);
         let tp = entry.and_then(|e| e.report.throughput_bytes_per_sec);
         let pull = (presence == Presence::Known).then(|| {
@@ -285,20 +299,7 @@ pub fn estimate(
     out
 }
 
-fn fmt_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
+use crate::text::bytes as fmt_bytes;
 
 /// Whether the pod asks for warm nodes only.
 pub fn requires_warm(pod: &Pod) -> bool {
@@ -324,6 +325,7 @@ pub fn filter(
         let w = Workload::new(&pod_images(&args.pod), catalog);
         let est = estimate(&w, &names, inv, now, &ScoreConfig::default());
         let total = fmt_bytes(w.total_bytes);
+        let mut reasons: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
         for e in est {
             let reason = match e.presence {
                 Presence::Absent => Some("starling: node unknown to the tracker (no agent report); require-warm".to_owned()),
@@ -335,12 +337,20 @@ pub fn filter(
                     "starling: image {} is not cached anywhere in the cluster; require-warm",
                     w.unresolved.join(", ")
                 )),
-                Presence::Known if e.missing_bytes > 0 => Some(format!(
-                    "starling: missing {} of {} for {} image(s); require-warm",
-                    fmt_bytes(e.missing_bytes),
-                    total,
-                    w.resolved.len()
-                )),
+                Presence::Known if e.missing_bytes > 0 => Some(
+                    // Many nodes miss the same amount (all of it, typically): format once.
+                    reasons
+                        .entry(e.missing_bytes)
+                        .or_insert_with(|| {
+                            format!(
+                                "starling: missing {} of {} for {} image(s); require-warm",
+                                fmt_bytes(e.missing_bytes),
+                                total,
+                                w.resolved.len()
+                            )
+                        })
+                        .clone(),
+                ),
                 Presence::Known => None,
             };
             if let Some(r) = reason {
@@ -351,7 +361,12 @@ pub fn filter(
     let (nodes, node_names) = if let Some(n) = &args.node_names {
         (
             None,
-            Some(n.iter().filter(|x| !failed.contains_key(*x)).cloned().collect()),
+            Some(
+                n.iter()
+                    .filter(|x| !failed.contains_key(*x))
+                    .cloned()
+                    .collect(),
+            ),
         )
     } else {
         let list = args.nodes.clone().unwrap_or_default();
@@ -360,7 +375,13 @@ pub fn filter(
             .into_iter()
             .filter(|i| item_name(i).is_none_or(|n| !failed.contains_key(n)))
             .collect();
-        (Some(NodeList { items, rest: list.rest }), None)
+        (
+            Some(NodeList {
+                items,
+                rest: list.rest,
+            }),
+            None,
+        )
     };
     ExtenderFilterResult {
         nodes,
@@ -444,15 +465,21 @@ pub fn rank(
         req.nodes.clone()
     };
     let mut nodes = estimate(&w, &candidates, inv, now, cfg);
-    nodes.sort_by(|a, b| match (a.expected_pull_seconds, b.expected_pull_seconds) {
-        (Some(x), Some(y)) => x.total_cmp(&y).then(a.node.cmp(&b.node)),
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => a.node.cmp(&b.node),
-    });
+    nodes.sort_by(
+        |a, b| match (a.expected_pull_seconds, b.expected_pull_seconds) {
+            (Some(x), Some(y)) => x.total_cmp(&y).then(a.node.cmp(&b.node)),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => a.node.cmp(&b.node),
+        },
+    );
     Ok(RankResponse {
         images,
-        manifest_digests: w.resolved.iter().map(|r| r.manifest_digest.to_string()).collect(),
+        manifest_digests: w
+            .resolved
+            .iter()
+            .map(|r| r.manifest_digest.to_string())
+            .collect(),
         total_bytes: w.total_bytes,
         nodes,
     })
@@ -480,7 +507,8 @@ mod tests {
         }))
         .expect("pod");
         assert_eq!(pod_images(&pod), vec!["x:1", "y:1", "z:1"]);
-        let empty: Pod = serde_json::from_value(serde_json::json!({"spec": {"containers": null}})).expect("pod");
+        let empty: Pod =
+            serde_json::from_value(serde_json::json!({"spec": {"containers": null}})).expect("pod");
         assert!(pod_images(&empty).is_empty());
     }
 }

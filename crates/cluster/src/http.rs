@@ -64,6 +64,7 @@ struct Inner {
     config: ClusterConfig,
     clock: Clock,
     saved: Mutex<Saved>,
+    last_tick: Mutex<Option<u64>>,
 }
 
 /// Shared state of the cluster layer. Cheap to clone.
@@ -106,6 +107,7 @@ impl ClusterState {
                 config,
                 clock,
                 saved: Mutex::new(Saved::default()),
+                last_tick: Mutex::new(None),
             }),
         }
     }
@@ -120,6 +122,7 @@ impl ClusterState {
 
     /// OpenMetrics text of the cluster metrics.
     pub fn encode_metrics(&self) -> String {
+        self.refresh_node_gauges(&self.inventory(), self.now());
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.inner.registry).is_err() {
             out.clear();
@@ -160,24 +163,39 @@ impl ClusterState {
         let now = self.now();
         let m = &self.inner.metrics;
         let (saved, registry) = report.images.iter().fold((0u64, 0u64), |(s, r), i| {
-            (s + i.bytes_by_source.saved(), r + i.bytes_by_source.registry)
+            (
+                s + i.bytes_by_source.saved(),
+                r + i.bytes_by_source.registry,
+            )
         });
         let node = report.node.clone();
         let pulls: Vec<(String, f64)> = report
             .images
             .iter()
             .filter_map(|i| {
-                let name = i.references.first().cloned().unwrap_or_else(|| i.manifest_digest.to_string());
+                let name = i
+                    .references
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| i.manifest_digest.to_string());
                 i.pull_seconds.map(|s| (name, s))
             })
             .collect();
         let applied = self.inner.inventory.write().apply(report, now)?;
         if applied != Applied::Heartbeat {
             for (image, s) in pulls {
-                m.pull_seconds.get_or_create(&PullLabels { image, node: node.clone() }).set(s);
+                m.pull_seconds
+                    .get_or_create(&PullLabels {
+                        image,
+                        node: node.clone(),
+                    })
+                    .set(s);
             }
             let mut sv = self.inner.saved.lock();
-            let prev = sv.per_node.insert(node, (saved, registry)).unwrap_or((0, 0));
+            let prev = sv
+                .per_node
+                .insert(node, (saved, registry))
+                .unwrap_or((0, 0));
             // Per-image figures are of the last pull; count growth only.
             let ds = saved.saturating_sub(prev.0);
             let dr = registry.saturating_sub(prev.1);
@@ -194,20 +212,23 @@ impl ClusterState {
                 sv.series.pop_front();
             }
         }
-        self.tick()?;
+        let due = self.inner.last_tick.lock().is_none_or(|t| now > t);
+        if due {
+            self.tick()?;
+        }
         Ok(applied)
     }
 
     pub fn heartbeat(&self, node: &str, generation: u64) -> Result<()> {
         let now = self.now();
-        self.inner.inventory.write().heartbeat(node, generation, now)
+        self.inner
+            .inventory
+            .write()
+            .heartbeat(node, generation, now)
     }
 
-    /// Periodic work (call every few seconds): job progress from the inventory,
-    /// silent nodes, deadlines, lead times, gauges.
-    pub fn tick(&self) -> Result<()> {
-        let now = self.now();
-        let inv = self.inner.inventory.read();
+    /// Node gauges (known/unknown depends on the clock, so refreshed on every scrape).
+    fn refresh_node_gauges(&self, inv: &Inventory, now: u64) {
         let m = &self.inner.metrics;
         let mut known = 0;
         let mut unknown = 0;
@@ -216,25 +237,54 @@ impl ClusterState {
                 NodeStatus::Known => known += 1,
                 NodeStatus::Unknown => unknown += 1,
             }
-            let labels = NodeLabels { node: e.report.node.clone() };
-            m.node_cached_bytes.get_or_create(&labels).set(e.report.cache_used as i64);
-            m.node_cache_budget_bytes.get_or_create(&labels).set(e.report.cache_budget as i64);
+            let labels = NodeLabels {
+                node: e.report.node.clone(),
+            };
+            m.node_cached_bytes
+                .get_or_create(&labels)
+                .set(e.report.cache_used as i64);
+            m.node_cache_budget_bytes
+                .get_or_create(&labels)
+                .set(e.report.cache_budget as i64);
         }
-        m.nodes.get_or_create(&StatusLabels { status: "known".into() }).set(known);
-        m.nodes.get_or_create(&StatusLabels { status: "unknown".into() }).set(unknown);
+        m.nodes
+            .get_or_create(&StatusLabels {
+                status: "known".into(),
+            })
+            .set(known);
+        m.nodes
+            .get_or_create(&StatusLabels {
+                status: "unknown".into(),
+            })
+            .set(unknown);
+    }
+
+    /// Periodic work (call every few seconds): job progress from the inventory,
+    /// silent nodes, deadlines, lead times, gauges. Reports also trigger it, at most
+    /// once per clock second.
+    pub fn tick(&self) -> Result<()> {
+        let now = self.now();
+        *self.inner.last_tick.lock() = Some(now);
+        let inv = self.inner.inventory.read();
+        let m = &self.inner.metrics;
+        self.refresh_node_gauges(&inv, now);
         let mut jobs = self.inner.jobs.lock();
         jobs.observe(&inv, now)?;
         for lead in jobs.take_lead_times(&inv)? {
             m.prewarm_lead_seconds.observe(lead);
         }
-        let mut by_status: BTreeMap<String, i64> = ["running", "done", "completed_with_failures", "cancelled"]
-            .iter()
-            .map(|s| ((*s).to_owned(), 0))
-            .collect();
+        let mut by_status: BTreeMap<String, i64> =
+            ["running", "done", "completed_with_failures", "cancelled"]
+                .iter()
+                .map(|s| ((*s).to_owned(), 0))
+                .collect();
         let mut node_states: BTreeMap<String, i64> = BTreeMap::new();
         for j in jobs.list() {
             let p = j.progress();
-            let key = serde_json::to_value(p.status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+            let key = serde_json::to_value(p.status)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
             *by_status.entry(key).or_default() += 1;
             if p.status == crate::prewarm::JobStatus::Running {
                 for (s, n) in p.nodes_by_state {
@@ -243,11 +293,15 @@ impl ClusterState {
             }
         }
         for (s, n) in by_status {
-            m.prewarm_jobs.get_or_create(&StatusLabels { status: s }).set(n);
+            m.prewarm_jobs
+                .get_or_create(&StatusLabels { status: s })
+                .set(n);
         }
         m.prewarm_nodes.clear();
         for (s, n) in node_states {
-            m.prewarm_nodes.get_or_create(&StatusLabels { status: s }).set(n);
+            m.prewarm_nodes
+                .get_or_create(&StatusLabels { status: s })
+                .set(n);
         }
         Ok(())
     }
@@ -262,7 +316,9 @@ impl ClusterState {
         };
         let mut images = Vec::new();
         for (raw, r) in req.images.iter().zip(&refs) {
-            let mut img = self.resolve(r).ok_or_else(|| Error::UnknownImage(raw.clone()))?;
+            let mut img = self
+                .resolve(r)
+                .ok_or_else(|| Error::UnknownImage(raw.clone()))?;
             img.reference = r.to_string();
             images.push(img);
         }
@@ -290,7 +346,9 @@ impl ClusterState {
         self.inner
             .metrics
             .extender_seconds
-            .get_or_create(&VerbLabels { verb: verb.to_owned() })
+            .get_or_create(&VerbLabels {
+                verb: verb.to_owned(),
+            })
             .observe(t.elapsed().as_secs_f64());
         r
     }
@@ -359,7 +417,12 @@ impl ClusterState {
                 cache_budget: e.report.cache_budget,
                 bytes: images
                     .iter()
-                    .map(|img| img.blobs.iter().map(|b| e.bytes_held(&b.digest).min(b.size)).sum())
+                    .map(|img| {
+                        img.blobs
+                            .iter()
+                            .map(|b| e.bytes_held(&b.digest).min(b.size))
+                            .sum()
+                    })
                     .collect(),
             })
             .collect();
@@ -373,7 +436,11 @@ impl ClusterState {
                         .images
                         .iter()
                         .map(|i| DashPull {
-                            reference: i.references.first().cloned().unwrap_or_else(|| i.manifest_digest.to_string()),
+                            reference: i
+                                .references
+                                .first()
+                                .cloned()
+                                .unwrap_or_else(|| i.manifest_digest.to_string()),
                             last_pull: i.last_pull,
                             cache: i.bytes_by_source.cache,
                             peer: i.bytes_by_source.peer,
@@ -381,7 +448,7 @@ impl ClusterState {
                             pull_seconds: i.pull_seconds,
                         })
                         .collect();
-                    p.sort_by(|a, b| b.last_pull.cmp(&a.last_pull));
+                    p.sort_by_key(|x| std::cmp::Reverse(x.last_pull));
                     p.truncate(5);
                     p
                 },
@@ -390,12 +457,14 @@ impl ClusterState {
         let mut swarms: BTreeMap<String, DashSwarm> = BTreeMap::new();
         for e in inv.entries() {
             for d in &e.report.downloads_in_flight {
-                let s = swarms.entry(d.digest.to_string()).or_insert_with(|| DashSwarm {
-                    digest: d.digest.to_string(),
-                    nodes: Vec::new(),
-                    bytes_done: 0,
-                    bytes_total: 0,
-                });
+                let s = swarms
+                    .entry(d.digest.to_string())
+                    .or_insert_with(|| DashSwarm {
+                        digest: d.digest.to_string(),
+                        nodes: Vec::new(),
+                        bytes_done: 0,
+                        bytes_total: 0,
+                    });
                 s.nodes.push(e.report.node.clone());
                 s.bytes_done += d.bytes_done;
                 s.bytes_total += d.bytes_total;
@@ -508,9 +577,10 @@ pub fn status_of(e: &Error) -> StatusCode {
         | Error::InvalidRequest(_)
         | Error::BadReference { .. }
         | Error::MutableTag { .. } => StatusCode::BAD_REQUEST,
-        Error::UnknownNode(_) | Error::UnknownNodes(_) | Error::UnknownJob(_) | Error::UnknownImage(_) => {
-            StatusCode::NOT_FOUND
-        }
+        Error::UnknownNode(_)
+        | Error::UnknownNodes(_)
+        | Error::UnknownJob(_)
+        | Error::UnknownImage(_) => StatusCode::NOT_FOUND,
         Error::StaleGeneration { .. } | Error::JobFinished(_) => StatusCode::CONFLICT,
         Error::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -522,7 +592,11 @@ impl IntoResponse for Error {
         if status.is_server_error() {
             tracing::error!(error = %self, "cluster API error");
         }
-        (status, Json(serde_json::json!({ "error": self.to_string() }))).into_response()
+        (
+            status,
+            Json(serde_json::json!({ "error": self.to_string() })),
+        )
+            .into_response()
     }
 }
 
@@ -535,7 +609,9 @@ fn parse_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T> {
 /// [`ClusterState::encode_metrics_fragment`] to its output instead (or registers
 /// [`ClusterMetrics`] in its registry with [`ClusterMetrics::register`]).
 pub fn metrics_router(state: ClusterState) -> Router {
-    Router::new().route("/metrics", get(metrics)).with_state(state)
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(state)
 }
 
 /// All cluster API routes (see API.md). No `/metrics` and no `/healthz`, so it
@@ -549,7 +625,10 @@ pub fn router(state: ClusterState) -> Router {
         .route("/api/v1/where", get(where_image))
         .route("/api/v1/reports", post(ingest_report))
         .route("/api/v1/prewarm", post(submit_prewarm).get(list_prewarm))
-        .route("/api/v1/prewarm/{id}", get(get_prewarm).delete(cancel_prewarm))
+        .route(
+            "/api/v1/prewarm/{id}",
+            get(get_prewarm).delete(cancel_prewarm),
+        )
         .route("/api/v1/rank", post(rank))
         .route("/scheduler/filter", post(filter))
         .route("/scheduler/prioritize", post(prioritize))
@@ -557,7 +636,10 @@ pub fn router(state: ClusterState) -> Router {
 }
 
 async fn dashboard_page() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], DASHBOARD_HTML)
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        DASHBOARD_HTML,
+    )
 }
 
 async fn dashboard_json(State(s): State<ClusterState>) -> Json<Dashboard> {
@@ -569,30 +651,48 @@ async fn list_nodes(State(s): State<ClusterState>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "nodes": s.inventory().nodes(now) }))
 }
 
-async fn one_node(State(s): State<ClusterState>, Path(name): Path<String>) -> Result<Json<serde_json::Value>> {
+async fn one_node(
+    State(s): State<ClusterState>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>> {
     let now = s.now();
     let inv = s.inventory();
-    let (summary, report) = inv.node(&name, now).ok_or_else(|| Error::UnknownNode(name.clone()))?;
-    Ok(Json(serde_json::json!({ "summary": summary, "report": report })))
+    let (summary, report) = inv
+        .node(&name, now)
+        .ok_or_else(|| Error::UnknownNode(name.clone()))?;
+    Ok(Json(
+        serde_json::json!({ "summary": summary, "report": report }),
+    ))
 }
 
-async fn where_image(State(s): State<ClusterState>, Query(q): Query<HashMap<String, String>>) -> Result<Json<serde_json::Value>> {
+async fn where_image(
+    State(s): State<ClusterState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<crate::text::WhereReply>> {
     let raw = q
         .get("image")
         .ok_or_else(|| Error::InvalidRequest("missing query parameter image=REF".into()))?;
-    let r = ImageReference::parse(raw).map_err(|e| Error::BadReference { reference: raw.clone(), message: e.to_string() })?;
-    let img = s.resolve(&r).ok_or_else(|| Error::UnknownImage(raw.clone()))?;
+    let r = ImageReference::parse(raw).map_err(|e| Error::BadReference {
+        reference: raw.clone(),
+        message: e.to_string(),
+    })?;
+    let img = s
+        .resolve(&r)
+        .ok_or_else(|| Error::UnknownImage(raw.clone()))?;
     let now = s.now();
-    let holders = s.inventory().holders(&img.blobs, now);
-    Ok(Json(serde_json::json!({
-        "image": r.to_string(),
-        "manifest_digest": img.manifest_digest,
-        "total_bytes": img.total_bytes(),
-        "nodes": holders,
-    })))
+    let nodes = s.inventory().holders(&img.blobs, now);
+    Ok(Json(crate::text::WhereReply {
+        image: r.to_string(),
+        total_bytes: img.total_bytes(),
+        manifest_digest: img.manifest_digest,
+        nodes,
+    }))
 }
 
-async fn ingest_report(State(s): State<ClusterState>, body: Bytes) -> Result<Json<serde_json::Value>> {
+async fn ingest_report(
+    State(s): State<ClusterState>,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>> {
     let report: NodeReport = parse_body(&body)?;
     let applied = s.ingest(report)?;
     let a = match applied {
@@ -603,7 +703,10 @@ async fn ingest_report(State(s): State<ClusterState>, body: Bytes) -> Result<Jso
     Ok(Json(serde_json::json!({ "applied": a })))
 }
 
-async fn submit_prewarm(State(s): State<ClusterState>, body: Bytes) -> Result<(StatusCode, Json<JobView>)> {
+async fn submit_prewarm(
+    State(s): State<ClusterState>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<JobView>)> {
     let req: PrewarmRequest = parse_body(&body)?;
     Ok((StatusCode::CREATED, Json(s.submit_prewarm(req)?)))
 }
@@ -618,18 +721,28 @@ async fn list_prewarm(State(s): State<ClusterState>) -> Json<serde_json::Value> 
 }
 
 fn parse_id(id: &str) -> Result<u64> {
-    id.parse().map_err(|_| Error::InvalidRequest(format!("job id {id:?} is not a number")))
+    id.parse()
+        .map_err(|_| Error::InvalidRequest(format!("job id {id:?} is not a number")))
 }
 
-async fn get_prewarm(State(s): State<ClusterState>, Path(id): Path<String>) -> Result<Json<JobView>> {
+async fn get_prewarm(
+    State(s): State<ClusterState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>> {
     let id = parse_id(&id)?;
-    s.with_jobs(|j| j.get(id).map(|j| j.view())).map(Json).ok_or(Error::UnknownJob(id))
+    s.with_jobs(|j| j.get(id).map(|j| j.view()))
+        .map(Json)
+        .ok_or(Error::UnknownJob(id))
 }
 
-async fn cancel_prewarm(State(s): State<ClusterState>, Path(id): Path<String>) -> Result<Json<JobView>> {
+async fn cancel_prewarm(
+    State(s): State<ClusterState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>> {
     let id = parse_id(&id)?;
     let now = s.now();
-    s.with_jobs(|j| j.cancel(id, now).map(|j| j.view())).map(Json)
+    s.with_jobs(|j| j.cancel(id, now).map(|j| j.view()))
+        .map(Json)
 }
 
 async fn rank(State(s): State<ClusterState>, body: Bytes) -> Result<Json<extender::RankResponse>> {
@@ -637,19 +750,28 @@ async fn rank(State(s): State<ClusterState>, body: Bytes) -> Result<Json<extende
     s.rank(&req).map(Json)
 }
 
-async fn filter(State(s): State<ClusterState>, body: Bytes) -> Result<Json<extender::ExtenderFilterResult>> {
+async fn filter(
+    State(s): State<ClusterState>,
+    body: Bytes,
+) -> Result<Json<extender::ExtenderFilterResult>> {
     let args: ExtenderArgs = parse_body(&body)?;
     Ok(Json(s.filter(&args)))
 }
 
-async fn prioritize(State(s): State<ClusterState>, body: Bytes) -> Result<Json<Vec<extender::HostPriority>>> {
+async fn prioritize(
+    State(s): State<ClusterState>,
+    body: Bytes,
+) -> Result<Json<Vec<extender::HostPriority>>> {
     let args: ExtenderArgs = parse_body(&body)?;
     Ok(Json(s.prioritize(&args)))
 }
 
 async fn metrics(State(s): State<ClusterState>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         s.encode_metrics(),
     )
 }

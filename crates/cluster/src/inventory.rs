@@ -513,7 +513,10 @@ fn dedup(blobs: &[BlobRef]) -> Vec<BlobRef> {
 }
 
 fn held_by(e: &NodeEntry, blobs: &[BlobRef]) -> u64 {
-    blobs.iter().map(|b| e.bytes_held(&b.digest).min(b.size)).sum()
+    blobs
+        .iter()
+        .map(|b| e.bytes_held(&b.digest).min(b.size))
+        .sum()
 }
 
 #[cfg(test)]
@@ -552,49 +555,99 @@ mod tests {
     #[test]
     fn stale_generations_are_refused_and_same_generation_is_a_heartbeat() {
         let mut inv = Inventory::new(30);
-        assert_eq!(inv.apply(report("n1", 5, &[(1, 100, 100)]), 1000).ok(), Some(Applied::New));
+        assert_eq!(
+            inv.apply(report("n1", 5, &[(1, 100, 100)]), 1000).ok(),
+            Some(Applied::New)
+        );
         let err = inv.apply(report("n1", 4, &[]), 1001).expect_err("stale");
-        assert_eq!(err.to_string(), "stale report from n1: generation 4 < current 5");
-        assert_eq!(inv.entry("n1").map(|e| e.report.blobs.len()), Some(1), "stale report did not replace");
-        assert_eq!(inv.apply(report("n1", 5, &[]), 1010).ok(), Some(Applied::Heartbeat));
-        assert_eq!(inv.entry("n1").map(|e| (e.report.blobs.len(), e.last_heartbeat)), Some((1, 1010)));
-        assert_eq!(inv.apply(report("n1", 6, &[]), 1020).ok(), Some(Applied::Updated));
+        assert_eq!(
+            err.to_string(),
+            "stale report from n1: generation 4 < current 5"
+        );
+        assert_eq!(
+            inv.entry("n1").map(|e| e.report.blobs.len()),
+            Some(1),
+            "stale report did not replace"
+        );
+        assert_eq!(
+            inv.apply(report("n1", 5, &[]), 1010).ok(),
+            Some(Applied::Heartbeat)
+        );
+        assert_eq!(
+            inv.entry("n1")
+                .map(|e| (e.report.blobs.len(), e.last_heartbeat)),
+            Some((1, 1010))
+        );
+        assert_eq!(
+            inv.apply(report("n1", 6, &[]), 1020).ok(),
+            Some(Applied::Updated)
+        );
         assert_eq!(inv.entry("n1").map(|e| e.report.blobs.len()), Some(0));
     }
 
     #[test]
     fn silent_nodes_become_unknown_not_empty() {
         let mut inv = Inventory::new(30);
-        inv.apply(report("n1", 1, &[(1, 100, 100)]), 1000).expect("apply");
+        inv.apply(report("n1", 1, &[(1, 100, 100)]), 1000)
+            .expect("apply");
         assert_eq!(inv.status("n1", 1030), Some(NodeStatus::Known));
         assert_eq!(inv.status("n1", 1031), Some(NodeStatus::Unknown));
-        let h = inv.holders(&[BlobRef { digest: d(1), size: 100 }], 1031);
+        let h = inv.holders(
+            &[BlobRef {
+                digest: d(1),
+                size: 100,
+            }],
+            1031,
+        );
         assert_eq!(
             h,
-            vec![Holding { node: "n1".into(), status: NodeStatus::Unknown, bytes_held: 100, total_bytes: 100 }]
+            vec![Holding {
+                node: "n1".into(),
+                status: NodeStatus::Unknown,
+                bytes_held: 100,
+                total_bytes: 100
+            }]
         );
         inv.heartbeat("n1", 1, 1040).expect("heartbeat");
         assert_eq!(inv.status("n1", 1041), Some(NodeStatus::Known));
         assert!(matches!(inv.heartbeat("nope", 1, 1), Err(Error::UnknownNode(n)) if n == "nope"));
-        assert!(matches!(inv.heartbeat("n1", 2, 1), Err(Error::InvalidRequest(_))));
+        assert!(matches!(
+            inv.heartbeat("n1", 2, 1),
+            Err(Error::InvalidRequest(_))
+        ));
         assert_eq!(inv.status("nope", 0), None);
     }
 
     #[test]
     fn holders_count_shared_layers_once_and_partials_by_bytes() {
         let mut inv = Inventory::new(30);
-        inv.apply(report("a", 1, &[(1, 100, 100), (2, 50, 20)]), 0).expect("a");
+        inv.apply(report("a", 1, &[(1, 100, 100), (2, 50, 20)]), 0)
+            .expect("a");
         inv.apply(report("b", 1, &[(2, 50, 50)]), 0).expect("b");
         inv.apply(report("c", 1, &[(9, 10, 10)]), 0).expect("c");
         let blobs = [
-            BlobRef { digest: d(1), size: 100 },
-            BlobRef { digest: d(2), size: 50 },
-            BlobRef { digest: d(1), size: 100 }, // shared layer listed twice
-            BlobRef { digest: d(3), size: 7 },
+            BlobRef {
+                digest: d(1),
+                size: 100,
+            },
+            BlobRef {
+                digest: d(2),
+                size: 50,
+            },
+            BlobRef {
+                digest: d(1),
+                size: 100,
+            }, // shared layer listed twice
+            BlobRef {
+                digest: d(3),
+                size: 7,
+            },
         ];
         let h = inv.holders(&blobs, 0);
         assert_eq!(
-            h.iter().map(|h| (h.node.as_str(), h.bytes_held, h.total_bytes)).collect::<Vec<_>>(),
+            h.iter()
+                .map(|h| (h.node.as_str(), h.bytes_held, h.total_bytes))
+                .collect::<Vec<_>>(),
             vec![("a", 120, 157), ("b", 50, 157)]
         );
         assert_eq!(inv.bytes_held("c", &blobs), Some(0));
@@ -608,7 +661,10 @@ mod tests {
             manifest_digest: d(m),
             index_digest: Some(d(200)),
             references: vec!["python:3.12".into()],
-            blobs: vec![BlobRef { digest: d(m + 1), size: 10 }],
+            blobs: vec![BlobRef {
+                digest: d(m + 1),
+                size: 10,
+            }],
             last_pull: Some(t),
             last_use: None,
             bytes_by_source: SourceBytes::default(),
@@ -624,9 +680,16 @@ mod tests {
         r2.images = vec![img(20, 200)];
         inv.apply(r2, 0).expect("b");
         assert!(inv.tag_seen_moving(&py));
-        assert_eq!(inv.resolve(&py).map(|r| r.manifest_digest), Some(d(20)), "latest pull wins");
+        assert_eq!(
+            inv.resolve(&py).map(|r| r.manifest_digest),
+            Some(d(20)),
+            "latest pull wins"
+        );
         let by_digest = ImageReference::parse(&format!("python@{}", d(10))).expect("ref");
-        assert_eq!(inv.resolve(&by_digest).map(|r| r.blobs[0].digest.clone()), Some(d(11)));
+        assert_eq!(
+            inv.resolve(&by_digest).map(|r| r.blobs[0].digest.clone()),
+            Some(d(11))
+        );
         let by_index = ImageReference::parse(&format!("python@{}", d(200))).expect("ref");
         assert!(inv.resolve(&by_index).is_some());
         let other = ImageReference::parse("python:3.13").expect("ref");

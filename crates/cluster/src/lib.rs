@@ -11,6 +11,7 @@ pub mod inventory;
 pub mod metrics;
 pub mod prewarm;
 pub mod selector;
+pub mod text;
 
 pub use error::{Error, Result};
 pub use extender::{ImageCatalog, ScoreConfig};

@@ -68,7 +68,9 @@ impl Default for ClusterMetrics {
             node_cache_budget_bytes: Family::default(),
             prewarm_jobs: Family::default(),
             prewarm_nodes: Family::default(),
-            extender_seconds: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 2.0, 16))),
+            extender_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 2.0, 16))
+            }),
         }
     }
 }
@@ -92,23 +94,47 @@ impl ClusterMetrics {
     /// an unprefixed registry; the tracker can merge ours into its own this way).
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("starling_cluster");
-        r.register("pull_seconds", "Wall time of the last pull of an image on a node", self.pull_seconds.clone());
+        r.register(
+            "pull_seconds",
+            "Wall time of the last pull of an image on a node",
+            self.pull_seconds.clone(),
+        );
         r.register(
             "registry_bytes_saved",
             "Pulled bytes served from a node cache or a peer instead of the registry",
             self.registry_bytes_saved.clone(),
         );
-        r.register("registry_bytes", "Pulled bytes that came from the registry", self.registry_bytes.clone());
+        r.register(
+            "registry_bytes",
+            "Pulled bytes that came from the registry",
+            self.registry_bytes.clone(),
+        );
         r.register(
             "prewarm_lead_seconds",
             "Time from a node finishing a prewarm to the image's first use there",
             self.prewarm_lead_seconds.clone(),
         );
         r.register("nodes", "Nodes by inventory status", self.nodes.clone());
-        r.register("node_cached_bytes", "Bytes held in a node's cache", self.node_cached_bytes.clone());
-        r.register("node_cache_budget_bytes", "A node's cache budget", self.node_cache_budget_bytes.clone());
-        r.register("prewarm_jobs", "Prewarm jobs by status", self.prewarm_jobs.clone());
-        r.register("prewarm_nodes", "Prewarm node assignments by state", self.prewarm_nodes.clone());
+        r.register(
+            "node_cached_bytes",
+            "Bytes held in a node's cache",
+            self.node_cached_bytes.clone(),
+        );
+        r.register(
+            "node_cache_budget_bytes",
+            "A node's cache budget",
+            self.node_cache_budget_bytes.clone(),
+        );
+        r.register(
+            "prewarm_jobs",
+            "Prewarm jobs by status",
+            self.prewarm_jobs.clone(),
+        );
+        r.register(
+            "prewarm_nodes",
+            "Prewarm node assignments by state",
+            self.prewarm_nodes.clone(),
+        );
         r.register(
             "extender_seconds",
             "Compute time of scheduler extender and rank requests",

@@ -78,7 +78,8 @@ pub fn validate(req: &PrewarmRequest, inv: &Inventory) -> Result<Vec<ImageRefere
         return Err(Error::InvalidRequest("\"images\" is empty".into()));
     }
     let t = &req.targets;
-    let population_given = t.selector.is_some() || t.pool.is_some() || t.count.is_some() || t.percentage.is_some();
+    let population_given =
+        t.selector.is_some() || t.pool.is_some() || t.count.is_some() || t.percentage.is_some();
     if !t.nodes.is_empty() && population_given {
         return Err(Error::InvalidRequest(
             "targets: give either \"nodes\" or selector/pool/count/percentage, not both".into(),
@@ -90,24 +91,34 @@ pub fn validate(req: &PrewarmRequest, inv: &Inventory) -> Result<Vec<ImageRefere
         ));
     }
     if t.count.is_some() && t.percentage.is_some() {
-        return Err(Error::InvalidRequest("targets: give \"count\" or \"percentage\", not both".into()));
+        return Err(Error::InvalidRequest(
+            "targets: give \"count\" or \"percentage\", not both".into(),
+        ));
     }
     if t.count == Some(0) {
-        return Err(Error::InvalidRequest("targets.count must be at least 1".into()));
+        return Err(Error::InvalidRequest(
+            "targets.count must be at least 1".into(),
+        ));
     }
     if let Some(p) = t.percentage {
         if !(p > 0.0 && p <= 100.0) {
-            return Err(Error::InvalidRequest(format!("targets.percentage must be in (0, 100], got {p}")));
+            return Err(Error::InvalidRequest(format!(
+                "targets.percentage must be in (0, 100], got {p}"
+            )));
         }
     }
     if let Some(s) = &t.selector {
         Selector::parse(s)?;
     }
     if req.parallelism == Some(0) {
-        return Err(Error::InvalidRequest("parallelism must be at least 1".into()));
+        return Err(Error::InvalidRequest(
+            "parallelism must be at least 1".into(),
+        ));
     }
     if req.per_node_bytes_per_sec == Some(0) || req.total_bytes_per_sec == Some(0) {
-        return Err(Error::InvalidRequest("bandwidth limits must be positive (omit them for no limit)".into()));
+        return Err(Error::InvalidRequest(
+            "bandwidth limits must be positive (omit them for no limit)".into(),
+        ));
     }
     let moving: BTreeSet<String> = req
         .moving_tags
@@ -151,14 +162,29 @@ pub fn validate(req: &PrewarmRequest, inv: &Inventory) -> Result<Vec<ImageRefere
 /// Picks the target nodes. Explicit names must all be known to the inventory. For a
 /// count or percentage, reporting nodes of the population that already hold most of
 /// `blobs` are taken first (name breaks ties).
-pub fn resolve_targets(t: &Targets, inv: &Inventory, blobs: &[BlobRef], now: u64) -> Result<Vec<String>> {
+pub fn resolve_targets(
+    t: &Targets,
+    inv: &Inventory,
+    blobs: &[BlobRef],
+    now: u64,
+) -> Result<Vec<String>> {
     if !t.nodes.is_empty() {
-        let unknown: Vec<String> = t.nodes.iter().filter(|n| inv.entry(n).is_none()).cloned().collect();
+        let unknown: Vec<String> = t
+            .nodes
+            .iter()
+            .filter(|n| inv.entry(n).is_none())
+            .cloned()
+            .collect();
         if !unknown.is_empty() {
             return Err(Error::UnknownNodes(unknown));
         }
         let mut seen = BTreeSet::new();
-        return Ok(t.nodes.iter().filter(|n| seen.insert(*n)).cloned().collect());
+        return Ok(t
+            .nodes
+            .iter()
+            .filter(|n| seen.insert(*n))
+            .cloned()
+            .collect());
     }
     let mut sel = match &t.selector {
         Some(s) => Selector::parse(s)?,
@@ -166,7 +192,8 @@ pub fn resolve_targets(t: &Targets, inv: &Inventory, blobs: &[BlobRef], now: u64
     };
     if let Some(p) = &t.pool {
         let key = t.pool_label.as_deref().unwrap_or(DEFAULT_POOL_LABEL);
-        sel.requirements.extend(Selector::equals(key, p).requirements);
+        sel.requirements
+            .extend(Selector::equals(key, p).requirements);
     }
     let population: Vec<&str> = inv
         .entries()
@@ -174,7 +201,10 @@ pub fn resolve_targets(t: &Targets, inv: &Inventory, blobs: &[BlobRef], now: u64
         .map(|e| e.report.node.as_str())
         .collect();
     if population.is_empty() {
-        return Err(Error::InvalidRequest(format!("targets: no node matches selector {sel:?}", sel = sel.to_string())));
+        return Err(Error::InvalidRequest(format!(
+            "targets: no node matches selector {sel:?}",
+            sel = sel.to_string()
+        )));
     }
     let want = match (t.count, t.percentage) {
         (Some(c), _) => c as usize,
@@ -194,7 +224,11 @@ pub fn resolve_targets(t: &Targets, inv: &Inventory, blobs: &[BlobRef], now: u64
         )));
     }
     known.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
-    Ok(known.into_iter().take(want).map(|(_, n)| n.to_owned()).collect())
+    Ok(known
+        .into_iter()
+        .take(want)
+        .map(|(_, n)| n.to_owned())
+        .collect())
 }
 
 /// Where one node is in a job.
@@ -204,9 +238,14 @@ pub enum NodeJobState {
     Pending,
     Running,
     Done,
-    Failed { reason: String },
+    Failed {
+        reason: String,
+    },
     /// The job's images are larger than the node's whole cache budget.
-    DoesNotFit { needed: u64, budget: u64 },
+    DoesNotFit {
+        needed: u64,
+        budget: u64,
+    },
     Cancelled,
     /// The node stopped reporting; it resumes when it comes back.
     Unknown,
@@ -214,7 +253,10 @@ pub enum NodeJobState {
 
 impl NodeJobState {
     pub fn is_terminal(&self) -> bool {
-        matches!(self, Self::Done | Self::Failed { .. } | Self::DoesNotFit { .. } | Self::Cancelled)
+        matches!(
+            self,
+            Self::Done | Self::Failed { .. } | Self::DoesNotFit { .. } | Self::Cancelled
+        )
     }
 }
 
@@ -299,15 +341,27 @@ impl Job {
     /// Builds a job from a validated request, the images resolved at submit time and
     /// the chosen targets. Nodes already warm start Done; nodes whose cache budget is
     /// smaller than the job start DoesNotFit; silent nodes start Unknown.
-    pub fn plan(id: u64, request: PrewarmRequest, images: Vec<ResolvedImage>, targets: &[String], inv: &Inventory, now: u64) -> Self {
+    pub fn plan(
+        id: u64,
+        request: PrewarmRequest,
+        images: Vec<ResolvedImage>,
+        targets: &[String],
+        inv: &Inventory,
+        now: u64,
+    ) -> Self {
         let blobs = union_blobs(&images);
         let total: u64 = blobs.iter().map(|b| b.size).sum();
         let mut nodes = BTreeMap::new();
         for n in targets {
             let held = inv.bytes_held(n, &blobs).unwrap_or(0);
             let state = match inv.entry(n) {
-                None => NodeJobState::Failed { reason: "unknown node: not in the tracker's inventory".into() },
-                Some(e) if total > e.report.cache_budget => NodeJobState::DoesNotFit { needed: total, budget: e.report.cache_budget },
+                None => NodeJobState::Failed {
+                    reason: "unknown node: not in the tracker's inventory".into(),
+                },
+                Some(e) if total > e.report.cache_budget => NodeJobState::DoesNotFit {
+                    needed: total,
+                    budget: e.report.cache_budget,
+                },
                 Some(e) if inv.status_of(e, now) == NodeStatus::Unknown => NodeJobState::Unknown,
                 Some(_) if held == total => NodeJobState::Done,
                 Some(_) => NodeJobState::Pending,
@@ -381,7 +435,10 @@ impl Job {
     }
 
     pub fn view(&self) -> JobView {
-        JobView { job: self.clone(), progress: self.progress() }
+        JobView {
+            job: self.clone(),
+            progress: self.progress(),
+        }
     }
 
     /// Updates from the inventory: bytes held, done, node gone silent or back,
@@ -399,7 +456,9 @@ impl Job {
             let before = nj.clone();
             match inv.entry(name) {
                 None => {
-                    nj.state = NodeJobState::Failed { reason: "node removed from the inventory".into() };
+                    nj.state = NodeJobState::Failed {
+                        reason: "node removed from the inventory".into(),
+                    };
                 }
                 Some(e) if inv.status_of(e, now) == NodeStatus::Unknown => {
                     nj.state = NodeJobState::Unknown;
@@ -429,7 +488,10 @@ impl Job {
             }
             if deadline_passed && !nj.state.is_terminal() {
                 nj.state = NodeJobState::Failed {
-                    reason: format!("deadline exceeded with {} of {} bytes", nj.bytes_done, nj.bytes_total),
+                    reason: format!(
+                        "deadline exceeded with {} of {} bytes",
+                        nj.bytes_done, nj.bytes_total
+                    ),
                 };
                 nj.eta_seconds = None;
             }
@@ -486,7 +548,8 @@ impl JobStore {
 
     /// A store that lives in memory only (tests, `--ephemeral` trackers).
     pub fn in_memory() -> Result<Self> {
-        let db = redb::Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        let db =
+            redb::Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
         Self::load(db)
     }
 
@@ -513,7 +576,9 @@ impl JobStore {
     }
 
     fn save(&self, id: u64) -> Result<()> {
-        let Some(job) = self.jobs.get(&id) else { return Ok(()) };
+        let Some(job) = self.jobs.get(&id) else {
+            return Ok(());
+        };
         let bytes = serde_json::to_vec(job)?;
         let tx = self.db.begin_write()?;
         {
@@ -530,7 +595,13 @@ impl JobStore {
 
     /// Validates, resolves targets, plans and persists a job. `images` are the
     /// request's references resolved (by the caller's catalog) at submit time.
-    pub fn submit(&mut self, req: PrewarmRequest, images: Vec<ResolvedImage>, inv: &Inventory, now: u64) -> Result<&Job> {
+    pub fn submit(
+        &mut self,
+        req: PrewarmRequest,
+        images: Vec<ResolvedImage>,
+        inv: &Inventory,
+        now: u64,
+    ) -> Result<&Job> {
         validate(&req, inv)?;
         let blobs = union_blobs(&images);
         let targets = resolve_targets(&req.targets, inv, &blobs, now)?;
@@ -583,7 +654,10 @@ impl JobStore {
     /// An agent's word about its part of a job.
     pub fn update_node(&mut self, id: u64, node: &str, update: NodeUpdate, now: u64) -> Result<()> {
         let job = self.jobs.get_mut(&id).ok_or(Error::UnknownJob(id))?;
-        let nj = job.nodes.get_mut(node).ok_or_else(|| Error::UnknownNode(node.to_owned()))?;
+        let nj = job
+            .nodes
+            .get_mut(node)
+            .ok_or_else(|| Error::UnknownNode(node.to_owned()))?;
         if nj.state.is_terminal() {
             return Ok(());
         }
@@ -622,7 +696,9 @@ impl JobStore {
         order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let mut out = Vec::new();
         for (_, id) in order {
-            let Some(job) = self.jobs.get_mut(&id) else { continue };
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
             let someone_done = job.nodes.values().any(|n| n.state == NodeJobState::Done);
             let cluster_has_all = inv.entries().any(|e| {
                 inv.status_of(e, now) == NodeStatus::Known
@@ -631,12 +707,25 @@ impl JobStore {
             let seeded = someone_done || cluster_has_all;
             let parallelism = job.request.parallelism.map_or(usize::MAX, |p| p as usize);
             let limit = if seeded { parallelism } else { 1 };
-            let running = job.nodes.values().filter(|n| n.state == NodeJobState::Running).count();
+            let running = job
+                .nodes
+                .values()
+                .filter(|n| n.state == NodeJobState::Running)
+                .count();
             if running >= limit {
                 continue;
             }
-            let slots = job.request.parallelism.map_or(job.nodes.len().max(1), |p| p as usize);
-            let share = job.request.total_bytes_per_sec.map(|t| if seeded { (t / slots as u64).max(1) } else { t });
+            let slots = job
+                .request
+                .parallelism
+                .map_or(job.nodes.len().max(1), |p| p as usize);
+            let share = job.request.total_bytes_per_sec.map(|t| {
+                if seeded {
+                    (t / slots as u64).max(1)
+                } else {
+                    t
+                }
+            });
             let rate = match (job.request.per_node_bytes_per_sec, share) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -691,9 +780,15 @@ impl JobStore {
         let mut out = Vec::new();
         let mut changed = Vec::new();
         for job in self.jobs.values_mut() {
-            let digests: BTreeSet<_> = job.images.iter().map(|i| i.manifest_digest.clone()).collect();
+            let digests: BTreeSet<_> = job
+                .images
+                .iter()
+                .map(|i| i.manifest_digest.clone())
+                .collect();
             for (name, nj) in job.nodes.iter_mut() {
-                let (NodeJobState::Done, Some(done), false) = (&nj.state, nj.finished_at, nj.lead_measured) else {
+                let (NodeJobState::Done, Some(done), false) =
+                    (&nj.state, nj.finished_at, nj.lead_measured)
+                else {
                     continue;
                 };
                 let Some(e) = inv.entry(name) else { continue };

@@ -328,7 +328,8 @@ fn valid_dns_subdomain(s: &str) -> bool {
                 && b.len() <= 63
                 && b[0].is_ascii_alphanumeric()
                 && b[b.len() - 1].is_ascii_alphanumeric()
-                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         })
 }
 
@@ -422,7 +423,10 @@ mod tests {
     #[test]
     fn empty_value_is_allowed() {
         let s = Selector::parse("zone=").expect("parses");
-        assert_eq!(s.requirements, vec![Requirement::Equals("zone".into(), "".into())]);
+        assert_eq!(
+            s.requirements,
+            vec![Requirement::Equals("zone".into(), "".into())]
+        );
         assert!(s.matches(&labels(&[("zone", "")])));
         assert!(!s.matches(&labels(&[("zone", "a")])));
     }
@@ -434,10 +438,18 @@ mod tests {
             ("zone in a", 8, "expected '(' after in/notin"),
             ("zone in (a,b", 12, "unclosed '(' in value set"),
             ("=a", 0, "expected a label key, found '='"),
-            ("zone=a b", 7, "expected ',' or end of selector, found \"b\""),
+            (
+                "zone=a b",
+                7,
+                "expected ',' or end of selector, found \"b\"",
+            ),
             ("zone~a", 4, "unexpected character '~'"),
             ("-zone=a", 0, "label key \"-zone\": name must be"),
-            ("Bad_Prefix/zone=a", 0, "label key prefix \"Bad_Prefix\" is not a DNS subdomain"),
+            (
+                "Bad_Prefix/zone=a",
+                0,
+                "label key prefix \"Bad_Prefix\" is not a DNS subdomain",
+            ),
             ("zone=-a", 5, "label value \"-a\" must be"),
             ("zone >a", 5, "unexpected character '>'"),
             ("zone a", 5, "expected an operator"),

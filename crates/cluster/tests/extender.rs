@@ -3,7 +3,9 @@
 
 mod common;
 
-use cluster::extender::{self, Chain, ExtenderArgs, HostPriority, Presence, RankRequest, ScoreConfig};
+use cluster::extender::{
+    self, Chain, ExtenderArgs, HostPriority, Presence, RankRequest, ScoreConfig,
+};
 use cluster::inventory::Inventory;
 use cluster::Error;
 use common::*;
@@ -21,7 +23,15 @@ fn cluster() -> (Inventory, MapCatalog) {
     let mut a = full(&train());
     a.extend(full(&busybox()));
     inv.apply(report("gpu-a", 1, &a), NOW).expect("a");
-    inv.apply(report("gpu-b", 1, &[(blob(2, GIB), GIB), (blob(4, 100 * MIB), 100 * MIB)]), NOW).expect("b");
+    inv.apply(
+        report(
+            "gpu-b",
+            1,
+            &[(blob(2, GIB), GIB), (blob(4, 100 * MIB), 100 * MIB)],
+        ),
+        NOW,
+    )
+    .expect("b");
     let mut c = report("gpu-c", 1, &[]);
     c.throughput_bytes_per_sec = Some((50 * MIB) as f64);
     inv.apply(c, NOW).expect("c");
@@ -33,7 +43,10 @@ fn cluster() -> (Inventory, MapCatalog) {
 fn fixtures_parse_with_go_field_names() {
     let args = fixture("filter_nodenames_require_warm.json");
     assert_eq!(args.nodes, None, "Nodes: null");
-    assert_eq!(args.candidate_names(), ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"]);
+    assert_eq!(
+        args.candidate_names(),
+        ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"]
+    );
     assert_eq!(
         extender::pod_images(&args.pod),
         ["registry.example.com/ml/train:v1.4.2", "busybox:1.36"],
@@ -42,14 +55,24 @@ fn fixtures_parse_with_go_field_names() {
     assert!(extender::requires_warm(&args.pod));
     let args = fixture("filter_nodes_require_warm.json");
     assert_eq!(args.node_names, None);
-    assert_eq!(args.candidate_names(), ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"]);
-    assert!(!extender::requires_warm(&fixture("prioritize_nodenames.json").pod));
+    assert_eq!(
+        args.candidate_names(),
+        ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"]
+    );
+    assert!(!extender::requires_warm(
+        &fixture("prioritize_nodenames.json").pod
+    ));
 }
 
 #[test]
 fn filter_with_require_warm_and_node_names() {
     let (inv, cat) = cluster();
-    let res = extender::filter(&fixture("filter_nodenames_require_warm.json"), &inv, &cat, NOW);
+    let res = extender::filter(
+        &fixture("filter_nodenames_require_warm.json"),
+        &inv,
+        &cat,
+        NOW,
+    );
     let json = serde_json::to_value(&res).expect("json");
     assert_eq!(
         json,
@@ -78,7 +101,10 @@ fn filter_with_a_node_list_returns_the_passing_node_objects_verbatim() {
     assert_eq!(list.items.len(), 1);
     let original = args.nodes.expect("nodes").items[0].clone();
     assert_eq!(list.items[0], original, "node object unchanged");
-    assert_eq!(list.rest.get("metadata"), Some(&serde_json::json!({"resourceVersion": "48213380"})));
+    assert_eq!(
+        list.rest.get("metadata"),
+        Some(&serde_json::json!({"resourceVersion": "48213380"}))
+    );
     assert_eq!(res.failed_nodes.len(), 4);
 }
 
@@ -86,7 +112,10 @@ fn filter_with_a_node_list_returns_the_passing_node_objects_verbatim() {
 fn filter_without_annotation_passes_every_node() {
     let (inv, cat) = cluster();
     let res = extender::filter(&fixture("prioritize_nodenames.json"), &inv, &cat, NOW);
-    assert_eq!(res.node_names.as_deref(), Some(&["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"].map(String::from)[..]));
+    assert_eq!(
+        res.node_names.as_deref(),
+        Some(&["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"].map(String::from)[..])
+    );
     assert!(res.failed_nodes.is_empty());
 }
 
@@ -94,7 +123,12 @@ fn filter_without_annotation_passes_every_node() {
 fn filter_require_warm_with_an_image_nobody_has() {
     let (inv, _) = cluster();
     let only_train = MapCatalog::with(&[train()]);
-    let res = extender::filter(&fixture("filter_nodenames_require_warm.json"), &inv, &only_train, NOW);
+    let res = extender::filter(
+        &fixture("filter_nodenames_require_warm.json"),
+        &inv,
+        &only_train,
+        NOW,
+    );
     assert_eq!(res.node_names, Some(vec![]));
     assert_eq!(
         res.failed_nodes.get("gpu-a").map(String::as_str),
@@ -105,14 +139,29 @@ fn filter_require_warm_with_an_image_nobody_has() {
 #[test]
 fn prioritize_scores_seconds_saved_without_size_clamp() {
     let (inv, cat) = cluster();
-    let res = extender::prioritize(&fixture("prioritize_nodenames.json"), &inv, &cat, NOW, &ScoreConfig::default());
+    let res = extender::prioritize(
+        &fixture("prioritize_nodenames.json"),
+        &inv,
+        &cat,
+        NOW,
+        &ScoreConfig::default(),
+    );
     // Union: 3,328,094,072 bytes (the 100 MiB base layer counted once).
     // gpu-c cold at 50 MiB/s = 63.48 s is the reference; gpu-b misses
     // 2,149,494,648 bytes at 100 MiB/s = 20.50 s → saved 42.98 s → 6.77 → 7.
-    let expected: Vec<HostPriority> = [("gpu-a", 10), ("gpu-b", 7), ("gpu-c", 0), ("gpu-d", 0), ("gpu-e", 0)]
-        .iter()
-        .map(|(h, s)| HostPriority { host: (*h).into(), score: *s })
-        .collect();
+    let expected: Vec<HostPriority> = [
+        ("gpu-a", 10),
+        ("gpu-b", 7),
+        ("gpu-c", 0),
+        ("gpu-d", 0),
+        ("gpu-e", 0),
+    ]
+    .iter()
+    .map(|(h, s)| HostPriority {
+        host: (*h).into(),
+        score: *s,
+    })
+    .collect();
     assert_eq!(res, expected);
     assert_eq!(
         serde_json::to_value(&res[1]).expect("json"),
@@ -129,8 +178,17 @@ fn prioritize_with_inventory_catalog_fallback() {
     inv.apply(r, NOW).expect("z");
     let cat = MapCatalog::with(&[busybox()]);
     let chain = Chain(&cat, &inv);
-    let res = extender::prioritize(&fixture("prioritize_nodenames.json"), &inv, &chain, NOW, &ScoreConfig::default());
-    assert_eq!(res.iter().map(|h| h.score).collect::<Vec<_>>(), [10, 7, 0, 0, 0]);
+    let res = extender::prioritize(
+        &fixture("prioritize_nodenames.json"),
+        &inv,
+        &chain,
+        NOW,
+        &ScoreConfig::default(),
+    );
+    assert_eq!(
+        res.iter().map(|h| h.score).collect::<Vec<_>>(),
+        [10, 7, 0, 0, 0]
+    );
 }
 
 #[test]
@@ -139,7 +197,13 @@ fn rank_sorts_by_expected_pull_time_with_figures() {
     let req = RankRequest {
         image: Some("registry.example.com/ml/train:v1.4.2".into()),
         images: vec![],
-        nodes: vec!["gpu-c".into(), "gpu-d".into(), "gpu-b".into(), "gpu-a".into(), "gpu-e".into()],
+        nodes: vec![
+            "gpu-c".into(),
+            "gpu-d".into(),
+            "gpu-b".into(),
+            "gpu-a".into(),
+            "gpu-e".into(),
+        ],
     };
     let res = extender::rank(&req, &inv, &cat, NOW, &ScoreConfig::default()).expect("rank");
     let train_total = 10_000 + 3 * GIB + 100 * MIB;
@@ -148,15 +212,32 @@ fn rank_sorts_by_expected_pull_time_with_figures() {
     let rows: Vec<(&str, Presence, u64, Option<f64>)> = res
         .nodes
         .iter()
-        .map(|n| (n.node.as_str(), n.presence, n.missing_bytes, n.expected_pull_seconds))
+        .map(|n| {
+            (
+                n.node.as_str(),
+                n.presence,
+                n.missing_bytes,
+                n.expected_pull_seconds,
+            )
+        })
         .collect();
     let b_missing = train_total - GIB - 100 * MIB;
     assert_eq!(
         rows,
         vec![
             ("gpu-a", Presence::Known, 0, Some(0.0)),
-            ("gpu-b", Presence::Known, b_missing, Some(b_missing as f64 / (100 * MIB) as f64)),
-            ("gpu-c", Presence::Known, train_total, Some(train_total as f64 / (50 * MIB) as f64)),
+            (
+                "gpu-b",
+                Presence::Known,
+                b_missing,
+                Some(b_missing as f64 / (100 * MIB) as f64)
+            ),
+            (
+                "gpu-c",
+                Presence::Known,
+                train_total,
+                Some(train_total as f64 / (50 * MIB) as f64)
+            ),
             ("gpu-d", Presence::Absent, train_total, None),
             ("gpu-e", Presence::Unknown, 0, None),
         ]
@@ -168,10 +249,22 @@ fn rank_errors() {
     let (inv, cat) = cluster();
     let cfg = ScoreConfig::default();
     let none = RankRequest::default();
-    assert!(matches!(extender::rank(&none, &inv, &cat, NOW, &cfg), Err(Error::InvalidRequest(_))));
-    let bad = RankRequest { image: Some("UPPER/case:1".into()), ..Default::default() };
-    assert!(matches!(extender::rank(&bad, &inv, &cat, NOW, &cfg), Err(Error::BadReference { .. })));
-    let missing = RankRequest { image: Some("ghcr.io/nobody/nothing:1".into()), ..Default::default() };
+    assert!(matches!(
+        extender::rank(&none, &inv, &cat, NOW, &cfg),
+        Err(Error::InvalidRequest(_))
+    ));
+    let bad = RankRequest {
+        image: Some("UPPER/case:1".into()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        extender::rank(&bad, &inv, &cat, NOW, &cfg),
+        Err(Error::BadReference { .. })
+    ));
+    let missing = RankRequest {
+        image: Some("ghcr.io/nobody/nothing:1".into()),
+        ..Default::default()
+    };
     match extender::rank(&missing, &inv, &cat, NOW, &cfg) {
         Err(Error::UnknownImage(i)) => assert_eq!(i, "ghcr.io/nobody/nothing:1"),
         other => panic!("expected UnknownImage, got {other:?}"),

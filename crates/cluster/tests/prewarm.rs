@@ -5,25 +5,39 @@ mod common;
 
 use cluster::inventory::{Inventory, NodeReport};
 use cluster::prewarm::{
-    resolve_targets, validate, Job, JobStatus, JobStore, NodeJobState, NodeUpdate, PrewarmRequest, Targets,
+    resolve_targets, validate, Job, JobStatus, JobStore, NodeJobState, NodeUpdate, PrewarmRequest,
+    Targets,
 };
 use cluster::Error;
 use common::*;
 
-fn pool_node(name: &str, pool: &str, zone: &str, held: &[(cluster::inventory::BlobRef, u64)]) -> NodeReport {
+fn pool_node(
+    name: &str,
+    pool: &str,
+    zone: &str,
+    held: &[(cluster::inventory::BlobRef, u64)],
+) -> NodeReport {
     let mut r = report(name, 1, held);
-    r.labels = labels(&[("starling.io/pool", pool), ("topology.kubernetes.io/zone", zone)]);
+    r.labels = labels(&[
+        ("starling.io/pool", pool),
+        ("topology.kubernetes.io/zone", zone),
+    ]);
     r
 }
 
 /// n1..n4 in pool h100 (n3 already holds the 1 GiB layer), n5 in pool a100.
 fn inv() -> Inventory {
     let mut inv = Inventory::new(60);
-    inv.apply(pool_node("n1", "h100", "a", &[]), NOW).expect("n1");
-    inv.apply(pool_node("n2", "h100", "a", &[]), NOW).expect("n2");
-    inv.apply(pool_node("n3", "h100", "b", &[(blob(2, GIB), GIB)]), NOW).expect("n3");
-    inv.apply(pool_node("n4", "h100", "b", &[]), NOW).expect("n4");
-    inv.apply(pool_node("n5", "a100", "b", &[]), NOW).expect("n5");
+    inv.apply(pool_node("n1", "h100", "a", &[]), NOW)
+        .expect("n1");
+    inv.apply(pool_node("n2", "h100", "a", &[]), NOW)
+        .expect("n2");
+    inv.apply(pool_node("n3", "h100", "b", &[(blob(2, GIB), GIB)]), NOW)
+        .expect("n3");
+    inv.apply(pool_node("n4", "h100", "b", &[]), NOW)
+        .expect("n4");
+    inv.apply(pool_node("n5", "a100", "b", &[]), NOW)
+        .expect("n5");
     inv
 }
 
@@ -36,7 +50,10 @@ fn req(images: &[&str], targets: Targets) -> PrewarmRequest {
 }
 
 fn nodes(names: &[&str]) -> Targets {
-    Targets { nodes: names.iter().map(|s| (*s).to_owned()).collect(), ..Default::default() }
+    Targets {
+        nodes: names.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -57,7 +74,10 @@ fn mutable_tags_are_refused_unless_forced() {
     moving.force = true;
     assert_eq!(validate(&moving, &inv).expect("forced").len(), 1);
     let pinned = req(&[&format!("python@{}", d(9))], nodes(&["n1"]));
-    assert_eq!(validate(&pinned, &inv).expect("digest ok")[0].digest, Some(d(9)));
+    assert_eq!(
+        validate(&pinned, &inv).expect("digest ok")[0].digest,
+        Some(d(9))
+    );
 }
 
 #[test]
@@ -71,29 +91,56 @@ fn tags_agents_saw_moving_are_refused() {
     let mut r = report("n2", 2, &[]);
     r.images = vec![image_record(&a, 2, Default::default(), 1.0)];
     inv.apply(r, NOW).expect("n2");
-    let e = validate(&req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1"])), &inv).expect_err("moving");
-    assert!(matches!(&e, Error::MutableTag { reason, .. } if reason == "agents reported this tag pointing at different digests"), "{e}");
+    let e = validate(
+        &req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1"])),
+        &inv,
+    )
+    .expect_err("moving");
+    assert!(
+        matches!(&e, Error::MutableTag { reason, .. } if reason == "agents reported this tag pointing at different digests"),
+        "{e}"
+    );
 }
 
 #[test]
 fn malformed_requests_have_clear_errors() {
     let inv = inv();
     let e = |r: PrewarmRequest| validate(&r, &inv).expect_err("invalid").to_string();
-    assert_eq!(e(req(&[], nodes(&["n1"]))), "invalid request: \"images\" is empty");
+    assert_eq!(
+        e(req(&[], nodes(&["n1"]))),
+        "invalid request: \"images\" is empty"
+    );
     assert_eq!(
         e(req(&["a:1"], Targets::default())),
         "invalid request: targets: give \"nodes\", \"selector\", \"pool\", \"count\" or \"percentage\""
     );
-    let both = Targets { nodes: vec!["n1".into()], selector: Some("a=b".into()), ..Default::default() };
+    let both = Targets {
+        nodes: vec!["n1".into()],
+        selector: Some("a=b".into()),
+        ..Default::default()
+    };
     assert!(e(req(&["a:1"], both)).contains("not both"));
-    let bad_sel = Targets { selector: Some("zone in (a".into()), ..Default::default() };
-    assert!(e(req(&["a:1"], bad_sel)).starts_with("invalid label selector \"zone in (a\": unclosed '('"));
-    let pct = Targets { percentage: Some(150.0), ..Default::default() };
-    assert_eq!(e(req(&["a:1"], pct)), "invalid request: targets.percentage must be in (0, 100], got 150");
+    let bad_sel = Targets {
+        selector: Some("zone in (a".into()),
+        ..Default::default()
+    };
+    assert!(e(req(&["a:1"], bad_sel))
+        .starts_with("invalid label selector \"zone in (a\": unclosed '('"));
+    let pct = Targets {
+        percentage: Some(150.0),
+        ..Default::default()
+    };
+    assert_eq!(
+        e(req(&["a:1"], pct)),
+        "invalid request: targets.percentage must be in (0, 100], got 150"
+    );
     let mut par = req(&["a:1"], nodes(&["n1"]));
     par.parallelism = Some(0);
     assert_eq!(e(par), "invalid request: parallelism must be at least 1");
-    assert!(matches!(validate(&req(&["Bad Ref"], nodes(&["n1"])), &inv), Err(Error::BadReference { .. })));
+    assert!(matches!(
+        validate(&req(&["Bad Ref"], nodes(&["n1"])), &inv),
+        Err(Error::BadReference { .. })
+    ));
 }
 
 #[test]
@@ -106,21 +153,50 @@ fn target_selection() {
         Err(Error::UnknownNodes(n)) => assert_eq!(n, ["ghost", "zz"]),
         other => panic!("{other:?}"),
     }
-    let sel = Targets { selector: Some("topology.kubernetes.io/zone=b".into()), ..Default::default() };
+    let sel = Targets {
+        selector: Some("topology.kubernetes.io/zone=b".into()),
+        ..Default::default()
+    };
     assert_eq!(t(sel).expect("selector"), ["n3", "n4", "n5"]);
-    let pool = Targets { pool: Some("h100".into()), count: Some(2), ..Default::default() };
-    assert_eq!(t(pool).expect("count"), ["n3", "n1"], "warmest first, then by name");
-    let pct = Targets { pool: Some("h100".into()), percentage: Some(50.0), ..Default::default() };
+    let pool = Targets {
+        pool: Some("h100".into()),
+        count: Some(2),
+        ..Default::default()
+    };
+    assert_eq!(
+        t(pool).expect("count"),
+        ["n3", "n1"],
+        "warmest first, then by name"
+    );
+    let pct = Targets {
+        pool: Some("h100".into()),
+        percentage: Some(50.0),
+        ..Default::default()
+    };
     assert_eq!(t(pct).expect("pct").len(), 2);
-    let pct = Targets { pool: Some("h100".into()), percentage: Some(60.0), ..Default::default() };
+    let pct = Targets {
+        pool: Some("h100".into()),
+        percentage: Some(60.0),
+        ..Default::default()
+    };
     assert_eq!(t(pct).expect("pct ceil").len(), 3);
-    let too_many = Targets { pool: Some("a100".into()), count: Some(2), ..Default::default() };
+    let too_many = Targets {
+        pool: Some("a100".into()),
+        count: Some(2),
+        ..Default::default()
+    };
     assert_eq!(
         t(too_many).expect_err("too many").to_string(),
         "invalid request: targets: asked for 2 node(s) but only 1 of the 1 matching node(s) are reporting"
     );
-    let none = Targets { selector: Some("gpu=b200".into()), ..Default::default() };
-    assert_eq!(t(none).expect_err("none").to_string(), "invalid request: targets: no node matches selector \"gpu=b200\"");
+    let none = Targets {
+        selector: Some("gpu=b200".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        t(none).expect_err("none").to_string(),
+        "invalid request: targets: no node matches selector \"gpu=b200\""
+    );
 }
 
 #[test]
@@ -129,17 +205,36 @@ fn plan_marks_warm_small_and_silent_nodes() {
     let mut small = pool_node("tiny", "h100", "a", &[]);
     small.cache_budget = GIB;
     inv.apply(small, NOW).expect("tiny");
-    inv.apply(pool_node("warm", "h100", "a", &full(&train())), NOW).expect("warm");
-    inv.apply(pool_node("gone", "h100", "a", &[]), NOW - 100).expect("gone");
+    inv.apply(pool_node("warm", "h100", "a", &full(&train())), NOW)
+        .expect("warm");
+    inv.apply(pool_node("gone", "h100", "a", &[]), NOW - 100)
+        .expect("gone");
     let total = 10_000 + 3 * GIB + 100 * MIB;
-    let job = Job::plan(1, req(&["x"], Targets::default()), vec![train()], &["n1".into(), "tiny".into(), "warm".into(), "gone".into()], &inv, NOW);
-    let states: Vec<(&str, NodeJobState)> = job.nodes.iter().map(|(k, v)| (k.as_str(), v.state.clone())).collect();
+    let job = Job::plan(
+        1,
+        req(&["x"], Targets::default()),
+        vec![train()],
+        &["n1".into(), "tiny".into(), "warm".into(), "gone".into()],
+        &inv,
+        NOW,
+    );
+    let states: Vec<(&str, NodeJobState)> = job
+        .nodes
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.state.clone()))
+        .collect();
     assert_eq!(
         states,
         vec![
             ("gone", NodeJobState::Unknown),
             ("n1", NodeJobState::Pending),
-            ("tiny", NodeJobState::DoesNotFit { needed: total, budget: GIB }),
+            (
+                "tiny",
+                NodeJobState::DoesNotFit {
+                    needed: total,
+                    budget: GIB
+                }
+            ),
             ("warm", NodeJobState::Done),
         ]
     );
@@ -154,24 +249,48 @@ fn plan_marks_warm_small_and_silent_nodes() {
 fn seed_first_then_fan_out_with_parallelism_and_rates() {
     let mut inv = inv();
     let mut store = JobStore::in_memory().expect("store");
-    let mut r = req(&["registry.example.com/ml/train:v1.4.2"], Targets { pool: Some("h100".into()), ..Default::default() });
+    let mut r = req(
+        &["registry.example.com/ml/train:v1.4.2"],
+        Targets {
+            pool: Some("h100".into()),
+            ..Default::default()
+        },
+    );
     r.parallelism = Some(2);
     r.per_node_bytes_per_sec = Some(500 * MIB);
     r.total_bytes_per_sec = Some(600 * MIB);
     r.deadline_seconds = Some(3600);
     r.pin_ttl_seconds = Some(7200);
-    let id = store.submit(r, vec![train()], &inv, NOW).expect("submit").id;
+    let id = store
+        .submit(r, vec![train()], &inv, NOW)
+        .expect("submit")
+        .id;
     assert_eq!(id, 1);
 
     // Nobody holds the image: one seed only, at min(per node, total).
     let a = store.next_assignments(&inv, NOW).expect("assign");
     assert_eq!(a.len(), 1);
-    assert_eq!((a[0].node.as_str(), a[0].seed, a[0].bytes_per_sec), ("n1", true, Some(500 * MIB)));
+    assert_eq!(
+        (a[0].node.as_str(), a[0].seed, a[0].bytes_per_sec),
+        ("n1", true, Some(500 * MIB))
+    );
     assert_eq!(a[0].pin_until, NOW + 7200);
     assert_eq!(a[0].deadline_at, Some(NOW + 3600));
-    assert_eq!(a[0].images, vec![("registry.example.com/ml/train:v1.4.2".to_owned(), d(100).to_string())]);
+    assert_eq!(
+        a[0].images,
+        vec![(
+            "registry.example.com/ml/train:v1.4.2".to_owned(),
+            d(100).to_string()
+        )]
+    );
     assert_eq!(a[0].agent_url.as_deref(), Some("http://n1:5050"));
-    assert!(store.next_assignments(&inv, NOW + 1).expect("again").is_empty(), "seed still running");
+    assert!(
+        store
+            .next_assignments(&inv, NOW + 1)
+            .expect("again")
+            .is_empty(),
+        "seed still running"
+    );
 
     // Seed progress from a report: 1 GiB in 10 s.
     let mut n1 = pool_node("n1", "h100", "a", &[(blob(2, GIB), GIB)]);
@@ -180,7 +299,10 @@ fn seed_first_then_fan_out_with_parallelism_and_rates() {
     store.observe(&inv, NOW + 10).expect("observe");
     let job = store.get(id).expect("job");
     let n1j = &job.nodes["n1"];
-    assert_eq!((n1j.state.clone(), n1j.bytes_done), (NodeJobState::Running, GIB));
+    assert_eq!(
+        (n1j.state.clone(), n1j.bytes_done),
+        (NodeJobState::Running, GIB)
+    );
     let remaining = (2 * GIB + 100 * MIB + 10_000) as f64;
     assert_eq!(n1j.eta_seconds, Some(remaining / (GIB as f64 / 10.0)));
 
@@ -189,54 +311,119 @@ fn seed_first_then_fan_out_with_parallelism_and_rates() {
     n1.generation = 3;
     inv.apply(n1, NOW + 20).expect("n1 done");
     store.observe(&inv, NOW + 20).expect("observe");
-    assert_eq!(store.get(id).expect("job").nodes["n1"].state, NodeJobState::Done);
+    assert_eq!(
+        store.get(id).expect("job").nodes["n1"].state,
+        NodeJobState::Done
+    );
     let a = store.next_assignments(&inv, NOW + 20).expect("fan out");
     assert_eq!(
-        a.iter().map(|x| (x.node.as_str(), x.seed, x.bytes_per_sec)).collect::<Vec<_>>(),
-        vec![("n2", false, Some(300 * MIB)), ("n3", false, Some(300 * MIB))]
+        a.iter()
+            .map(|x| (x.node.as_str(), x.seed, x.bytes_per_sec))
+            .collect::<Vec<_>>(),
+        vec![
+            ("n2", false, Some(300 * MIB)),
+            ("n3", false, Some(300 * MIB))
+        ]
     );
-    assert!(store.next_assignments(&inv, NOW + 21).expect("full").is_empty());
+    assert!(store
+        .next_assignments(&inv, NOW + 21)
+        .expect("full")
+        .is_empty());
 
     // An agent reports n2 done directly; n4 gets the freed slot.
-    store.update_node(id, "n2", NodeUpdate::Done, NOW + 30).expect("n2 done");
+    store
+        .update_node(id, "n2", NodeUpdate::Done, NOW + 30)
+        .expect("n2 done");
     let a = store.next_assignments(&inv, NOW + 30).expect("n4");
-    assert_eq!(a.iter().map(|x| x.node.as_str()).collect::<Vec<_>>(), ["n4"]);
-    store.update_node(id, "n4", NodeUpdate::Failed { reason: "disk full".into() }, NOW + 31).expect("n4 fail");
-    store.update_node(id, "n3", NodeUpdate::Done, NOW + 32).expect("n3 done");
+    assert_eq!(
+        a.iter().map(|x| x.node.as_str()).collect::<Vec<_>>(),
+        ["n4"]
+    );
+    store
+        .update_node(
+            id,
+            "n4",
+            NodeUpdate::Failed {
+                reason: "disk full".into(),
+            },
+            NOW + 31,
+        )
+        .expect("n4 fail");
+    store
+        .update_node(id, "n3", NodeUpdate::Done, NOW + 32)
+        .expect("n3 done");
     let job = store.get(id).expect("job");
     assert_eq!(job.status(), JobStatus::CompletedWithFailures);
     let p = job.progress();
     assert_eq!(p.nodes_by_state.get("done"), Some(&3));
     assert_eq!(p.nodes_by_state.get("failed"), Some(&1));
-    assert_eq!(job.nodes["n4"].state, NodeJobState::Failed { reason: "disk full".into() });
-    assert!(matches!(store.cancel(id, NOW + 40), Err(Error::JobFinished(1))));
-    assert!(matches!(store.update_node(99, "n1", NodeUpdate::Done, NOW), Err(Error::UnknownJob(99))));
+    assert_eq!(
+        job.nodes["n4"].state,
+        NodeJobState::Failed {
+            reason: "disk full".into()
+        }
+    );
+    assert!(matches!(
+        store.cancel(id, NOW + 40),
+        Err(Error::JobFinished(1))
+    ));
+    assert!(matches!(
+        store.update_node(99, "n1", NodeUpdate::Done, NOW),
+        Err(Error::UnknownJob(99))
+    ));
 }
 
 #[test]
 fn a_node_that_dies_mid_prewarm_becomes_unknown_and_resumes() {
     let mut inv = inv();
     // `src` holds the whole image, so there is no seed phase.
-    inv.apply(pool_node("src", "cpu", "a", &full(&train())), NOW).expect("src");
+    inv.apply(pool_node("src", "cpu", "a", &full(&train())), NOW)
+        .expect("src");
     let mut store = JobStore::in_memory().expect("store");
-    let id = store.submit(req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1", "n2"])), vec![train()], &inv, NOW).expect("submit").id;
+    let id = store
+        .submit(
+            req(
+                &["registry.example.com/ml/train:v1.4.2"],
+                nodes(&["n1", "n2"]),
+            ),
+            vec![train()],
+            &inv,
+            NOW,
+        )
+        .expect("submit")
+        .id;
     let a = store.next_assignments(&inv, NOW).expect("assign");
-    assert_eq!(a.iter().map(|x| (x.node.as_str(), x.seed)).collect::<Vec<_>>(), [("n1", false), ("n2", false)], "a peer has it: no seed phase");
+    assert_eq!(
+        a.iter()
+            .map(|x| (x.node.as_str(), x.seed))
+            .collect::<Vec<_>>(),
+        [("n1", false), ("n2", false)],
+        "a peer has it: no seed phase"
+    );
     // n1 falls silent (others keep reporting).
     for n in ["n2", "src"] {
         inv.heartbeat(n, 1, NOW + 100).expect("hb");
     }
     store.observe(&inv, NOW + 100).expect("observe");
-    assert_eq!(store.get(id).expect("job").nodes["n1"].state, NodeJobState::Unknown);
+    assert_eq!(
+        store.get(id).expect("job").nodes["n1"].state,
+        NodeJobState::Unknown
+    );
     assert_eq!(store.get(id).expect("job").status(), JobStatus::Running);
     // It comes back with half the bytes: Pending, re-issued.
     let mut n1 = pool_node("n1", "h100", "a", &[(blob(2, GIB), GIB)]);
     n1.generation = 2;
     inv.apply(n1, NOW + 110).expect("back");
     store.observe(&inv, NOW + 110).expect("observe");
-    assert_eq!(store.get(id).expect("job").nodes["n1"].state, NodeJobState::Pending);
+    assert_eq!(
+        store.get(id).expect("job").nodes["n1"].state,
+        NodeJobState::Pending
+    );
     let a = store.next_assignments(&inv, NOW + 110).expect("reissue");
-    assert_eq!(a.iter().map(|x| x.node.as_str()).collect::<Vec<_>>(), ["n1"]);
+    assert_eq!(
+        a.iter().map(|x| x.node.as_str()).collect::<Vec<_>>(),
+        ["n1"]
+    );
     assert_eq!(store.get(id).expect("job").nodes["n1"].bytes_done, GIB);
 }
 
@@ -244,9 +431,15 @@ fn a_node_that_dies_mid_prewarm_becomes_unknown_and_resumes() {
 fn deadline_fails_unfinished_nodes_and_keeps_finished_ones() {
     let mut inv = inv();
     let mut store = JobStore::in_memory().expect("store");
-    let mut r = req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1", "n2"]));
+    let mut r = req(
+        &["registry.example.com/ml/train:v1.4.2"],
+        nodes(&["n1", "n2"]),
+    );
     r.deadline_seconds = Some(60);
-    let id = store.submit(r, vec![train()], &inv, NOW).expect("submit").id;
+    let id = store
+        .submit(r, vec![train()], &inv, NOW)
+        .expect("submit")
+        .id;
     store.next_assignments(&inv, NOW).expect("seed");
     let mut n1 = pool_node("n1", "h100", "a", &full(&train()));
     n1.generation = 2;
@@ -257,23 +450,50 @@ fn deadline_fails_unfinished_nodes_and_keeps_finished_ones() {
     store.observe(&inv, NOW + 61).expect("observe");
     let job = store.get(id).expect("job");
     assert_eq!(job.nodes["n1"].state, NodeJobState::Done);
-    assert_eq!(job.nodes["n2"].state, NodeJobState::Failed { reason: "deadline exceeded with 0 of 3326093072 bytes".into() });
+    assert_eq!(
+        job.nodes["n2"].state,
+        NodeJobState::Failed {
+            reason: "deadline exceeded with 0 of 3326093072 bytes".into()
+        }
+    );
 }
 
 #[test]
 fn cancel_keeps_done_nodes() {
     let mut inv = inv();
-    inv.apply(pool_node("warm", "h100", "a", &full(&train())), NOW).expect("warm");
+    inv.apply(pool_node("warm", "h100", "a", &full(&train())), NOW)
+        .expect("warm");
     let mut store = JobStore::in_memory().expect("store");
-    let id = store.submit(req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["warm", "n1", "n2"])), vec![train()], &inv, NOW).expect("submit").id;
+    let id = store
+        .submit(
+            req(
+                &["registry.example.com/ml/train:v1.4.2"],
+                nodes(&["warm", "n1", "n2"]),
+            ),
+            vec![train()],
+            &inv,
+            NOW,
+        )
+        .expect("submit")
+        .id;
     store.next_assignments(&inv, NOW).expect("assign");
     let job = store.cancel(id, NOW + 5).expect("cancel");
     assert_eq!(job.status(), JobStatus::Cancelled);
     assert_eq!(
-        job.nodes.iter().map(|(k, v)| (k.as_str(), v.state.clone())).collect::<Vec<_>>(),
-        vec![("n1", NodeJobState::Cancelled), ("n2", NodeJobState::Cancelled), ("warm", NodeJobState::Done)]
+        job.nodes
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.state.clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            ("n1", NodeJobState::Cancelled),
+            ("n2", NodeJobState::Cancelled),
+            ("warm", NodeJobState::Done)
+        ]
     );
-    assert!(store.next_assignments(&inv, NOW + 6).expect("none").is_empty());
+    assert!(store
+        .next_assignments(&inv, NOW + 6)
+        .expect("none")
+        .is_empty());
     assert!(matches!(store.cancel(7, NOW), Err(Error::UnknownJob(7))));
 }
 
@@ -282,34 +502,76 @@ fn jobs_survive_a_tracker_restart() {
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("jobs.redb");
     let mut inv = inv();
-    inv.apply(pool_node("warm", "h100", "a", &full(&train())), NOW).expect("warm");
+    inv.apply(pool_node("warm", "h100", "a", &full(&train())), NOW)
+        .expect("warm");
     let (id1, id2);
     {
         let mut store = JobStore::open(&path).expect("open");
-        id1 = store.submit(req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["warm", "n1"])), vec![train()], &inv, NOW).expect("1").id;
-        id2 = store.submit(req(&["docker.io/library/busybox:1.36"], nodes(&["n2"])), vec![busybox()], &inv, NOW).expect("2").id;
+        id1 = store
+            .submit(
+                req(
+                    &["registry.example.com/ml/train:v1.4.2"],
+                    nodes(&["warm", "n1"]),
+                ),
+                vec![train()],
+                &inv,
+                NOW,
+            )
+            .expect("1")
+            .id;
+        id2 = store
+            .submit(
+                req(&["docker.io/library/busybox:1.36"], nodes(&["n2"])),
+                vec![busybox()],
+                &inv,
+                NOW,
+            )
+            .expect("2")
+            .id;
         store.cancel(id2, NOW + 1).expect("cancel");
         let a = store.next_assignments(&inv, NOW + 2).expect("assign");
-        assert_eq!(a.iter().map(|x| x.node.as_str()).collect::<Vec<_>>(), ["n1"]);
-        store.update_node(id1, "n1", NodeUpdate::Progress { bytes_done: GIB }, NOW + 3).expect("progress");
+        assert_eq!(
+            a.iter().map(|x| x.node.as_str()).collect::<Vec<_>>(),
+            ["n1"]
+        );
+        store
+            .update_node(id1, "n1", NodeUpdate::Progress { bytes_done: GIB }, NOW + 3)
+            .expect("progress");
     }
     let mut store = JobStore::open(&path).expect("reopen");
     assert_eq!((id1, id2), (1, 2));
     assert_eq!(store.next_id(), 3);
     let j1 = store.get(id1).expect("job 1 persisted");
-    assert_eq!(j1.nodes["warm"].state, NodeJobState::Done, "nothing already warmed is lost");
-    assert_eq!(j1.nodes["n1"].state, NodeJobState::Pending, "running work is re-issued");
+    assert_eq!(
+        j1.nodes["warm"].state,
+        NodeJobState::Done,
+        "nothing already warmed is lost"
+    );
+    assert_eq!(
+        j1.nodes["n1"].state,
+        NodeJobState::Pending,
+        "running work is re-issued"
+    );
     assert_eq!(j1.nodes["n1"].bytes_done, GIB);
     assert_eq!(j1.images[0].manifest_digest, d(100));
-    assert_eq!(store.get(id2).expect("job 2").status(), JobStatus::Cancelled);
+    assert_eq!(
+        store.get(id2).expect("job 2").status(),
+        JobStatus::Cancelled
+    );
     let a = store.next_assignments(&inv, NOW + 10).expect("reissue");
-    assert_eq!(a.iter().map(|x| (x.job_id, x.node.as_str())).collect::<Vec<_>>(), [(1, "n1")]);
+    assert_eq!(
+        a.iter()
+            .map(|x| (x.job_id, x.node.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "n1")]
+    );
 }
 
 #[test]
 fn priority_orders_assignments_across_jobs() {
     let mut inv = inv();
-    inv.apply(pool_node("src", "cpu", "a", &full(&train())), NOW).expect("src");
+    inv.apply(pool_node("src", "cpu", "a", &full(&train())), NOW)
+        .expect("src");
     let mut store = JobStore::in_memory().expect("store");
     let low = req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1"]));
     let mut high = req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n2"]));
@@ -317,20 +579,34 @@ fn priority_orders_assignments_across_jobs() {
     store.submit(low, vec![train()], &inv, NOW).expect("low");
     store.submit(high, vec![train()], &inv, NOW).expect("high");
     let a = store.next_assignments(&inv, NOW).expect("assign");
-    assert_eq!(a.iter().map(|x| (x.job_id, x.priority)).collect::<Vec<_>>(), [(2, 10), (1, 0)]);
+    assert_eq!(
+        a.iter().map(|x| (x.job_id, x.priority)).collect::<Vec<_>>(),
+        [(2, 10), (1, 0)]
+    );
 }
 
 #[test]
 fn lead_time_is_first_use_after_done() {
     let mut inv = inv();
     let mut store = JobStore::in_memory().expect("store");
-    let id = store.submit(req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1"])), vec![train()], &inv, NOW).expect("submit").id;
+    let id = store
+        .submit(
+            req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1"])),
+            vec![train()],
+            &inv,
+            NOW,
+        )
+        .expect("submit")
+        .id;
     store.next_assignments(&inv, NOW).expect("seed");
     let mut n1 = pool_node("n1", "h100", "a", &full(&train()));
     n1.generation = 2;
     inv.apply(n1.clone(), NOW + 50).expect("done");
     store.observe(&inv, NOW + 50).expect("observe");
-    assert_eq!(store.get(id).expect("job").nodes["n1"].finished_at, Some(NOW + 50));
+    assert_eq!(
+        store.get(id).expect("job").nodes["n1"].finished_at,
+        Some(NOW + 50)
+    );
     assert!(store.take_lead_times(&inv).expect("none yet").is_empty());
     let mut rec = image_record(&train(), NOW + 50, Default::default(), 1.0);
     rec.last_use = Some(NOW + 950);
@@ -338,5 +614,8 @@ fn lead_time_is_first_use_after_done() {
     n1.generation = 3;
     inv.apply(n1, NOW + 950).expect("used");
     assert_eq!(store.take_lead_times(&inv).expect("lead"), vec![900.0]);
-    assert!(store.take_lead_times(&inv).expect("once").is_empty(), "measured once");
+    assert!(
+        store.take_lead_times(&inv).expect("once").is_empty(),
+        "measured once"
+    );
 }

@@ -30,12 +30,15 @@ pub struct SimArgs {
     /// Override the rate-recompute quantum in ms (0 = exact event-driven).
     #[arg(long)]
     pub quantum_ms: Option<f64>,
-    /// What-if: per-agent piece-index rotation in the scheduler (see `sim.piece_rotation`).
+    /// Read the image's layer sizes from this OCI layout instead of the scenario's.
     #[arg(long)]
-    pub piece_rotation: bool,
+    pub oci_layout: Option<PathBuf>,
     /// Job sizes for the time-vs-nodes chart, e.g. 16,64,256 (overrides the scenario's).
     #[arg(long, value_delimiter = ',')]
     pub sweep: Option<Vec<usize>>,
+    /// Skip the scenario's sweep (time-vs-nodes) runs.
+    #[arg(long, conflicts_with = "sweep")]
+    pub no_sweep: bool,
 }
 
 /// Loads the scenario with the command line's overrides applied.
@@ -53,11 +56,14 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
     if let Some(q) = args.quantum_ms {
         sc.sim.quantum_ms = q;
     }
-    if args.piece_rotation {
-        sc.sim.piece_rotation = true;
+    if let Some(dir) = &args.oci_layout {
+        sc.image.layers = crate::model::layers_from_oci_layout(dir, sc.image.reference.as_deref())?;
     }
     if let Some(s) = &args.sweep {
         sc.job.sweep_nodes = s.clone();
+    }
+    if args.no_sweep {
+        sc.job.sweep_nodes.clear();
     }
     if !args.strategies.is_empty() {
         let names: Vec<String> = sc.strategies.iter().map(|s| s.label()).collect();
@@ -80,8 +86,11 @@ pub fn simulate_all(sc: &Scenario) -> Result<Report, Error> {
     for spec in &sc.strategies {
         let plan = crate::strategy::Plan::new(sc, spec, n);
         let bytes: f64 = plan.job.iter().map(|&j| sc.image.layers.iter().zip(&plan.holds[j as usize]).filter(|(_, h)| !**h).map(|(l, _)| l.size.0 as f64).sum::<f64>()).sum::<f64>() / n as f64;
+        // Layers someone must fetch: their count and the largest one (bound terms).
+        let moving: Vec<f64> = (0..sc.image.layers.len()).filter(|&l| plan.job.iter().any(|&j| !plan.holds[j as usize][l])).map(|l| sc.image.layers[l].size.0 as f64).collect();
+        let largest = moving.iter().copied().fold(0.0, f64::max);
         let o = crate::engine::Engine::new(sc, &plan).run()?;
-        results.push(report::result(sc, spec, n, o, bytes));
+        results.push(report::result(sc, spec, n, o, bytes, largest, moving.len()));
     }
     let mut sweep = Vec::new();
     for &m in &sc.job.sweep_nodes {

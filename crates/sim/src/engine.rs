@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use oci::Digest;
 use swarm::pieces::piece_size_for;
-use swarm::scheduler::SchedulerConfig;
+use swarm::scheduler::{seed_for, SchedulerConfig};
 use swarm::{AnnounceRequest, Bitfield, PieceLayout, PieceScheduler, Role, SwarmConfig, TrackerState};
 
 use crate::flow::{FlowPath, Solver};
@@ -33,6 +33,10 @@ pub struct Outcome {
     pub announces: u64,
     pub steps: u64,
     pub piece_transfers: u64,
+    /// Piece requests to a peer that did not hold the piece.
+    pub failed_requests: u64,
+    /// Piece requests refused because the holder's upload slots were full (503).
+    pub refused_requests: u64,
     pub wall_s: f64,
     pub tracker_wall_s: f64,
     pub scheduler_wall_s: f64,
@@ -52,7 +56,7 @@ enum Kind {
     /// The shared cache filling from the registry.
     CacheFill { layer: u32, piece: u32 },
     /// A node reading one piece from the shared cache.
-    CacheRead { slot: u32, layer: u32, piece: u32 },
+    CacheRead { slot: u32, layer: u32 },
 }
 
 struct Flow {
@@ -76,9 +80,8 @@ struct Pull {
     active: bool,
     done: bool,
     sched: Option<PieceScheduler>,
-    /// What-if `sim.piece_rotation`: this agent's scheduler sees piece `p` as
-    /// `(p - rot) mod count`, so index tie-breaks differ between agents.
-    rot: u32,
+    /// Peers from the latest tracker reply (the agent drops the others).
+    peers: Vec<String>,
     layout: Option<PieceLayout>,
     streaming: bool,
     direct: bool,
@@ -108,6 +111,10 @@ pub struct Engine<'a> {
     sizes: Vec<u64>,
     piece_size: Vec<u64>,
     nodes: Vec<NodeState>,
+    /// Cluster node → participant slot (`u32::MAX`: not taking part).
+    slot_index: Vec<u32>,
+    /// Piece uploads in progress per cluster node (the agent's upload slots).
+    uploads: Vec<u32>,
     pulls: Vec<Pull>,
     layers: usize,
     flows: Vec<Flow>,
@@ -207,6 +214,8 @@ impl<'a> Engine<'a> {
             sizes,
             piece_size,
             nodes,
+            slot_index: slot_of,
+            uploads: vec![0; n],
             pulls,
             layers,
             flows: Vec::new(),
@@ -389,7 +398,7 @@ impl<'a> Engine<'a> {
             Transport::SharedCache => {
                 let t = self.now + self.sc.cache.latency_ms / 1e3;
                 self.pull(s, l).cursor = 0;
-                self.at(t, Timer::Start(Kind::CacheRead { slot: s, layer: l, piece: u32::MAX }));
+                self.at(t, Timer::Start(Kind::CacheRead { slot: s, layer: l }));
             }
             Transport::P2p => self.announce(s, l),
         }
@@ -440,7 +449,7 @@ impl<'a> Engine<'a> {
         let mut hashes_sent = p.hashes_sent;
         // The source publishes the hashes of the pieces it streamed (in order).
         if p.streaming || (complete && p.hashes_sent > 0) {
-            let upto = if complete { count } else { p.sched.as_ref().map_or(0, |x| unrotate(x.have(), p.rot).prefix()) };
+            let upto = if complete { count } else { p.sched.as_ref().map_or(0, |x| x.have().prefix()) };
             for i in p.hashes_sent..upto {
                 hashes.insert(i, format!("{li}:{i}"));
             }
@@ -453,7 +462,10 @@ impl<'a> Engine<'a> {
             digest: self.digests[li].clone(),
             size: Some(self.sizes[li]),
             piece_size: Some(self.piece_size[li]),
-            have: if complete { None } else { p.sched.as_ref().map(|x| unrotate(x.have(), p.rot)) },
+            // Never `None` while incomplete: the tracker hands out a peer whose `have` is
+            // `None` as complete (see the report's swarm notes), so a joining agent that
+            // knows the blob's size sends an empty bitfield.
+            have: if complete { None } else { Some(p.sched.as_ref().map_or_else(|| Bitfield::new(count), |x| x.have().clone())) },
             complete,
             fetching_from_registry: p.streaming && !complete,
             hashes,
@@ -466,7 +478,6 @@ impl<'a> Engine<'a> {
         self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
         self.out.announces += 1;
         let sched_cfg = self.sched_cfg.clone();
-        let rotate = self.sc.sim.piece_rotation;
         let size = self.sizes[li];
         let my_topo = self.net.topology[node as usize].clone();
         let p = self.pull(s, l);
@@ -480,10 +491,9 @@ impl<'a> Engine<'a> {
         if p.sched.is_none() {
             let layout = PieceLayout::new(size, resp.piece_size);
             p.layout = Some(layout);
-            p.sched = Some(PieceScheduler::new(Bitfield::new(layout.count()), sched_cfg));
-            if rotate && layout.count() > 0 {
-                p.rot = (fnv(node as u64 * 1_000_003 + l as u64) % layout.count() as u64) as u32;
-            }
+            // The agent seeds its piece order with its node name.
+            let cfg = SchedulerConfig { seed: seed_for(&req.node), ..sched_cfg };
+            p.sched = Some(PieceScheduler::new(Bitfield::new(layout.count()), cfg));
         }
         let interval = resp.interval_ms as f64 / 1e3;
         match resp.role {
@@ -495,13 +505,12 @@ impl<'a> Engine<'a> {
                 let p = self.pull(s, l);
                 if !p.streaming {
                     p.streaming = true;
-                    let rot = p.rot;
                     if let Some(sch) = p.sched.as_mut() {
                         for i in 0..count {
-                            sch.claim(to_sched(i, rot, count), REGISTRY_PEER);
+                            sch.claim(i, REGISTRY_PEER);
                         }
                     }
-                    let first = p.sched.as_ref().map_or(0, |x| unrotate(x.have(), rot).prefix());
+                    let first = p.sched.as_ref().map_or(0, |x| x.have().prefix());
                     let t = self.now + self.sc.registry.latency_ms / 1e3;
                     self.at(t, Timer::Start(Kind::RegPiece { slot: s, layer: l, piece: first }));
                 }
@@ -509,11 +518,15 @@ impl<'a> Engine<'a> {
             Role::Peer => {
                 let t0 = Instant::now();
                 let p = &mut self.pulls[s as usize * self.layers + li];
-                let rot = p.rot;
+                let seen: Vec<String> = resp.peers.iter().map(|x| x.node.clone()).collect();
+                let old = std::mem::replace(&mut p.peers, seen);
                 if let Some(sch) = p.sched.as_mut() {
+                    // As the agent does: peers missing from the reply are dropped.
+                    for gone in old.iter().filter(|o| !p.peers.contains(o)) {
+                        sch.remove_peer(gone);
+                    }
                     for peer in &resp.peers {
-                        let have = if rot == 0 { peer.have.clone() } else { peer.have.as_ref().map(|h| rotate_bits(h, rot)) };
-                        sch.set_peer(&peer.node, have, my_topo.distance(&peer.topology));
+                        sch.set_peer(&peer.node, peer.have.clone(), my_topo.distance(&peer.topology));
                     }
                 }
                 self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
@@ -525,10 +538,7 @@ impl<'a> Engine<'a> {
 
     fn pump(&mut self, s: u32, l: u32) {
         let t0 = Instant::now();
-        let count = self.count(l);
-        let p = self.pull(s, l);
-        let rot = p.rot;
-        let reqs = match p.sched.as_mut() {
+        let reqs = match self.pull(s, l).sched.as_mut() {
             Some(sch) => sch.next_requests(),
             None => return,
         };
@@ -536,7 +546,7 @@ impl<'a> Engine<'a> {
         let lat = self.sc.starling.peer_latency_ms / 1e3;
         for r in reqs {
             let from: u32 = r.peer.strip_prefix('n').and_then(|x| x.parse().ok()).unwrap_or(0);
-            let kind = Kind::Piece { slot: s, layer: l, piece: (r.piece + rot) % count.max(1), from };
+            let kind = Kind::Piece { slot: s, layer: l, piece: r.piece, from };
             if lat > 0.0 {
                 self.at(self.now + lat, Timer::Start(kind));
             } else {
@@ -568,6 +578,28 @@ impl<'a> Engine<'a> {
                 self.add_flow(Origin::Registry, Some(node), len, kind);
             }
             Kind::Piece { slot, layer, piece, from } => {
+                let held = self.holds(from, layer, piece);
+                let slots_full = self.uploads[from as usize] >= self.sc.starling.max_uploads;
+                if !held || slots_full {
+                    // 404 (a wrong view) or 503 (upload slots full): like the agent,
+                    // release the request, drop the peer until the tracker's next
+                    // answer, and ask someone else.
+                    if held {
+                        self.out.refused_requests += 1;
+                    } else {
+                        self.out.failed_requests += 1;
+                    }
+                    let name = self.names[from as usize].clone();
+                    let p = self.pull(slot, layer);
+                    if let Some(sch) = p.sched.as_mut() {
+                        sch.on_failed(piece, &name, false);
+                        sch.remove_peer(&name);
+                    }
+                    p.peers.retain(|x| x != &name);
+                    self.pump(slot, layer);
+                    return;
+                }
+                self.uploads[from as usize] += 1;
                 let node = self.nodes[slot as usize].node;
                 let len = self.piece_len(layer, piece);
                 self.add_flow(Origin::Node(from), Some(node), len, kind);
@@ -576,8 +608,18 @@ impl<'a> Engine<'a> {
                 let len = self.piece_len(layer, piece);
                 self.add_flow(Origin::Registry, None, len, kind);
             }
-            Kind::CacheRead { slot, layer, piece: _ } => self.cache_next(slot, layer),
+            Kind::CacheRead { slot, layer } => self.cache_next(slot, layer),
         }
+    }
+
+    /// Ground truth: does cluster node `node` hold `piece` of `layer`?
+    fn holds(&self, node: u32, layer: u32, piece: u32) -> bool {
+        let Some(slot) = self.slot_index.get(node as usize).copied().filter(|&s| s != u32::MAX) else { return false };
+        let p = &self.pulls[slot as usize * self.layers + layer as usize];
+        if p.done {
+            return true;
+        }
+        p.sched.as_ref().is_some_and(|s| s.have().get(piece))
     }
 
     fn cache_next(&mut self, s: u32, l: u32) {
@@ -590,7 +632,7 @@ impl<'a> Engine<'a> {
         if cursor < self.cache_have[l as usize] {
             let node = self.nodes[s as usize].node;
             let len = self.piece_len(l, cursor);
-            self.add_flow(Origin::Cache, Some(node), len, Kind::CacheRead { slot: s, layer: l, piece: cursor });
+            self.add_flow(Origin::Cache, Some(node), len, Kind::CacheRead { slot: s, layer: l });
             return;
         }
         self.cache_waiters[l as usize].push(s);
@@ -611,20 +653,20 @@ impl<'a> Engine<'a> {
                 self.out.registry_bytes += bytes;
                 let count = self.count(layer);
                 let p = self.pull(slot, layer);
-                let rot = p.rot;
                 let Some(sch) = p.sched.as_mut() else { return };
-                sch.on_done(to_sched(piece, rot, count), REGISTRY_PEER);
+                sch.on_done(piece, REGISTRY_PEER);
                 if sch.is_complete() {
                     p.streaming = false;
                     self.layer_done(slot, layer);
                 } else {
-                    let next = (piece + 1..count).find(|&i| !sch.have().get(to_sched(i, rot, count)));
+                    let next = (piece + 1..count).find(|&i| !sch.have().get(i));
                     if let Some(nx) = next {
                         self.start_flow(Kind::RegPiece { slot, layer, piece: nx });
                     }
                 }
             }
             Kind::Piece { slot, layer, piece, from } => {
+                self.uploads[from as usize] -= 1;
                 self.out.p2p_bytes += bytes;
                 self.out.piece_transfers += 1;
                 if cross {
@@ -632,10 +674,8 @@ impl<'a> Engine<'a> {
                 }
                 let name = &self.names[from as usize];
                 let p = &mut self.pulls[slot as usize * self.layers + layer as usize];
-                let count = PieceLayout::new(self.sizes[layer as usize], self.piece_size[layer as usize]).count();
-                let rot = p.rot;
                 let Some(sch) = p.sched.as_mut() else { return };
-                sch.on_done(to_sched(piece, rot, count), name);
+                sch.on_done(piece, name);
                 if sch.is_complete() {
                     self.layer_done(slot, layer);
                 } else {
@@ -653,7 +693,7 @@ impl<'a> Engine<'a> {
                     self.cache_next(s, layer);
                 }
             }
-            Kind::CacheRead { slot, layer, piece: _ } => {
+            Kind::CacheRead { slot, layer } => {
                 self.out.cache_bytes += bytes;
                 self.pull(slot, layer).cursor += 1;
                 self.cache_next(slot, layer);
@@ -668,42 +708,3 @@ pub fn simulate(sc: &Scenario, strategy: &crate::scenario::StrategySpec, job_nod
     Engine::new(sc, &plan).run()
 }
 
-fn to_sched(p: u32, rot: u32, count: u32) -> u32 {
-    if rot == 0 || count == 0 {
-        p
-    } else {
-        (p + count - rot) % count
-    }
-}
-
-/// Real-space bitfield → this agent's scheduler space.
-fn rotate_bits(b: &Bitfield, rot: u32) -> Bitfield {
-    let n = b.len();
-    let mut out = Bitfield::new(n);
-    for p in b.iter_ones() {
-        out.set(to_sched(p, rot, n));
-    }
-    out
-}
-
-/// Scheduler space → real space.
-fn unrotate(b: &Bitfield, rot: u32) -> Bitfield {
-    if rot == 0 {
-        return b.clone();
-    }
-    let n = b.len();
-    let mut out = Bitfield::new(n);
-    for q in b.iter_ones() {
-        out.set((q + rot) % n);
-    }
-    out
-}
-
-fn fnv(x: u64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in x.to_le_bytes() {
-        h ^= byte as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}

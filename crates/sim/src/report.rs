@@ -33,6 +33,8 @@ pub struct StrategyResult {
     pub source_elections: u32,
     pub announces: u64,
     pub piece_transfers: u64,
+    pub failed_requests: u64,
+    pub refused_requests: u64,
     pub steps: u64,
     pub stuck_nodes: usize,
     pub wall_s: f64,
@@ -77,7 +79,7 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// The transfer-time lower bound for `n` nodes each fetching `s` bytes.
-pub fn bound(sc: &Scenario, transport: Transport, n: usize, s: f64) -> f64 {
+pub fn bound(sc: &Scenario, transport: Transport, n: usize, s: f64, largest_layer: f64, layers: usize) -> f64 {
     if s <= 0.0 || n == 0 {
         return 0.0;
     }
@@ -91,7 +93,7 @@ pub fn bound(sc: &Scenario, transport: Transport, n: usize, s: f64) -> f64 {
     let n = n as f64;
     match transport {
         Transport::Direct => (n * s / reg).max(s / down.min(conn)),
-        Transport::SharedCache => (s / reg.min(conn)).max(s / down).max(n * s / sc.cache.egress.0),
+        Transport::SharedCache => (s / reg.min(conn * layers.max(1) as f64)).max(largest_layer / reg.min(conn)).max(s / down).max(n * s / sc.cache.egress.0),
         Transport::P2p => {
             if let Some(l) = sc.starling.upload_limit {
                 up = up.min(l.0);
@@ -99,13 +101,14 @@ pub fn bound(sc: &Scenario, transport: Transport, n: usize, s: f64) -> f64 {
             if let Some(l) = sc.starling.download_limit {
                 down = down.min(l.0);
             }
-            let origin = reg.min(conn);
-            (s / origin).max(s / down).max(n * s / (origin + n * up))
+            // One source per layer, each on one registry connection.
+            let origin = reg.min(conn * layers.max(1) as f64);
+            (s / origin).max(largest_layer / reg.min(conn)).max(s / down).max(n * s / (origin + n * up))
         }
     }
 }
 
-pub fn result(sc: &Scenario, spec: &StrategySpec, nodes: usize, o: Outcome, bytes_per_node: f64) -> StrategyResult {
+pub fn result(sc: &Scenario, spec: &StrategySpec, nodes: usize, o: Outcome, bytes_per_node: f64, largest_layer: f64, layers: usize) -> StrategyResult {
     let mut r = o.ready_s.clone();
     r.sort_by(f64::total_cmp);
     let mean = if r.is_empty() { f64::NAN } else { r.iter().sum::<f64>() / r.len() as f64 };
@@ -124,7 +127,9 @@ pub fn result(sc: &Scenario, spec: &StrategySpec, nodes: usize, o: Outcome, byte
         p2p_bytes: o.p2p_bytes,
         cross_rack_bytes: o.cross_rack_bytes,
         bytes_per_node,
-        bound_s: bound(sc, spec.transport(), needing, bytes_per_node),
+        bound_s: bound(sc, spec.transport(), needing, bytes_per_node, largest_layer, layers),
+        failed_requests: o.failed_requests,
+        refused_requests: o.refused_requests,
         source_elections: o.source_elections,
         announces: o.announces,
         piece_transfers: o.piece_transfers,

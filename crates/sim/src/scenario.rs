@@ -177,6 +177,8 @@ pub struct Starling {
     pub max_inflight_total: u32,
     /// Latency of one piece request between agents.
     pub peer_latency_ms: f64,
+    /// Concurrent piece uploads per agent; more requests are refused (503).
+    pub max_uploads: u32,
 }
 
 impl Default for Starling {
@@ -191,9 +193,12 @@ impl Default for Starling {
             peer_ttl_ms: s.peer_ttl_ms,
             max_peers: s.max_peers,
             min_p2p_size: Bytes(s.min_p2p_size),
-            max_inflight_per_peer: p.max_inflight_per_peer,
-            max_inflight_total: p.max_inflight_total,
+            // The agent's downloader (crates/agent/src/p2p/download.rs) uses 2 and 4,
+            // not `SchedulerConfig::default()`.
+            max_inflight_per_peer: 2.min(p.max_inflight_per_peer),
+            max_inflight_total: 4.min(p.max_inflight_total),
             peer_latency_ms: 0.5,
+            max_uploads: 4,
         }
     }
 }
@@ -214,6 +219,7 @@ impl Starling {
             max_inflight_per_peer: partial.max_inflight_per_peer.unwrap_or(d.max_inflight_per_peer),
             max_inflight_total: partial.max_inflight_total.unwrap_or(d.max_inflight_total),
             peer_latency_ms: partial.peer_latency_ms.unwrap_or(d.peer_latency_ms),
+            max_uploads: partial.max_uploads.unwrap_or(d.max_uploads),
         }
     }
 }
@@ -231,6 +237,7 @@ struct StarlingPartial {
     max_inflight_per_peer: Option<u32>,
     max_inflight_total: Option<u32>,
     peer_latency_ms: Option<f64>,
+    max_uploads: Option<u32>,
 }
 
 impl<'de> Deserialize<'de> for Starling {
@@ -296,11 +303,6 @@ pub struct SimCfg {
     /// Safety stop (simulated seconds).
     #[serde(default)]
     pub max_seconds: Option<f64>,
-    /// What-if (not the shipped scheduler's behaviour): each agent's `PieceScheduler`
-    /// sees the piece indices rotated by a per-agent offset, emulating a per-agent
-    /// tie-break instead of "lowest index first" (see the report's swarm notes).
-    #[serde(default)]
-    pub piece_rotation: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -424,8 +426,8 @@ impl Scenario {
         if self.starling.piece_size.0 < 4096 {
             return bad("starling.piece_size must be at least 4KiB".into());
         }
-        if self.starling.announce_interval_ms == 0 || self.starling.max_inflight_total == 0 || self.starling.max_inflight_per_peer == 0 {
-            return bad("starling: announce_interval_ms, max_inflight_per_peer and max_inflight_total must be > 0".into());
+        if self.starling.announce_interval_ms == 0 || self.starling.max_inflight_total == 0 || self.starling.max_inflight_per_peer == 0 || self.starling.max_uploads == 0 {
+            return bad("starling: announce_interval_ms, max_inflight_per_peer, max_inflight_total and max_uploads must be > 0".into());
         }
         if self.job.layer_concurrency == 0 {
             return bad("job.layer_concurrency must be at least 1".into());

@@ -82,6 +82,9 @@ pub struct AgentArgs {
     /// Concurrent piece uploads to peers.
     #[arg(long, env = "STARLING_MAX_UPLOADS")]
     max_uploads: Option<usize>,
+    /// Piece requests in flight across all blobs.
+    #[arg(long, env = "STARLING_MAX_PIECE_REQUESTS")]
+    max_piece_requests: Option<usize>,
     /// Blobs below this size skip P2P.
     #[arg(long, env = "STARLING_P2P_THRESHOLD")]
     p2p_threshold: Option<String>,
@@ -162,6 +165,9 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     }
     if let Some(v) = a.max_uploads {
         cfg.max_uploads = v;
+    }
+    if let Some(v) = a.max_piece_requests {
+        cfg.max_piece_requests = v;
     }
     if let Some(v) = &a.p2p_threshold {
         crate::parse_size(v)?;
@@ -313,6 +319,9 @@ pub struct TrackerArgs {
     /// Peers silent for this long are no longer handed out.
     #[arg(long, default_value = "3s")]
     peer_ttl: humantime::Duration,
+    /// How often downloading agents announce (their bitfields reach others this fast).
+    #[arg(long, default_value = "250ms")]
+    announce_interval: humantime::Duration,
 }
 
 pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
@@ -320,6 +329,7 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
         min_p2p_size: crate::parse_size(&a.p2p_threshold)?,
         piece_size: crate::parse_size(&a.piece_size)?,
         peer_ttl_ms: std::time::Duration::from(a.peer_ttl).as_millis() as u64,
+        announce_interval_ms: std::time::Duration::from(a.announce_interval).as_millis() as u64,
         ..Default::default()
     };
     let t = tracker::Tracker::new(cfg, a.cluster_token);

@@ -31,6 +31,15 @@ pub struct DemoArgs {
     pub piece_size: String,
     #[arg(long, default_value = "4MiB")]
     pub p2p_threshold: String,
+    /// Tracker announce interval while downloading.
+    #[arg(long, default_value = "250ms")]
+    pub announce_interval: String,
+    /// Concurrent piece uploads per agent.
+    #[arg(long, default_value_t = 4)]
+    pub max_uploads: usize,
+    /// Piece requests in flight per agent.
+    #[arg(long, default_value_t = 8)]
+    pub max_piece_requests: usize,
     /// Skip the direct baseline run.
     #[arg(long)]
     pub no_direct: bool,
@@ -158,7 +167,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     say(format!("[3/6] tracker on 127.0.0.1:{tport}, {} agents limited to {}/s up and down each", a.nodes, a.node_limit));
     procs.0.push(spawn(
         &exe,
-        &["tracker".into(), "--listen".into(), format!("127.0.0.1:{tport}"), "--cluster-token".into(), token.clone(), "--p2p-threshold".into(), a.p2p_threshold.clone(), "--piece-size".into(), a.piece_size.clone()],
+        &["tracker".into(), "--listen".into(), format!("127.0.0.1:{tport}"), "--cluster-token".into(), token.clone(), "--p2p-threshold".into(), a.p2p_threshold.clone(), "--piece-size".into(), a.piece_size.clone(), "--announce-interval".into(), a.announce_interval.clone()],
         &work.join("tracker.log"),
     )?);
     wait_ready(&format!("http://127.0.0.1:{tport}/healthz")).await?;
@@ -196,6 +205,10 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             a.piece_size.clone(),
             "--min-free".into(),
             "0".into(),
+            "--max-uploads".into(),
+            a.max_uploads.to_string(),
+            "--max-piece-requests".into(),
+            a.max_piece_requests.to_string(),
         ];
         let child = spawn(&exe, &args, &work.join(format!("{name}.log")))?;
         agents.push((name, port, child.id()));

@@ -111,7 +111,12 @@ pub(crate) async fn start(agent: Agent, p2p: Arc<P2p>, registry: String, repo: S
     req.size = Some(size);
     req.piece_size = Some(layout.piece_size);
     let inflight = writer.inflight();
-    let sched = PieceScheduler::new(writer.pieces().cloned().unwrap_or_else(|| Bitfield::new(layout.count())), SchedulerConfig { seed: swarm::scheduler::seed_for(&p2p.node), ..Default::default() });
+    let sched = PieceScheduler::new(writer.pieces().cloned().unwrap_or_else(|| Bitfield::new(layout.count())), SchedulerConfig {
+            seed: swarm::scheduler::seed_for(&p2p.node),
+            max_inflight_per_peer: 2,
+            max_inflight_total: 4,
+            ..Default::default()
+        });
     let mut dl = Download {
         agent,
         p2p,
@@ -275,6 +280,7 @@ impl Download {
                 };
                 let (p2p, d, tx, ps) = (self.p2p.clone(), self.d.clone(), tx.clone(), self.layout.piece_size);
                 tokio::spawn(async move {
+                    let _slot = p2p.requests.clone().acquire_owned().await;
                     let data = p2p.fetch_piece(&addr, &d, r.piece, ps).await;
                     let _ = tx.send(Event::Piece { piece: r.piece, from: r.peer, data }).await;
                 });

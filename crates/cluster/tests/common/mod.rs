@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use cluster::extender::ImageCatalog;
-use cluster::inventory::{BlobHolding, BlobRef, ImageRecord, NodeReport, ResolvedImage, SourceBytes};
+use cluster::inventory::{
+    BlobHolding, BlobRef, ImageRecord, NodeReport, ResolvedImage, SourceBytes,
+};
 use oci::{Digest, ImageReference};
 
 pub const GIB: u64 = 1 << 30;
@@ -24,7 +26,12 @@ pub fn train() -> ResolvedImage {
     ResolvedImage {
         reference: "registry.example.com/ml/train:v1.4.2".into(),
         manifest_digest: d(100),
-        blobs: vec![blob(1, 10_000), blob(2, GIB), blob(3, 2 * GIB), blob(4, 100 * MIB)],
+        blobs: vec![
+            blob(1, 10_000),
+            blob(2, GIB),
+            blob(3, 2 * GIB),
+            blob(4, 100 * MIB),
+        ],
     }
 }
 
@@ -43,7 +50,12 @@ pub struct MapCatalog(pub HashMap<String, ResolvedImage>);
 
 impl MapCatalog {
     pub fn with(images: &[ResolvedImage]) -> Self {
-        Self(images.iter().map(|i| (i.reference.clone(), i.clone())).collect())
+        Self(
+            images
+                .iter()
+                .map(|i| (i.reference.clone(), i.clone()))
+                .collect(),
+        )
     }
 }
 
@@ -82,7 +94,12 @@ pub fn full(img: &ResolvedImage) -> Vec<(BlobRef, u64)> {
     img.blobs.iter().map(|b| (b.clone(), b.size)).collect()
 }
 
-pub fn image_record(img: &ResolvedImage, last_pull: u64, src: SourceBytes, secs: f64) -> ImageRecord {
+pub fn image_record(
+    img: &ResolvedImage,
+    last_pull: u64,
+    src: SourceBytes,
+    secs: f64,
+) -> ImageRecord {
     ImageRecord {
         manifest_digest: img.manifest_digest.clone(),
         index_digest: None,
@@ -96,5 +113,8 @@ pub fn image_record(img: &ResolvedImage, last_pull: u64, src: SourceBytes, secs:
 }
 
 pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
