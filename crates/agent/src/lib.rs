@@ -113,6 +113,7 @@ impl Agent {
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/api/v1/cache", axum::routing::get(cache_handler))
             .route("/p2p/v1/blobs/{digest}/pieces/{index}", axum::routing::get(p2p::piece_handler))
+            .route("/p2p/v1/blobs/{digest}/hashes", axum::routing::get(p2p::hashes_handler))
             .fallback(registry_handler)
             .with_state(self.clone())
     }

@@ -251,6 +251,7 @@ pub fn estimate(
     cfg: &ScoreConfig,
 ) -> Vec<NodeEstimate> {
     let mut out: Vec<NodeEstimate> = Vec::with_capacity(candidates.len());
+    let ids = inv.intern_blobs(&w.blobs);
     let mut reference = 0.0f64;
     for name in candidates {
         let entry = inv.entry(name);
@@ -261,14 +262,7 @@ pub fn estimate(
                 NodeStatus::Unknown => Presence::Unknown,
             },
         };
-        let held: u64 = entry
-            .map(|e| {
-                w.blobs
-                    .iter()
-                    .map(|b| e.bytes_held(&b.digest).min(b.size))
-                    .sum()
-            })
-            .unwrap_or(0);
+        let held: u64 = entry.map(|e| e.held_sum(&ids)).unwrap_or(0);
         let tp = entry.and_then(|e| e.report.throughput_bytes_per_sec);
         let pull = (presence == Presence::Known).then(|| {
             let t = tp

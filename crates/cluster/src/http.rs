@@ -408,6 +408,7 @@ impl ClusterState {
             }
         }
         let images: Vec<DashImage> = images.into_values().collect();
+        let image_ids: Vec<_> = images.iter().map(|i| inv.intern_blobs(&i.blobs)).collect();
         let matrix = inv
             .entries()
             .map(|e| DashRow {
@@ -415,15 +416,7 @@ impl ClusterState {
                 status: inv.status_of(e, now),
                 cache_used: e.report.cache_used,
                 cache_budget: e.report.cache_budget,
-                bytes: images
-                    .iter()
-                    .map(|img| {
-                        img.blobs
-                            .iter()
-                            .map(|b| e.bytes_held(&b.digest).min(b.size))
-                            .sum()
-                    })
-                    .collect(),
+                bytes: image_ids.iter().map(|ids| e.held_sum(ids)).collect(),
             })
             .collect();
         let sources = inv

@@ -168,6 +168,11 @@ impl Hasher for FxHasher {
 }
 
 type DigestMap<V> = HashMap<Digest, V, BuildHasherDefault<FxHasher>>;
+type IdMap<V> = HashMap<BlobId, V, BuildHasherDefault<FxHasher>>;
+
+/// A digest interned by the inventory (per-node maps are keyed by these, so the
+/// extender's 20 × 1,000 lookups hash a u32, not 71 bytes).
+pub type BlobId = u32;
 
 /// A node as the inventory keeps it.
 #[derive(Clone, Debug)]
@@ -176,13 +181,25 @@ pub struct NodeEntry {
     pub first_seen: u64,
     pub last_report: u64,
     pub last_heartbeat: u64,
-    /// digest → bytes held (complete or partial), for O(1) lookups.
-    held: DigestMap<u64>,
+    /// blob id → bytes held (complete or partial), for O(1) lookups.
+    held: IdMap<u64>,
 }
 
 impl NodeEntry {
-    pub fn bytes_held(&self, d: &Digest) -> u64 {
-        self.held.get(d).copied().unwrap_or(0)
+    /// Bytes held of one interned blob.
+    pub fn held_id(&self, id: BlobId) -> u64 {
+        self.held.get(&id).copied().unwrap_or(0)
+    }
+
+    /// Bytes held of a set of interned blobs (`(id, size)`, see [`Inventory::intern_blobs`]).
+    pub fn held_sum(&self, blobs: &[(BlobId, u64)]) -> u64 {
+        if self.held.is_empty() {
+            return 0;
+        }
+        blobs
+            .iter()
+            .map(|&(id, size)| self.held_id(id).min(size))
+            .sum()
     }
 }
 
@@ -265,6 +282,8 @@ pub struct Inventory {
     /// "tag:<registry/repo:tag>" or "digest:<digest>" → the most recently pulled
     /// image reported under it (an in-memory catalog, so lookups do not scan nodes).
     images: HashMap<String, (u64, ResolvedImage)>,
+    /// Interned digests of every blob any node has reported.
+    ids: DigestMap<BlobId>,
 }
 
 fn tag_key(r: &ImageReference) -> Option<String> {
@@ -281,6 +300,7 @@ impl Inventory {
             timeout_s,
             tag_history: HashMap::new(),
             images: HashMap::new(),
+            ids: DigestMap::default(),
         }
     }
 
@@ -293,6 +313,19 @@ impl Inventory {
     pub fn apply(&mut self, report: NodeReport, now: u64) -> Result<Applied> {
         if report.node.is_empty() {
             return Err(Error::InvalidRequest("report without a node name".into()));
+        }
+        if let Some(e) = self.nodes.get_mut(&report.node) {
+            if report.generation < e.report.generation {
+                return Err(Error::StaleGeneration {
+                    node: report.node,
+                    have: e.report.generation,
+                    got: report.generation,
+                });
+            }
+            if report.generation == e.report.generation {
+                e.last_heartbeat = now;
+                return Ok(Applied::Heartbeat);
+            }
         }
         for img in &report.images {
             let t = img.last_pull.unwrap_or(0);
@@ -323,21 +356,13 @@ impl Inventory {
                 }
             }
         }
-        let held = report
-            .blobs
-            .iter()
-            .map(|b| (b.digest.clone(), b.bytes_held.min(b.size)))
-            .collect();
+        let mut held = IdMap::default();
+        for b in &report.blobs {
+            let next = BlobId::try_from(self.ids.len()).unwrap_or(BlobId::MAX);
+            let id = *self.ids.entry(b.digest.clone()).or_insert(next);
+            held.insert(id, b.bytes_held.min(b.size));
+        }
         match self.nodes.get_mut(&report.node) {
-            Some(e) if report.generation < e.report.generation => Err(Error::StaleGeneration {
-                node: report.node,
-                have: e.report.generation,
-                got: report.generation,
-            }),
-            Some(e) if report.generation == e.report.generation => {
-                e.last_heartbeat = now;
-                Ok(Applied::Heartbeat)
-            }
             Some(e) => {
                 e.report = report;
                 e.held = held;
@@ -451,23 +476,44 @@ impl Inventory {
             .map(|e| (self.summary(e, now), &e.report))
     }
 
+    /// The interned id of a digest, if any node ever reported it.
+    pub fn blob_id(&self, d: &Digest) -> Option<BlobId> {
+        self.ids.get(d).copied()
+    }
+
+    /// `(id, size)` of each distinct blob some node has reported (blobs nobody ever
+    /// reported are held by nobody and left out; duplicates counted once).
+    pub fn intern_blobs(&self, blobs: &[BlobRef]) -> Vec<(BlobId, u64)> {
+        let mut seen = BTreeSet::new();
+        blobs
+            .iter()
+            .filter_map(|b| self.blob_id(&b.digest).map(|id| (id, b.size)))
+            .filter(|(id, _)| seen.insert(*id))
+            .collect()
+    }
+
+    /// Bytes of one blob a node holds.
+    pub fn held(&self, e: &NodeEntry, d: &Digest) -> u64 {
+        self.blob_id(d).map_or(0, |id| e.held_id(id))
+    }
+
     /// Bytes of `blobs` held by one node (duplicates in `blobs` counted once).
     pub fn bytes_held(&self, node: &str, blobs: &[BlobRef]) -> Option<u64> {
         let e = self.nodes.get(node)?;
-        Some(held_by(e, &dedup(blobs)))
+        Some(e.held_sum(&self.intern_blobs(blobs)))
     }
 
     /// For a set of blobs, how many bytes each node holding any of them holds (shared
     /// layers counted once). Nodes holding nothing are left out. Sorted by bytes held,
     /// descending, then name.
     pub fn holders(&self, blobs: &[BlobRef], now: u64) -> Vec<Holding> {
-        let blobs = dedup(blobs);
-        let total: u64 = blobs.iter().map(|b| b.size).sum();
+        let total: u64 = dedup(blobs).iter().map(|b| b.size).sum();
+        let ids = self.intern_blobs(blobs);
         let mut out: Vec<Holding> = self
             .nodes
             .values()
             .filter_map(|e| {
-                let held = held_by(e, &blobs);
+                let held = e.held_sum(&ids);
                 (held > 0).then(|| Holding {
                     node: e.report.node.clone(),
                     status: self.status_of(e, now),
@@ -510,13 +556,6 @@ fn dedup(blobs: &[BlobRef]) -> Vec<BlobRef> {
         .filter(|b| seen.insert(&b.digest))
         .cloned()
         .collect()
-}
-
-fn held_by(e: &NodeEntry, blobs: &[BlobRef]) -> u64 {
-    blobs
-        .iter()
-        .map(|b| e.bytes_held(&b.digest).min(b.size))
-        .sum()
 }
 
 #[cfg(test)]
@@ -577,6 +616,24 @@ mod tests {
             inv.entry("n1")
                 .map(|e| (e.report.blobs.len(), e.last_heartbeat)),
             Some((1, 1010))
+        );
+        let mut stale = report("n1", 3, &[]);
+        stale.images = vec![ImageRecord {
+            manifest_digest: d(50),
+            index_digest: None,
+            references: vec!["python:3.12".into()],
+            blobs: vec![],
+            last_pull: Some(1),
+            last_use: None,
+            bytes_by_source: SourceBytes::default(),
+            pull_seconds: None,
+        }];
+        assert!(inv.apply(stale, 1015).is_err());
+        let py = ImageReference::parse("python:3.12").expect("ref");
+        assert_eq!(
+            inv.resolve(&py),
+            None,
+            "a refused report does not feed the catalog"
         );
         assert_eq!(
             inv.apply(report("n1", 6, &[]), 1020).ok(),

@@ -702,7 +702,7 @@ impl JobStore {
             let someone_done = job.nodes.values().any(|n| n.state == NodeJobState::Done);
             let cluster_has_all = inv.entries().any(|e| {
                 inv.status_of(e, now) == NodeStatus::Known
-                    && job.blobs.iter().all(|b| e.bytes_held(&b.digest) >= b.size)
+                    && job.blobs.iter().all(|b| inv.held(e, &b.digest) >= b.size)
             });
             let seeded = someone_done || cluster_has_all;
             let parallelism = job.request.parallelism.map_or(usize::MAX, |p| p as usize);

@@ -175,6 +175,8 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     for i in 0..a.nodes {
         let port = free_port()?;
         let name = format!("node-{i}");
+        // A fresh cache per run: a reused workdir must not turn a cold start warm.
+        let _ = std::fs::remove_dir_all(work.join(&name));
         let args: Vec<String> = vec![
             "agent".into(),
             "--listen".into(),

@@ -308,3 +308,24 @@ async fn stale_peers_expire_from_handouts() {
     let r = reqwest::Client::new().post(format!("{}/swarm/v1/announce", t.url())).bearer_auth("nope").json(&serde_json::json!({})).send().await.unwrap();
     assert_eq!(r.status(), 401);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_tracker_restart_newcomers_pull_from_seeders_not_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image = TestImage::push_multilayer(&registry, "swarm/seeders", "1", &[20 << 20], 18).unwrap();
+    let mut t = tracker(dir.path(), &[]).await;
+    let seed = agent(dir.path(), "seed", &t.url(), &registry, &[]).await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    // The tracker forgets everything (piece hashes included); the seed re-announces.
+    t.kill9();
+    t.restart();
+    ready(&t.url()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let b = agent(dir.path(), "newcomer", &t.url(), &registry, &[]).await;
+    let r = pull_via(&b.url(), &image).await.expect("pull from seeders");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    // Only the small config blob (below the P2P threshold) comes from the registry.
+    assert_eq!(metric(&b, "starling_agent_p2p_registry_bytes_total").await, image.config.size, "the layer came from the seeder");
+    assert!(metric(&b, "starling_agent_p2p_peer_bytes_total").await >= image.layers[0].size);
+}

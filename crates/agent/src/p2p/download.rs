@@ -139,6 +139,8 @@ pub(crate) async fn start(agent: Agent, p2p: Arc<P2p>, registry: String, repo: S
         peer_bytes: 0,
         registry_bytes: 0,
         interval_ms: resp.interval_ms,
+        complete_peers: Vec::new(),
+        last_hash_fetch: None,
     };
     dl.absorb(resp);
     tokio::spawn(dl.run(first_stream));
@@ -194,6 +196,9 @@ struct Download {
     peer_bytes: u64,
     registry_bytes: u64,
     interval_ms: u64,
+    /// Addresses of peers holding the whole (verified) blob.
+    complete_peers: Vec<String>,
+    last_hash_fetch: Option<Instant>,
 }
 
 impl Download {
@@ -224,6 +229,7 @@ impl Download {
         }
         self.p2p.metrics.swarm_peers.set(resp.peers.len() as i64);
         let mut seen = Vec::new();
+        self.complete_peers = resp.peers.iter().filter(|p| p.have.is_none()).map(|p| p.addr.clone()).collect();
         for p in resp.peers {
             let distance = self.p2p.topology.distance(&p.topology);
             seen.push(p.node.clone());
@@ -297,7 +303,10 @@ impl Download {
                     }
                     None => break,
                 },
-                _ = tick.tick() => self.announce().await,
+                _ = tick.tick() => {
+                    self.announce().await;
+                    self.fetch_hashes_if_missing().await;
+                }
             }
         }
         let size = self.layout.blob_size;
@@ -468,6 +477,32 @@ impl Download {
                     warn!(error = %e, "storing a pending piece failed");
                 }
             }
+        }
+    }
+
+    /// Piece hashes normally come from the source through the tracker. When no source
+    /// is publishing (the swarm has only complete seeders, e.g. after a tracker
+    /// restart), ask a complete peer: its blob passed the digest check, so hashes
+    /// computed from it are as trustworthy as the source's.
+    async fn fetch_hashes_if_missing(&mut self) {
+        if self.hashes.len() as u32 >= self.layout.count() || self.complete_peers.is_empty() {
+            return;
+        }
+        let needed = !self.pending.is_empty() || !self.claims.is_empty() || (self.hashes.is_empty() && self.role == Role::Peer);
+        if !needed || self.last_hash_fetch.is_some_and(|t| t.elapsed() < Duration::from_secs(2)) {
+            return;
+        }
+        self.last_hash_fetch = Some(Instant::now());
+        let addr = self.complete_peers[(self.started.elapsed().as_millis() as usize) % self.complete_peers.len()].clone();
+        match self.p2p.fetch_hashes(&addr, &self.d, self.layout.piece_size).await {
+            Ok(list) if list.len() as u32 == self.layout.count() => {
+                for (i, h) in list.into_iter().enumerate() {
+                    self.hashes.entry(i as u32).or_insert(h);
+                }
+                debug!(digest = %self.d, peer = %addr, "piece hashes taken from a complete peer");
+            }
+            Ok(list) => warn!(digest = %self.d, peer = %addr, got = list.len(), "peer sent a wrong number of piece hashes"),
+            Err(e) => debug!(digest = %self.d, peer = %addr, error = %e, "cannot fetch piece hashes"),
         }
     }
 

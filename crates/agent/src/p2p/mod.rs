@@ -15,7 +15,7 @@ use swarm::{AnnounceRequest, AnnounceResponse, Topology};
 use tokio::sync::Semaphore;
 
 pub(crate) use download::{start, Start};
-pub(crate) use serve::piece_handler;
+pub(crate) use serve::{hashes_handler, piece_handler};
 
 use crate::config::{parse_size, AgentConfig};
 use crate::Error;
@@ -69,6 +69,8 @@ pub struct P2p {
     pub(crate) download: Option<TokenBucket>,
     pub(crate) uploads: Semaphore,
     pub(crate) requests: Arc<Semaphore>,
+    /// Piece hashes computed from complete blobs, by (digest, piece size).
+    pub(crate) hash_cache: parking_lot::Mutex<std::collections::HashMap<(oci::Digest, u64), Arc<Vec<String>>>>,
     pub threshold: u64,
     pub piece_size: u64,
     pub(crate) corrupt: bool,
@@ -98,6 +100,7 @@ impl P2p {
             download: limit(&cfg.download_limit)?,
             uploads: Semaphore::new(cfg.max_uploads.max(1)),
             requests: Arc::new(Semaphore::new(cfg.max_piece_requests.max(1))),
+            hash_cache: parking_lot::Mutex::new(std::collections::HashMap::new()),
             threshold: parse_size(&cfg.p2p_threshold).map_err(Error::Config)?,
             piece_size: parse_size(&cfg.piece_size).map_err(Error::Config)?,
             corrupt: cfg.corrupt_pieces,
@@ -152,6 +155,15 @@ impl P2p {
         } else {
             Err(format!("tracker answered {}", r.status()))
         }
+    }
+
+    pub(crate) async fn fetch_hashes(&self, peer_addr: &str, d: &oci::Digest, piece_size: u64) -> Result<Vec<String>, String> {
+        let url = format!("{}/p2p/v1/blobs/{d}/hashes?piece_size={piece_size}", peer_addr.trim_end_matches('/'));
+        let r = self.authed(self.http.get(url)).timeout(Duration::from_secs(30)).send().await.map_err(|e| e.to_string())?;
+        if !r.status().is_success() {
+            return Err(format!("peer answered {}", r.status()));
+        }
+        r.json().await.map_err(|e| e.to_string())
     }
 
     pub(crate) async fn fetch_piece(&self, peer_addr: &str, d: &oci::Digest, piece: u32, piece_size: u64) -> Result<bytes::Bytes, String> {

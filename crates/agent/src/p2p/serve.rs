@@ -4,7 +4,7 @@
 
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, StatusCode};
 use serde::Deserialize;
 
@@ -84,4 +84,49 @@ pub(crate) async fn piece_handler(State(agent): State<Agent>, Path((digest, inde
         .header(header::CONTENT_LENGTH, data.len())
         .body(Body::from(data))
         .unwrap_or_default()
+}
+
+/// Piece hashes of a complete (digest-verified) blob, for peers that joined a swarm
+/// with no source publishing hashes.
+pub(crate) async fn hashes_handler(State(agent): State<Agent>, Path(digest): Path<String>, Query(q): Query<PieceQuery>, headers: HeaderMap) -> Response {
+    let Some(p2p) = agent.p2p.clone() else { return status(StatusCode::NOT_FOUND, "p2p disabled") };
+    if !p2p.token_ok(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())) {
+        return status(StatusCode::UNAUTHORIZED, "missing or wrong cluster token");
+    }
+    let Ok(d) = oci::Digest::parse(&digest) else { return status(StatusCode::BAD_REQUEST, "invalid digest") };
+    if q.piece_size < (64 << 10) || q.piece_size > (1 << 30) {
+        return status(StatusCode::BAD_REQUEST, "piece_size out of range");
+    }
+    let key = (d.clone(), q.piece_size);
+    if let Some(h) = p2p.hash_cache.lock().get(&key).cloned() {
+        return axum::Json(h.as_ref().clone()).into_response();
+    }
+    let Ok(Some(open)) = agent.store.open_complete(&d) else { return status(StatusCode::NOT_FOUND, "blob not complete here") };
+    let (file, size, ps) = (open.file.clone(), open.size, q.piece_size);
+    let computed = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<String>> {
+        use sha2::Digest as _;
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < size {
+            let len = (size - pos).min(ps) as usize;
+            let b = store::inflight::read_exact_at_pub(&file, pos, len)?;
+            out.push(hex::encode(sha2::Sha256::digest(&b)));
+            pos += len as u64;
+        }
+        Ok(out)
+    })
+    .await;
+    drop(open);
+    match computed {
+        Ok(Ok(list)) => {
+            let list = std::sync::Arc::new(list);
+            let mut cache = p2p.hash_cache.lock();
+            if cache.len() > 1024 {
+                cache.clear();
+            }
+            cache.insert(key, list.clone());
+            axum::Json(list.as_ref().clone()).into_response()
+        }
+        _ => status(StatusCode::INTERNAL_SERVER_ERROR, "cannot read blob"),
+    }
 }
