@@ -46,6 +46,8 @@ pub struct AgentConfig {
     /// Topology labels; the tracker prefers peers in the same rack, then zone.
     pub zone: Option<String>,
     pub rack: Option<String>,
+    /// Node labels reported to the tracker (prewarm selectors, pools).
+    pub labels: std::collections::BTreeMap<String, String>,
     /// Tracker URL; without it the agent is a plain caching mirror.
     pub tracker: Option<String>,
     /// Shared secret for the tracker and for peers.
@@ -98,13 +100,14 @@ impl Default for AgentConfig {
             advertise: None,
             zone: None,
             rack: None,
+            labels: Default::default(),
             tracker: None,
             cluster_token: None,
             upload_limit: None,
             download_limit: None,
             max_uploads: 4,
             max_piece_requests: 8,
-            p2p_threshold: "4MiB".into(),
+            p2p_threshold: "1MiB".into(),
             piece_size: "4MiB".into(),
             corrupt_pieces: false,
         }

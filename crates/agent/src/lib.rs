@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod blob;
+mod cluster;
 pub mod config;
 mod manifest;
 pub mod metrics;
@@ -114,6 +115,8 @@ impl Agent {
             .route("/api/v1/cache", axum::routing::get(cache_handler))
             .route("/p2p/v1/blobs/{digest}/pieces/{index}", axum::routing::get(p2p::piece_handler))
             .route("/p2p/v1/blobs/{digest}/hashes", axum::routing::get(p2p::hashes_handler))
+            .route("/api/v1/prewarm", axum::routing::post(cluster::prewarm_handler))
+            .route("/api/v1/report", axum::routing::get(report_handler))
             .fallback(registry_handler)
             .with_state(self.clone())
     }
@@ -157,6 +160,7 @@ impl Agent {
         });
         let agent = self.clone();
         tokio::spawn(async move { agent.apply_pins().await });
+        self.spawn_reporter();
         if let Some(p2p) = self.p2p.clone() {
             let agent = self.clone();
             tokio::spawn(async move {
@@ -217,11 +221,15 @@ impl Agent {
                             }
                         }
                     }
-                    for d in roots {
-                        if let Err(e) = self.store.pin(&d, None, &format!("config pin {r}")) {
+                    for d in &roots {
+                        if let Err(e) = self.store.pin(d, None, &format!("config pin {r}")) {
                             warn!(pin = %r, error = %e, "cannot pin");
                         }
                     }
+                    // Node preload: the pinned image's layers are fetched now, not at first use.
+                    let (os, arch) = oci::media::host_platform();
+                    let platform = oci::Manifest::parse(&m.body).ok().filter(|x| x.is_index()).and_then(|x| x.select_platform(os, arch).map(|c| c.digest.clone()));
+                    self.preload(&reference, platform.as_ref().unwrap_or(&m.digest)).await;
                     info!(pin = %r, digest = %m.digest, "pinned");
                 }
                 Err(e) => {
@@ -253,6 +261,10 @@ async fn metrics_handler(State(agent): State<Agent>) -> Response {
         )
         .body(Body::from(agent.metrics.encode()))
         .unwrap_or_default()
+}
+
+async fn report_handler(State(agent): State<Agent>) -> Response {
+    json_response(StatusCode::OK, serde_json::to_vec(&agent.node_report()).unwrap_or_default())
 }
 
 async fn cache_handler(State(agent): State<Agent>) -> Response {

@@ -10,6 +10,52 @@
 //! Modules: [`scenario`] (TOML), [`model`] (topology and links), [`flow`] (max-min
 //! solver), [`engine`] (event loop), [`strategy`], [`report`] (table, JSON, SVG),
 //! [`cli`].
+//!
+//! # What is modelled
+//!
+//! - Links: each node's uplink and downlink (NIC, disk write speed, and for P2P
+//!   Starling's upload/download limits), each rack's and zone's uplink in both
+//!   directions (crossed only by flows leaving or entering them), the registry's
+//!   total egress plus a per-connection cap, the shared cache's egress. Rates are the
+//!   max-min fair allocation (progressive filling) over the flows in progress.
+//! - Agents (P2P), as `crates/agent/src/p2p/download.rs` does it: announce when a blob
+//!   starts, every `announce_interval_ms` while downloading and once when complete;
+//!   the tracker's reply gives the role and up to `max_peers` peers, whose bitfields
+//!   are handed to the `PieceScheduler` (`set_peer`; peers missing from the reply are
+//!   removed). A Source claims the whole blob and streams it from the registry on one
+//!   connection, piece by piece, publishing piece hashes at its next announces.
+//!   `next_requests` decides every piece request (per-agent seed
+//!   `seed_for(node)`, 2 in flight per peer, 4 per blob). A holder serves at most
+//!   `max_uploads` pieces at once; a request beyond that is refused (503): the agent
+//!   calls `on_failed` and `remove_peer` until the tracker hands the peer out again.
+//!   Complete agents heartbeat every max(peer_ttl/2, interval) to stay in handouts.
+//!   Blobs below `min_p2p_size` go to the registry directly (`Role::Direct`).
+//! - Direct pulls: one registry connection per layer; `layer_concurrency` layers per
+//!   node at once (containerd: 3). Shared cache: one registry stream per blob into the
+//!   cache, nodes read it cut-through piece by piece (never ahead of the fill).
+//!
+//! # Approximations
+//!
+//! - Flow-level: no TCP slow start, no per-request overhead beyond a fixed latency
+//!   (`registry.latency_ms` once per registry request, `peer_latency_ms` per piece).
+//! - Pieces are verified the moment they arrive (the agent waits for the piece's hash
+//!   from the tracker; the source publishes hashes ahead of the holders' bitfields, so
+//!   this rarely costs anything) and unpacking is not modelled.
+//! - The demo client's agent-wide cap of 8 concurrent piece fetches is not modelled
+//!   (per-blob 4 in flight is).
+//! - `sim.quantum_ms > 0`: rates are recomputed at most once per quantum; a flow that
+//!   finishes inside a quantum completes at its exact time, but the bandwidth it frees
+//!   (and the requests its completion triggers) start at the quantum's end. Error
+//!   grows with quantum / piece transfer time; see `quantum_mode_stays_close_to_exact_mode`
+//!   and the crate README figures.
+//! - Coarse pieces (`starling.piece_size`, e.g. 64–256 MiB for 1,000+ nodes): fewer
+//!   scheduler and solver events, but store-and-forward per piece costs one piece time
+//!   per hop, so results are pessimistic by about (tree depth × piece time).
+//! - Slower announces for huge swarms (`announce_interval_ms`): the tracker's
+//!   `announce` sorts every live peer of the swarm (≈ 11 ms per call at 10,000 peers,
+//!   measured), so 250 ms announces from 10,000 agents cannot be simulated — nor
+//!   served by one tracker — in real time. Slower announces make peers' views staler
+//!   (pessimistic for P2P).
 #![forbid(unsafe_code)]
 
 pub mod cli;

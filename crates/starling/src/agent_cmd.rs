@@ -90,6 +90,9 @@ pub struct AgentArgs {
     p2p_threshold: Option<String>,
     #[arg(long, env = "STARLING_PIECE_SIZE")]
     piece_size: Option<String>,
+    /// Node label reported to the tracker, KEY=VALUE (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE", env = "STARLING_LABELS", value_delimiter = ',')]
+    labels: Vec<String>,
     /// Test mode: serve corrupted pieces to peers.
     #[arg(long, hide = true)]
     corrupt_pieces: bool,
@@ -178,6 +181,10 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
         cfg.piece_size = v.clone();
     }
     cfg.corrupt_pieces = a.corrupt_pieces;
+    for l in &a.labels {
+        let Some((k, v)) = l.split_once('=') else { bail!("--label wants KEY=VALUE, got {l:?}") };
+        cfg.labels.insert(k.to_owned(), v.to_owned());
+    }
     Ok(cfg)
 }
 
@@ -312,7 +319,7 @@ pub struct TrackerArgs {
     #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
     /// Blobs below this size skip P2P.
-    #[arg(long, default_value = "4MiB")]
+    #[arg(long, default_value = "1MiB")]
     p2p_threshold: String,
     #[arg(long, default_value = "4MiB")]
     piece_size: String,
@@ -322,6 +329,18 @@ pub struct TrackerArgs {
     /// How often downloading agents announce (their bitfields reach others this fast).
     #[arg(long, default_value = "250ms")]
     announce_interval: humantime::Duration,
+    /// Where prewarm jobs are persisted (they survive a tracker restart).
+    #[arg(long, env = "STARLING_TRACKER_DATA_DIR", default_value = "/var/lib/starling-tracker")]
+    data_dir: PathBuf,
+    /// A node that stops reporting for this long becomes "unknown".
+    #[arg(long, default_value = "60s")]
+    node_timeout: humantime::Duration,
+    /// Registry endpoint override for resolving prewarm images, REGISTRY=URL (repeatable).
+    #[arg(long = "registry-endpoint", value_name = "REGISTRY=URL", value_delimiter = ',')]
+    registry_endpoints: Vec<String>,
+    /// Registry credentials for resolving prewarm images, REGISTRY=USER:PASSWORD.
+    #[arg(long = "registry-credentials", value_delimiter = ',', hide_env_values = true, env = "STARLING_TRACKER_REGISTRY_CREDENTIALS")]
+    registry_credentials: Vec<String>,
 }
 
 pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
@@ -332,7 +351,23 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
         announce_interval_ms: std::time::Duration::from(a.announce_interval).as_millis() as u64,
         ..Default::default()
     };
-    let t = tracker::Tracker::new(cfg, a.cluster_token);
+    std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
+    let jobs = cluster::JobStore::open(&a.data_dir.join("jobs.redb")).context("opening the prewarm job store")?;
+    let mut ucfg = oci::UpstreamConfig::default();
+    for e in &a.registry_endpoints {
+        let Some((reg, url)) = e.split_once('=') else { bail!("--registry-endpoint wants REGISTRY=URL") };
+        ucfg.endpoints.insert(oci::reference::canonical_registry(reg), url.to_owned());
+    }
+    for e in &a.registry_credentials {
+        let Some((reg, up)) = e.split_once('=') else { bail!("--registry-credentials wants REGISTRY=USER:PASSWORD") };
+        let Some((u, p)) = up.split_once(':') else { bail!("--registry-credentials wants REGISTRY=USER:PASSWORD") };
+        ucfg.credentials.insert(oci::reference::canonical_registry(reg), oci::upstream::Credentials { username: u.into(), password: p.into() });
+    }
+    let catalog = tracker::cluster_glue::RegistryCatalog::new(oci::Upstream::new(ucfg)?, tokio::runtime::Handle::current());
+    let ccfg = cluster::ClusterConfig { node_timeout_s: std::time::Duration::from(a.node_timeout).as_secs().max(1), ..Default::default() };
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let state = cluster::ClusterState::with_options(ccfg, jobs, Some(std::sync::Arc::new(catalog)), std::sync::Arc::new(now));
+    let t = tracker::Tracker::new(cfg, a.cluster_token).with_cluster(state);
     let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
     t.serve(listener, crate::shutdown_signal()).await?;
     Ok(())

@@ -29,7 +29,7 @@ pub struct DemoArgs {
     pub node_limit: String,
     #[arg(long, default_value = "4MiB")]
     pub piece_size: String,
-    #[arg(long, default_value = "4MiB")]
+    #[arg(long, default_value = "1MiB")]
     pub p2p_threshold: String,
     /// Tracker announce interval while downloading.
     #[arg(long, default_value = "250ms")]
@@ -167,7 +167,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     say(format!("[3/6] tracker on 127.0.0.1:{tport}, {} agents limited to {}/s up and down each", a.nodes, a.node_limit));
     procs.0.push(spawn(
         &exe,
-        &["tracker".into(), "--listen".into(), format!("127.0.0.1:{tport}"), "--cluster-token".into(), token.clone(), "--p2p-threshold".into(), a.p2p_threshold.clone(), "--piece-size".into(), a.piece_size.clone(), "--announce-interval".into(), a.announce_interval.clone()],
+        &["tracker".into(), "--listen".into(), format!("127.0.0.1:{tport}"), "--cluster-token".into(), token.clone(), "--p2p-threshold".into(), a.p2p_threshold.clone(), "--piece-size".into(), a.piece_size.clone(), "--announce-interval".into(), a.announce_interval.clone(), "--data-dir".into(), work.join("tracker-data").display().to_string()],
         &work.join("tracker.log"),
     )?);
     wait_ready(&format!("http://127.0.0.1:{tport}/healthz")).await?;

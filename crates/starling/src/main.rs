@@ -4,6 +4,7 @@
 
 mod agent_cmd;
 mod bench;
+mod cluster_cmd;
 mod demo;
 mod setup_cmd;
 
@@ -33,6 +34,12 @@ enum Command {
     ServeOci(agent_cmd::ServeOciArgs),
     /// Pull an image through a registry or mirror with digest verification, and report timings.
     Pull(agent_cmd::PullArgs),
+    /// List the nodes the tracker knows and what they hold.
+    Nodes(cluster_cmd::NodesArgs),
+    /// Which nodes hold how many bytes of an image.
+    Where(cluster_cmd::WhereArgs),
+    /// Warm images onto nodes ahead of a job (one registry fetch, then P2P fan-out).
+    Prewarm(cluster_cmd::PrewarmArgs),
     /// Show what bloats an image and what each update costs to ship.
     Analyze(analyze::cli::AnalyzeArgs),
     /// Compare two images: shared layers, bytes to fetch, content reused at file level.
@@ -84,6 +91,9 @@ fn main() -> std::process::ExitCode {
             Command::ServeOci(a) => agent_cmd::run_serve_oci(a).await.map(|_| 0),
             Command::Pull(a) => agent_cmd::run_pull(a).await.map(|_| 0),
             Command::Setup(s) => setup_cmd::run(s).map(|_| 0),
+            Command::Nodes(a) => cluster_cmd::run_nodes(a).await.map(|_| 0),
+            Command::Where(a) => cluster_cmd::run_where(a).await.map(|_| 0),
+            Command::Prewarm(a) => cluster_cmd::run_prewarm(a).await.map(|_| 0),
             // The analyzer blocks (it runs its own threads and, for registries, its own runtime).
             Command::Analyze(a) => tokio::task::spawn_blocking(move || analyze::cli::run_analyze(&a)).await?.map_err(anyhow::Error::from),
             Command::Diff(a) => tokio::task::spawn_blocking(move || analyze::cli::run_diff(&a)).await?.map_err(anyhow::Error::from),

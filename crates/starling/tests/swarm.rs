@@ -61,7 +61,9 @@ async fn ready(url: &str) {
 
 async fn tracker(dir: &Path, extra: &[&str]) -> Proc {
     let port = testkit::free_port();
-    let mut args: Vec<String> = vec!["tracker".into(), "--listen".into(), format!("127.0.0.1:{port}"), "--cluster-token".into(), TOKEN.into()];
+    let data = dir.join(format!("tracker-data-{port}"));
+    let mut args: Vec<String> =
+        vec!["tracker".into(), "--listen".into(), format!("127.0.0.1:{port}"), "--cluster-token".into(), TOKEN.into(), "--data-dir".into(), data.display().to_string()];
     args.extend(extra.iter().map(|s| s.to_string()));
     let log = dir.join(format!("tracker-{port}.log"));
     let p = Proc { child: spawn(&args, &log), port, name: "tracker".into(), cache: dir.to_owned(), args, log };

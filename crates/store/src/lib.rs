@@ -555,6 +555,14 @@ impl Store {
             .collect()
     }
 
+    /// Downloads in progress: digest, bytes on disk in order, total when known.
+    pub fn inflight_list(&self) -> Vec<(Digest, u64, Option<u64>)> {
+        self.inner.state.lock().inflight.iter().map(|(d, i)| {
+            let p = i.progress();
+            (d.clone(), p.written, p.total)
+        }).collect()
+    }
+
     /// Complete blobs with their records (for the inventory).
     pub fn list(&self) -> Vec<(Digest, BlobRecord)> {
         self.inner

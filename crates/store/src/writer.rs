@@ -183,6 +183,11 @@ impl BlobWriter {
         self.written + self.buf.len() as u64
     }
 
+    /// Where the bytes came from (`registry`, `peer`), recorded with the blob.
+    pub fn set_source(&mut self, source: &str) {
+        self.source = source.to_owned();
+    }
+
     pub fn inflight(&self) -> Arc<Inflight> {
         self.inflight.clone()
     }

@@ -29,7 +29,7 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self { max_inflight_per_peer: 3, max_inflight_total: 12, read_head: 1, endgame: 4, seed: 0 }
+        Self { max_inflight_per_peer: 3, max_inflight_total: 12, read_head: 1, endgame: 2, seed: 0 }
     }
 }
 

@@ -4,6 +4,8 @@
 //! seed, so a restarted tracker is whole again within a second or two.
 #![forbid(unsafe_code)]
 
+pub mod cluster_glue;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,6 +66,8 @@ pub struct Tracker {
     pub metrics: Arc<Metrics>,
     token: Option<Arc<str>>,
     started: Instant,
+    /// The cluster layer (inventory, prewarm, extender, dashboard), when enabled.
+    pub cluster: Option<cluster::ClusterState>,
 }
 
 /// A batch of complete blobs an agent seeds, re-sent every second.
@@ -84,7 +88,12 @@ pub struct SeedBlob {
 
 impl Tracker {
     pub fn new(cfg: SwarmConfig, token: Option<String>) -> Self {
-        Self { state: Arc::new(Mutex::new(TrackerState::new(cfg))), metrics: Arc::new(Metrics::default()), token: token.map(Into::into), started: Instant::now() }
+        Self { state: Arc::new(Mutex::new(TrackerState::new(cfg))), metrics: Arc::new(Metrics::default()), token: token.map(Into::into), started: Instant::now(), cluster: None }
+    }
+
+    pub fn with_cluster(mut self, state: cluster::ClusterState) -> Self {
+        self.cluster = Some(state);
+        self
     }
 
     fn now_ms(&self) -> u64 {
@@ -97,13 +106,18 @@ impl Tracker {
             .route("/swarm/v1/announce", axum::routing::post(announce))
             .route("/swarm/v1/seeding", axum::routing::post(seeding))
             .layer(axum::middleware::from_fn_with_state(self.clone(), auth));
-        Router::new()
+        let mut router: Router = Router::new()
             .merge(protected)
             .route("/swarm/v1/swarms", axum::routing::get(swarms))
             .route("/metrics", axum::routing::get(metrics))
             .route("/healthz", axum::routing::get(|| async { "ok" }))
-            .layer(axum::middleware::from_fn_with_state(self.clone(), observe))
-            .with_state(self.clone())
+            .with_state(self.clone());
+        if let Some(c) = &self.cluster {
+            router = router.merge(cluster::router(c.clone())).merge(
+                Router::new().route("/api/v1/prewarm/{id}/nodes/{node}", axum::routing::post(cluster_glue::node_update)).with_state(c.clone()),
+            );
+        }
+        router.layer(axum::middleware::from_fn_with_state(self.clone(), observe))
     }
 
     /// Expires stale peers periodically; call once after creating the tracker.
@@ -123,6 +137,9 @@ impl Tracker {
         let addr = listener.local_addr().map_err(|e| Error::Serve { addr: SocketAddr::from(([0, 0, 0, 0], 0)), source: e })?;
         tracing::info!(%addr, "tracker listening");
         self.spawn_expiry();
+        if let Some(c) = &self.cluster {
+            cluster_glue::spawn_dispatcher(c.clone(), self.token.clone());
+        }
         axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await.map_err(|e| Error::Serve { addr, source: e })
     }
 }
@@ -195,6 +212,12 @@ async fn metrics(State(t): State<Tracker>) -> Response {
     }
     let mut out = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut out, &t.metrics.registry);
+    if let Some(c) = &t.cluster {
+        // Both registries in one exposition: cut our `# EOF` and let the fragment end it.
+        if let Some(body) = out.strip_suffix("# EOF\n") {
+            out = format!("{body}{}# EOF\n", c.encode_metrics_fragment());
+        }
+    }
     ([(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response()
 }
 

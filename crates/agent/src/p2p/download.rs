@@ -288,6 +288,9 @@ impl Download {
                 tokio::spawn(async move {
                     let _slot = p2p.requests.clone().acquire_owned().await;
                     let data = p2p.fetch_piece(&addr, &d, r.piece, ps).await;
+                    if let (Ok(b), Some(l)) = (&data, p2p.prewarm_limit(&d)) {
+                        l.acquire(b.len() as u64).await;
+                    }
                     let _ = tx.send(Event::Piece { piece: r.piece, from: r.peer, data }).await;
                 });
             }
@@ -315,6 +318,7 @@ impl Download {
         done_req.complete = true;
         done_req.have = None;
         let (p2p, d, agent) = (self.p2p.clone(), self.d.clone(), self.agent.clone());
+        self.writer.set_source(if self.peer_bytes >= self.registry_bytes { "peer" } else { "registry" });
         match self.writer.finish().await {
             Ok(_) => {
                 info!(
@@ -368,6 +372,9 @@ impl Download {
                 match stream.next().await {
                     Some(Ok(mut chunk)) => {
                         if let Some(l) = &p2p.download {
+                            l.acquire(chunk.len() as u64).await;
+                        }
+                        if let Some(l) = p2p.prewarm_limit(&d) {
                             l.acquire(chunk.len() as u64).await;
                         }
                         agent.metrics.upstream_bytes.inc_by(chunk.len() as u64);

@@ -64,13 +64,15 @@ pub struct P2p {
     pub topology: Topology,
     tracker: String,
     token: Option<String>,
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     pub(crate) upload: Option<TokenBucket>,
     pub(crate) download: Option<TokenBucket>,
     pub(crate) uploads: Semaphore,
     pub(crate) requests: Arc<Semaphore>,
     /// Piece hashes computed from complete blobs, by (digest, piece size).
     pub(crate) hash_cache: parking_lot::Mutex<std::collections::HashMap<(oci::Digest, u64), Arc<Vec<String>>>>,
+    /// Rate limits of prewarm assignments, by blob: prewarm never floods the network.
+    pub(crate) prewarm_limits: parking_lot::Mutex<std::collections::HashMap<oci::Digest, Arc<TokenBucket>>>,
     pub threshold: u64,
     pub piece_size: u64,
     pub(crate) corrupt: bool,
@@ -101,6 +103,7 @@ impl P2p {
             uploads: Semaphore::new(cfg.max_uploads.max(1)),
             requests: Arc::new(Semaphore::new(cfg.max_piece_requests.max(1))),
             hash_cache: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            prewarm_limits: parking_lot::Mutex::new(std::collections::HashMap::new()),
             threshold: parse_size(&cfg.p2p_threshold).map_err(Error::Config)?,
             piece_size: parse_size(&cfg.piece_size).map_err(Error::Config)?,
             corrupt: cfg.corrupt_pieces,
@@ -108,7 +111,15 @@ impl P2p {
         })))
     }
 
-    fn authed(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    pub(crate) fn prewarm_limit(&self, d: &oci::Digest) -> Option<Arc<TokenBucket>> {
+        self.prewarm_limits.lock().get(d).cloned()
+    }
+
+    pub(crate) fn tracker_url(&self) -> &str {
+        &self.tracker
+    }
+
+    pub(crate) fn authed(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.token {
             Some(t) => rb.bearer_auth(t),
             None => rb,

@@ -1,0 +1,171 @@
+//! Operator commands against the tracker's cluster API: `nodes`, `where`, `prewarm`.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+#[derive(Args)]
+pub struct TrackerOpt {
+    /// Tracker URL.
+    #[arg(long, env = "STARLING_TRACKER", default_value = "http://127.0.0.1:7070")]
+    tracker: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct NodesArgs {
+    #[command(flatten)]
+    t: TrackerOpt,
+    /// Show one node in full.
+    node: Option<String>,
+}
+
+#[derive(Args)]
+pub struct WhereArgs {
+    #[command(flatten)]
+    t: TrackerOpt,
+    /// Image reference.
+    image: String,
+}
+
+#[derive(Args)]
+pub struct PrewarmArgs {
+    #[command(flatten)]
+    t: TrackerOpt,
+    /// Images to warm (tags are resolved to digests at submit time).
+    #[arg(required = true)]
+    images: Vec<String>,
+    /// Target these nodes (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    nodes: Vec<String>,
+    /// Kubernetes-style label selector, e.g. "gpu=h100,zone in (a,b)".
+    #[arg(long)]
+    selector: Option<String>,
+    /// Node pool (label starling.io/pool).
+    #[arg(long)]
+    pool: Option<String>,
+    #[arg(long)]
+    count: Option<u32>,
+    #[arg(long)]
+    percentage: Option<f64>,
+    /// Nodes downloading at once after the seed.
+    #[arg(long)]
+    parallelism: Option<u32>,
+    /// Per-node rate, e.g. 200MiB (per second).
+    #[arg(long)]
+    node_limit: Option<String>,
+    /// Total rate over all nodes.
+    #[arg(long)]
+    total_limit: Option<String>,
+    /// Give up on unfinished nodes after this long, e.g. 30m.
+    #[arg(long)]
+    deadline: Option<humantime::Duration>,
+    /// Keep the content pinned this long, e.g. 24h.
+    #[arg(long)]
+    pin_ttl: Option<humantime::Duration>,
+    #[arg(long, default_value_t = 0)]
+    priority: i32,
+    /// Warm mutable tags (e.g. latest) anyway.
+    #[arg(long)]
+    force: bool,
+    /// Wait for the job and show progress.
+    #[arg(long)]
+    wait: bool,
+    /// Cancel a job instead (by id).
+    #[arg(long, conflicts_with = "wait")]
+    cancel: Option<u64>,
+}
+
+async fn get_json(url: &str) -> Result<serde_json::Value> {
+    let r = reqwest::get(url).await.with_context(|| format!("GET {url}"))?;
+    let status = r.status();
+    let v: serde_json::Value = r.json().await.unwrap_or(serde_json::Value::Null);
+    if !status.is_success() {
+        bail!("{url}: {status}: {}", v["error"].as_str().unwrap_or(""));
+    }
+    Ok(v)
+}
+
+pub async fn run_nodes(a: NodesArgs) -> Result<()> {
+    let base = a.t.tracker.trim_end_matches('/');
+    match &a.node {
+        Some(n) => {
+            let v = get_json(&format!("{base}/api/v1/nodes/{n}")).await?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        None => {
+            let v = get_json(&format!("{base}/api/v1/nodes")).await?;
+            if a.t.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let nodes: Vec<cluster::inventory::NodeSummary> = serde_json::from_value(v["nodes"].clone())?;
+                print!("{}", cluster::text::nodes_table(&nodes));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn run_where(a: WhereArgs) -> Result<()> {
+    let base = a.t.tracker.trim_end_matches('/');
+    let q: String = a.image.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+    let v = get_json(&format!("{base}/api/v1/where?image={q}")).await?;
+    if a.t.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", cluster::text::where_table(&serde_json::from_value(v)?));
+    }
+    Ok(())
+}
+
+pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
+    let base = a.t.tracker.trim_end_matches('/').to_owned();
+    let http = reqwest::Client::new();
+    if let Some(id) = a.cancel {
+        let r = http.delete(format!("{base}/api/v1/prewarm/{id}")).send().await?;
+        println!("{}", r.text().await?);
+        return Ok(());
+    }
+    let req = cluster::PrewarmRequest {
+        images: a.images.clone(),
+        targets: cluster::prewarm::Targets { nodes: a.nodes.clone(), selector: a.selector.clone(), pool: a.pool.clone(), pool_label: None, count: a.count, percentage: a.percentage },
+        parallelism: a.parallelism,
+        per_node_bytes_per_sec: a.node_limit.as_deref().map(crate::parse_size).transpose()?,
+        total_bytes_per_sec: a.total_limit.as_deref().map(crate::parse_size).transpose()?,
+        deadline_seconds: a.deadline.map(|d| Duration::from(d).as_secs()),
+        pin_ttl_seconds: a.pin_ttl.map(|d| Duration::from(d).as_secs()),
+        priority: a.priority,
+        force: a.force,
+        moving_tags: vec![],
+    };
+    let r = http.post(format!("{base}/api/v1/prewarm")).json(&req).send().await.context("submitting the prewarm job")?;
+    let status = r.status();
+    let v: serde_json::Value = r.json().await.unwrap_or(serde_json::Value::Null);
+    if !status.is_success() {
+        bail!("prewarm refused ({status}): {}", v["error"].as_str().unwrap_or("?"));
+    }
+    let id = v["id"].as_u64().unwrap_or(0);
+    if !a.wait {
+        println!("{}", if a.t.json { serde_json::to_string_pretty(&v)? } else { format!("prewarm job {id} submitted") });
+        return Ok(());
+    }
+    loop {
+        let v = get_json(&format!("{base}/api/v1/prewarm/{id}")).await?;
+        if a.t.json {
+            println!("{}", serde_json::to_string(&v)?);
+        } else {
+            print!("\x1b[2J\x1b[H{}", cluster::text::job_table(&serde_json::from_value(v.clone())?));
+        }
+        let st = v["progress"]["status"].as_str().unwrap_or("");
+        if st != "running" {
+            if st != "done" {
+                bail!("prewarm job {id} ended {st}");
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
