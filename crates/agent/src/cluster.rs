@@ -107,20 +107,27 @@ impl Agent {
     /// agent's content within one period).
     pub(crate) fn spawn_reporter(&self) {
         let Some(p2p) = self.p2p.clone() else { return };
+        let _ = p2p;
         let agent = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(3));
             loop {
                 tick.tick().await;
-                let report = agent.node_report();
-                let url = format!("{}/api/v1/reports", p2p.tracker_url());
-                match p2p.authed(p2p.http.post(url).json(&report)).timeout(Duration::from_secs(5)).send().await {
-                    Ok(r) if r.status().is_success() => {}
-                    Ok(r) => debug!(status = %r.status(), "tracker refused the inventory report"),
-                    Err(e) => debug!(error = %e, "cannot send the inventory report"),
-                }
+                agent.report_now().await;
             }
         });
+    }
+
+    /// Sends the inventory now (also called when content changed, e.g. after a prewarm).
+    pub(crate) async fn report_now(&self) {
+        let Some(p2p) = &self.p2p else { return };
+        let report = self.node_report();
+        let url = format!("{}/api/v1/reports", p2p.tracker_url());
+        match p2p.authed(p2p.http.post(url).json(&report)).timeout(Duration::from_secs(5)).send().await {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => debug!(status = %r.status(), "tracker refused the inventory report"),
+            Err(e) => debug!(error = %e, "cannot send the inventory report"),
+        }
     }
 
     async fn prewarm_update(&self, job: u64, update: NodeUpdate) {
@@ -198,6 +205,7 @@ impl Agent {
         match result {
             Ok(()) => {
                 info!(job = a.job_id, bytes = done.load(Ordering::Relaxed), seconds = format!("{:.2}", started.elapsed().as_secs_f64()), "prewarm done");
+                self.report_now().await;
                 self.prewarm_update(a.job_id, NodeUpdate::Progress { bytes_done: done.load(Ordering::Relaxed) }).await;
                 self.prewarm_update(a.job_id, NodeUpdate::Done).await;
             }
