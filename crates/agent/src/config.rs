@@ -105,10 +105,10 @@ impl Default for AgentConfig {
             cluster_token: None,
             upload_limit: None,
             download_limit: None,
-            max_uploads: 4,
-            max_piece_requests: 8,
+            max_uploads: 2,
+            max_piece_requests: 4,
             p2p_threshold: "1MiB".into(),
-            piece_size: "4MiB".into(),
+            piece_size: "1MiB".into(),
             corrupt_pieces: false,
         }
     }

@@ -36,6 +36,9 @@ pub struct SimArgs {
     /// Job sizes for the time-vs-nodes chart, e.g. 16,64,256 (overrides the scenario's).
     #[arg(long, value_delimiter = ',')]
     pub sweep: Option<Vec<usize>>,
+    /// Drop racks and zones (every node "far" from every other; no rack links).
+    #[arg(long)]
+    pub no_topology: bool,
     /// Skip the scenario's sweep (time-vs-nodes) runs.
     #[arg(long, conflicts_with = "sweep")]
     pub no_sweep: bool,
@@ -61,6 +64,10 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
     }
     if let Some(s) = &args.sweep {
         sc.job.sweep_nodes = s.clone();
+    }
+    if args.no_topology {
+        sc.cluster.nodes_per_rack = 0;
+        sc.cluster.racks_per_zone = 0;
     }
     if args.no_sweep {
         sc.job.sweep_nodes.clear();
@@ -103,7 +110,7 @@ pub fn simulate_all(sc: &Scenario) -> Result<Report, Error> {
             let o = crate::engine::simulate(&s2, spec, m)?;
             let mut r = o.ready_s.clone();
             r.sort_by(f64::total_cmp);
-            sweep.push(SweepPoint { strategy: spec.label(), nodes: m, p50_s: report::percentile(&r, 50.0), max_s: r.last().copied().unwrap_or(f64::NAN), registry_bytes: o.registry_bytes });
+            sweep.push(SweepPoint { strategy: spec.label(), nodes: m, stuck_nodes: o.stuck, p50_s: report::percentile(&r, 50.0), max_s: r.last().copied().unwrap_or(f64::NAN), registry_bytes: o.registry_bytes });
         }
     }
     Ok(Report {

@@ -131,6 +131,8 @@ pub struct Engine<'a> {
     needed: Vec<bool>,
     /// Job nodes not ready yet.
     pending: usize,
+    /// Last time any byte transfer completed.
+    last_progress: f64,
     out: Outcome,
 }
 
@@ -230,6 +232,7 @@ impl<'a> Engine<'a> {
             cache_waiters: vec![Vec::new(); layers],
             needed,
             pending: plan.job.len(),
+            last_progress: 0.0,
             out: Outcome::default(),
         }
     }
@@ -285,6 +288,11 @@ impl<'a> Engine<'a> {
                 next = next.min(*t as f64 / 1e9);
             }
             if !next.is_finite() || next > max_t {
+                break;
+            }
+            // Nothing has arrived anywhere for `stall_seconds`: the swarm is stuck (the
+            // remaining nodes are reported as never ready).
+            if self.now - self.last_progress > self.sc.sim.stall_seconds.unwrap_or(300.0) {
                 break;
             }
             let t_end = next.max(self.now + quantum);
@@ -644,6 +652,7 @@ impl<'a> Engine<'a> {
     }
 
     fn flow_done(&mut self, kind: Kind, bytes: f64, cross: bool) {
+        self.last_progress = self.now;
         match kind {
             Kind::Whole { slot, layer } => {
                 self.out.registry_bytes += bytes;

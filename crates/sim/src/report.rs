@@ -49,6 +49,8 @@ pub struct StrategyResult {
 pub struct SweepPoint {
     pub strategy: String,
     pub nodes: usize,
+    /// Nodes that never became ready (p50/max are over the others).
+    pub stuck_nodes: usize,
     pub p50_s: f64,
     pub max_s: f64,
     pub registry_bytes: f64,
@@ -202,8 +204,12 @@ impl Report {
         if !self.sweep.is_empty() {
             let _ = writeln!(t, "time vs nodes (max time-to-ready):");
             for p in &self.sweep {
-                let _ = writeln!(t, "  {:<22} N={:<6} p50 {:>9}  max {:>9}  registry {}", p.strategy, p.nodes, human_secs(p.p50_s), human_secs(p.max_s), human_bytes(p.registry_bytes));
+                let stuck = if p.stuck_nodes > 0 { format!("  ({} never ready)", p.stuck_nodes) } else { String::new() };
+                let _ = writeln!(t, "  {:<22} N={:<6} p50 {:>9}  max {:>9}  registry {}{stuck}", p.strategy, p.nodes, human_secs(p.p50_s), human_secs(p.max_s), human_bytes(p.registry_bytes));
             }
+        }
+        if self.results.iter().any(|r| r.stuck_nodes > 0) {
+            let _ = writeln!(t, "note: percentiles are over the nodes that became ready; \"never ready\" = no transfer completed anywhere for sim.stall_seconds");
         }
         let _ = writeln!(t, "simulated in {:.2} s, peak RSS {}", self.wall_s, self.peak_rss_kib.map_or("unknown".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)));
         t
@@ -237,7 +243,8 @@ impl Report {
                     names.push(s.strategy.clone());
                 }
             }
-            let series: Vec<(String, Vec<(f64, f64)>)> = names.iter().map(|n| (n.clone(), self.sweep.iter().filter(|s| &s.strategy == n).map(|s| (s.nodes as f64, s.max_s)).collect())).collect();
+            // Sizes where some node never became ready are left out of the line.
+            let series: Vec<(String, Vec<(f64, f64)>)> = names.iter().map(|n| (n.clone(), self.sweep.iter().filter(|s| &s.strategy == n && s.stuck_nodes == 0).map(|s| (s.nodes as f64, s.max_s)).collect())).collect();
             let p = dir.join(format!("{}-time-vs-nodes.svg", self.file_stem()));
             let svg = chart(&format!("{}: all-nodes time vs job size", self.scenario), "nodes", "seconds until every node is ready", &series, true);
             std::fs::write(&p, svg).map_err(|e| Error::Io(format!("{}: {e}", p.display())))?;

@@ -303,6 +303,10 @@ pub struct SimCfg {
     /// Safety stop (simulated seconds).
     #[serde(default)]
     pub max_seconds: Option<f64>,
+    /// Stop when no transfer has completed for this long (default 300 s): the nodes
+    /// still waiting are reported as never ready.
+    #[serde(default)]
+    pub stall_seconds: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

@@ -321,7 +321,7 @@ pub struct TrackerArgs {
     /// Blobs below this size skip P2P.
     #[arg(long, default_value = "1MiB")]
     p2p_threshold: String,
-    #[arg(long, default_value = "4MiB")]
+    #[arg(long, default_value = "1MiB")]
     piece_size: String,
     /// Peers silent for this long are no longer handed out.
     #[arg(long, default_value = "3s")]

@@ -27,7 +27,7 @@ pub struct DemoArgs {
     /// Per-node upload and download limit per second (emulated NIC).
     #[arg(long, default_value = "50MiB")]
     pub node_limit: String,
-    #[arg(long, default_value = "4MiB")]
+    #[arg(long, default_value = "1MiB")]
     pub piece_size: String,
     #[arg(long, default_value = "1MiB")]
     pub p2p_threshold: String,
@@ -35,10 +35,10 @@ pub struct DemoArgs {
     #[arg(long, default_value = "250ms")]
     pub announce_interval: String,
     /// Concurrent piece uploads per agent.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 2)]
     pub max_uploads: usize,
     /// Piece requests in flight per agent.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 4)]
     pub max_piece_requests: usize,
     /// Skip the direct baseline run.
     #[arg(long)]
