@@ -142,9 +142,22 @@ impl Agent {
                 }
                 Ok(Begin::Lead(writer)) => {
                     let mut writer = match &self.p2p {
-                        Some(p2p) => match crate::p2p::start(self.clone(), p2p.clone(), registry.to_owned(), repo.to_owned(), d.clone(), writer).await {
-                            crate::p2p::Start::Started(inf, total) => return Ok((Source::Inflight(inf), total)),
-                            crate::p2p::Start::Passthrough(total) => return Ok((Source::Passthrough, total)),
+                        Some(p2p) => match crate::p2p::start(
+                            self.clone(),
+                            p2p.clone(),
+                            registry.to_owned(),
+                            repo.to_owned(),
+                            d.clone(),
+                            writer,
+                        )
+                        .await
+                        {
+                            crate::p2p::Start::Started(inf, total) => {
+                                return Ok((Source::Inflight(inf), total))
+                            }
+                            crate::p2p::Start::Passthrough(total) => {
+                                return Ok((Source::Passthrough, total))
+                            }
                             crate::p2p::Start::Failed(e) => return Err(blob_err(e, d)),
                             crate::p2p::Start::Fallback(w) => w,
                         },

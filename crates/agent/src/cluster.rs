@@ -24,35 +24,70 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 impl Agent {
     /// What this node holds, for the tracker's inventory.
     pub fn node_report(&self) -> NodeReport {
-        let start_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        let start_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
         // Grows across reports and across restarts: wall clock in ms, at least previous + 1.
-        let prev = GENERATION.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| Some(start_ms.max(g + 1))).unwrap_or(0);
+        let prev = GENERATION
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| {
+                Some(start_ms.max(g + 1))
+            })
+            .unwrap_or(0);
         let generation = start_ms.max(prev + 1);
         let usage = self.store.usage();
         let list = self.store.list();
-        let by_digest: std::collections::HashMap<&Digest, &store::BlobRecord> = list.iter().map(|(d, r)| (d, r)).collect();
-        let mut blobs: Vec<BlobHolding> =
-            list.iter().filter(|(_, r)| r.media_type.is_none()).map(|(d, r)| BlobHolding { digest: d.clone(), size: r.size, bytes_held: r.size, complete: true }).collect();
+        let by_digest: std::collections::HashMap<&Digest, &store::BlobRecord> =
+            list.iter().map(|(d, r)| (d, r)).collect();
+        let mut blobs: Vec<BlobHolding> = list
+            .iter()
+            .filter(|(_, r)| r.media_type.is_none())
+            .map(|(d, r)| BlobHolding {
+                digest: d.clone(),
+                size: r.size,
+                bytes_held: r.size,
+                complete: true,
+            })
+            .collect();
         let mut downloads = Vec::new();
         for (d, written, total) in self.store.inflight_list() {
-            blobs.push(BlobHolding { digest: d.clone(), size: total.unwrap_or(written), bytes_held: written, complete: false });
-            downloads.push(Download { digest: d, bytes_done: written, bytes_total: total.unwrap_or(0) });
+            blobs.push(BlobHolding {
+                digest: d.clone(),
+                size: total.unwrap_or(written),
+                bytes_held: written,
+                complete: false,
+            });
+            downloads.push(Download {
+                digest: d,
+                bytes_done: written,
+                bytes_total: total.unwrap_or(0),
+            });
         }
         let mut images: Vec<ImageRecord> = Vec::new();
         for tag in self.store.all_tags().unwrap_or_default() {
-            let Ok(top) = Digest::parse(&tag.digest) else { continue };
+            let Ok(top) = Digest::parse(&tag.digest) else {
+                continue;
+            };
             let reference = format!("{}/{}:{}", tag.registry, tag.repository, tag.tag);
             let mut candidates = vec![(top.clone(), None)];
             if let Ok(Some((_, body))) = self.store.get_manifest(&top) {
                 if let Ok(m) = Manifest::parse(&body) {
                     if m.is_index() {
-                        candidates = m.manifests.iter().map(|c| (c.digest.clone(), Some(top.clone()))).collect();
+                        candidates = m
+                            .manifests
+                            .iter()
+                            .map(|c| (c.digest.clone(), Some(top.clone())))
+                            .collect();
                     }
                 }
             }
             for (md, index) in candidates {
-                let Ok(Some((_, body))) = self.store.get_manifest(&md) else { continue };
-                let Ok(m) = Manifest::parse(&body) else { continue };
+                let Ok(Some((_, body))) = self.store.get_manifest(&md) else {
+                    continue;
+                };
+                let Ok(m) = Manifest::parse(&body) else {
+                    continue;
+                };
                 if let Some(existing) = images.iter_mut().find(|i| i.manifest_digest == md) {
                     if !existing.references.contains(&reference) {
                         existing.references.push(reference.clone());
@@ -71,7 +106,13 @@ impl Agent {
                     manifest_digest: md.clone(),
                     index_digest: index,
                     references: vec![reference.clone()],
-                    blobs: m.blobs().map(|b| BlobRef { digest: b.digest.clone(), size: b.size }).collect(),
+                    blobs: m
+                        .blobs()
+                        .map(|b| BlobRef {
+                            digest: b.digest.clone(),
+                            size: b.size,
+                        })
+                        .collect(),
                     last_pull: Some(tag.checked),
                     last_use: by_digest.get(&md).map(|r| r.last_access),
                     bytes_by_source: sources,
@@ -79,10 +120,21 @@ impl Agent {
                 });
             }
         }
-        let pins = self.store.pins().into_iter().map(|(d, p)| Pin { reference: p.reason, digest: Some(d), expires_at: p.until }).collect();
+        let pins = self
+            .store
+            .pins()
+            .into_iter()
+            .map(|(d, p)| Pin {
+                reference: p.reason,
+                digest: Some(d),
+                expires_at: p.until,
+            })
+            .collect();
         let mut labels = self.cfg.labels.clone();
         if let Some(z) = &self.cfg.zone {
-            labels.entry("topology.kubernetes.io/zone".into()).or_insert(z.clone());
+            labels
+                .entry("topology.kubernetes.io/zone".into())
+                .or_insert(z.clone());
         }
         if let Some(r) = &self.cfg.rack {
             labels.entry("starling.io/rack".into()).or_insert(r.clone());
@@ -97,7 +149,10 @@ impl Agent {
             pins,
             cache_budget: usage.budget_bytes,
             cache_used: usage.used_bytes,
-            cache_free: usage.budget_bytes.saturating_sub(usage.used_bytes).min(usage.free_disk_bytes),
+            cache_free: usage
+                .budget_bytes
+                .saturating_sub(usage.used_bytes)
+                .min(usage.free_disk_bytes),
             downloads_in_flight: downloads,
             throughput_bytes_per_sec: None,
         }
@@ -123,7 +178,12 @@ impl Agent {
         let Some(p2p) = &self.p2p else { return };
         let report = self.node_report();
         let url = format!("{}/api/v1/reports", p2p.tracker_url());
-        match p2p.authed(p2p.http.post(url).json(&report)).timeout(Duration::from_secs(5)).send().await {
+        match p2p
+            .authed(p2p.http.post(url).json(&report))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
             Ok(r) if r.status().is_success() => {}
             Ok(r) => debug!(status = %r.status(), "tracker refused the inventory report"),
             Err(e) => debug!(error = %e, "cannot send the inventory report"),
@@ -132,15 +192,30 @@ impl Agent {
 
     async fn prewarm_update(&self, job: u64, update: NodeUpdate) {
         let Some(p2p) = &self.p2p else { return };
-        let url = format!("{}/api/v1/prewarm/{job}/nodes/{}", p2p.tracker_url(), self.cfg.node_name);
-        if let Err(e) = p2p.authed(p2p.http.post(url).json(&update)).timeout(Duration::from_secs(5)).send().await {
+        let url = format!(
+            "{}/api/v1/prewarm/{job}/nodes/{}",
+            p2p.tracker_url(),
+            self.cfg.node_name
+        );
+        if let Err(e) = p2p
+            .authed(p2p.http.post(url).json(&update))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
             debug!(job, error = %e, "cannot report prewarm progress");
         }
     }
 
     /// Fetches one blob through this agent's own mirror path (cache, swarm, registry)
     /// and drains it, counting bytes into `done`.
-    async fn warm_blob(&self, registry: &str, repo: &str, d: &Digest, done: &AtomicU64) -> Result<(), String> {
+    async fn warm_blob(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        done: &AtomicU64,
+    ) -> Result<(), String> {
         if self.store.stat(d).is_some() {
             done.fetch_add(self.store.stat(d).map_or(0, |r| r.size), Ordering::Relaxed);
             return Ok(());
@@ -153,7 +228,10 @@ impl Agent {
         }
         let mut s = r.bytes_stream();
         while let Some(c) = s.next().await {
-            done.fetch_add(c.map_err(|e| e.to_string())?.len() as u64, Ordering::Relaxed);
+            done.fetch_add(
+                c.map_err(|e| e.to_string())?.len() as u64,
+                Ordering::Relaxed,
+            );
         }
         if self.store.stat(d).is_none() {
             return Err(format!("blob {d} did not reach the cache (disk full?)"));
@@ -176,7 +254,14 @@ impl Agent {
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(Duration::from_secs(1)).await;
-                    agent.prewarm_update(job, NodeUpdate::Progress { bytes_done: done.load(Ordering::Relaxed) }).await;
+                    agent
+                        .prewarm_update(
+                            job,
+                            NodeUpdate::Progress {
+                                bytes_done: done.load(Ordering::Relaxed),
+                            },
+                        )
+                        .await;
                 }
             })
         };
@@ -184,13 +269,28 @@ impl Agent {
             for (reference, digest) in &a.images {
                 let r = ImageReference::parse(reference).map_err(|e| e.to_string())?;
                 let md = Digest::parse(digest).map_err(|e| e.to_string())?;
-                let m = self.manifest(&r.registry, &r.repository, &ManifestRef::Digest(md.clone()), None).await.map_err(|e| e.to_string())?;
+                let m = self
+                    .manifest(
+                        &r.registry,
+                        &r.repository,
+                        &ManifestRef::Digest(md.clone()),
+                        None,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let parsed = Manifest::parse(&m.body).map_err(|e| e.to_string())?;
                 for b in parsed.blobs() {
-                    self.warm_blob(&r.registry, &r.repository, &b.digest, &done).await?;
+                    self.warm_blob(&r.registry, &r.repository, &b.digest, &done)
+                        .await?;
                 }
                 // Pin after the content is here: GC cannot undo the prewarm until the TTL.
-                self.store.pin(&md, Some(a.pin_until), &format!("prewarm job {} ({reference})", a.job_id)).map_err(|e| e.to_string())?;
+                self.store
+                    .pin(
+                        &md,
+                        Some(a.pin_until),
+                        &format!("prewarm job {} ({reference})", a.job_id),
+                    )
+                    .map_err(|e| e.to_string())?;
             }
             Ok(())
         }
@@ -204,14 +304,26 @@ impl Agent {
         }
         match result {
             Ok(()) => {
-                info!(job = a.job_id, bytes = done.load(Ordering::Relaxed), seconds = format!("{:.2}", started.elapsed().as_secs_f64()), "prewarm done");
+                info!(
+                    job = a.job_id,
+                    bytes = done.load(Ordering::Relaxed),
+                    seconds = format!("{:.2}", started.elapsed().as_secs_f64()),
+                    "prewarm done"
+                );
                 self.report_now().await;
-                self.prewarm_update(a.job_id, NodeUpdate::Progress { bytes_done: done.load(Ordering::Relaxed) }).await;
+                self.prewarm_update(
+                    a.job_id,
+                    NodeUpdate::Progress {
+                        bytes_done: done.load(Ordering::Relaxed),
+                    },
+                )
+                .await;
                 self.prewarm_update(a.job_id, NodeUpdate::Done).await;
             }
             Err(reason) => {
                 warn!(job = a.job_id, %reason, "prewarm failed");
-                self.prewarm_update(a.job_id, NodeUpdate::Failed { reason }).await;
+                self.prewarm_update(a.job_id, NodeUpdate::Failed { reason })
+                    .await;
             }
         }
     }
@@ -219,10 +331,17 @@ impl Agent {
     /// Node preload: fetch every configured `pin` image in full, then pin it.
     pub(crate) async fn preload(&self, reference: &ImageReference, manifest: &Digest) {
         let done = AtomicU64::new(0);
-        let Ok(Some((_, body))) = self.store.get_manifest(manifest) else { return };
-        let Ok(m) = Manifest::parse(&body) else { return };
+        let Ok(Some((_, body))) = self.store.get_manifest(manifest) else {
+            return;
+        };
+        let Ok(m) = Manifest::parse(&body) else {
+            return;
+        };
         for b in m.blobs() {
-            if let Err(e) = self.warm_blob(&reference.registry, &reference.repository, &b.digest, &done).await {
+            if let Err(e) = self
+                .warm_blob(&reference.registry, &reference.repository, &b.digest, &done)
+                .await
+            {
                 warn!(image = %reference, error = %e, "preload incomplete");
                 return;
             }
@@ -232,13 +351,27 @@ impl Agent {
 }
 
 /// `POST /api/v1/prewarm` on the agent: the tracker hands over an assignment.
-pub(crate) async fn prewarm_handler(State(agent): State<Agent>, headers: HeaderMap, Json(a): Json<Assignment>) -> Response {
-    let Some(p2p) = &agent.p2p else { return (StatusCode::CONFLICT, "agent has no tracker").into_response() };
-    if !p2p.token_ok(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())) {
+pub(crate) async fn prewarm_handler(
+    State(agent): State<Agent>,
+    headers: HeaderMap,
+    Json(a): Json<Assignment>,
+) -> Response {
+    let Some(p2p) = &agent.p2p else {
+        return (StatusCode::CONFLICT, "agent has no tracker").into_response();
+    };
+    if !p2p.token_ok(
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    ) {
         return (StatusCode::UNAUTHORIZED, "missing or wrong cluster token").into_response();
     }
     if a.node != agent.cfg.node_name {
-        return (StatusCode::BAD_REQUEST, format!("assignment for {}, this is {}", a.node, agent.cfg.node_name)).into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("assignment for {}, this is {}", a.node, agent.cfg.node_name),
+        )
+            .into_response();
     }
     info!(job = a.job_id, images = a.images.len(), bytes_per_sec = ?a.bytes_per_sec, seed = a.seed, "prewarm assignment accepted");
     tokio::spawn(agent.clone().run_assignment(a));

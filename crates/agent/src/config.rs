@@ -96,7 +96,11 @@ impl Default for AgentConfig {
             docker_config: None,
             connect_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(20),
-            node_name: std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_owned()).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "node".into()),
+            node_name: std::fs::read_to_string("/etc/hostname")
+                .map(|s| s.trim().to_owned())
+                .ok()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "node".into()),
             advertise: None,
             zone: None,
             rack: None,

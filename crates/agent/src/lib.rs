@@ -103,7 +103,13 @@ impl Agent {
         let mut metrics = metrics::Metrics::default();
         let p2p = p2p::P2p::from_config(&cfg, &mut metrics.registry)?;
         let metrics = Arc::new(metrics);
-        let agent = Self { cfg: Arc::new(cfg), store, upstream, metrics, p2p };
+        let agent = Self {
+            cfg: Arc::new(cfg),
+            store,
+            upstream,
+            metrics,
+            p2p,
+        };
         agent.refresh_cache_gauges();
         Ok(agent)
     }
@@ -113,9 +119,18 @@ impl Agent {
             .route("/metrics", axum::routing::get(metrics_handler))
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/api/v1/cache", axum::routing::get(cache_handler))
-            .route("/p2p/v1/blobs/{digest}/pieces/{index}", axum::routing::get(p2p::piece_handler))
-            .route("/p2p/v1/blobs/{digest}/hashes", axum::routing::get(p2p::hashes_handler))
-            .route("/api/v1/prewarm", axum::routing::post(cluster::prewarm_handler))
+            .route(
+                "/p2p/v1/blobs/{digest}/pieces/{index}",
+                axum::routing::get(p2p::piece_handler),
+            )
+            .route(
+                "/p2p/v1/blobs/{digest}/hashes",
+                axum::routing::get(p2p::hashes_handler),
+            )
+            .route(
+                "/api/v1/prewarm",
+                axum::routing::post(cluster::prewarm_handler),
+            )
             .route("/api/v1/report", axum::routing::get(report_handler))
             .fallback(registry_handler)
             .with_state(self.clone())
@@ -167,14 +182,22 @@ impl Agent {
                 let mut tick = tokio::time::interval(Duration::from_secs(1));
                 loop {
                     tick.tick().await;
-                    let mut blobs: Vec<(store::BlobRecord, oci::Digest)> =
-                        agent.store.list().into_iter().filter(|(_, r)| r.media_type.is_none() && r.size >= p2p.threshold).map(|(d, r)| (r, d)).collect();
+                    let mut blobs: Vec<(store::BlobRecord, oci::Digest)> = agent
+                        .store
+                        .list()
+                        .into_iter()
+                        .filter(|(_, r)| r.media_type.is_none() && r.size >= p2p.threshold)
+                        .map(|(d, r)| (r, d))
+                        .collect();
                     blobs.sort_by_key(|(r, _)| std::cmp::Reverse(r.last_access));
                     blobs.truncate(10_000);
                     if blobs.is_empty() {
                         continue;
                     }
-                    if let Err(e) = p2p.seeding(blobs.into_iter().map(|(r, d)| (d, r.size)).collect()).await {
+                    if let Err(e) = p2p
+                        .seeding(blobs.into_iter().map(|(r, d)| (d, r.size)).collect())
+                        .await
+                    {
                         p2p.metrics.tracker_errors.inc();
                         debug!(error = %e, "seeding announce failed");
                     }
@@ -228,8 +251,12 @@ impl Agent {
                     }
                     // Node preload: the pinned image's layers are fetched now, not at first use.
                     let (os, arch) = oci::media::host_platform();
-                    let platform = oci::Manifest::parse(&m.body).ok().filter(|x| x.is_index()).and_then(|x| x.select_platform(os, arch).map(|c| c.digest.clone()));
-                    self.preload(&reference, platform.as_ref().unwrap_or(&m.digest)).await;
+                    let platform = oci::Manifest::parse(&m.body)
+                        .ok()
+                        .filter(|x| x.is_index())
+                        .and_then(|x| x.select_platform(os, arch).map(|c| c.digest.clone()));
+                    self.preload(&reference, platform.as_ref().unwrap_or(&m.digest))
+                        .await;
                     info!(pin = %r, digest = %m.digest, "pinned");
                 }
                 Err(e) => {
@@ -264,7 +291,10 @@ async fn metrics_handler(State(agent): State<Agent>) -> Response {
 }
 
 async fn report_handler(State(agent): State<Agent>) -> Response {
-    json_response(StatusCode::OK, serde_json::to_vec(&agent.node_report()).unwrap_or_default())
+    json_response(
+        StatusCode::OK,
+        serde_json::to_vec(&agent.node_report()).unwrap_or_default(),
+    )
 }
 
 async fn cache_handler(State(agent): State<Agent>) -> Response {

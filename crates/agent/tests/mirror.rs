@@ -495,3 +495,37 @@ async fn connection_cut_mid_blob_is_resumed_with_range() {
     );
     agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cache_that_cannot_take_the_blob_streams_it_without_caching() {
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let img = TestImage::push_multilayer(&registry, "full/disk", "1", &[6 << 20], 31).unwrap();
+    let layer = img.layers[0].clone();
+    let cache = tempfile::tempdir().unwrap();
+    // A 1 MiB budget plays a full disk: the 6 MiB layer cannot be stored.
+    let agent = start_agent(cache.path(), &registry.host(), &registry.url(), None, |c| {
+        c.cache_budget = "1MiB".into()
+    })
+    .await;
+    let url = format!("{}/v2/full/disk/blobs/{}", agent.url(), layer.digest);
+    for _ in 0..2 {
+        let r = get(&url, &[]).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            sha(&r.bytes().await.unwrap()),
+            layer.digest,
+            "full bytes, verified by the client"
+        );
+    }
+    let d = oci::Digest::parse(&layer.digest).unwrap();
+    assert!(agent.agent.store.stat(&d).is_none(), "nothing cached");
+    assert!(agent.metric("starling_agent_served_bytes_total") >= 2.0 * layer.size as f64);
+    let r = get(
+        &format!("{}/v2/full/disk/blobs/{}", agent.url(), layer.digest),
+        &[("Range", "bytes=100-199")],
+    )
+    .await;
+    assert_eq!(r.status(), 206);
+    assert_eq!(r.bytes().await.unwrap().len(), 100);
+    agent.stop().await;
+}

@@ -90,11 +90,19 @@ pub async fn pull(
         manifest_digest = m2.digest;
     }
     let blobs: Vec<Descriptor> = manifest.blobs().cloned().collect();
-    let pacer = opts.max_bytes_per_sec.map(|r| Pacer { rate: r, started: Instant::now(), bytes: std::sync::atomic::AtomicU64::new(0) });
-    let results = futures::stream::iter(blobs.into_iter().map(|d| fetch_blob(up, reg, repo, d, pacer.as_ref(), opts.progress.as_deref())))
-        .buffer_unordered(opts.concurrency.max(1))
-        .collect::<Vec<_>>()
-        .await;
+    let pacer = opts.max_bytes_per_sec.map(|r| Pacer {
+        rate: r,
+        started: Instant::now(),
+        bytes: std::sync::atomic::AtomicU64::new(0),
+    });
+    let results = futures::stream::iter(
+        blobs
+            .into_iter()
+            .map(|d| fetch_blob(up, reg, repo, d, pacer.as_ref(), opts.progress.as_deref())),
+    )
+    .buffer_unordered(opts.concurrency.max(1))
+    .collect::<Vec<_>>()
+    .await;
     let mut out = Vec::new();
     for r in results {
         out.push(r?);
@@ -118,7 +126,10 @@ struct Pacer {
 
 impl Pacer {
     async fn take(&self, n: u64) {
-        let total = self.bytes.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+        let total = self
+            .bytes
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed)
+            + n;
         let due = std::time::Duration::from_secs_f64(total as f64 / self.rate as f64);
         let elapsed = self.started.elapsed();
         if due > elapsed {

@@ -8,7 +8,9 @@ use crate::scenario::Scenario;
 use crate::Error;
 
 #[derive(Clone, Debug, clap::Args)]
-#[command(about = "Simulate pulling an image onto N nodes with each strategy (drives the real tracker and piece scheduler)")]
+#[command(
+    about = "Simulate pulling an image onto N nodes with each strategy (drives the real tracker and piece scheduler)"
+)]
 pub struct SimArgs {
     /// Scenario file (TOML), e.g. scenarios/swarm16.toml.
     pub scenario: PathBuf,
@@ -54,7 +56,8 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
         }
     }
     if let Some(p) = &args.piece_size {
-        sc.starling.piece_size = crate::scenario::Bytes(crate::scenario::parse_bytes(p).map_err(Error::Scenario)?);
+        sc.starling.piece_size =
+            crate::scenario::Bytes(crate::scenario::parse_bytes(p).map_err(Error::Scenario)?);
     }
     if let Some(q) = args.quantum_ms {
         sc.sim.quantum_ms = q;
@@ -76,10 +79,14 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
         let names: Vec<String> = sc.strategies.iter().map(|s| s.label()).collect();
         for want in &args.strategies {
             if !names.contains(want) {
-                return Err(Error::Scenario(format!("no strategy `{want}` (have: {})", names.join(", "))));
+                return Err(Error::Scenario(format!(
+                    "no strategy `{want}` (have: {})",
+                    names.join(", ")
+                )));
             }
         }
-        sc.strategies.retain(|s| args.strategies.contains(&s.label()));
+        sc.strategies
+            .retain(|s| args.strategies.contains(&s.label()));
     }
     sc.validate()?;
     Ok(sc)
@@ -92,9 +99,25 @@ pub fn simulate_all(sc: &Scenario) -> Result<Report, Error> {
     let mut results = Vec::new();
     for spec in &sc.strategies {
         let plan = crate::strategy::Plan::new(sc, spec, n);
-        let bytes: f64 = plan.job.iter().map(|&j| sc.image.layers.iter().zip(&plan.holds[j as usize]).filter(|(_, h)| !**h).map(|(l, _)| l.size.0 as f64).sum::<f64>()).sum::<f64>() / n as f64;
+        let bytes: f64 = plan
+            .job
+            .iter()
+            .map(|&j| {
+                sc.image
+                    .layers
+                    .iter()
+                    .zip(&plan.holds[j as usize])
+                    .filter(|(_, h)| !**h)
+                    .map(|(l, _)| l.size.0 as f64)
+                    .sum::<f64>()
+            })
+            .sum::<f64>()
+            / n as f64;
         // Layers someone must fetch: their count and the largest one (bound terms).
-        let moving: Vec<f64> = (0..sc.image.layers.len()).filter(|&l| plan.job.iter().any(|&j| !plan.holds[j as usize][l])).map(|l| sc.image.layers[l].size.0 as f64).collect();
+        let moving: Vec<f64> = (0..sc.image.layers.len())
+            .filter(|&l| plan.job.iter().any(|&j| !plan.holds[j as usize][l]))
+            .map(|l| sc.image.layers[l].size.0 as f64)
+            .collect();
         let largest = moving.iter().copied().fold(0.0, f64::max);
         let o = crate::engine::Engine::new(sc, &plan).run()?;
         results.push(report::result(sc, spec, n, o, bytes, largest, moving.len()));
@@ -110,11 +133,22 @@ pub fn simulate_all(sc: &Scenario) -> Result<Report, Error> {
             let o = crate::engine::simulate(&s2, spec, m)?;
             let mut r = o.ready_s.clone();
             r.sort_by(f64::total_cmp);
-            sweep.push(SweepPoint { strategy: spec.label(), nodes: m, stuck_nodes: o.stuck, p50_s: report::percentile(&r, 50.0), max_s: r.last().copied().unwrap_or(f64::NAN), registry_bytes: o.registry_bytes });
+            sweep.push(SweepPoint {
+                strategy: spec.label(),
+                nodes: m,
+                stuck_nodes: o.stuck,
+                p50_s: report::percentile(&r, 50.0),
+                max_s: r.last().copied().unwrap_or(f64::NAN),
+                registry_bytes: o.registry_bytes,
+            });
         }
     }
     Ok(Report {
-        scenario: if sc.name.is_empty() { "scenario".into() } else { sc.name.clone() },
+        scenario: if sc.name.is_empty() {
+            "scenario".into()
+        } else {
+            sc.name.clone()
+        },
         description: sc.description.clone(),
         nodes: n,
         image_bytes: sc.image.layers.iter().map(|l| l.size.0).sum(),
@@ -133,7 +167,10 @@ pub fn run(args: &SimArgs) -> Result<i32, Error> {
     let sc = load(args)?;
     let rep = simulate_all(&sc)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rep).map_err(|e| Error::Io(e.to_string()))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rep).map_err(|e| Error::Io(e.to_string()))?
+        );
     } else {
         print!("{}", rep.table());
     }
@@ -144,5 +181,9 @@ pub fn run(args: &SimArgs) -> Result<i32, Error> {
             }
         }
     }
-    Ok(if rep.results.iter().any(|r| r.stuck_nodes > 0) { 1 } else { 0 })
+    Ok(if rep.results.iter().any(|r| r.stuck_nodes > 0) {
+        1
+    } else {
+        0
+    })
 }

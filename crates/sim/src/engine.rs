@@ -9,7 +9,9 @@ use std::time::Instant;
 use oci::Digest;
 use swarm::pieces::piece_size_for;
 use swarm::scheduler::{seed_for, SchedulerConfig};
-use swarm::{AnnounceRequest, Bitfield, PieceLayout, PieceScheduler, Role, SwarmConfig, TrackerState};
+use swarm::{
+    AnnounceRequest, Bitfield, PieceLayout, PieceScheduler, Role, SwarmConfig, TrackerState,
+};
 
 use crate::flow::{FlowPath, Solver};
 use crate::model::{Network, Origin};
@@ -52,7 +54,12 @@ enum Kind {
     /// One piece of the source's sequential registry stream.
     RegPiece { slot: u32, layer: u32, piece: u32 },
     /// One piece between agents.
-    Piece { slot: u32, layer: u32, piece: u32, from: u32 },
+    Piece {
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        from: u32,
+    },
     /// The shared cache filling from the registry.
     CacheFill { layer: u32, piece: u32 },
     /// A node reading one piece from the shared cache.
@@ -174,27 +181,56 @@ impl<'a> Engine<'a> {
             announce_interval_ms: st.announce_interval_ms,
             ..SwarmConfig::default()
         };
-        let sched_cfg = SchedulerConfig { max_inflight_per_peer: st.max_inflight_per_peer, max_inflight_total: st.max_inflight_total, ..SchedulerConfig::default() };
+        let sched_cfg = SchedulerConfig {
+            max_inflight_per_peer: st.max_inflight_per_peer,
+            max_inflight_total: st.max_inflight_total,
+            ..SchedulerConfig::default()
+        };
         let sizes: Vec<u64> = sc.image.layers.iter().map(|l| l.size.0).collect();
-        let piece_size = sizes.iter().map(|&s| piece_size_for(s, st.piece_size.0)).collect();
-        let digests = sc.image.layers.iter().enumerate().map(|(i, l)| Digest::of(format!("{}#{i}#{}", sc.name, l.name).as_bytes())).collect();
+        let piece_size = sizes
+            .iter()
+            .map(|&s| piece_size_for(s, st.piece_size.0))
+            .collect();
+        let digests = sc
+            .image
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| Digest::of(format!("{}#{i}#{}", sc.name, l.name).as_bytes()))
+            .collect();
         // Participants: the job's nodes, plus non-job nodes holding something (seeds).
         let mut slot_of = vec![u32::MAX; n];
         let mut nodes = Vec::new();
         let mut needed = vec![false; layers];
         for &j in &plan.job {
             slot_of[j as usize] = nodes.len() as u32;
-            let queue: Vec<u32> = (0..layers as u32).filter(|&l| !plan.holds[j as usize][l as usize]).collect();
+            let queue: Vec<u32> = (0..layers as u32)
+                .filter(|&l| !plan.holds[j as usize][l as usize])
+                .collect();
             for &l in &queue {
                 needed[l as usize] = true;
             }
-            nodes.push(NodeState { node: j, job: true, left: queue.len(), queue, active: 0, ready: None });
+            nodes.push(NodeState {
+                node: j,
+                job: true,
+                left: queue.len(),
+                queue,
+                active: 0,
+                ready: None,
+            });
         }
         if plan.transport == Transport::P2p {
             for (i, h) in plan.holds.iter().enumerate() {
                 if slot_of[i] == u32::MAX && h.iter().any(|&x| x) {
                     slot_of[i] = nodes.len() as u32;
-                    nodes.push(NodeState { node: i as u32, job: false, queue: vec![], active: 0, left: 0, ready: None });
+                    nodes.push(NodeState {
+                        node: i as u32,
+                        job: false,
+                        queue: vec![],
+                        active: 0,
+                        left: 0,
+                        ready: None,
+                    });
                 }
             }
         }
@@ -202,7 +238,10 @@ impl<'a> Engine<'a> {
         for ns in &nodes {
             for l in 0..layers {
                 let held = plan.holds[ns.node as usize][l];
-                pulls.push(Pull { done: held, ..Pull::default() });
+                pulls.push(Pull {
+                    done: held,
+                    ..Pull::default()
+                });
             }
         }
         Self {
@@ -239,7 +278,8 @@ impl<'a> Engine<'a> {
 
     fn at(&mut self, t: f64, timer: Timer) {
         self.seq += 1;
-        self.timers.push(Reverse((ns(t), self.seq, TimerBox(timer))));
+        self.timers
+            .push(Reverse((ns(t), self.seq, TimerBox(timer))));
     }
 
     fn pull(&mut self, slot: u32, layer: u32) -> &mut Pull {
@@ -261,7 +301,11 @@ impl<'a> Engine<'a> {
         let spread = self.sc.job.arrival_spread_s;
         for s in 0..self.nodes.len() as u32 {
             let sn = &self.nodes[s as usize];
-            let t = if sn.job && spread > 0.0 && job_nodes > 1 { spread * s as f64 / (job_nodes - 1) as f64 } else { 0.0 };
+            let t = if sn.job && spread > 0.0 && job_nodes > 1 {
+                spread * s as f64 / (job_nodes - 1) as f64
+            } else {
+                0.0
+            };
             self.at(t, Timer::Arrive(s));
         }
         let quantum = self.sc.sim.quantum_ms / 1e3;
@@ -319,7 +363,11 @@ impl<'a> Engine<'a> {
             let done: Vec<(f64, Flow)> = std::mem::take(&mut done_buf);
             loop {
                 let tc = done.get(di).map(|d| d.0);
-                let tt = self.timers.peek().map(|Reverse((t, _, _))| *t as f64 / 1e9).filter(|&t| t <= t_end + 1e-12);
+                let tt = self
+                    .timers
+                    .peek()
+                    .map(|Reverse((t, _, _))| *t as f64 / 1e9)
+                    .filter(|&t| t <= t_end + 1e-12);
                 match (tc, tt) {
                     (None, None) => break,
                     (Some(c), Some(t)) if t < c => self.fire_timer(),
@@ -337,7 +385,12 @@ impl<'a> Engine<'a> {
             done_buf.clear();
             self.now = t_end;
         }
-        self.out.source_elections = self.tracker.stats().iter().map(|s| s.source_elections).sum();
+        self.out.source_elections = self
+            .tracker
+            .stats()
+            .iter()
+            .map(|s| s.source_elections)
+            .sum();
         let overhead = self.sc.job.start_overhead_s;
         for n in &self.nodes {
             if n.job {
@@ -352,7 +405,9 @@ impl<'a> Engine<'a> {
     }
 
     fn fire_timer(&mut self) {
-        let Some(Reverse((t, _, TimerBox(timer)))) = self.timers.pop() else { return };
+        let Some(Reverse((t, _, TimerBox(timer)))) = self.timers.pop() else {
+            return;
+        };
         self.now = self.now.max(t as f64 / 1e9);
         match timer {
             Timer::Arrive(s) => self.arrive(s),
@@ -364,7 +419,7 @@ impl<'a> Engine<'a> {
             }
             Timer::Heartbeat { slot, layer } => {
                 self.announce(slot, layer);
-                let every = (self.sc.starling.peer_ttl_ms as f64 / 2e3).max(self.sc.starling.announce_interval_ms as f64 / 1e3);
+                let every = self.sc.starling.seed_heartbeat_ms as f64 / 1e3;
                 if self.pending > 0 {
                     self.at(self.now + every, Timer::Heartbeat { slot, layer });
                 }
@@ -381,9 +436,10 @@ impl<'a> Engine<'a> {
         // Seeds (complete holders) join the swarm and keep heartbeating.
         if self.transport == Transport::P2p {
             for l in 0..self.layers as u32 {
-                if self.pulls[s as usize * self.layers + l as usize].done && self.needed[l as usize] {
+                if self.pulls[s as usize * self.layers + l as usize].done && self.needed[l as usize]
+                {
                     self.announce(s, l);
-                    let every = (self.sc.starling.peer_ttl_ms as f64 / 2e3).max(self.sc.starling.announce_interval_ms as f64 / 1e3);
+                    let every = self.sc.starling.seed_heartbeat_ms as f64 / 1e3;
                     self.at(self.now + every, Timer::Heartbeat { slot: s, layer: l });
                 }
             }
@@ -392,7 +448,9 @@ impl<'a> Engine<'a> {
     }
 
     fn start_more(&mut self, s: u32) {
-        while self.nodes[s as usize].active < self.sc.job.layer_concurrency && !self.nodes[s as usize].queue.is_empty() {
+        while self.nodes[s as usize].active < self.sc.job.layer_concurrency
+            && !self.nodes[s as usize].queue.is_empty()
+        {
             let l = self.nodes[s as usize].queue.remove(0);
             self.nodes[s as usize].active += 1;
             self.pull(s, l).active = true;
@@ -441,7 +499,7 @@ impl<'a> Engine<'a> {
         if self.transport == Transport::P2p {
             // Tell the tracker at once, then keep serving (heartbeats).
             self.announce(s, l);
-            let every = (self.sc.starling.peer_ttl_ms as f64 / 2e3).max(self.sc.starling.announce_interval_ms as f64 / 1e3);
+            let every = self.sc.starling.seed_heartbeat_ms as f64 / 1e3;
             self.at(self.now + every, Timer::Heartbeat { slot: s, layer: l });
         }
         self.start_more(s);
@@ -457,7 +515,11 @@ impl<'a> Engine<'a> {
         let mut hashes_sent = p.hashes_sent;
         // The source publishes the hashes of the pieces it streamed (in order).
         if p.streaming || (complete && p.hashes_sent > 0) {
-            let upto = if complete { count } else { p.sched.as_ref().map_or(0, |x| x.have().prefix()) };
+            let upto = if complete {
+                count
+            } else {
+                p.sched.as_ref().map_or(0, |x| x.have().prefix())
+            };
             for i in p.hashes_sent..upto {
                 hashes.insert(i, format!("{li}:{i}"));
             }
@@ -473,7 +535,15 @@ impl<'a> Engine<'a> {
             // Never `None` while incomplete: the tracker hands out a peer whose `have` is
             // `None` as complete (see the report's swarm notes), so a joining agent that
             // knows the blob's size sends an empty bitfield.
-            have: if complete { None } else { Some(p.sched.as_ref().map_or_else(|| Bitfield::new(count), |x| x.have().clone())) },
+            have: if complete {
+                None
+            } else {
+                Some(
+                    p.sched
+                        .as_ref()
+                        .map_or_else(|| Bitfield::new(count), |x| x.have().clone()),
+                )
+            },
             complete,
             fetching_from_registry: p.streaming && !complete,
             hashes,
@@ -500,7 +570,10 @@ impl<'a> Engine<'a> {
             let layout = PieceLayout::new(size, resp.piece_size);
             p.layout = Some(layout);
             // The agent seeds its piece order with its node name.
-            let cfg = SchedulerConfig { seed: seed_for(&req.node), ..sched_cfg };
+            let cfg = SchedulerConfig {
+                seed: seed_for(&req.node),
+                ..sched_cfg
+            };
             p.sched = Some(PieceScheduler::new(Bitfield::new(layout.count()), cfg));
         }
         let interval = resp.interval_ms as f64 / 1e3;
@@ -520,7 +593,14 @@ impl<'a> Engine<'a> {
                     }
                     let first = p.sched.as_ref().map_or(0, |x| x.have().prefix());
                     let t = self.now + self.sc.registry.latency_ms / 1e3;
-                    self.at(t, Timer::Start(Kind::RegPiece { slot: s, layer: l, piece: first }));
+                    self.at(
+                        t,
+                        Timer::Start(Kind::RegPiece {
+                            slot: s,
+                            layer: l,
+                            piece: first,
+                        }),
+                    );
                 }
             }
             Role::Peer => {
@@ -534,7 +614,11 @@ impl<'a> Engine<'a> {
                         sch.remove_peer(gone);
                     }
                     for peer in &resp.peers {
-                        sch.set_peer(&peer.node, peer.have.clone(), my_topo.distance(&peer.topology));
+                        sch.set_peer(
+                            &peer.node,
+                            peer.have.clone(),
+                            my_topo.distance(&peer.topology),
+                        );
                     }
                 }
                 self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
@@ -553,8 +637,17 @@ impl<'a> Engine<'a> {
         self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
         let lat = self.sc.starling.peer_latency_ms / 1e3;
         for r in reqs {
-            let from: u32 = r.peer.strip_prefix('n').and_then(|x| x.parse().ok()).unwrap_or(0);
-            let kind = Kind::Piece { slot: s, layer: l, piece: r.piece, from };
+            let from: u32 = r
+                .peer
+                .strip_prefix('n')
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(0);
+            let kind = Kind::Piece {
+                slot: s,
+                layer: l,
+                piece: r.piece,
+                from,
+            };
             if lat > 0.0 {
                 self.at(self.now + lat, Timer::Start(kind));
             } else {
@@ -565,11 +658,20 @@ impl<'a> Engine<'a> {
 
     fn add_flow(&mut self, origin: Origin, dst: Option<u32>, bytes: u64, kind: Kind) {
         let (path, cross) = match dst {
-            Some(d) => (self.net.path(origin, d), matches!(origin, Origin::Node(_)) && self.net.cross_rack(origin, d)),
+            Some(d) => (
+                self.net.path(origin, d),
+                matches!(origin, Origin::Node(_)) && self.net.cross_rack(origin, d),
+            ),
             // Cache fill: only the registry side is modelled.
             None => (FlowPath::new(&[0], self.net.per_connection), false),
         };
-        self.flows.push(Flow { path, remaining: bytes as f64, bytes: bytes as f64, kind, cross_rack: cross });
+        self.flows.push(Flow {
+            path,
+            remaining: bytes as f64,
+            bytes: bytes as f64,
+            kind,
+            cross_rack: cross,
+        });
         self.rates.push(0.0);
         self.dirty = true;
     }
@@ -578,14 +680,24 @@ impl<'a> Engine<'a> {
         match kind {
             Kind::Whole { slot, layer } => {
                 let node = self.nodes[slot as usize].node;
-                self.add_flow(Origin::Registry, Some(node), self.sizes[layer as usize], kind);
+                self.add_flow(
+                    Origin::Registry,
+                    Some(node),
+                    self.sizes[layer as usize],
+                    kind,
+                );
             }
             Kind::RegPiece { slot, layer, piece } => {
                 let node = self.nodes[slot as usize].node;
                 let len = self.piece_len(layer, piece);
                 self.add_flow(Origin::Registry, Some(node), len, kind);
             }
-            Kind::Piece { slot, layer, piece, from } => {
+            Kind::Piece {
+                slot,
+                layer,
+                piece,
+                from,
+            } => {
                 let held = self.holds(from, layer, piece);
                 let slots_full = self.uploads[from as usize] >= self.sc.starling.max_uploads;
                 if !held || slots_full {
@@ -622,7 +734,14 @@ impl<'a> Engine<'a> {
 
     /// Ground truth: does cluster node `node` hold `piece` of `layer`?
     fn holds(&self, node: u32, layer: u32, piece: u32) -> bool {
-        let Some(slot) = self.slot_index.get(node as usize).copied().filter(|&s| s != u32::MAX) else { return false };
+        let Some(slot) = self
+            .slot_index
+            .get(node as usize)
+            .copied()
+            .filter(|&s| s != u32::MAX)
+        else {
+            return false;
+        };
         let p = &self.pulls[slot as usize * self.layers + layer as usize];
         if p.done {
             return true;
@@ -640,7 +759,12 @@ impl<'a> Engine<'a> {
         if cursor < self.cache_have[l as usize] {
             let node = self.nodes[s as usize].node;
             let len = self.piece_len(l, cursor);
-            self.add_flow(Origin::Cache, Some(node), len, Kind::CacheRead { slot: s, layer: l });
+            self.add_flow(
+                Origin::Cache,
+                Some(node),
+                len,
+                Kind::CacheRead { slot: s, layer: l },
+            );
             return;
         }
         self.cache_waiters[l as usize].push(s);
@@ -670,11 +794,20 @@ impl<'a> Engine<'a> {
                 } else {
                     let next = (piece + 1..count).find(|&i| !sch.have().get(i));
                     if let Some(nx) = next {
-                        self.start_flow(Kind::RegPiece { slot, layer, piece: nx });
+                        self.start_flow(Kind::RegPiece {
+                            slot,
+                            layer,
+                            piece: nx,
+                        });
                     }
                 }
             }
-            Kind::Piece { slot, layer, piece, from } => {
+            Kind::Piece {
+                slot,
+                layer,
+                piece,
+                from,
+            } => {
                 self.uploads[from as usize] -= 1;
                 self.out.p2p_bytes += bytes;
                 self.out.piece_transfers += 1;
@@ -695,7 +828,10 @@ impl<'a> Engine<'a> {
                 self.out.registry_bytes += bytes;
                 self.cache_have[layer as usize] = piece + 1;
                 if piece + 1 < self.count(layer) {
-                    self.start_flow(Kind::CacheFill { layer, piece: piece + 1 });
+                    self.start_flow(Kind::CacheFill {
+                        layer,
+                        piece: piece + 1,
+                    });
                 }
                 let waiters = std::mem::take(&mut self.cache_waiters[layer as usize]);
                 for s in waiters {
@@ -712,8 +848,11 @@ impl<'a> Engine<'a> {
 }
 
 /// Convenience: plan and run one strategy at one job size.
-pub fn simulate(sc: &Scenario, strategy: &crate::scenario::StrategySpec, job_nodes: usize) -> Result<Outcome, Error> {
+pub fn simulate(
+    sc: &Scenario,
+    strategy: &crate::scenario::StrategySpec,
+    job_nodes: usize,
+) -> Result<Outcome, Error> {
     let plan = Plan::new(sc, strategy, job_nodes);
     Engine::new(sc, &plan).run()
 }
-

@@ -29,7 +29,11 @@ impl FlowPath {
         let mut a = [0; MAX_PATH];
         let len = res.len().min(MAX_PATH);
         a[..len].copy_from_slice(&res[..len]);
-        Self { res: a, len: len as u8, cap }
+        Self {
+            res: a,
+            len: len as u8,
+            cap,
+        }
     }
 
     pub fn resources(&self) -> &[ResId] {
@@ -97,8 +101,10 @@ impl Solver {
         self.frozen.clear();
         self.frozen.resize(nf, false);
         self.by_cap.clear();
-        self.by_cap.extend((0..nf as u32).filter(|&i| paths[i as usize].cap.is_finite()));
-        self.by_cap.sort_by(|&a, &b| paths[a as usize].cap.total_cmp(&paths[b as usize].cap));
+        self.by_cap
+            .extend((0..nf as u32).filter(|&i| paths[i as usize].cap.is_finite()));
+        self.by_cap
+            .sort_by(|&a, &b| paths[a as usize].cap.total_cmp(&paths[b as usize].cap));
         let mut cap_i = 0;
         let mut heap = BinaryHeap::with_capacity(nr);
         for r in 0..nr {
@@ -111,7 +117,11 @@ impl Solver {
             // Skip stale heap entries.
             while let Some(Share(s, r)) = heap.peek() {
                 let r = *r as usize;
-                let cur = if self.cnt[r] == 0 { f64::NAN } else { self.rem[r].max(0.0) / self.cnt[r] as f64 };
+                let cur = if self.cnt[r] == 0 {
+                    f64::NAN
+                } else {
+                    self.rem[r].max(0.0) / self.cnt[r] as f64
+                };
                 if self.cnt[r] == 0 || cur != *s {
                     heap.pop();
                 } else {
@@ -148,7 +158,14 @@ impl Solver {
         }
     }
 
-    fn freeze(&mut self, f: usize, rate: f64, paths: &[&FlowPath], rates: &mut [f64], heap: &mut BinaryHeap<Share>) {
+    fn freeze(
+        &mut self,
+        f: usize,
+        rate: f64,
+        paths: &[&FlowPath],
+        rates: &mut [f64],
+        heap: &mut BinaryHeap<Share>,
+    ) {
         self.frozen[f] = true;
         rates[f] = rate;
         for &r in paths[f].resources() {

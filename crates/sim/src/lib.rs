@@ -28,7 +28,8 @@
 //!   `seed_for(node)`, 2 in flight per peer, 4 per blob). A holder serves at most
 //!   `max_uploads` pieces at once; a request beyond that is refused (503): the agent
 //!   calls `on_failed` and `remove_peer` until the tracker hands the peer out again.
-//!   Complete agents heartbeat every max(peer_ttl/2, interval) to stay in handouts.
+//!   Complete agents re-announce every `seed_heartbeat_ms` (the agent's seeding loop,
+//!   1 s) to stay in handouts.
 //!   Blobs below `min_p2p_size` go to the registry directly (`Role::Direct`).
 //! - Direct pulls: one registry connection per layer; `layer_concurrency` layers per
 //!   node at once (containerd: 3). Shared cache: one registry stream per blob into the

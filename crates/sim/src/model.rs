@@ -39,9 +39,17 @@ impl Network {
     pub fn build(sc: &Scenario, transport: Transport) -> Self {
         let n = sc.cluster_nodes();
         let c = &sc.cluster;
-        let per_rack = if c.nodes_per_rack == 0 { n.max(1) } else { c.nodes_per_rack };
+        let per_rack = if c.nodes_per_rack == 0 {
+            n.max(1)
+        } else {
+            c.nodes_per_rack
+        };
         let racks = n.div_ceil(per_rack).max(1);
-        let per_zone = if c.racks_per_zone == 0 { racks } else { c.racks_per_zone };
+        let per_zone = if c.racks_per_zone == 0 {
+            racks
+        } else {
+            c.racks_per_zone
+        };
         let zones = racks.div_ceil(per_zone).max(1);
         let mut up = c.nic_up.0;
         let mut down = c.nic_down.0;
@@ -71,7 +79,10 @@ impl Network {
             .map(|i| {
                 if has_racks {
                     let r = rack_of[i];
-                    Topology { zone: Some(format!("z{}", zone_of_rack[r as usize])), rack: Some(format!("r{r}")) }
+                    Topology {
+                        zone: Some(format!("z{}", zone_of_rack[r as usize])),
+                        rack: Some(format!("r{r}")),
+                    }
                 } else {
                     Topology::default()
                 }
@@ -168,7 +179,8 @@ pub fn layers_from_oci_layout(dir: &Path, reference: Option<&str>) -> Result<Vec
         serde_json::from_slice(&text).map_err(|e| Error::Scenario(format!("{}: {e}", p.display())))
     };
     let blob = |digest: &str| -> Result<serde_json::Value, Error> {
-        let d = oci::Digest::parse(digest).map_err(|e| Error::Scenario(format!("bad digest {digest}: {e}")))?;
+        let d = oci::Digest::parse(digest)
+            .map_err(|e| Error::Scenario(format!("bad digest {digest}: {e}")))?;
         read(&dir.join("blobs").join("sha256").join(d.hex()))
     };
     let index = read(&dir.join("index.json"))?;
@@ -177,9 +189,18 @@ pub fn layers_from_oci_layout(dir: &Path, reference: Option<&str>) -> Result<Vec
         .iter()
         .find(|m| match reference {
             None => true,
-            Some(r) => m["digest"].as_str() == Some(r) || m["annotations"]["org.opencontainers.image.ref.name"].as_str() == Some(r),
+            Some(r) => {
+                m["digest"].as_str() == Some(r)
+                    || m["annotations"]["org.opencontainers.image.ref.name"].as_str() == Some(r)
+            }
         })
-        .ok_or_else(|| Error::Scenario(format!("{}: no manifest {}", dir.display(), reference.unwrap_or("(any)"))))?;
+        .ok_or_else(|| {
+            Error::Scenario(format!(
+                "{}: no manifest {}",
+                dir.display(),
+                reference.unwrap_or("(any)")
+            ))
+        })?;
     let mut m = blob(chosen["digest"].as_str().unwrap_or_default())?;
     // An index: take the first (linux/amd64 preferred) manifest.
     if let Some(list) = m["manifests"].as_array().cloned() {
@@ -192,7 +213,10 @@ pub fn layers_from_oci_layout(dir: &Path, reference: Option<&str>) -> Result<Vec
     }
     let layers = m["layers"].as_array().cloned().unwrap_or_default();
     if layers.is_empty() {
-        return Err(Error::Scenario(format!("{}: manifest has no layers", dir.display())));
+        return Err(Error::Scenario(format!(
+            "{}: manifest has no layers",
+            dir.display()
+        )));
     }
     Ok(layers
         .iter()
@@ -200,7 +224,10 @@ pub fn layers_from_oci_layout(dir: &Path, reference: Option<&str>) -> Result<Vec
         .map(|(i, l)| {
             let d = l["digest"].as_str().unwrap_or_default();
             let short = d.strip_prefix("sha256:").unwrap_or(d);
-            Layer { name: format!("{i}:{}", &short[..short.len().min(12)]), size: crate::scenario::Bytes(l["size"].as_u64().unwrap_or(0)) }
+            Layer {
+                name: format!("{i}:{}", &short[..short.len().min(12)]),
+                size: crate::scenario::Bytes(l["size"].as_u64().unwrap_or(0)),
+            }
         })
         .collect())
 }

@@ -25,8 +25,13 @@ enum NumOrStr {
 
 fn split_num(s: &str) -> Result<(f64, String), String> {
     let s = s.trim();
-    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(s.len());
-    let num: f64 = s[..end].replace('_', "").parse().map_err(|_| format!("`{s}`: expected a number followed by a unit"))?;
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(s.len());
+    let num: f64 = s[..end]
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("`{s}`: expected a number followed by a unit"))?;
     Ok((num, s[end..].trim().to_owned()))
 }
 
@@ -48,7 +53,9 @@ fn unit_bytes(u: &str) -> Option<f64> {
 /// Parses `"5GB"`, `"512MiB"`, `"4096"`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let (n, u) = split_num(s)?;
-    let m = unit_bytes(&u).ok_or_else(|| format!("`{s}`: unknown size unit `{u}` (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)"))?;
+    let m = unit_bytes(&u).ok_or_else(|| {
+        format!("`{s}`: unknown size unit `{u}` (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    })?;
     Ok((n * m).round() as u64)
 }
 
@@ -73,7 +80,9 @@ pub fn parse_rate(s: &str) -> Result<f64, String> {
     } else {
         unit_bytes(u).map(|m| n * m)
     };
-    v.ok_or_else(|| format!("`{s}`: unknown rate unit (use e.g. 200Mbit/s, 10Gbps, 50MiB/s, 1.25GB/s)"))
+    v.ok_or_else(|| {
+        format!("`{s}`: unknown rate unit (use e.g. 200Mbit/s, 10Gbps, 50MiB/s, 1.25GB/s)")
+    })
 }
 
 impl<'de> Deserialize<'de> for Bytes {
@@ -160,7 +169,10 @@ pub struct Cache {
 
 impl Default for Cache {
     fn default() -> Self {
-        Self { egress: Rate(10e9 / 8.0), latency_ms: 1.0 }
+        Self {
+            egress: Rate(10e9 / 8.0),
+            latency_ms: 1.0,
+        }
     }
 }
 
@@ -179,6 +191,9 @@ pub struct Starling {
     pub peer_latency_ms: f64,
     /// Concurrent piece uploads per agent; more requests are refused (503).
     pub max_uploads: u32,
+    /// How often an agent re-announces the complete blobs it holds (the agent's
+    /// `/swarm/v1/seeding` loop: every second).
+    pub seed_heartbeat_ms: u64,
 }
 
 impl Default for Starling {
@@ -199,6 +214,7 @@ impl Default for Starling {
             max_inflight_total: 4.min(p.max_inflight_total),
             peer_latency_ms: 0.5,
             max_uploads: 4,
+            seed_heartbeat_ms: 1000,
         }
     }
 }
@@ -212,14 +228,19 @@ impl Starling {
             upload_limit: partial.upload_limit,
             download_limit: partial.download_limit,
             piece_size: partial.piece_size.unwrap_or(d.piece_size),
-            announce_interval_ms: partial.announce_interval_ms.unwrap_or(d.announce_interval_ms),
+            announce_interval_ms: partial
+                .announce_interval_ms
+                .unwrap_or(d.announce_interval_ms),
             peer_ttl_ms: partial.peer_ttl_ms.unwrap_or(d.peer_ttl_ms),
             max_peers: partial.max_peers.unwrap_or(d.max_peers),
             min_p2p_size: partial.min_p2p_size.unwrap_or(d.min_p2p_size),
-            max_inflight_per_peer: partial.max_inflight_per_peer.unwrap_or(d.max_inflight_per_peer),
+            max_inflight_per_peer: partial
+                .max_inflight_per_peer
+                .unwrap_or(d.max_inflight_per_peer),
             max_inflight_total: partial.max_inflight_total.unwrap_or(d.max_inflight_total),
             peer_latency_ms: partial.peer_latency_ms.unwrap_or(d.peer_latency_ms),
             max_uploads: partial.max_uploads.unwrap_or(d.max_uploads),
+            seed_heartbeat_ms: partial.seed_heartbeat_ms.unwrap_or(d.seed_heartbeat_ms),
         }
     }
 }
@@ -238,6 +259,7 @@ struct StarlingPartial {
     max_inflight_total: Option<u32>,
     peer_latency_ms: Option<f64>,
     max_uploads: Option<u32>,
+    seed_heartbeat_ms: Option<u64>,
 }
 
 impl<'de> Deserialize<'de> for Starling {
@@ -353,7 +375,9 @@ pub struct StrategySpec {
 
 impl StrategySpec {
     pub fn label(&self) -> String {
-        self.name.clone().unwrap_or_else(|| format!("{:?}", self.kind).to_lowercase())
+        self.name
+            .clone()
+            .unwrap_or_else(|| format!("{:?}", self.kind).to_lowercase())
     }
 
     pub fn transport(&self) -> Transport {
@@ -370,18 +394,26 @@ impl Scenario {
     pub fn parse(text: &str, base_dir: &Path) -> Result<Self, Error> {
         let mut s: Scenario = toml::from_str(text).map_err(|e| Error::Scenario(e.to_string()))?;
         if let Some(dir) = s.image.oci_layout.clone() {
-            let dir = if dir.is_absolute() { dir } else { base_dir.join(dir) };
+            let dir = if dir.is_absolute() {
+                dir
+            } else {
+                base_dir.join(dir)
+            };
             if !s.image.layers.is_empty() {
-                return Err(Error::Scenario("image: give either `layers` or `oci_layout`, not both".into()));
+                return Err(Error::Scenario(
+                    "image: give either `layers` or `oci_layout`, not both".into(),
+                ));
             }
-            s.image.layers = crate::model::layers_from_oci_layout(&dir, s.image.reference.as_deref())?;
+            s.image.layers =
+                crate::model::layers_from_oci_layout(&dir, s.image.reference.as_deref())?;
         }
         s.validate()?;
         Ok(s)
     }
 
     pub fn load(path: &Path) -> Result<Self, Error> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
         Self::parse(&text, path.parent().unwrap_or(Path::new("."))).map_err(|e| match e {
             Error::Scenario(m) => Error::Scenario(format!("{}: {m}", path.display())),
             other => other,
@@ -395,10 +427,15 @@ impl Scenario {
         }
         let cluster = self.cluster_nodes();
         if cluster < self.job.nodes {
-            return bad(format!("cluster.nodes ({cluster}) is smaller than job.nodes ({})", self.job.nodes));
+            return bad(format!(
+                "cluster.nodes ({cluster}) is smaller than job.nodes ({})",
+                self.job.nodes
+            ));
         }
         if self.image.layers.is_empty() {
-            return bad("image: no layers (give `layers = [{ name, size }]` or `oci_layout`)".into());
+            return bad(
+                "image: no layers (give `layers = [{ name, size }]` or `oci_layout`)".into(),
+            );
         }
         for (i, l) in self.image.layers.iter().enumerate() {
             if l.size.0 == 0 {
@@ -430,7 +467,12 @@ impl Scenario {
         if self.starling.piece_size.0 < 4096 {
             return bad("starling.piece_size must be at least 4KiB".into());
         }
-        if self.starling.announce_interval_ms == 0 || self.starling.max_inflight_total == 0 || self.starling.max_inflight_per_peer == 0 || self.starling.max_uploads == 0 {
+        if self.starling.announce_interval_ms == 0
+            || self.starling.max_inflight_total == 0
+            || self.starling.max_inflight_per_peer == 0
+            || self.starling.max_uploads == 0
+            || self.starling.seed_heartbeat_ms == 0
+        {
             return bad("starling: announce_interval_ms, max_inflight_per_peer, max_inflight_total and max_uploads must be > 0".into());
         }
         if self.job.layer_concurrency == 0 {
@@ -441,16 +483,24 @@ impl Scenario {
         }
         for s in &self.strategies {
             let l = s.label();
-            if !(0.0..=1.0).contains(&s.prewarm_fraction) || !(0.0..=1.0).contains(&s.cached_fraction) {
+            if !(0.0..=1.0).contains(&s.prewarm_fraction)
+                || !(0.0..=1.0).contains(&s.cached_fraction)
+            {
                 return bad(format!("strategy `{l}`: fractions must be within [0, 1]"));
             }
             if s.kind == Kind::CodeUpdate && s.changed_layers.is_none() {
-                return bad(format!("strategy `{l}`: code_update needs `changed_layers = [...]` (layer names)"));
+                return bad(format!(
+                    "strategy `{l}`: code_update needs `changed_layers = [...]` (layer names)"
+                ));
             }
             for c in s.changed_layers.iter().flatten() {
                 if !self.image.layers.iter().any(|x| &x.name == c) {
-                    let names: Vec<&str> = self.image.layers.iter().map(|x| x.name.as_str()).collect();
-                    return bad(format!("strategy `{l}`: changed layer `{c}` is not in the image (layers: {})", names.join(", ")));
+                    let names: Vec<&str> =
+                        self.image.layers.iter().map(|x| x.name.as_str()).collect();
+                    return bad(format!(
+                        "strategy `{l}`: changed layer `{c}` is not in the image (layers: {})",
+                        names.join(", ")
+                    ));
                 }
             }
             if s.kind == Kind::Locality && cluster == self.job.nodes && s.cached_fraction < 1.0 {

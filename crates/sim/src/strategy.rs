@@ -70,12 +70,21 @@ impl Plan {
             }
             Kind::CodeUpdate => {
                 let changed = s.changed_layers.clone().unwrap_or_default();
-                let row: Vec<bool> = sc.image.layers.iter().map(|l| !changed.contains(&l.name)).collect();
+                let row: Vec<bool> = sc
+                    .image
+                    .layers
+                    .iter()
+                    .map(|l| !changed.contains(&l.name))
+                    .collect();
                 for h in holds.iter_mut() {
                     h.clone_from(&row);
                 }
             }
         }
-        Self { transport: s.transport(), job, holds }
+        Self {
+            transport: s.transport(),
+            job,
+            holds,
+        }
     }
 }

@@ -36,7 +36,14 @@ kind = "direct"
 }
 
 fn spec(kind: Kind) -> StrategySpec {
-    StrategySpec { name: None, kind, transport: None, prewarm_fraction: 0.0, cached_fraction: 0.0, changed_layers: None }
+    StrategySpec {
+        name: None,
+        kind,
+        transport: None,
+        prewarm_fraction: 0.0,
+        cached_fraction: 0.0,
+        changed_layers: None,
+    }
 }
 
 fn max(o: &Outcome) -> f64 {
@@ -50,14 +57,25 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
 #[test]
 fn direct_pulls_match_the_closed_form_within_2_percent() {
     for n in [1usize, 4, 16, 64] {
-        let sc = scenario(n, r#"{ name = "a", size = "512MiB" }, { name = "b", size = "256MiB" }"#, "");
+        let sc = scenario(
+            n,
+            r#"{ name = "a", size = "512MiB" }, { name = "b", size = "256MiB" }"#,
+            "",
+        );
         let o = simulate(&sc, &spec(Kind::Direct), n).expect("runs");
         let s = 768.0 * MIB;
         // One node alone is bounded by its link, not the registry.
         let closed = (n as f64 * s / (100.0 * MIB)).max(s / 10e9);
-        assert!(close(max(&o), closed, 0.02), "n={n}: simulated {} s vs N·S/U {closed} s", max(&o));
+        assert!(
+            close(max(&o), closed, 0.02),
+            "n={n}: simulated {} s vs N·S/U {closed} s",
+            max(&o)
+        );
         assert_eq!(o.ready_s.len(), n);
-        assert!(close(o.registry_bytes, n as f64 * s, 1e-9), "direct registry egress is N·S");
+        assert!(
+            close(o.registry_bytes, n as f64 * s, 1e-9),
+            "direct registry egress is N·S"
+        );
     }
 }
 
@@ -67,10 +85,15 @@ fn p2p_is_above_the_physical_limit_and_within_a_sane_factor() {
     let sc = scenario(n, r#"{ name = "a", size = "256MiB" }"#, "");
     let s = 256.0 * MIB;
     let (u_origin, u_node, d_node) = (100.0 * MIB, 50.0 * MIB, 50.0 * MIB);
-    let t_star = (s / u_origin).max(s / d_node).max(n as f64 * s / (u_origin + n as f64 * u_node));
+    let t_star = (s / u_origin)
+        .max(s / d_node)
+        .max(n as f64 * s / (u_origin + n as f64 * u_node));
     let o = simulate(&sc, &spec(Kind::P2p), n).expect("runs");
     let t = max(&o);
-    assert!(t >= t_star * 0.999, "P2P {t} s beats the physical limit {t_star} s");
+    assert!(
+        t >= t_star * 0.999,
+        "P2P {t} s beats the physical limit {t_star} s"
+    );
     assert!(t <= 4.0 * t_star, "P2P {t} s vs T* {t_star} s");
     assert!(t < n as f64 * s / u_origin, "P2P beats direct pulls here");
 }
@@ -78,15 +101,27 @@ fn p2p_is_above_the_physical_limit_and_within_a_sane_factor() {
 #[test]
 fn p2p_registry_egress_is_one_copy_and_one_source_per_blob() {
     let n = 8;
-    let sc = scenario(n, r#"{ name = "a", size = "64MiB" }, { name = "b", size = "32MiB" }"#, "");
+    let sc = scenario(
+        n,
+        r#"{ name = "a", size = "64MiB" }, { name = "b", size = "32MiB" }"#,
+        "",
+    );
     let o = simulate(&sc, &spec(Kind::P2p), n).expect("runs");
-    assert!(close(o.registry_bytes, 96.0 * MIB, 1e-9), "registry bytes {}", o.registry_bytes);
+    assert!(
+        close(o.registry_bytes, 96.0 * MIB, 1e-9),
+        "registry bytes {}",
+        o.registry_bytes
+    );
     assert_eq!(o.source_elections, 2, "one source per layer");
     assert_eq!(o.failed_requests, 0);
     assert_eq!(o.stuck, 0);
     // Every other node received each byte once (plus endgame duplicates).
     let needed = (n - 1) as f64 * 96.0 * MIB;
-    assert!(o.p2p_bytes >= needed && o.p2p_bytes <= needed * 1.2, "p2p bytes {} vs {needed}", o.p2p_bytes);
+    assert!(
+        o.p2p_bytes >= needed && o.p2p_bytes <= needed * 1.2,
+        "p2p bytes {} vs {needed}",
+        o.p2p_bytes
+    );
 }
 
 #[test]
@@ -95,14 +130,21 @@ fn small_blobs_go_direct_even_under_p2p() {
     let sc = scenario(n, r#"{ name = "tiny", size = "512KiB" }"#, "");
     assert!(sc.starling.min_p2p_size.0 > 512 << 10);
     let o = simulate(&sc, &spec(Kind::P2p), n).expect("runs");
-    assert!(close(o.registry_bytes, 2.0 * MIB, 1e-9), "below min_p2p_size every node pulls directly");
+    assert!(
+        close(o.registry_bytes, 2.0 * MIB, 1e-9),
+        "below min_p2p_size every node pulls directly"
+    );
     assert_eq!(o.p2p_bytes, 0.0);
 }
 
 #[test]
 fn warm_cache_moves_nothing_and_code_update_moves_only_the_app_layer() {
     let n = 8;
-    let sc = scenario(n, r#"{ name = "base", size = "512MiB" }, { name = "app", size = "64MiB" }"#, "[job.x]\n".trim_end_matches("[job.x]\n"));
+    let sc = scenario(
+        n,
+        r#"{ name = "base", size = "512MiB" }, { name = "app", size = "64MiB" }"#,
+        "[job.x]\n".trim_end_matches("[job.x]\n"),
+    );
     let mut warm = spec(Kind::CodeUpdate);
     warm.changed_layers = Some(vec![]);
     let o = simulate(&sc, &warm, n).expect("runs");
@@ -113,10 +155,21 @@ fn warm_cache_moves_nothing_and_code_update_moves_only_the_app_layer() {
     let mut code = spec(Kind::CodeUpdate);
     code.changed_layers = Some(vec!["app".into()]);
     let o = simulate(&sc, &code, n).expect("runs");
-    assert!(close(o.registry_bytes, 64.0 * MIB, 1e-9), "only the app layer leaves the registry: {}", o.registry_bytes);
-    assert!(o.p2p_bytes <= (n - 1) as f64 * 64.0 * MIB * 1.2, "only app-layer pieces move between agents: {}", o.p2p_bytes);
+    assert!(
+        close(o.registry_bytes, 64.0 * MIB, 1e-9),
+        "only the app layer leaves the registry: {}",
+        o.registry_bytes
+    );
+    assert!(
+        o.p2p_bytes <= (n - 1) as f64 * 64.0 * MIB * 1.2,
+        "only app-layer pieces move between agents: {}",
+        o.p2p_bytes
+    );
     let cold = simulate(&sc, &spec(Kind::P2p), n).expect("runs");
-    assert!(max(&o) < max(&cold) / 3.0, "a code change is much faster than a cold pull");
+    assert!(
+        max(&o) < max(&cold) / 3.0,
+        "a code change is much faster than a cold pull"
+    );
 
     let mut code_direct = code.clone();
     code_direct.transport = Some(sim::scenario::Transport::Direct);
@@ -135,7 +188,11 @@ fn shared_cache_fetches_once_and_prewarm_and_locality_help() {
     let mut pre = spec(Kind::P2pPrewarm);
     pre.prewarm_fraction = 0.25;
     let o = simulate(&sc, &pre, n).expect("runs");
-    assert_eq!(o.ready_s.iter().filter(|&&t| t == 0.0).count(), 4, "prewarmed nodes are ready at once");
+    assert_eq!(
+        o.ready_s.iter().filter(|&&t| t == 0.0).count(),
+        4,
+        "prewarmed nodes are ready at once"
+    );
     assert!(max(&o) < cold);
     let mut loc = spec(Kind::Locality);
     loc.cached_fraction = 0.25; // 16 of 64 cluster nodes hold the image: the whole job lands there
@@ -147,12 +204,26 @@ fn shared_cache_fetches_once_and_prewarm_and_locality_help() {
 #[test]
 fn quantum_mode_stays_close_to_exact_mode() {
     let n = 24;
-    let mut sc = scenario(n, r#"{ name = "a", size = "192MiB" }, { name = "b", size = "64MiB" }"#, "");
+    let mut sc = scenario(
+        n,
+        r#"{ name = "a", size = "192MiB" }, { name = "b", size = "64MiB" }"#,
+        "",
+    );
     let exact = simulate(&sc, &spec(Kind::P2p), n).expect("runs");
     sc.sim.quantum_ms = 20.0;
     let approx = simulate(&sc, &spec(Kind::P2p), n).expect("runs");
-    assert!(close(max(&approx), max(&exact), 0.10), "quantum {} s vs exact {} s", max(&approx), max(&exact));
-    assert!(approx.steps <= exact.steps, "steps {} vs exact {}", approx.steps, exact.steps);
+    assert!(
+        close(max(&approx), max(&exact), 0.10),
+        "quantum {} s vs exact {} s",
+        max(&approx),
+        max(&exact)
+    );
+    assert!(
+        approx.steps <= exact.steps,
+        "steps {} vs exact {}",
+        approx.steps,
+        exact.steps
+    );
 }
 
 #[test]
@@ -171,16 +242,29 @@ fn scenario_errors_are_clear() {
             "[cluster]\nnic_up = \"1Gbit/s\"\nnic_down = \"1Gbit/s\"\n{extra}\n[registry]\negress = \"1Gbit/s\"\n[image]\nlayers = [{{ name = \"base\", size = \"1GB\" }}, {{ name = \"app\", size = \"1GB\" }}]\n[job]\nnodes = 4\n{strategy}"
         )
     };
-    let err = |t: &str| Scenario::parse(t, Path::new(".")).expect_err("must fail").to_string();
+    let err = |t: &str| {
+        Scenario::parse(t, Path::new("."))
+            .expect_err("must fail")
+            .to_string()
+    };
     let e = err(&base("", "[[strategy]]\nkind = \"p2p\"\nbogus = 1\n"));
     assert!(e.contains("bogus"), "{e}");
     let e = err(&base("", "[[strategy]]\nkind = \"teleport\"\n"));
     assert!(e.contains("teleport") && e.contains("p2p"), "{e}");
-    let e = err(&base("disk_write = \"fast\"", "[[strategy]]\nkind = \"p2p\"\n"));
+    let e = err(&base(
+        "disk_write = \"fast\"",
+        "[[strategy]]\nkind = \"p2p\"\n",
+    ));
     assert!(e.contains("fast"), "{e}");
-    let e = err(&base("disk_write = \"5 furlongs/s\"", "[[strategy]]\nkind = \"p2p\"\n"));
+    let e = err(&base(
+        "disk_write = \"5 furlongs/s\"",
+        "[[strategy]]\nkind = \"p2p\"\n",
+    ));
     assert!(e.contains("unknown rate unit"), "{e}");
-    let e = err(&base("", "[[strategy]]\nkind = \"code_update\"\nchanged_layers = [\"ap\"]\n"));
+    let e = err(&base(
+        "",
+        "[[strategy]]\nkind = \"code_update\"\nchanged_layers = [\"ap\"]\n",
+    ));
     assert!(e.contains("`ap`") && e.contains("base, app"), "{e}");
     let e = err(&base("", "[[strategy]]\nkind = \"code_update\"\n"));
     assert!(e.contains("changed_layers"), "{e}");
@@ -188,7 +272,10 @@ fn scenario_errors_are_clear() {
     assert!(e.contains("smaller than job.nodes"), "{e}");
     let e = err(&base("", ""));
     assert!(e.contains("strategy"), "{e}");
-    let e = err(&base("", "[[strategy]]\nkind = \"p2p_prewarm\"\nprewarm_fraction = 1.5\n"));
+    let e = err(&base(
+        "",
+        "[[strategy]]\nkind = \"p2p_prewarm\"\nprewarm_fraction = 1.5\n",
+    ));
     assert!(e.contains("[0, 1]"), "{e}");
 }
 
@@ -214,7 +301,10 @@ fn oci_layout_layers_are_read() {
     let manifest = r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000","size":2},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:1111111111111111111111111111111111111111111111111111111111111111","size":7000000000},{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:2222222222222222222222222222222222222222222222222222222222222222","size":1000000000}]}"#;
     let d = oci::Digest::of(manifest.as_bytes());
     std::fs::write(blobs.join(d.hex()), manifest).expect("write");
-    let index = format!(r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{d}","size":{},"annotations":{{"org.opencontainers.image.ref.name":"v1"}}}}]}}"#, manifest.len());
+    let index = format!(
+        r#"{{"schemaVersion":2,"manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"{d}","size":{},"annotations":{{"org.opencontainers.image.ref.name":"v1"}}}}]}}"#,
+        manifest.len()
+    );
     std::fs::write(dir.path().join("index.json"), index).expect("write");
     let text = format!(
         "[cluster]\nnic_up = \"1Gbit/s\"\nnic_down = \"1Gbit/s\"\n[registry]\negress = \"1Gbit/s\"\n[image]\noci_layout = {:?}\nreference = \"v1\"\n[job]\nnodes = 2\n[[strategy]]\nkind = \"direct\"\n",
@@ -234,19 +324,38 @@ fn cli_report_has_json_and_svgs() {
         "name = \"cli\"\n[cluster]\nnic_up = \"1GB/s\"\nnic_down = \"1GB/s\"\n[registry]\negress = \"100MB/s\"\n[image]\nlayers = [{ name = \"a\", size = \"100MB\" }]\n[job]\nnodes = 4\nsweep_nodes = [2, 4]\n[[strategy]]\nkind = \"direct\"\n[[strategy]]\nkind = \"p2p\"\n",
     )
     .expect("write");
-    let args = sim::SimArgs { scenario: scen, json: false, svg_dir: Some(dir.path().join("svg")), nodes: None, strategies: vec![], piece_size: None, quantum_ms: None, oci_layout: None, no_topology: false, sweep: None, no_sweep: false };
+    let args = sim::SimArgs {
+        scenario: scen,
+        json: false,
+        svg_dir: Some(dir.path().join("svg")),
+        nodes: None,
+        strategies: vec![],
+        piece_size: None,
+        quantum_ms: None,
+        oci_layout: None,
+        no_topology: false,
+        sweep: None,
+        no_sweep: false,
+    };
     let sc = sim::cli::load(&args).expect("loads");
     let rep = sim::cli::simulate_all(&sc).expect("runs");
     let json = serde_json::to_value(&rep).expect("json");
     assert_eq!(json["results"][0]["strategy"], "direct");
-    assert!((json["results"][0]["max_s"].as_f64().unwrap_or(0.0) - 4.0).abs() < 0.05, "4 x 100 MB at 100 MB/s");
+    assert!(
+        (json["results"][0]["max_s"].as_f64().unwrap_or(0.0) - 4.0).abs() < 0.05,
+        "4 x 100 MB at 100 MB/s"
+    );
     assert!(json["peak_rss_kib"].as_u64().is_some());
     assert_eq!(rep.sweep.len(), 4);
     let files = rep.write_svgs(&dir.path().join("svg")).expect("svgs");
     assert_eq!(files.len(), 2);
     for f in files {
         let text = std::fs::read_to_string(&f).expect("read");
-        assert!(text.starts_with("<svg") && text.contains("polyline"), "{}", f.display());
+        assert!(
+            text.starts_with("<svg") && text.contains("polyline"),
+            "{}",
+            f.display()
+        );
     }
     assert!(rep.table().contains("p2p"));
     assert_eq!(sim::run(&args).expect("run"), 0);

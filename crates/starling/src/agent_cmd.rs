@@ -91,7 +91,12 @@ pub struct AgentArgs {
     #[arg(long, env = "STARLING_PIECE_SIZE")]
     piece_size: Option<String>,
     /// Node label reported to the tracker, KEY=VALUE (repeatable).
-    #[arg(long = "label", value_name = "KEY=VALUE", env = "STARLING_LABELS", value_delimiter = ',')]
+    #[arg(
+        long = "label",
+        value_name = "KEY=VALUE",
+        env = "STARLING_LABELS",
+        value_delimiter = ','
+    )]
     labels: Vec<String>,
     /// Test mode: serve corrupted pieces to peers.
     #[arg(long, hide = true)]
@@ -162,7 +167,15 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     macro_rules! set_opt {
         ($($f:ident),*) => {$( if let Some(v) = &a.$f { cfg.$f = Some(v.clone()); } )*};
     }
-    set_opt!(tracker, advertise, zone, rack, cluster_token, upload_limit, download_limit);
+    set_opt!(
+        tracker,
+        advertise,
+        zone,
+        rack,
+        cluster_token,
+        upload_limit,
+        download_limit
+    );
     if let Some(v) = &a.node_name {
         cfg.node_name = v.clone();
     }
@@ -182,7 +195,9 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     }
     cfg.corrupt_pieces = a.corrupt_pieces;
     for l in &a.labels {
-        let Some((k, v)) = l.split_once('=') else { bail!("--label wants KEY=VALUE, got {l:?}") };
+        let Some((k, v)) = l.split_once('=') else {
+            bail!("--label wants KEY=VALUE, got {l:?}")
+        };
         cfg.labels.insert(k.to_owned(), v.to_owned());
     }
     Ok(cfg)
@@ -313,7 +328,11 @@ pub async fn run_pull(a: PullArgs) -> Result<()> {
 
 #[derive(Args)]
 pub struct TrackerArgs {
-    #[arg(long, default_value = "127.0.0.1:7070", env = "STARLING_TRACKER_LISTEN")]
+    #[arg(
+        long,
+        default_value = "127.0.0.1:7070",
+        env = "STARLING_TRACKER_LISTEN"
+    )]
     listen: SocketAddr,
     /// Shared cluster secret agents must present.
     #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
@@ -330,16 +349,29 @@ pub struct TrackerArgs {
     #[arg(long, default_value = "250ms")]
     announce_interval: humantime::Duration,
     /// Where prewarm jobs are persisted (they survive a tracker restart).
-    #[arg(long, env = "STARLING_TRACKER_DATA_DIR", default_value = "/var/lib/starling-tracker")]
+    #[arg(
+        long,
+        env = "STARLING_TRACKER_DATA_DIR",
+        default_value = "/var/lib/starling-tracker"
+    )]
     data_dir: PathBuf,
     /// A node that stops reporting for this long becomes "unknown".
     #[arg(long, default_value = "60s")]
     node_timeout: humantime::Duration,
     /// Registry endpoint override for resolving prewarm images, REGISTRY=URL (repeatable).
-    #[arg(long = "registry-endpoint", value_name = "REGISTRY=URL", value_delimiter = ',')]
+    #[arg(
+        long = "registry-endpoint",
+        value_name = "REGISTRY=URL",
+        value_delimiter = ','
+    )]
     registry_endpoints: Vec<String>,
     /// Registry credentials for resolving prewarm images, REGISTRY=USER:PASSWORD.
-    #[arg(long = "registry-credentials", value_delimiter = ',', hide_env_values = true, env = "STARLING_TRACKER_REGISTRY_CREDENTIALS")]
+    #[arg(
+        long = "registry-credentials",
+        value_delimiter = ',',
+        hide_env_values = true,
+        env = "STARLING_TRACKER_REGISTRY_CREDENTIALS"
+    )]
     registry_credentials: Vec<String>,
 }
 
@@ -351,24 +383,57 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
         announce_interval_ms: std::time::Duration::from(a.announce_interval).as_millis() as u64,
         ..Default::default()
     };
-    std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
-    let jobs = cluster::JobStore::open(&a.data_dir.join("jobs.redb")).context("opening the prewarm job store")?;
+    std::fs::create_dir_all(&a.data_dir)
+        .with_context(|| format!("creating {}", a.data_dir.display()))?;
+    let jobs = cluster::JobStore::open(&a.data_dir.join("jobs.redb"))
+        .context("opening the prewarm job store")?;
     let mut ucfg = oci::UpstreamConfig::default();
     for e in &a.registry_endpoints {
-        let Some((reg, url)) = e.split_once('=') else { bail!("--registry-endpoint wants REGISTRY=URL") };
-        ucfg.endpoints.insert(oci::reference::canonical_registry(reg), url.to_owned());
+        let Some((reg, url)) = e.split_once('=') else {
+            bail!("--registry-endpoint wants REGISTRY=URL")
+        };
+        ucfg.endpoints
+            .insert(oci::reference::canonical_registry(reg), url.to_owned());
     }
     for e in &a.registry_credentials {
-        let Some((reg, up)) = e.split_once('=') else { bail!("--registry-credentials wants REGISTRY=USER:PASSWORD") };
-        let Some((u, p)) = up.split_once(':') else { bail!("--registry-credentials wants REGISTRY=USER:PASSWORD") };
-        ucfg.credentials.insert(oci::reference::canonical_registry(reg), oci::upstream::Credentials { username: u.into(), password: p.into() });
+        let Some((reg, up)) = e.split_once('=') else {
+            bail!("--registry-credentials wants REGISTRY=USER:PASSWORD")
+        };
+        let Some((u, p)) = up.split_once(':') else {
+            bail!("--registry-credentials wants REGISTRY=USER:PASSWORD")
+        };
+        ucfg.credentials.insert(
+            oci::reference::canonical_registry(reg),
+            oci::upstream::Credentials {
+                username: u.into(),
+                password: p.into(),
+            },
+        );
     }
-    let catalog = tracker::cluster_glue::RegistryCatalog::new(oci::Upstream::new(ucfg)?, tokio::runtime::Handle::current());
-    let ccfg = cluster::ClusterConfig { node_timeout_s: std::time::Duration::from(a.node_timeout).as_secs().max(1), ..Default::default() };
-    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let state = cluster::ClusterState::with_options(ccfg, jobs, Some(std::sync::Arc::new(catalog)), std::sync::Arc::new(now));
+    let catalog = tracker::cluster_glue::RegistryCatalog::new(
+        oci::Upstream::new(ucfg)?,
+        tokio::runtime::Handle::current(),
+    );
+    let ccfg = cluster::ClusterConfig {
+        node_timeout_s: std::time::Duration::from(a.node_timeout).as_secs().max(1),
+        ..Default::default()
+    };
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+    };
+    let state = cluster::ClusterState::with_options(
+        ccfg,
+        jobs,
+        Some(std::sync::Arc::new(catalog)),
+        std::sync::Arc::new(now),
+    );
     let t = tracker::Tracker::new(cfg, a.cluster_token).with_cluster(state);
-    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .with_context(|| format!("listening on {}", a.listen))?;
     t.serve(listener, crate::shutdown_signal()).await?;
     Ok(())
 }

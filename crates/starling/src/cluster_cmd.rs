@@ -8,7 +8,11 @@ use clap::Args;
 #[derive(Args)]
 pub struct TrackerOpt {
     /// Tracker URL.
-    #[arg(long, env = "STARLING_TRACKER", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        env = "STARLING_TRACKER",
+        default_value = "http://127.0.0.1:7070"
+    )]
     tracker: String,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -80,7 +84,9 @@ pub struct PrewarmArgs {
 }
 
 async fn get_json(url: &str) -> Result<serde_json::Value> {
-    let r = reqwest::get(url).await.with_context(|| format!("GET {url}"))?;
+    let r = reqwest::get(url)
+        .await
+        .with_context(|| format!("GET {url}"))?;
     let status = r.status();
     let v: serde_json::Value = r.json().await.unwrap_or(serde_json::Value::Null);
     if !status.is_success() {
@@ -101,7 +107,8 @@ pub async fn run_nodes(a: NodesArgs) -> Result<()> {
             if a.t.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                let nodes: Vec<cluster::inventory::NodeSummary> = serde_json::from_value(v["nodes"].clone())?;
+                let nodes: Vec<cluster::inventory::NodeSummary> =
+                    serde_json::from_value(v["nodes"].clone())?;
                 print!("{}", cluster::text::nodes_table(&nodes));
             }
         }
@@ -111,12 +118,25 @@ pub async fn run_nodes(a: NodesArgs) -> Result<()> {
 
 pub async fn run_where(a: WhereArgs) -> Result<()> {
     let base = a.t.tracker.trim_end_matches('/');
-    let q: String = a.image.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect();
+    let q: String = a
+        .image
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
     let v = get_json(&format!("{base}/api/v1/where?image={q}")).await?;
     if a.t.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print!("{}", cluster::text::where_table(&serde_json::from_value(v)?));
+        print!(
+            "{}",
+            cluster::text::where_table(&serde_json::from_value(v)?)
+        );
     }
     Ok(())
 }
@@ -125,31 +145,60 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
     let base = a.t.tracker.trim_end_matches('/').to_owned();
     let http = reqwest::Client::new();
     if let Some(id) = a.cancel {
-        let r = http.delete(format!("{base}/api/v1/prewarm/{id}")).send().await?;
+        let r = http
+            .delete(format!("{base}/api/v1/prewarm/{id}"))
+            .send()
+            .await?;
         println!("{}", r.text().await?);
         return Ok(());
     }
     let req = cluster::PrewarmRequest {
         images: a.images.clone(),
-        targets: cluster::prewarm::Targets { nodes: a.nodes.clone(), selector: a.selector.clone(), pool: a.pool.clone(), pool_label: None, count: a.count, percentage: a.percentage },
+        targets: cluster::prewarm::Targets {
+            nodes: a.nodes.clone(),
+            selector: a.selector.clone(),
+            pool: a.pool.clone(),
+            pool_label: None,
+            count: a.count,
+            percentage: a.percentage,
+        },
         parallelism: a.parallelism,
         per_node_bytes_per_sec: a.node_limit.as_deref().map(crate::parse_size).transpose()?,
-        total_bytes_per_sec: a.total_limit.as_deref().map(crate::parse_size).transpose()?,
+        total_bytes_per_sec: a
+            .total_limit
+            .as_deref()
+            .map(crate::parse_size)
+            .transpose()?,
         deadline_seconds: a.deadline.map(|d| Duration::from(d).as_secs()),
         pin_ttl_seconds: a.pin_ttl.map(|d| Duration::from(d).as_secs()),
         priority: a.priority,
         force: a.force,
         moving_tags: vec![],
     };
-    let r = http.post(format!("{base}/api/v1/prewarm")).json(&req).send().await.context("submitting the prewarm job")?;
+    let r = http
+        .post(format!("{base}/api/v1/prewarm"))
+        .json(&req)
+        .send()
+        .await
+        .context("submitting the prewarm job")?;
     let status = r.status();
     let v: serde_json::Value = r.json().await.unwrap_or(serde_json::Value::Null);
     if !status.is_success() {
-        bail!("prewarm refused ({status}): {}", v["error"].as_str().unwrap_or("?"));
+        bail!(
+            "prewarm refused ({status}): {}",
+            v["error"].as_str().unwrap_or("?")
+        );
     }
     let id = v["id"].as_u64().unwrap_or(0);
     if !a.wait {
-        println!("{}", if a.t.json { serde_json::to_string_pretty(&v)? } else { format!("prewarm job {id} submitted") });
+        println!(
+            "{}",
+            if a.t.json {
+                serde_json::to_string_pretty(&v)?
+            } else {
+                format!("prewarm job {id} submitted")
+            }
+        );
         return Ok(());
     }
     loop {
@@ -157,7 +206,10 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         if a.t.json {
             println!("{}", serde_json::to_string(&v)?);
         } else {
-            print!("\x1b[2J\x1b[H{}", cluster::text::job_table(&serde_json::from_value(v.clone())?));
+            print!(
+                "\x1b[2J\x1b[H{}",
+                cluster::text::job_table(&serde_json::from_value(v.clone())?)
+            );
         }
         let st = v["progress"]["status"].as_str().unwrap_or("");
         if st != "running" {

@@ -95,17 +95,28 @@ impl Drop for Procs {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
     let f = std::fs::File::create(log)?;
-    Command::new(exe).args(args).env("STARLING_LOG", "info").stdout(Stdio::null()).stderr(f).spawn().with_context(|| format!("starting {}", exe.display()))
+    Command::new(exe)
+        .args(args)
+        .env("STARLING_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(f)
+        .spawn()
+        .with_context(|| format!("starting {}", exe.display()))
 }
 
 async fn wait_ready(url: &str) -> Result<()> {
     for _ in 0..400 {
-        if reqwest::get(url).await.is_ok_and(|r| r.status().is_success()) {
+        if reqwest::get(url)
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -114,16 +125,36 @@ async fn wait_ready(url: &str) -> Result<()> {
 }
 
 fn metric(text: &str, name: &str) -> u64 {
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() as u64
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 /// (utime+stime seconds, VmHWM MiB) of a process.
 fn proc_usage(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let ticks = fields.get(11).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0) + fields.get(12).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = fields
+        .get(11)
+        .and_then(|x| x.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        + fields
+            .get(12)
+            .and_then(|x| x.parse::<f64>().ok())
+            .unwrap_or(0.0);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm = status.lines().find(|l| l.starts_with("VmHWM")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
     (ticks / 100.0, hwm / 1024.0)
 }
 
@@ -142,7 +173,10 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             println!("{s}");
         }
     };
-    say(format!("[1/6] generating a synthetic training image (scale {}) ...", a.scale));
+    say(format!(
+        "[1/6] generating a synthetic training image (scale {}) ...",
+        a.scale
+    ));
     let layout = work.join("layout");
     let spec = origin::SynthSpec::training(a.scale);
     let image = tokio::task::spawn_blocking({
@@ -151,11 +185,23 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     })
     .await??;
     let s = image.total_bytes;
-    say(format!("      {} layers, {:.1} MiB", image.layers.len(), s as f64 / 1048576.0));
-    say(format!("[2/6] registry: serve-oci behind a {}/s egress limit", a.registry_limit));
-    let origin = origin::bind(origin::OriginConfig { layout_dir: layout, listen: "127.0.0.1:0".parse()?, egress_limit_bytes_per_sec: Some(registry_limit), repository: None })
-        .await?
-        .spawn();
+    say(format!(
+        "      {} layers, {:.1} MiB",
+        image.layers.len(),
+        s as f64 / 1048576.0
+    ));
+    say(format!(
+        "[2/6] registry: serve-oci behind a {}/s egress limit",
+        a.registry_limit
+    ));
+    let origin = origin::bind(origin::OriginConfig {
+        layout_dir: layout,
+        listen: "127.0.0.1:0".parse()?,
+        egress_limit_bytes_per_sec: Some(registry_limit),
+        repository: None,
+    })
+    .await?
+    .spawn();
     let origin_host = origin.local_addr().to_string();
     let stats = origin.stats();
     let reference = oci::ImageReference::parse(&format!("{origin_host}/demo/train:{}", image.tag))?;
@@ -164,10 +210,27 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     let mut procs = Procs(Vec::new());
     let token = format!("demo-{:x}", std::process::id());
     let tport = free_port()?;
-    say(format!("[3/6] tracker on 127.0.0.1:{tport}, {} agents limited to {}/s up and down each", a.nodes, a.node_limit));
+    say(format!(
+        "[3/6] tracker on 127.0.0.1:{tport}, {} agents limited to {}/s up and down each",
+        a.nodes, a.node_limit
+    ));
     procs.0.push(spawn(
         &exe,
-        &["tracker".into(), "--listen".into(), format!("127.0.0.1:{tport}"), "--cluster-token".into(), token.clone(), "--p2p-threshold".into(), a.p2p_threshold.clone(), "--piece-size".into(), a.piece_size.clone(), "--announce-interval".into(), a.announce_interval.clone(), "--data-dir".into(), work.join("tracker-data").display().to_string()],
+        &[
+            "tracker".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{tport}"),
+            "--cluster-token".into(),
+            token.clone(),
+            "--p2p-threshold".into(),
+            a.p2p_threshold.clone(),
+            "--piece-size".into(),
+            a.piece_size.clone(),
+            "--announce-interval".into(),
+            a.announce_interval.clone(),
+            "--data-dir".into(),
+            work.join("tracker-data").display().to_string(),
+        ],
         &work.join("tracker.log"),
     )?);
     wait_ready(&format!("http://127.0.0.1:{tport}/healthz")).await?;
@@ -219,20 +282,33 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     for (_, port, _) in &agents {
         wait_ready(&format!("http://127.0.0.1:{port}/healthz")).await?;
     }
-    let before_cpu: Vec<f64> = agents.iter().map(|(_, _, pid)| proc_usage(*pid).0).collect();
+    let before_cpu: Vec<f64> = agents
+        .iter()
+        .map(|(_, _, pid)| proc_usage(*pid).0)
+        .collect();
 
-    say(format!("[4/6] all {} nodes pull {} at once through their agents", a.nodes, reference));
+    say(format!(
+        "[4/6] all {} nodes pull {} at once through their agents",
+        a.nodes, reference
+    ));
     let progress: Vec<Arc<AtomicU64>> = (0..a.nodes).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let egress_before = stats.egress_bytes();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (i, (_, port, _)) in agents.iter().enumerate() {
         let mut ucfg = oci::UpstreamConfig::default();
-        ucfg.endpoints.insert(origin_host.clone(), format!("http://127.0.0.1:{port}"));
+        ucfg.endpoints
+            .insert(origin_host.clone(), format!("http://127.0.0.1:{port}"));
         let up = oci::Upstream::new(ucfg)?;
         let r = reference.clone();
-        let opts = oci::pull::PullOptions { concurrency: 4, progress: Some(progress[i].clone()), ..Default::default() };
-        tasks.push(tokio::spawn(async move { oci::pull::pull(&up, &r, &opts).await }));
+        let opts = oci::pull::PullOptions {
+            concurrency: 4,
+            progress: Some(progress[i].clone()),
+            ..Default::default()
+        };
+        tasks.push(tokio::spawn(async move {
+            oci::pull::pull(&up, &r, &opts).await
+        }));
     }
     let ticker = {
         let progress = progress.clone();
@@ -244,7 +320,13 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 if !json {
                     let done: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
-                    let bars: String = progress.iter().map(|p| ["▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"][((p.load(Ordering::Relaxed) * 7) / s.max(1)).min(7) as usize]).collect();
+                    let bars: String = progress
+                        .iter()
+                        .map(|p| {
+                            ["▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"]
+                                [((p.load(Ordering::Relaxed) * 7) / s.max(1)).min(7) as usize]
+                        })
+                        .collect();
                     println!(
                         "      t={:>5.1}s  nodes [{bars}]  {:>6.1}/{:.1} MiB  registry sent {:>6.1} MiB",
                         started.elapsed().as_secs_f64(),
@@ -258,13 +340,22 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     };
     let mut per_node = Vec::new();
     for (i, t) in tasks.into_iter().enumerate() {
-        let r = t.await?.with_context(|| format!("pull on {}", agents[i].0))?;
-        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", agents[i].1)).await?.text().await?;
+        let r = t
+            .await?
+            .with_context(|| format!("pull on {}", agents[i].0))?;
+        let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", agents[i].1))
+            .await?
+            .text()
+            .await?;
         per_node.push(NodeReport {
             node: agents[i].0.clone(),
             seconds: r.seconds,
             // Time to first byte of the largest blob: what a cold non-seeding node waits.
-            first_byte_seconds: r.blobs.iter().max_by_key(|b| b.bytes).map_or(0.0, |b| b.first_byte_seconds),
+            first_byte_seconds: r
+                .blobs
+                .iter()
+                .max_by_key(|b| b.bytes)
+                .map_or(0.0, |b| b.first_byte_seconds),
             bytes_from_peers: metric(&text, "starling_agent_p2p_peer_bytes_total"),
             bytes_from_registry: metric(&text, "starling_agent_upstream_bytes_total"),
             bytes_uploaded: metric(&text, "starling_agent_p2p_upload_bytes_total"),
@@ -281,7 +372,10 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     let n = a.nodes as f64;
     let (sf, ur, un) = (s as f64, registry_limit as f64, node_limit as f64);
     let bound = (sf / ur).max(sf / un).max(n * sf / (ur + n * un));
-    say(format!("[5/6] P2P: all nodes done in {all_nodes:.2}s; registry sent {:.2}× the image", registry_bytes as f64 / sf));
+    say(format!(
+        "[5/6] P2P: all nodes done in {all_nodes:.2}s; registry sent {:.2}× the image",
+        registry_bytes as f64 / sf
+    ));
 
     let (mut direct_secs, mut direct_bytes) = (None, None);
     if !a.no_direct {
@@ -291,11 +385,18 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         let mut tasks = Vec::new();
         for _ in 0..a.nodes {
             let mut ucfg = oci::UpstreamConfig::default();
-            ucfg.endpoints.insert(origin_host.clone(), format!("http://{origin_host}"));
+            ucfg.endpoints
+                .insert(origin_host.clone(), format!("http://{origin_host}"));
             let up = oci::Upstream::new(ucfg)?;
             let r = reference.clone();
-            let opts = oci::pull::PullOptions { concurrency: 4, max_bytes_per_sec: Some(node_limit), ..Default::default() };
-            tasks.push(tokio::spawn(async move { oci::pull::pull(&up, &r, &opts).await }));
+            let opts = oci::pull::PullOptions {
+                concurrency: 4,
+                max_bytes_per_sec: Some(node_limit),
+                ..Default::default()
+            };
+            tasks.push(tokio::spawn(async move {
+                oci::pull::pull(&up, &r, &opts).await
+            }));
         }
         for t in tasks {
             t.await??;
@@ -338,12 +439,26 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             p.bytes_uploaded as f64 / 1048576.0
         );
     }
-    println!("\n  image                 {:.1} MiB in {} layers", sf / 1048576.0, report.layers);
-    println!("  all nodes (P2P)       {:.2} s   = {:.2} × the bound T* = {:.2} s", all_nodes, report.ratio_to_bound, bound);
-    println!("  registry egress       {:.1} MiB = {:.3} × the image", registry_bytes as f64 / 1048576.0, report.registry_bytes_ratio);
+    println!(
+        "\n  image                 {:.1} MiB in {} layers",
+        sf / 1048576.0,
+        report.layers
+    );
+    println!(
+        "  all nodes (P2P)       {:.2} s   = {:.2} × the bound T* = {:.2} s",
+        all_nodes, report.ratio_to_bound, bound
+    );
+    println!(
+        "  registry egress       {:.1} MiB = {:.3} × the image",
+        registry_bytes as f64 / 1048576.0,
+        report.registry_bytes_ratio
+    );
     if let (Some(d), Some(b)) = (direct_secs, direct_bytes) {
         println!("  direct baseline       {:.2} s, registry sent {:.2} × the image  → P2P is {:.1}× faster", d, b as f64 / sf, d / all_nodes);
     }
-    println!("  agent CPU             {:.2} CPU-seconds per GiB delivered; peak RSS {:.1} MiB", report.agent_cpu_seconds_per_gib, rss_max);
+    println!(
+        "  agent CPU             {:.2} CPU-seconds per GiB delivered; peak RSS {:.1} MiB",
+        report.agent_cpu_seconds_per_gib, rss_max
+    );
     Ok(())
 }

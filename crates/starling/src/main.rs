@@ -95,8 +95,14 @@ fn main() -> std::process::ExitCode {
             Command::Where(a) => cluster_cmd::run_where(a).await.map(|_| 0),
             Command::Prewarm(a) => cluster_cmd::run_prewarm(a).await.map(|_| 0),
             // The analyzer blocks (it runs its own threads and, for registries, its own runtime).
-            Command::Analyze(a) => tokio::task::spawn_blocking(move || analyze::cli::run_analyze(&a)).await?.map_err(anyhow::Error::from),
-            Command::Diff(a) => tokio::task::spawn_blocking(move || analyze::cli::run_diff(&a)).await?.map_err(anyhow::Error::from),
+            Command::Analyze(a) => {
+                tokio::task::spawn_blocking(move || analyze::cli::run_analyze(&a))
+                    .await?
+                    .map_err(anyhow::Error::from)
+            }
+            Command::Diff(a) => tokio::task::spawn_blocking(move || analyze::cli::run_diff(&a))
+                .await?
+                .map_err(anyhow::Error::from),
             Command::Demo(d) => demo::run_demo(d).await.map(|_| 0),
             Command::Bench(b) => bench::run_bench(b).await.map(|_| 0),
         }

@@ -37,13 +37,26 @@ impl Drop for Proc {
 }
 
 fn spawn(args: &[String], log: &Path) -> Child {
-    let f = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_starling")).args(args).env("STARLING_LOG", "info").stdout(Stdio::null()).stderr(f).spawn().unwrap()
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_starling"))
+        .args(args)
+        .env("STARLING_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(f)
+        .spawn()
+        .unwrap()
 }
 
 async fn ready(url: &str) {
     for _ in 0..400 {
-        if reqwest::get(format!("{url}/healthz")).await.is_ok_and(|r| r.status() == 200) {
+        if reqwest::get(format!("{url}/healthz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -52,7 +65,12 @@ async fn ready(url: &str) {
 }
 
 async fn start(args: Vec<String>, port: u16, log: PathBuf) -> Proc {
-    let p = Proc { child: spawn(&args, &log), port, args, log };
+    let p = Proc {
+        child: spawn(&args, &log),
+        port,
+        args,
+        log,
+    };
     ready(&p.url()).await;
     p
 }
@@ -62,8 +80,16 @@ async fn json(url: &str) -> serde_json::Value {
 }
 
 async fn metric(url: &str, name: &str) -> u64 {
-    let text = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
-    text.lines().filter(|l| l.starts_with(name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>() as u64
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
 }
 
 async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
@@ -77,7 +103,11 @@ async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
 }
 
 fn extender_args(image: &str, nodes: &[&str], require_warm: bool) -> serde_json::Value {
-    let annotations = if require_warm { serde_json::json!({"starling.io/require-warm": "true"}) } else { serde_json::json!({}) };
+    let annotations = if require_warm {
+        serde_json::json!({"starling.io/require-warm": "true"})
+    } else {
+        serde_json::json!({})
+    };
     serde_json::json!({
         "Pod": {
             "apiVersion": "v1", "kind": "Pod",
@@ -92,14 +122,33 @@ fn extender_args(image: &str, nodes: &[&str], require_warm: bool) -> serde_json:
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None)).await.unwrap();
-    let image = TestImage::push_multilayer(&registry, "ml/train", "v1", &[8 << 20, 6 << 20, 3 << 20], 21).unwrap();
-    let other = TestImage::push_multilayer(&registry, "ml/other", "v1", &[12 << 20, 12 << 20], 22).unwrap();
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .unwrap();
+    let image = TestImage::push_multilayer(
+        &registry,
+        "ml/train",
+        "v1",
+        &[8 << 20, 6 << 20, 3 << 20],
+        21,
+    )
+    .unwrap();
+    let other =
+        TestImage::push_multilayer(&registry, "ml/other", "v1", &[12 << 20, 12 << 20], 22).unwrap();
     let host = registry.host();
     let tport = testkit::free_port();
     let tracker_args: Vec<String> = [
-        "tracker", "--listen", &format!("127.0.0.1:{tport}"), "--cluster-token", TOKEN, "--data-dir", &dir.path().join("tdata").display().to_string(),
-        "--registry-endpoint", &format!("{host}={}", registry.url()), "--node-timeout", "5s",
+        "tracker",
+        "--listen",
+        &format!("127.0.0.1:{tport}"),
+        "--cluster-token",
+        TOKEN,
+        "--data-dir",
+        &dir.path().join("tdata").display().to_string(),
+        "--registry-endpoint",
+        &format!("{host}={}", registry.url()),
+        "--node-timeout",
+        "5s",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -110,10 +159,27 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         let port = testkit::free_port();
         let budget = if i == 0 { "32MiB" } else { "10GiB" };
         let args: Vec<String> = [
-            "agent", "--listen", &format!("127.0.0.1:{port}"), "--cache-dir", &dir.path().join(format!("n{i}")).display().to_string(),
-            "--default-registry", &host, "--registry-endpoint", &format!("{host}={}", registry.url()),
-            "--tracker", &format!("http://127.0.0.1:{tport}"), "--cluster-token", TOKEN, "--node-name", &format!("n{i}"),
-            "--label", &format!("gpu={gpu}"), "--min-free", "0", "--cache-budget", budget,
+            "agent",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--cache-dir",
+            &dir.path().join(format!("n{i}")).display().to_string(),
+            "--default-registry",
+            &host,
+            "--registry-endpoint",
+            &format!("{host}={}", registry.url()),
+            "--tracker",
+            &format!("http://127.0.0.1:{tport}"),
+            "--cluster-token",
+            TOKEN,
+            "--node-name",
+            &format!("n{i}"),
+            "--label",
+            &format!("gpu={gpu}"),
+            "--min-free",
+            "0",
+            "--cache-budget",
+            budget,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -121,7 +187,12 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         agents.push(start(args, port, dir.path().join(format!("n{i}.log"))).await);
     }
     let t = tracker.url();
-    wait_for("4 nodes reported", async || json(&format!("{t}/api/v1/nodes")).await["nodes"].as_array().is_some_and(|n| n.len() == 4)).await;
+    wait_for("4 nodes reported", async || {
+        json(&format!("{t}/api/v1/nodes")).await["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 4)
+    })
+    .await;
 
     // A mutable tag is refused with the reason.
     let http = reqwest::Client::new();
@@ -143,17 +214,32 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         .await
         .unwrap();
     let id = job["id"].as_u64().expect("job id");
-    assert_eq!(job["images"][0]["manifest_digest"], image.digest, "the tag was resolved to its digest at submit time");
-    wait_for("prewarm done", async || json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] == "done").await;
+    assert_eq!(
+        job["images"][0]["manifest_digest"], image.digest,
+        "the tag was resolved to its digest at submit time"
+    );
+    wait_for("prewarm done", async || {
+        json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] == "done"
+    })
+    .await;
     let layer_bytes: u64 = image.layers.iter().map(|l| l.size).sum();
     let mut registry_bytes = 0;
     for a in &agents {
         registry_bytes += metric(&a.url(), "starling_agent_upstream_bytes_total").await;
     }
-    assert!(registry_bytes <= layer_bytes + layer_bytes / 20 + image.config.size * 3, "registry served the image about once: {registry_bytes} for {layer_bytes}");
+    assert!(
+        registry_bytes <= layer_bytes + layer_bytes / 20 + image.config.size * 3,
+        "registry served the image about once: {registry_bytes} for {layer_bytes}"
+    );
     // Warm nodes hold everything, the a100 node nothing.
     let full = |w: &serde_json::Value, n: &str| {
-        w["nodes"].as_array().is_some_and(|v| v.iter().any(|x| x["node"] == n && x["bytes_held"].as_u64().is_some() && x["bytes_held"] == x["total_bytes"]))
+        w["nodes"].as_array().is_some_and(|v| {
+            v.iter().any(|x| {
+                x["node"] == n
+                    && x["bytes_held"].as_u64().is_some()
+                    && x["bytes_held"] == x["total_bytes"]
+            })
+        })
     };
     wait_for("inventory shows the warm nodes", async || {
         let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
@@ -161,27 +247,71 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
     })
     .await;
     let r3 = json(&format!("{}/api/v1/report", agents[3].url())).await;
-    assert!(r3["blobs"].as_array().unwrap().is_empty(), "n3 (a100) was not targeted");
+    assert!(
+        r3["blobs"].as_array().unwrap().is_empty(),
+        "n3 (a100) was not targeted"
+    );
 
     // The extender ranks warm nodes first; require-warm filters the cold one.
     let nodes = ["n0", "n1", "n2", "n3"];
-    let scores: serde_json::Value = http.post(format!("{t}/scheduler/prioritize")).json(&extender_args(&image.reference, &nodes, false)).send().await.unwrap().json().await.unwrap();
-    let score = |n: &str| scores.as_array().unwrap().iter().find(|h| h["Host"] == n).unwrap()["Score"].as_i64().unwrap();
-    assert!(score("n0") > score("n3") && score("n1") > score("n3") && score("n2") > score("n3"), "{scores}");
-    let filtered: serde_json::Value = http.post(format!("{t}/scheduler/filter")).json(&extender_args(&image.reference, &nodes, true)).send().await.unwrap().json().await.unwrap();
+    let scores: serde_json::Value = http
+        .post(format!("{t}/scheduler/prioritize"))
+        .json(&extender_args(&image.reference, &nodes, false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let score = |n: &str| {
+        scores
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["Host"] == n)
+            .unwrap()["Score"]
+            .as_i64()
+            .unwrap()
+    };
+    assert!(
+        score("n0") > score("n3") && score("n1") > score("n3") && score("n2") > score("n3"),
+        "{scores}"
+    );
+    let filtered: serde_json::Value = http
+        .post(format!("{t}/scheduler/filter"))
+        .json(&extender_args(&image.reference, &nodes, true))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(filtered["FailedNodes"]["n3"].is_string(), "{filtered}");
     assert_eq!(filtered["NodeNames"].as_array().unwrap().len(), 3);
 
     // Pins hold under GC pressure: n0 has a 32 MiB budget and pulls a 24 MiB image.
     let reference = oci::ImageReference::parse(&other.reference).unwrap();
     let mut cfg = oci::UpstreamConfig::default();
-    cfg.endpoints.insert(reference.registry.clone(), agents[0].url());
+    cfg.endpoints
+        .insert(reference.registry.clone(), agents[0].url());
     let up = oci::Upstream::new(cfg).unwrap();
-    oci::pull::pull(&up, &reference, &Default::default()).await.expect("pull under cache pressure");
+    oci::pull::pull(&up, &reference, &Default::default())
+        .await
+        .expect("pull under cache pressure");
     let report0 = json(&format!("{}/api/v1/report", agents[0].url())).await;
-    let held: Vec<String> = report0["blobs"].as_array().unwrap().iter().filter(|b| b["complete"] == true).map(|b| b["digest"].as_str().unwrap().to_owned()).collect();
+    let held: Vec<String> = report0["blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["complete"] == true)
+        .map(|b| b["digest"].as_str().unwrap().to_owned())
+        .collect();
     for l in &image.layers {
-        assert!(held.contains(&l.digest), "prewarmed layer {} survived GC: {held:?}", l.digest);
+        assert!(
+            held.contains(&l.digest),
+            "prewarmed layer {} survived GC: {held:?}",
+            l.digest
+        );
     }
 
     // Inventory survives an agent restart and a tracker restart; the job survives too.
@@ -196,7 +326,16 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         ["n0", "n1", "n2"].iter().all(|n| full(&w, n)) && !full(&w, "n3")
     })
     .await;
-    assert_eq!(json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"], "done", "job persisted across the tracker restart");
-    let dash = reqwest::get(format!("{t}/")).await.unwrap().text().await.unwrap();
+    assert_eq!(
+        json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"],
+        "done",
+        "job persisted across the tracker restart"
+    );
+    let dash = reqwest::get(format!("{t}/"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(dash.contains("<html") || dash.contains("<!doctype") || dash.contains("<!DOCTYPE"));
 }

@@ -73,9 +73,11 @@ impl Inflight {
     pub async fn read_at(&self, start: u64, len: usize) -> Result<Bytes, Error> {
         let file = self.file.clone();
         let path = self.path.clone();
-        tokio::task::spawn_blocking(move || read_exact_at(&file, start, len).map_err(|e| Error::io(&path, e)))
-            .await
-            .map_err(|e| Error::Db(format!("reader task: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            read_exact_at(&file, start, len).map_err(|e| Error::io(&path, e))
+        })
+        .await
+        .map_err(|e| Error::Db(format!("reader task: {e}")))?
     }
 
     pub fn path(&self) -> &std::path::Path {

@@ -32,8 +32,8 @@ use tracing::{info, warn};
 pub use error::Error;
 pub use inflight::{read_file, read_inflight, Inflight, Progress, Status};
 pub use meta::{BlobRecord, PinRecord, TagRecord};
-pub use writer::BlobWriter;
 use oci::{Digest, Verifier};
+pub use writer::BlobWriter;
 
 pub fn now_secs() -> u64 {
     SystemTime::now()
@@ -408,7 +408,11 @@ impl Store {
                 .sum::<u64>()
     }
 
-    pub(crate) fn make_room_excluding_pub(&self, needed: u64, exclude: Option<&Digest>) -> Result<(), Error> {
+    pub(crate) fn make_room_excluding_pub(
+        &self,
+        needed: u64,
+        exclude: Option<&Digest>,
+    ) -> Result<(), Error> {
         self.make_room_excluding(needed, exclude)
     }
 
@@ -557,10 +561,16 @@ impl Store {
 
     /// Downloads in progress: digest, bytes on disk in order, total when known.
     pub fn inflight_list(&self) -> Vec<(Digest, u64, Option<u64>)> {
-        self.inner.state.lock().inflight.iter().map(|(d, i)| {
-            let p = i.progress();
-            (d.clone(), p.written, p.total)
-        }).collect()
+        self.inner
+            .state
+            .lock()
+            .inflight
+            .iter()
+            .map(|(d, i)| {
+                let p = i.progress();
+                (d.clone(), p.written, p.total)
+            })
+            .collect()
     }
 
     /// Complete blobs with their records (for the inventory).
@@ -711,4 +721,3 @@ fn verify_file(path: &Path, d: &Digest) -> Result<(), Error> {
     }
     Ok(v.finish()?)
 }
-

@@ -62,9 +62,25 @@ pub(crate) fn sidecar_path(partial: &Path) -> PathBuf {
 }
 
 impl BlobWriter {
-    pub(crate) fn new(store: Store, inflight: Arc<Inflight>, expected: Option<u64>, source: &str) -> Self {
+    pub(crate) fn new(
+        store: Store,
+        inflight: Arc<Inflight>,
+        expected: Option<u64>,
+        source: &str,
+    ) -> Self {
         let verifier = Verifier::new(inflight.digest.clone());
-        Self { store, inflight, verifier, written: 0, buf: Vec::new(), expected, source: source.to_owned(), done: false, pieces: None, claimed: None }
+        Self {
+            store,
+            inflight,
+            verifier,
+            written: 0,
+            buf: Vec::new(),
+            expected,
+            source: source.to_owned(),
+            done: false,
+            pieces: None,
+            claimed: None,
+        }
     }
 
     /// Switches to piece mode. Pieces inside the verified prefix count as held. Returns
@@ -79,7 +95,11 @@ impl BlobWriter {
             }
         }
         // A sequential prefix that ends mid-piece: keep only whole pieces.
-        self.written = if have.prefix() == 0 { 0 } else { layout.range(have.prefix() - 1).1 };
+        self.written = if have.prefix() == 0 {
+            0
+        } else {
+            layout.range(have.prefix() - 1).1
+        };
         if self.written != self.verifier.len() {
             // Re-hashing is cheaper than tracking a partial piece: start the digest over.
             self.verifier = Verifier::new(self.inflight.digest.clone());
@@ -87,7 +107,9 @@ impl BlobWriter {
             have = Bitfield::new(layout.count());
         }
         let claims = match self.claimed.take() {
-            Some(sc) if sc.layout == layout => sc.have.iter_ones().filter(|&i| !have.get(i)).collect(),
+            Some(sc) if sc.layout == layout => {
+                sc.have.iter_ones().filter(|&i| !have.get(i)).collect()
+            }
             _ => Vec::new(),
         };
         self.pieces = Some((layout, have));
@@ -102,13 +124,18 @@ impl BlobWriter {
 
     /// Reads a piece back from the partial file (to re-verify a claim after restart).
     pub async fn read_piece(&self, i: u32) -> Result<Bytes, Error> {
-        let Some((layout, _)) = &self.pieces else { return Err(Error::Db("not in piece mode".into())) };
+        let Some((layout, _)) = &self.pieces else {
+            return Err(Error::Db("not in piece mode".into()));
+        };
         let (a, b) = layout.range(i);
         let file = self.inflight.file.clone();
         let path = self.inflight.path.clone();
-        tokio::task::spawn_blocking(move || crate::inflight::read_exact_at(&file, a, (b - a) as usize).map_err(|e| Error::io(&path, e)))
-            .await
-            .map_err(|e| Error::Db(format!("reader task: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            crate::inflight::read_exact_at(&file, a, (b - a) as usize)
+                .map_err(|e| Error::io(&path, e))
+        })
+        .await
+        .map_err(|e| Error::Db(format!("reader task: {e}")))?
     }
 
     /// Keeps a piece that is already on disk (verified by the caller).
@@ -120,9 +147,15 @@ impl BlobWriter {
     /// Writes one piece the caller has verified against its piece hash. Pieces may come
     /// in any order; readers see bytes as the contiguous prefix grows.
     pub async fn write_piece(&mut self, i: u32, data: Bytes) -> Result<(), Error> {
-        let Some((layout, have)) = &self.pieces else { return Err(Error::Db("not in piece mode".into())) };
+        let Some((layout, have)) = &self.pieces else {
+            return Err(Error::Db("not in piece mode".into()));
+        };
         if i >= layout.count() || data.len() as u64 != layout.len(i) {
-            return Err(oci::Error::SizeMismatch { expected: layout.len(i.min(layout.count().saturating_sub(1))), actual: data.len() as u64 }.into());
+            return Err(oci::Error::SizeMismatch {
+                expected: layout.len(i.min(layout.count().saturating_sub(1))),
+                actual: data.len() as u64,
+            }
+            .into());
         }
         if have.get(i) {
             return Ok(());
@@ -131,14 +164,19 @@ impl BlobWriter {
         let file = self.inflight.file.clone();
         let path = self.inflight.path.clone();
         let d2 = data.clone();
-        tokio::task::spawn_blocking(move || file.write_all_at(&d2, offset).map_err(|e| Error::io(&path, e)))
-            .await
-            .map_err(|e| Error::Db(format!("writer task: {e}")))??;
+        tokio::task::spawn_blocking(move || {
+            file.write_all_at(&d2, offset)
+                .map_err(|e| Error::io(&path, e))
+        })
+        .await
+        .map_err(|e| Error::Db(format!("writer task: {e}")))??;
         self.mark_piece(i, Some(data)).await
     }
 
     async fn mark_piece(&mut self, i: u32, data: Option<Bytes>) -> Result<(), Error> {
-        let Some((layout, have)) = &mut self.pieces else { return Ok(()) };
+        let Some((layout, have)) = &mut self.pieces else {
+            return Ok(());
+        };
         let layout = *layout;
         have.set(i);
         // Advance the in-order digest over every piece that became contiguous.
@@ -153,15 +191,21 @@ impl BlobWriter {
                     let (a, b) = layout.range(next);
                     let file = self.inflight.file.clone();
                     let path = self.inflight.path.clone();
-                    tokio::task::spawn_blocking(move || crate::inflight::read_exact_at(&file, a, (b - a) as usize).map_err(|e| Error::io(&path, e)))
-                        .await
-                        .map_err(|e| Error::Db(format!("reader task: {e}")))??
+                    tokio::task::spawn_blocking(move || {
+                        crate::inflight::read_exact_at(&file, a, (b - a) as usize)
+                            .map_err(|e| Error::io(&path, e))
+                    })
+                    .await
+                    .map_err(|e| Error::Db(format!("reader task: {e}")))??
                 }
             };
             self.verifier.update(&bytes);
             self.written += bytes.len() as u64;
         }
-        let sc = Sidecar { layout, have: have.clone() };
+        let sc = Sidecar {
+            layout,
+            have: have.clone(),
+        };
         if let Ok(json) = serde_json::to_vec(&sc) {
             if let Err(e) = std::fs::write(sidecar_path(&self.inflight.path), json) {
                 warn!(error = %e, "cannot persist piece map; a restart will refetch pieces past the prefix");

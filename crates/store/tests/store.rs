@@ -230,22 +230,37 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
     };
     {
         let store = open(dir.path());
-        let Begin::Lead(mut w) = store.begin(&d, None, "peer").await.unwrap() else { panic!() };
+        let Begin::Lead(mut w) = store.begin(&d, None, "peer").await.unwrap() else {
+            panic!()
+        };
         assert!(w.enable_pieces(layout).is_empty());
         let inf = w.inflight();
         let reader = tokio::spawn(collect(store::read_inflight(inf.clone(), 0, None)));
         w.write_piece(2, piece(2)).await.unwrap();
-        assert_eq!(inf.progress().written, 0, "a later piece does not advance the in-order prefix");
+        assert_eq!(
+            inf.progress().written,
+            0,
+            "a later piece does not advance the in-order prefix"
+        );
         assert!(inf.has_piece(4 << 20, 2) && !inf.has_piece(4 << 20, 0));
-        assert_eq!(&inf.read_at(8 << 20, 16).await.unwrap()[..], &body[8 << 20..(8 << 20) + 16]);
+        assert_eq!(
+            &inf.read_at(8 << 20, 16).await.unwrap()[..],
+            &body[8 << 20..(8 << 20) + 16]
+        );
         // Crash after piece 2 only.
         drop(w);
         assert!(reader.await.unwrap().is_err());
     }
     let store = open(dir.path());
-    let Begin::Lead(mut w) = store.begin(&d, None, "peer").await.unwrap() else { panic!() };
+    let Begin::Lead(mut w) = store.begin(&d, None, "peer").await.unwrap() else {
+        panic!()
+    };
     let claims = w.enable_pieces(layout);
-    assert_eq!(claims, vec![2], "the piece written before the crash is offered for re-verification");
+    assert_eq!(
+        claims,
+        vec![2],
+        "the piece written before the crash is offered for re-verification"
+    );
     assert_eq!(&w.read_piece(2).await.unwrap()[..], &piece(2)[..]);
     w.accept_existing(2).await.unwrap();
     let reader = tokio::spawn(collect(store::read_inflight(w.inflight(), 0, None)));
@@ -254,5 +269,9 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
     assert_eq!(w.inflight().progress().written, body.len() as u64);
     w.finish().await.unwrap();
     assert_eq!(reader.await.unwrap().unwrap(), body);
-    assert!(!dir.path().join("partial").join(format!("{}.pieces", d.hex())).exists());
+    assert!(!dir
+        .path()
+        .join("partial")
+        .join(format!("{}.pieces", d.hex()))
+        .exists());
 }

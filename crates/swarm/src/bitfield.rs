@@ -14,7 +14,11 @@ pub struct Bitfield {
 
 impl Bitfield {
     pub fn new(len: u32) -> Self {
-        Self { bits: vec![0; (len as usize).div_ceil(8)], len, ones: 0 }
+        Self {
+            bits: vec![0; (len as usize).div_ceil(8)],
+            len,
+            ones: 0,
+        }
     }
 
     pub fn full(len: u32) -> Self {
@@ -66,9 +70,14 @@ impl Bitfield {
     }
 
     pub fn from_base64(s: &str, len: u32) -> Result<Self, Error> {
-        let bits = base64::engine::general_purpose::STANDARD.decode(s).map_err(|e| Error::Bitfield(e.to_string()))?;
+        let bits = base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .map_err(|e| Error::Bitfield(e.to_string()))?;
         if bits.len() != (len as usize).div_ceil(8) {
-            return Err(Error::Bitfield(format!("{} bytes for {len} pieces", bits.len())));
+            return Err(Error::Bitfield(format!(
+                "{} bytes for {len} pieces",
+                bits.len()
+            )));
         }
         let mut b = Self { bits, len, ones: 0 };
         // Clear padding bits a peer might have set, then count.
@@ -91,7 +100,11 @@ struct Wire {
 
 impl Serialize for Bitfield {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        Wire { len: self.len, bits: self.to_base64() }.serialize(s)
+        Wire {
+            len: self.len,
+            bits: self.to_base64(),
+        }
+        .serialize(s)
     }
 }
 
@@ -122,7 +135,9 @@ mod tests {
         let back: Bitfield = serde_json::from_str(&json).unwrap();
         assert_eq!(back, b);
         assert!(Bitfield::from_base64("AAAA", 3).is_err());
-        let padded = Bitfield::from_base64(&base64::engine::general_purpose::STANDARD.encode([0xff]), 3).unwrap();
+        let padded =
+            Bitfield::from_base64(&base64::engine::general_purpose::STANDARD.encode([0xff]), 3)
+                .unwrap();
         assert_eq!(padded.count(), 3);
         assert!(Bitfield::full(9).is_complete());
     }

@@ -31,7 +31,10 @@ pub struct PieceLayout {
 
 impl PieceLayout {
     pub fn new(blob_size: u64, piece_size: u64) -> Self {
-        Self { blob_size, piece_size: piece_size.max(1) }
+        Self {
+            blob_size,
+            piece_size: piece_size.max(1),
+        }
     }
 
     pub fn count(&self) -> u32 {
@@ -71,7 +74,11 @@ mod tests {
         assert_eq!(l.len(2), 2 * MIB + 5);
         assert_eq!(l.piece_of(4 * MIB), 1);
         assert_eq!(piece_size_for(10 << 30, 4 * MIB), 4 * MIB);
-        assert_eq!(piece_size_for(10 << 30, MIB), 4 * MIB, "10 GiB in 1 MiB pieces would exceed 4,096 pieces");
+        assert_eq!(
+            piece_size_for(10 << 30, MIB),
+            4 * MIB,
+            "10 GiB in 1 MiB pieces would exceed 4,096 pieces"
+        );
         assert_eq!(piece_size_for(20 << 30, 4 * MIB), 8 * MIB);
         assert_eq!(PieceLayout::new(0, 4 * MIB).count(), 0);
     }

@@ -29,7 +29,13 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self { max_inflight_per_peer: 3, max_inflight_total: 12, read_head: 1, endgame: 2, seed: 0 }
+        Self {
+            max_inflight_per_peer: 3,
+            max_inflight_total: 12,
+            read_head: 1,
+            endgame: 2,
+            seed: 0,
+        }
     }
 }
 
@@ -58,7 +64,12 @@ pub struct PieceScheduler {
 
 impl PieceScheduler {
     pub fn new(have: Bitfield, cfg: SchedulerConfig) -> Self {
-        Self { cfg, have, inflight: HashMap::new(), peers: BTreeMap::new() }
+        Self {
+            cfg,
+            have,
+            inflight: HashMap::new(),
+            peers: BTreeMap::new(),
+        }
     }
 
     pub fn have(&self) -> &Bitfield {
@@ -71,7 +82,12 @@ impl PieceScheduler {
 
     /// Adds or updates a peer; `have = None` means it holds everything.
     pub fn set_peer(&mut self, id: &str, have: Option<Bitfield>, distance: u8) {
-        let slot = self.peers.entry(id.to_owned()).or_insert(Slot { have: None, distance, inflight: 0, banned: false });
+        let slot = self.peers.entry(id.to_owned()).or_insert(Slot {
+            have: None,
+            distance,
+            inflight: 0,
+            banned: false,
+        });
         slot.have = have;
         slot.distance = distance;
     }
@@ -91,7 +107,11 @@ impl PieceScheduler {
     /// Pieces neither held nor in flight that no usable peer holds.
     pub fn orphans(&self) -> Vec<u32> {
         (0..self.have.len())
-            .filter(|&i| !self.have.get(i) && !self.inflight.contains_key(&i) && !self.peers.values().any(|s| Self::holds(s, i)))
+            .filter(|&i| {
+                !self.have.get(i)
+                    && !self.inflight.contains_key(&i)
+                    && !self.peers.values().any(|s| Self::holds(s, i))
+            })
             .collect()
     }
 
@@ -102,11 +122,17 @@ impl PieceScheduler {
     /// The next requests to issue, already counted as in flight.
     pub fn next_requests(&mut self) -> Vec<Request> {
         let mut out = Vec::new();
-        let missing: Vec<u32> = (0..self.have.len()).filter(|&i| !self.have.get(i)).collect();
+        let missing: Vec<u32> = (0..self.have.len())
+            .filter(|&i| !self.have.get(i))
+            .collect();
         if missing.is_empty() {
             return out;
         }
-        let head: Vec<u32> = missing.iter().copied().take(self.cfg.read_head as usize).collect();
+        let head: Vec<u32> = missing
+            .iter()
+            .copied()
+            .take(self.cfg.read_head as usize)
+            .collect();
         let mut candidates: Vec<(u32, usize)> = missing
             .iter()
             .copied()
@@ -126,7 +152,9 @@ impl PieceScheduler {
             }
         }
         // Endgame: duplicate the remaining in-flight pieces on another peer.
-        if missing.len() as u32 <= self.cfg.endgame && missing.iter().all(|i| self.inflight.contains_key(i)) {
+        if missing.len() as u32 <= self.cfg.endgame
+            && missing.iter().all(|i| self.inflight.contains_key(i))
+        {
             for &piece in &missing {
                 if self.inflight.get(&piece).is_some_and(|v| v.len() >= 2) {
                     continue;
@@ -144,7 +172,11 @@ impl PieceScheduler {
     fn pick_peer(&self, piece: u32, exclude: &[PeerId]) -> Option<PeerId> {
         self.peers
             .iter()
-            .filter(|(id, s)| Self::holds(s, piece) && s.inflight < self.cfg.max_inflight_per_peer && !exclude.contains(id))
+            .filter(|(id, s)| {
+                Self::holds(s, piece)
+                    && s.inflight < self.cfg.max_inflight_per_peer
+                    && !exclude.contains(id)
+            })
             // Idle before busy, near before far; complete peers (seeds) after partial
             // ones at equal load, so seeds are not the only uploaders.
             .min_by_key(|(id, s)| (s.inflight, s.distance, s.have.is_none(), (*id).clone()))
@@ -152,7 +184,10 @@ impl PieceScheduler {
     }
 
     fn assign(&mut self, piece: u32, peer: &str) {
-        self.inflight.entry(piece).or_default().push(peer.to_owned());
+        self.inflight
+            .entry(piece)
+            .or_default()
+            .push(peer.to_owned());
         if let Some(s) = self.peers.get_mut(peer) {
             s.inflight += 1;
         }
@@ -211,7 +246,9 @@ fn mix(seed: u64, i: u32) -> u64 {
 
 /// A stable seed for a node name.
 pub fn seed_for(node: &str) -> u64 {
-    node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 #[cfg(test)]
@@ -228,7 +265,16 @@ mod tests {
 
     #[test]
     fn read_head_then_rarest_first_with_per_peer_limits() {
-        let mut s = PieceScheduler::new(Bitfield::new(8), SchedulerConfig { max_inflight_per_peer: 2, max_inflight_total: 10, read_head: 1, endgame: 0, seed: 0 });
+        let mut s = PieceScheduler::new(
+            Bitfield::new(8),
+            SchedulerConfig {
+                max_inflight_per_peer: 2,
+                max_inflight_total: 10,
+                read_head: 1,
+                endgame: 0,
+                seed: 0,
+            },
+        );
         s.set_peer("a", None, 2);
         s.set_peer("b", Some(bits(8, &[0, 1, 2, 3])), 0);
         s.set_peer("c", Some(bits(8, &[0, 1, 2, 3])), 0);
@@ -238,20 +284,31 @@ mod tests {
         let pieces: Vec<u32> = reqs.iter().map(|r| r.piece).collect();
         assert_eq!(pieces.len(), 6, "3 peers × 2 in flight");
         assert_eq!(reqs.iter().filter(|r| r.peer == "a").count(), 2);
-        assert!(reqs.iter().filter(|r| r.peer == "a").all(|r| r.piece >= 4), "the only holder of rare pieces serves rare pieces");
+        assert!(
+            reqs.iter().filter(|r| r.peer == "a").all(|r| r.piece >= 4),
+            "the only holder of rare pieces serves rare pieces"
+        );
     }
 
     #[test]
     fn nodes_starting_together_ask_the_source_for_different_pieces() {
         let firsts: std::collections::HashSet<u32> = (0..8)
             .map(|n| {
-                let cfg = SchedulerConfig { read_head: 0, max_inflight_per_peer: 1, seed: seed_for(&format!("node-{n}")), ..Default::default() };
+                let cfg = SchedulerConfig {
+                    read_head: 0,
+                    max_inflight_per_peer: 1,
+                    seed: seed_for(&format!("node-{n}")),
+                    ..Default::default()
+                };
                 let mut s = PieceScheduler::new(Bitfield::new(64), cfg);
                 s.set_peer("source", None, 0);
                 s.next_requests()[0].piece
             })
             .collect();
-        assert!(firsts.len() >= 6, "8 nodes should mostly start on different pieces: {firsts:?}");
+        assert!(
+            firsts.len() >= 6,
+            "8 nodes should mostly start on different pieces: {firsts:?}"
+        );
     }
 
     #[test]
@@ -265,18 +322,34 @@ mod tests {
         assert!(s.next_requests().is_empty());
         assert_eq!(s.orphans(), vec![0]);
         s.set_peer("good", Some(bits(3, &[0])), 1);
-        assert_eq!(s.next_requests(), vec![Request { piece: 0, peer: "good".into() }]);
+        assert_eq!(
+            s.next_requests(),
+            vec![Request {
+                piece: 0,
+                peer: "good".into()
+            }]
+        );
         assert!(s.on_done(0, "good"));
         assert!(!s.on_done(0, "good"));
     }
 
     #[test]
     fn endgame_asks_a_second_peer_for_the_tail() {
-        let mut s = PieceScheduler::new(bits(4, &[0, 1, 2]), SchedulerConfig { endgame: 2, ..Default::default() });
+        let mut s = PieceScheduler::new(
+            bits(4, &[0, 1, 2]),
+            SchedulerConfig {
+                endgame: 2,
+                ..Default::default()
+            },
+        );
         s.set_peer("slow", None, 0);
         s.set_peer("fast", None, 1);
         let r = s.next_requests();
-        assert_eq!(r.len(), 2, "first request plus its endgame duplicate: {r:?}");
+        assert_eq!(
+            r.len(),
+            2,
+            "first request plus its endgame duplicate: {r:?}"
+        );
         assert_ne!(r[0].peer, r[1].peer);
         assert!(r.iter().all(|x| x.piece == 3));
         assert!(s.on_done(3, &r[1].peer));

@@ -31,7 +31,14 @@ pub struct SwarmConfig {
 
 impl Default for SwarmConfig {
     fn default() -> Self {
-        Self { peer_ttl_ms: 3_000, max_peers: 16, min_p2p_size: 1 << 20, piece_size: DEFAULT_PIECE_SIZE, bad_peer_ms: 60_000, announce_interval_ms: 250 }
+        Self {
+            peer_ttl_ms: 3_000,
+            max_peers: 16,
+            min_p2p_size: 1 << 20,
+            piece_size: DEFAULT_PIECE_SIZE,
+            bad_peer_ms: 60_000,
+            announce_interval_ms: 250,
+        }
     }
 }
 
@@ -74,7 +81,10 @@ pub struct TrackerState {
 
 impl TrackerState {
     pub fn new(cfg: SwarmConfig) -> Self {
-        Self { cfg, swarms: HashMap::new() }
+        Self {
+            cfg,
+            swarms: HashMap::new(),
+        }
     }
 
     fn alive(&self, p: &PeerEntry, now: u64) -> bool {
@@ -106,23 +116,37 @@ impl TrackerState {
         } else {
             swarm.peers.insert(
                 req.node.clone(),
-                PeerEntry { addr: req.addr.clone(), topology: req.topology.clone(), have: req.have.clone(), complete: req.complete, last_seen: now },
+                PeerEntry {
+                    addr: req.addr.clone(),
+                    topology: req.topology.clone(),
+                    have: req.have.clone(),
+                    complete: req.complete,
+                    last_seen: now,
+                },
             );
         }
-        let source_alive = |s: &Swarm| s.source.as_ref().and_then(|n| s.peers.get(n)).is_some_and(|p| now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !p.complete);
+        let source_alive = |s: &Swarm| {
+            s.source
+                .as_ref()
+                .and_then(|n| s.peers.get(n))
+                .is_some_and(|p| now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !p.complete)
+        };
         if !source_alive(swarm) {
             swarm.source = None;
         }
         // Hashes come from whoever streams registry bytes; the first value for a piece wins.
-        if swarm.source.as_deref() == Some(&req.node) || req.fetching_from_registry || req.complete {
+        if swarm.source.as_deref() == Some(&req.node) || req.fetching_from_registry || req.complete
+        {
             for (i, h) in &req.hashes {
                 swarm.hashes.entry(*i).or_insert_with(|| h.clone());
             }
         }
-        let any_complete = swarm
-            .peers
-            .iter()
-            .any(|(n, p)| p.complete && n != &req.node && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !swarm.bad.contains_key(n));
+        let any_complete = swarm.peers.iter().any(|(n, p)| {
+            p.complete
+                && n != &req.node
+                && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms
+                && !swarm.bad.contains_key(n)
+        });
         let role = if req.leaving || req.complete {
             Role::Peer
         } else if swarm.size.is_some_and(|s| s < cfg.min_p2p_size) {
@@ -137,32 +161,66 @@ impl TrackerState {
         } else {
             Role::Peer
         };
-        let hashes = swarm.hashes.range(req.known_hashes..).map(|(k, v)| (*k, v.clone())).collect();
+        let hashes = swarm
+            .hashes
+            .range(req.known_hashes..)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
         let mut peers: Vec<(&String, &PeerEntry)> = swarm
             .peers
             .iter()
-            .filter(|(n, p)| *n != &req.node && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !swarm.bad.contains_key(*n))
-            .filter(|(_, p)| p.complete || p.have.as_ref().is_some_and(|h| h.count() > 0) || swarm.source.is_some())
+            .filter(|(n, p)| {
+                *n != &req.node
+                    && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms
+                    && !swarm.bad.contains_key(*n)
+            })
+            .filter(|(_, p)| {
+                p.complete
+                    || p.have.as_ref().is_some_and(|h| h.count() > 0)
+                    || swarm.source.is_some()
+            })
             .collect();
         // Near first, then the most complete, then a per-requester rotation so load spreads.
         peers.sort_by_key(|(n, p)| {
-            let held = if p.complete { u32::MAX } else { p.have.as_ref().map_or(0, |h| h.count()) };
-            (req.topology.distance(&p.topology), std::cmp::Reverse(held), spread(&req.node, n))
+            let held = if p.complete {
+                u32::MAX
+            } else {
+                p.have.as_ref().map_or(0, |h| h.count())
+            };
+            (
+                req.topology.distance(&p.topology),
+                std::cmp::Reverse(held),
+                spread(&req.node, n),
+            )
         });
         let peers = peers
             .into_iter()
             .take(cfg.max_peers)
-            .map(|(n, p)| PeerInfo { node: n.clone(), addr: p.addr.clone(), topology: p.topology.clone(), have: if p.complete { None } else { p.have.clone() } })
+            .map(|(n, p)| PeerInfo {
+                node: n.clone(),
+                addr: p.addr.clone(),
+                topology: p.topology.clone(),
+                have: if p.complete { None } else { p.have.clone() },
+            })
             .collect();
         let source_alive = swarm.source.is_some();
-        AnnounceResponse { role, size: swarm.size, piece_size: swarm.piece_size.max(1), hashes, peers, source_alive, interval_ms: cfg.announce_interval_ms }
+        AnnounceResponse {
+            role,
+            size: swarm.size,
+            piece_size: swarm.piece_size.max(1),
+            hashes,
+            peers,
+            source_alive,
+            interval_ms: cfg.announce_interval_ms,
+        }
     }
 
     /// Drops peers not heard from within the TTL and empty swarms.
     pub fn expire(&mut self, now: u64) {
         let ttl = self.cfg.peer_ttl_ms;
         self.swarms.retain(|_, s| {
-            s.peers.retain(|_, p| now.saturating_sub(p.last_seen) <= ttl * 10);
+            s.peers
+                .retain(|_, p| now.saturating_sub(p.last_seen) <= ttl * 10);
             if let Some(src) = &s.source {
                 if !s.peers.contains_key(src) {
                     s.source = None;
@@ -190,7 +248,9 @@ impl TrackerState {
     }
 
     pub fn alive_peers(&self, d: &Digest, now: u64) -> usize {
-        self.swarms.get(d).map_or(0, |s| s.peers.values().filter(|p| self.alive(p, now)).count())
+        self.swarms.get(d).map_or(0, |s| {
+            s.peers.values().filter(|p| self.alive(p, now)).count()
+        })
     }
 }
 
@@ -270,29 +330,52 @@ mod tests {
         other.have = Some(Bitfield::new(16));
         t.announce(&other, 0);
         let resp = t.announce(&req("b", &big), 1);
-        assert_eq!(resp.role, Role::Peer, "a complete holder exists: no registry fetch");
+        assert_eq!(
+            resp.role,
+            Role::Peer,
+            "a complete holder exists: no registry fetch"
+        );
         assert_eq!(resp.peers[0].node, "seed", "complete peers first");
         let mut reporter = req("b", &big);
         reporter.bad_peers = vec!["seed".into()];
         let resp = t.announce(&reporter, 2);
         assert!(resp.peers.iter().all(|p| p.node != "seed"));
-        assert_eq!(resp.role, Role::Source, "the only holder lies: someone must go to the registry");
+        assert_eq!(
+            resp.role,
+            Role::Source,
+            "the only holder lies: someone must go to the registry"
+        );
     }
 
     #[test]
     fn near_peers_first() {
         let d = Digest::of(b"topo");
         let mut t = TrackerState::new(SwarmConfig::default());
-        for (n, z, r) in [("far", "z2", "r9"), ("zone", "z1", "r2"), ("rack", "z1", "r1")] {
+        for (n, z, r) in [
+            ("far", "z2", "r9"),
+            ("zone", "z1", "r2"),
+            ("rack", "z1", "r1"),
+        ] {
             let mut q = req(n, &d);
             q.complete = true;
             q.size = Some(64 << 20);
-            q.topology = Topology { zone: Some(z.into()), rack: Some(r.into()) };
+            q.topology = Topology {
+                zone: Some(z.into()),
+                rack: Some(r.into()),
+            };
             t.announce(&q, 0);
         }
         let mut me = req("me", &d);
-        me.topology = Topology { zone: Some("z1".into()), rack: Some("r1".into()) };
-        let names: Vec<String> = t.announce(&me, 1).peers.into_iter().map(|p| p.node).collect();
+        me.topology = Topology {
+            zone: Some("z1".into()),
+            rack: Some("r1".into()),
+        };
+        let names: Vec<String> = t
+            .announce(&me, 1)
+            .peers
+            .into_iter()
+            .map(|p| p.node)
+            .collect();
         assert_eq!(names, vec!["rack", "zone", "far"]);
     }
 }

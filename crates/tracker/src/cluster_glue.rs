@@ -23,12 +23,18 @@ pub struct RegistryCatalog {
     pub runtime: tokio::runtime::Handle,
     /// Answers (and failures) are reused for a minute so the scheduler extender never
     /// waits on the registry twice for the same image.
-    pub cache: parking_lot::Mutex<std::collections::HashMap<String, (std::time::Instant, Option<ResolvedImage>)>>,
+    pub cache: parking_lot::Mutex<
+        std::collections::HashMap<String, (std::time::Instant, Option<ResolvedImage>)>,
+    >,
 }
 
 impl RegistryCatalog {
     pub fn new(upstream: oci::Upstream, runtime: tokio::runtime::Handle) -> Self {
-        Self { upstream, runtime, cache: parking_lot::Mutex::new(std::collections::HashMap::new()) }
+        Self {
+            upstream,
+            runtime,
+            cache: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }
     }
 }
 
@@ -36,17 +42,40 @@ impl RegistryCatalog {
     async fn resolve_async(&self, image: &ImageReference) -> Result<ResolvedImage, oci::Error> {
         let up = &self.upstream;
         let (reg, repo) = (&image.registry, &image.repository);
-        let (meta, body) = up.get_manifest(reg, repo, &image.manifest_ref().to_string(), oci::media::DEFAULT_ACCEPT).await?;
+        let (meta, body) = up
+            .get_manifest(
+                reg,
+                repo,
+                &image.manifest_ref().to_string(),
+                oci::media::DEFAULT_ACCEPT,
+            )
+            .await?;
         let mut m = Manifest::parse(&body)?;
         let mut digest = meta.digest;
         if m.is_index() {
             let (os, arch) = oci::media::host_platform();
-            let child = m.select_platform(os, arch).ok_or_else(|| oci::Error::ManifestInvalid(format!("no {os}/{arch} image")))?.digest.clone();
-            let (m2, b2) = up.get_manifest(reg, repo, &child.to_string(), oci::media::DEFAULT_ACCEPT).await?;
+            let child = m
+                .select_platform(os, arch)
+                .ok_or_else(|| oci::Error::ManifestInvalid(format!("no {os}/{arch} image")))?
+                .digest
+                .clone();
+            let (m2, b2) = up
+                .get_manifest(reg, repo, &child.to_string(), oci::media::DEFAULT_ACCEPT)
+                .await?;
             m = Manifest::parse(&b2)?;
             digest = m2.digest;
         }
-        Ok(ResolvedImage { reference: image.to_string(), manifest_digest: digest, blobs: m.blobs().map(|d| BlobRef { digest: d.digest.clone(), size: d.size }).collect() })
+        Ok(ResolvedImage {
+            reference: image.to_string(),
+            manifest_digest: digest,
+            blobs: m
+                .blobs()
+                .map(|d| BlobRef {
+                    digest: d.digest.clone(),
+                    size: d.size,
+                })
+                .collect(),
+        })
     }
 }
 
@@ -54,7 +83,11 @@ impl ImageCatalog for RegistryCatalog {
     fn resolve(&self, image: &ImageReference) -> Option<ResolvedImage> {
         let key = image.to_string();
         if let Some((at, r)) = self.cache.lock().get(&key) {
-            let ttl = if image.digest.is_some() && r.is_some() { Duration::MAX } else { Duration::from_secs(60) };
+            let ttl = if image.digest.is_some() && r.is_some() {
+                Duration::MAX
+            } else {
+                Duration::from_secs(60)
+            };
             if at.elapsed() < ttl {
                 return r.clone();
             }
@@ -85,7 +118,10 @@ impl RegistryCatalog {
 
 /// Sends new prewarm assignments to their agents every second and ticks the state.
 pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>) {
-    let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(2)).build().unwrap_or_default();
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap_or_default();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
@@ -102,20 +138,43 @@ pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>) {
             };
             for a in assignments {
                 let Some(url) = a.agent_url.clone() else {
-                    let _ = state.update_prewarm_node(a.job_id, &a.node, NodeUpdate::Failed { reason: "agent did not report its URL".into() });
+                    let _ = state.update_prewarm_node(
+                        a.job_id,
+                        &a.node,
+                        NodeUpdate::Failed {
+                            reason: "agent did not report its URL".into(),
+                        },
+                    );
                     continue;
                 };
-                let mut req = http.post(format!("{}/api/v1/prewarm", url.trim_end_matches('/'))).json(&a).timeout(Duration::from_secs(5));
+                let mut req = http
+                    .post(format!("{}/api/v1/prewarm", url.trim_end_matches('/')))
+                    .json(&a)
+                    .timeout(Duration::from_secs(5));
                 if let Some(t) = &token {
                     req = req.bearer_auth(t.as_ref());
                 }
                 match req.send().await {
-                    Ok(r) if r.status().is_success() => info!(job = a.job_id, node = %a.node, seed = a.seed, "prewarm assignment sent"),
+                    Ok(r) if r.status().is_success() => {
+                        info!(job = a.job_id, node = %a.node, seed = a.seed, "prewarm assignment sent")
+                    }
                     Ok(r) => {
-                        let _ = state.update_prewarm_node(a.job_id, &a.node, NodeUpdate::Failed { reason: format!("agent refused the assignment: {}", r.status()) });
+                        let _ = state.update_prewarm_node(
+                            a.job_id,
+                            &a.node,
+                            NodeUpdate::Failed {
+                                reason: format!("agent refused the assignment: {}", r.status()),
+                            },
+                        );
                     }
                     Err(e) => {
-                        let _ = state.update_prewarm_node(a.job_id, &a.node, NodeUpdate::Failed { reason: format!("agent unreachable: {e}") });
+                        let _ = state.update_prewarm_node(
+                            a.job_id,
+                            &a.node,
+                            NodeUpdate::Failed {
+                                reason: format!("agent unreachable: {e}"),
+                            },
+                        );
                     }
                 }
             }
@@ -123,9 +182,17 @@ pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>) {
     });
 }
 
-pub async fn node_update(State(state): State<ClusterState>, Path((id, node)): Path<(u64, String)>, Json(update): Json<NodeUpdate>) -> Response {
+pub async fn node_update(
+    State(state): State<ClusterState>,
+    Path((id, node)): Path<(u64, String)>,
+    Json(update): Json<NodeUpdate>,
+) -> Response {
     match state.update_prewarm_node(id, &node, update) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => (cluster::http::status_of(&e), Json(serde_json::json!({"error": e.to_string()}))).into_response(),
+        Err(e) => (
+            cluster::http::status_of(&e),
+            Json(serde_json::json!({"error": e.to_string()})),
+        )
+            .into_response(),
     }
 }

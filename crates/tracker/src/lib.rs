@@ -27,7 +27,10 @@ use swarm::{AnnounceRequest, SwarmConfig, TrackerState};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot serve on {addr}: {source}")]
-    Serve { addr: SocketAddr, source: std::io::Error },
+    Serve {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,12 +54,35 @@ impl Default for Metrics {
         let requests = Family::<RouteLabels, Counter>::default();
         let latency = Histogram::new(exponential_buckets(0.00005, 2.0, 16));
         let (swarms, peers, elections) = (Gauge::default(), Gauge::default(), Gauge::default());
-        registry.register("requests", "Tracker HTTP requests by route and status", requests.clone());
-        registry.register("request_duration_seconds", "Tracker request handling time", latency.clone());
+        registry.register(
+            "requests",
+            "Tracker HTTP requests by route and status",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Tracker request handling time",
+            latency.clone(),
+        );
         registry.register("swarms", "Blobs with at least one peer", swarms.clone());
-        registry.register("swarm_peers", "Peer entries across all swarms", peers.clone());
-        registry.register("source_elections", "Registry fetchers elected (current swarms)", elections.clone());
-        Self { registry, requests, latency, swarms, peers, elections }
+        registry.register(
+            "swarm_peers",
+            "Peer entries across all swarms",
+            peers.clone(),
+        );
+        registry.register(
+            "source_elections",
+            "Registry fetchers elected (current swarms)",
+            elections.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+            swarms,
+            peers,
+            elections,
+        }
     }
 }
 
@@ -88,7 +114,13 @@ pub struct SeedBlob {
 
 impl Tracker {
     pub fn new(cfg: SwarmConfig, token: Option<String>) -> Self {
-        Self { state: Arc::new(Mutex::new(TrackerState::new(cfg))), metrics: Arc::new(Metrics::default()), token: token.map(Into::into), started: Instant::now(), cluster: None }
+        Self {
+            state: Arc::new(Mutex::new(TrackerState::new(cfg))),
+            metrics: Arc::new(Metrics::default()),
+            token: token.map(Into::into),
+            started: Instant::now(),
+            cluster: None,
+        }
     }
 
     pub fn with_cluster(mut self, state: cluster::ClusterState) -> Self {
@@ -114,7 +146,12 @@ impl Tracker {
             .with_state(self.clone());
         if let Some(c) = &self.cluster {
             router = router.merge(cluster::router(c.clone())).merge(
-                Router::new().route("/api/v1/prewarm/{id}/nodes/{node}", axum::routing::post(cluster_glue::node_update)).with_state(c.clone()),
+                Router::new()
+                    .route(
+                        "/api/v1/prewarm/{id}/nodes/{node}",
+                        axum::routing::post(cluster_glue::node_update),
+                    )
+                    .with_state(c.clone()),
             );
         }
         router.layer(axum::middleware::from_fn_with_state(self.clone(), observe))
@@ -133,27 +170,51 @@ impl Tracker {
         });
     }
 
-    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), Error> {
-        let addr = listener.local_addr().map_err(|e| Error::Serve { addr: SocketAddr::from(([0, 0, 0, 0], 0)), source: e })?;
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let addr = listener.local_addr().map_err(|e| Error::Serve {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source: e,
+        })?;
         tracing::info!(%addr, "tracker listening");
         self.spawn_expiry();
         if let Some(c) = &self.cluster {
             cluster_glue::spawn_dispatcher(c.clone(), self.token.clone());
         }
-        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await.map_err(|e| Error::Serve { addr, source: e })
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| Error::Serve { addr, source: e })
     }
 }
 
 /// Constant-time comparison so the token cannot be guessed byte by byte from timing.
 fn token_matches(given: &[u8], want: &[u8]) -> bool {
-    given.len() == want.len() && given.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    given.len() == want.len()
+        && given
+            .iter()
+            .zip(want)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
 }
 
 async fn auth(State(t): State<Tracker>, req: Request, next: Next) -> Response {
     if let Some(want) = &t.token {
-        let given = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+        let given = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
         if !token_matches(given.as_bytes(), want.as_bytes()) {
-            return (StatusCode::UNAUTHORIZED, Json(serde_json::json!({"error": "missing or wrong cluster token"}))).into_response();
+            return (
+                StatusCode::UNAUTHORIZED,
+                Json(serde_json::json!({"error": "missing or wrong cluster token"})),
+            )
+                .into_response();
         }
     }
     next.run(req).await
@@ -164,8 +225,18 @@ async fn observe(State(t): State<Tracker>, req: Request, next: Next) -> Response
     let route = req.uri().path().to_owned();
     let resp = next.run(req).await;
     t.metrics.latency.observe(started.elapsed().as_secs_f64());
-    let route = if route.starts_with("/swarm/") || route == "/metrics" || route == "/healthz" { route } else { "other".into() };
-    t.metrics.requests.get_or_create(&RouteLabels { route, status: resp.status().as_u16() }).inc();
+    let route = if route.starts_with("/swarm/") || route == "/metrics" || route == "/healthz" {
+        route
+    } else {
+        "other".into()
+    };
+    t.metrics
+        .requests
+        .get_or_create(&RouteLabels {
+            route,
+            status: resp.status().as_u16(),
+        })
+        .inc();
     resp
 }
 
@@ -207,8 +278,12 @@ async fn metrics(State(t): State<Tracker>) -> Response {
     {
         let stats = t.state.lock().stats();
         t.metrics.swarms.set(stats.len() as i64);
-        t.metrics.peers.set(stats.iter().map(|s| s.peers as i64).sum());
-        t.metrics.elections.set(stats.iter().map(|s| s.source_elections as i64).sum());
+        t.metrics
+            .peers
+            .set(stats.iter().map(|s| s.peers as i64).sum());
+        t.metrics
+            .elections
+            .set(stats.iter().map(|s| s.source_elections as i64).sum());
     }
     let mut out = String::new();
     let _ = prometheus_client::encoding::text::encode(&mut out, &t.metrics.registry);
@@ -218,7 +293,14 @@ async fn metrics(State(t): State<Tracker>) -> Response {
             out = format!("{body}{}# EOF\n", c.encode_metrics_fragment());
         }
     }
-    ([(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out).into_response()
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response()
 }
 
 #[cfg(test)]

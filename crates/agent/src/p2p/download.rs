@@ -41,16 +41,30 @@ pub(crate) enum Start {
 }
 
 enum Event {
-    Piece { piece: u32, from: String, data: Result<Bytes, String> },
+    Piece {
+        piece: u32,
+        from: String,
+        data: Result<Bytes, String>,
+    },
     /// A registry run ended; pieces in `undelivered` were claimed but not produced.
-    RegistryEnded { undelivered: Vec<u32>, error: Option<String> },
+    RegistryEnded {
+        undelivered: Vec<u32>,
+        error: Option<String>,
+    },
 }
 
 fn sha_hex(b: &[u8]) -> String {
     hex::encode(Sha256::digest(b))
 }
 
-pub(crate) async fn start(agent: Agent, p2p: Arc<P2p>, registry: String, repo: String, d: Digest, mut writer: BlobWriter) -> Start {
+pub(crate) async fn start(
+    agent: Agent,
+    p2p: Arc<P2p>,
+    registry: String,
+    repo: String,
+    d: Digest,
+    mut writer: BlobWriter,
+) -> Start {
     let mut req = base_request(&p2p, &d);
     let mut resp = match p2p.announce(&req).await {
         Ok(r) => r,
@@ -100,7 +114,14 @@ pub(crate) async fn start(agent: Agent, p2p: Arc<P2p>, registry: String, repo: S
     if size < p2p.threshold && resp.role != Role::Source {
         return Start::Fallback(writer);
     }
-    let layout = PieceLayout::new(size, if resp.piece_size > 1 { resp.piece_size } else { swarm::pieces::piece_size_for(size, p2p.piece_size) });
+    let layout = PieceLayout::new(
+        size,
+        if resp.piece_size > 1 {
+            resp.piece_size
+        } else {
+            swarm::pieces::piece_size_for(size, p2p.piece_size)
+        },
+    );
     writer.set_total(size);
     if let Err(e) = writer.reserve() {
         warn!(digest = %d, error = %e, "cannot cache blob; streaming it without caching");
@@ -111,12 +132,18 @@ pub(crate) async fn start(agent: Agent, p2p: Arc<P2p>, registry: String, repo: S
     req.size = Some(size);
     req.piece_size = Some(layout.piece_size);
     let inflight = writer.inflight();
-    let sched = PieceScheduler::new(writer.pieces().cloned().unwrap_or_else(|| Bitfield::new(layout.count())), SchedulerConfig {
+    let sched = PieceScheduler::new(
+        writer
+            .pieces()
+            .cloned()
+            .unwrap_or_else(|| Bitfield::new(layout.count())),
+        SchedulerConfig {
             seed: swarm::scheduler::seed_for(&p2p.node),
             max_inflight_per_peer: 2,
             max_inflight_total: 4,
             ..Default::default()
-        });
+        },
+    );
     let mut dl = Download {
         agent,
         p2p,
@@ -203,7 +230,9 @@ struct Download {
 
 impl Download {
     fn known_prefix(&self) -> u32 {
-        (0..self.layout.count()).find(|i| !self.hashes.contains_key(i)).unwrap_or(self.layout.count())
+        (0..self.layout.count())
+            .find(|i| !self.hashes.contains_key(i))
+            .unwrap_or(self.layout.count())
     }
 
     fn request(&mut self) -> AnnounceRequest {
@@ -229,14 +258,24 @@ impl Download {
         }
         self.p2p.metrics.swarm_peers.set(resp.peers.len() as i64);
         let mut seen = Vec::new();
-        self.complete_peers = resp.peers.iter().filter(|p| p.have.is_none()).map(|p| p.addr.clone()).collect();
+        self.complete_peers = resp
+            .peers
+            .iter()
+            .filter(|p| p.have.is_none())
+            .map(|p| p.addr.clone())
+            .collect();
         for p in resp.peers {
             let distance = self.p2p.topology.distance(&p.topology);
             seen.push(p.node.clone());
             self.peers.insert(p.node.clone(), p.addr.clone());
             self.sched.set_peer(&p.node, p.have, distance);
         }
-        let gone: Vec<String> = self.peers.keys().filter(|n| !seen.contains(n)).cloned().collect();
+        let gone: Vec<String> = self
+            .peers
+            .keys()
+            .filter(|n| !seen.contains(n))
+            .cloned()
+            .collect();
         for n in gone {
             self.peers.remove(&n);
             self.sched.remove_peer(&n);
@@ -264,7 +303,8 @@ impl Download {
         if let Some(stream) = first_stream {
             self.start_registry_run(0, self.layout.count(), Some(stream), &tx);
         }
-        let mut tick = tokio::time::interval(Duration::from_millis(self.interval_ms.clamp(20, 5_000)));
+        let mut tick =
+            tokio::time::interval(Duration::from_millis(self.interval_ms.clamp(20, 5_000)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.verify_claims().await;
@@ -284,14 +324,25 @@ impl Download {
                     self.sched.on_failed(r.piece, &r.peer, false);
                     continue;
                 };
-                let (p2p, d, tx, ps) = (self.p2p.clone(), self.d.clone(), tx.clone(), self.layout.piece_size);
+                let (p2p, d, tx, ps) = (
+                    self.p2p.clone(),
+                    self.d.clone(),
+                    tx.clone(),
+                    self.layout.piece_size,
+                );
                 tokio::spawn(async move {
                     let _slot = p2p.requests.clone().acquire_owned().await;
                     let data = p2p.fetch_piece(&addr, &d, r.piece, ps).await;
                     if let (Ok(b), Some(l)) = (&data, p2p.prewarm_limit(&d)) {
                         l.acquire(b.len() as u64).await;
                     }
-                    let _ = tx.send(Event::Piece { piece: r.piece, from: r.peer, data }).await;
+                    let _ = tx
+                        .send(Event::Piece {
+                            piece: r.piece,
+                            from: r.peer,
+                            data,
+                        })
+                        .await;
                 });
             }
             tokio::select! {
@@ -318,7 +369,12 @@ impl Download {
         done_req.complete = true;
         done_req.have = None;
         let (p2p, d, agent) = (self.p2p.clone(), self.d.clone(), self.agent.clone());
-        self.writer.set_source(if self.peer_bytes >= self.registry_bytes { "peer" } else { "registry" });
+        self.writer
+            .set_source(if self.peer_bytes >= self.registry_bytes {
+                "peer"
+            } else {
+                "registry"
+            });
         match self.writer.finish().await {
             Ok(_) => {
                 info!(
@@ -347,13 +403,24 @@ impl Download {
         Some((first, end))
     }
 
-    fn start_registry_run(&mut self, first: u32, end: u32, stream: Option<oci::upstream::ByteStream>, tx: &mpsc::Sender<Event>) {
+    fn start_registry_run(
+        &mut self,
+        first: u32,
+        end: u32,
+        stream: Option<oci::upstream::ByteStream>,
+        tx: &mpsc::Sender<Event>,
+    ) {
         for i in first..end {
             self.sched.claim(i, REGISTRY);
         }
         self.registry_running = true;
         let (agent, p2p, tx) = (self.agent.clone(), self.p2p.clone(), tx.clone());
-        let (registry, repo, d, layout) = (self.registry.clone(), self.repo.clone(), self.d.clone(), self.layout);
+        let (registry, repo, d, layout) = (
+            self.registry.clone(),
+            self.repo.clone(),
+            self.d.clone(),
+            self.layout,
+        );
         tokio::spawn(async move {
             let start = layout.range(first).0;
             let mut stream = match stream {
@@ -361,7 +428,12 @@ impl Download {
                 None => match agent.upstream.get_blob(&registry, &repo, &d, start).await {
                     Ok(r) => r.stream,
                     Err(e) => {
-                        let _ = tx.send(Event::RegistryEnded { undelivered: (first..end).collect(), error: Some(e.to_string()) }).await;
+                        let _ = tx
+                            .send(Event::RegistryEnded {
+                                undelivered: (first..end).collect(),
+                                error: Some(e.to_string()),
+                            })
+                            .await;
                         return;
                     }
                 },
@@ -385,7 +457,15 @@ impl Download {
                             buf.extend_from_slice(&chunk.split_to(take));
                             if buf.len() as u64 == layout.len(piece) {
                                 let data = buf.split().freeze();
-                                if tx.send(Event::Piece { piece, from: REGISTRY.into(), data: Ok(data) }).await.is_err() {
+                                if tx
+                                    .send(Event::Piece {
+                                        piece,
+                                        from: REGISTRY.into(),
+                                        data: Ok(data),
+                                    })
+                                    .await
+                                    .is_err()
+                                {
                                     return;
                                 }
                                 piece += 1;
@@ -393,13 +473,23 @@ impl Download {
                         }
                     }
                     Some(Err(e)) => {
-                        let _ = tx.send(Event::RegistryEnded { undelivered: (piece..end).collect(), error: Some(e.to_string()) }).await;
+                        let _ = tx
+                            .send(Event::RegistryEnded {
+                                undelivered: (piece..end).collect(),
+                                error: Some(e.to_string()),
+                            })
+                            .await;
                         return;
                     }
                     None => break,
                 }
             }
-            let _ = tx.send(Event::RegistryEnded { undelivered: (piece..end).collect(), error: (piece < end).then(|| "registry stream ended early".into()) }).await;
+            let _ = tx
+                .send(Event::RegistryEnded {
+                    undelivered: (piece..end).collect(),
+                    error: (piece < end).then(|| "registry stream ended early".into()),
+                })
+                .await;
         });
     }
 
@@ -416,7 +506,11 @@ impl Download {
                 }
                 Ok(())
             }
-            Event::Piece { piece, from, data: Err(e) } => {
+            Event::Piece {
+                piece,
+                from,
+                data: Err(e),
+            } => {
                 debug!(digest = %self.d, piece, peer = %from, error = %e, "piece request failed");
                 self.sched.on_failed(piece, &from, false);
                 if from != REGISTRY {
@@ -426,7 +520,11 @@ impl Download {
                 }
                 Ok(())
             }
-            Event::Piece { piece, from, data: Ok(data) } => {
+            Event::Piece {
+                piece,
+                from,
+                data: Ok(data),
+            } => {
                 if from == REGISTRY {
                     let h = sha_hex(&data);
                     self.registry_bytes += data.len() as u64;
@@ -447,14 +545,21 @@ impl Download {
         }
     }
 
-    async fn check_and_store(&mut self, piece: u32, from: String, data: Bytes) -> Result<(), String> {
+    async fn check_and_store(
+        &mut self,
+        piece: u32,
+        from: String,
+        data: Bytes,
+    ) -> Result<(), String> {
         let Some(expected) = self.hashes.get(&piece).cloned() else {
             self.pending.insert(piece, (from, data));
             return Ok(());
         };
         let got = {
             let data = data.clone();
-            tokio::task::spawn_blocking(move || sha_hex(&data)).await.map_err(|e| e.to_string())?
+            tokio::task::spawn_blocking(move || sha_hex(&data))
+                .await
+                .map_err(|e| e.to_string())?
         };
         if got != expected {
             warn!(digest = %self.d, piece, peer = %from, "piece failed verification; peer reported and avoided");
@@ -473,11 +578,19 @@ impl Download {
         if !self.sched.on_done(piece, from) {
             return Ok(());
         }
-        self.writer.write_piece(piece, data).await.map_err(|e| e.to_string())
+        self.writer
+            .write_piece(piece, data)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     async fn settle_pending(&mut self) {
-        let ready: Vec<u32> = self.pending.keys().copied().filter(|i| self.hashes.contains_key(i)).collect();
+        let ready: Vec<u32> = self
+            .pending
+            .keys()
+            .copied()
+            .filter(|i| self.hashes.contains_key(i))
+            .collect();
         for i in ready {
             if let Some((from, data)) = self.pending.remove(&i) {
                 if let Err(e) = self.check_and_store(i, from, data).await {
@@ -495,27 +608,48 @@ impl Download {
         if self.hashes.len() as u32 >= self.layout.count() || self.complete_peers.is_empty() {
             return;
         }
-        let needed = !self.pending.is_empty() || !self.claims.is_empty() || (self.hashes.is_empty() && self.role == Role::Peer);
-        if !needed || self.last_hash_fetch.is_some_and(|t| t.elapsed() < Duration::from_secs(2)) {
+        let needed = !self.pending.is_empty()
+            || !self.claims.is_empty()
+            || (self.hashes.is_empty() && self.role == Role::Peer);
+        if !needed
+            || self
+                .last_hash_fetch
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(2))
+        {
             return;
         }
         self.last_hash_fetch = Some(Instant::now());
-        let addr = self.complete_peers[(self.started.elapsed().as_millis() as usize) % self.complete_peers.len()].clone();
-        match self.p2p.fetch_hashes(&addr, &self.d, self.layout.piece_size).await {
+        let addr = self.complete_peers
+            [(self.started.elapsed().as_millis() as usize) % self.complete_peers.len()]
+        .clone();
+        match self
+            .p2p
+            .fetch_hashes(&addr, &self.d, self.layout.piece_size)
+            .await
+        {
             Ok(list) if list.len() as u32 == self.layout.count() => {
                 for (i, h) in list.into_iter().enumerate() {
                     self.hashes.entry(i as u32).or_insert(h);
                 }
                 debug!(digest = %self.d, peer = %addr, "piece hashes taken from a complete peer");
             }
-            Ok(list) => warn!(digest = %self.d, peer = %addr, got = list.len(), "peer sent a wrong number of piece hashes"),
-            Err(e) => debug!(digest = %self.d, peer = %addr, error = %e, "cannot fetch piece hashes"),
+            Ok(list) => {
+                warn!(digest = %self.d, peer = %addr, got = list.len(), "peer sent a wrong number of piece hashes")
+            }
+            Err(e) => {
+                debug!(digest = %self.d, peer = %addr, error = %e, "cannot fetch piece hashes")
+            }
         }
     }
 
     /// Pieces a previous run left on disk are kept once their hashes check out.
     async fn verify_claims(&mut self) {
-        let ready: Vec<u32> = self.claims.iter().copied().filter(|i| self.hashes.contains_key(i)).collect();
+        let ready: Vec<u32> = self
+            .claims
+            .iter()
+            .copied()
+            .filter(|i| self.hashes.contains_key(i))
+            .collect();
         if ready.is_empty() {
             return;
         }
@@ -526,7 +660,9 @@ impl Download {
                 continue;
             }
             if let Ok(bytes) = self.writer.read_piece(i).await {
-                if Some(&sha_hex(&bytes)) == self.hashes.get(&i) && self.writer.accept_existing(i).await.is_ok() {
+                if Some(&sha_hex(&bytes)) == self.hashes.get(&i)
+                    && self.writer.accept_existing(i).await.is_ok()
+                {
                     self.sched.on_done(i, "disk");
                     kept += 1;
                 }

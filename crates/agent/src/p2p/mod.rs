@@ -45,15 +45,51 @@ impl P2pMetrics {
             swarm_peers: Gauge::default(),
             source_roles: Counter::default(),
         };
-        r.register("p2p_peer_bytes", "Blob bytes received from peers (registry bytes saved)", m.peer_bytes.clone());
-        r.register("p2p_registry_bytes", "Blob bytes this agent fetched from the registry as a swarm source", m.registry_bytes.clone());
-        r.register("p2p_upload_bytes", "Piece bytes served to peers", m.upload_bytes.clone());
-        r.register("p2p_pieces_rejected", "Pieces from peers that failed their hash", m.pieces_rejected.clone());
-        r.register("p2p_pieces_from_peers", "Verified pieces received from peers", m.pieces_from_peers.clone());
-        r.register("p2p_uploads_refused", "Piece requests refused because of the upload cap", m.uploads_refused.clone());
-        r.register("p2p_tracker_errors", "Failed tracker requests", m.tracker_errors.clone());
-        r.register("p2p_swarm_peers", "Peers in the most recent tracker answer", m.swarm_peers.clone());
-        r.register("p2p_source_roles", "Times this agent was elected to fetch a blob from the registry", m.source_roles.clone());
+        r.register(
+            "p2p_peer_bytes",
+            "Blob bytes received from peers (registry bytes saved)",
+            m.peer_bytes.clone(),
+        );
+        r.register(
+            "p2p_registry_bytes",
+            "Blob bytes this agent fetched from the registry as a swarm source",
+            m.registry_bytes.clone(),
+        );
+        r.register(
+            "p2p_upload_bytes",
+            "Piece bytes served to peers",
+            m.upload_bytes.clone(),
+        );
+        r.register(
+            "p2p_pieces_rejected",
+            "Pieces from peers that failed their hash",
+            m.pieces_rejected.clone(),
+        );
+        r.register(
+            "p2p_pieces_from_peers",
+            "Verified pieces received from peers",
+            m.pieces_from_peers.clone(),
+        );
+        r.register(
+            "p2p_uploads_refused",
+            "Piece requests refused because of the upload cap",
+            m.uploads_refused.clone(),
+        );
+        r.register(
+            "p2p_tracker_errors",
+            "Failed tracker requests",
+            m.tracker_errors.clone(),
+        );
+        r.register(
+            "p2p_swarm_peers",
+            "Peers in the most recent tracker answer",
+            m.swarm_peers.clone(),
+        );
+        r.register(
+            "p2p_source_roles",
+            "Times this agent was elected to fetch a blob from the registry",
+            m.source_roles.clone(),
+        );
         m
     }
 }
@@ -70,9 +106,11 @@ pub struct P2p {
     pub(crate) uploads: Semaphore,
     pub(crate) requests: Arc<Semaphore>,
     /// Piece hashes computed from complete blobs, by (digest, piece size).
-    pub(crate) hash_cache: parking_lot::Mutex<std::collections::HashMap<(oci::Digest, u64), Arc<Vec<String>>>>,
+    pub(crate) hash_cache:
+        parking_lot::Mutex<std::collections::HashMap<(oci::Digest, u64), Arc<Vec<String>>>>,
     /// Rate limits of prewarm assignments, by blob: prewarm never floods the network.
-    pub(crate) prewarm_limits: parking_lot::Mutex<std::collections::HashMap<oci::Digest, Arc<TokenBucket>>>,
+    pub(crate) prewarm_limits:
+        parking_lot::Mutex<std::collections::HashMap<oci::Digest, Arc<TokenBucket>>>,
     pub threshold: u64,
     pub piece_size: u64,
     pub(crate) corrupt: bool,
@@ -80,10 +118,17 @@ pub struct P2p {
 }
 
 impl P2p {
-    pub(crate) fn from_config(cfg: &AgentConfig, registry: &mut prometheus_client::registry::Registry) -> Result<Option<Arc<Self>>, Error> {
-        let Some(tracker) = &cfg.tracker else { return Ok(None) };
+    pub(crate) fn from_config(
+        cfg: &AgentConfig,
+        registry: &mut prometheus_client::registry::Registry,
+    ) -> Result<Option<Arc<Self>>, Error> {
+        let Some(tracker) = &cfg.tracker else {
+            return Ok(None);
+        };
         let limit = |s: &Option<String>| -> Result<Option<TokenBucket>, Error> {
-            s.as_deref().map(|v| parse_size(v).map(TokenBucket::new).map_err(Error::Config)).transpose()
+            s.as_deref()
+                .map(|v| parse_size(v).map(TokenBucket::new).map_err(Error::Config))
+                .transpose()
         };
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
@@ -93,8 +138,14 @@ impl P2p {
             .map_err(|e| Error::Config(format!("http client: {e}")))?;
         Ok(Some(Arc::new(Self {
             node: cfg.node_name.clone(),
-            addr: cfg.advertise.clone().unwrap_or_else(|| format!("http://{}", cfg.listen)),
-            topology: Topology { zone: cfg.zone.clone(), rack: cfg.rack.clone() },
+            addr: cfg
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", cfg.listen)),
+            topology: Topology {
+                zone: cfg.zone.clone(),
+                rack: cfg.rack.clone(),
+            },
             tracker: tracker.trim_end_matches('/').to_owned(),
             token: cfg.cluster_token.clone(),
             http,
@@ -131,14 +182,23 @@ impl P2p {
             None => true,
             Some(want) => {
                 let given = header.and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
-                given.len() == want.len() && given.bytes().zip(want.bytes()).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
+                given.len() == want.len()
+                    && given
+                        .bytes()
+                        .zip(want.bytes())
+                        .fold(0u8, |a, (x, y)| a | (x ^ y))
+                        == 0
             }
         }
     }
 
     pub(crate) async fn announce(&self, req: &AnnounceRequest) -> Result<AnnounceResponse, String> {
         let r = self
-            .authed(self.http.post(format!("{}/swarm/v1/announce", self.tracker)).json(req))
+            .authed(
+                self.http
+                    .post(format!("{}/swarm/v1/announce", self.tracker))
+                    .json(req),
+            )
             .timeout(Duration::from_secs(2))
             .send()
             .await
@@ -156,7 +216,11 @@ impl P2p {
             "blobs": blobs.iter().map(|(d, s)| serde_json::json!({"digest": d, "size": s})).collect::<Vec<_>>(),
         });
         let r = self
-            .authed(self.http.post(format!("{}/swarm/v1/seeding", self.tracker)).json(&body))
+            .authed(
+                self.http
+                    .post(format!("{}/swarm/v1/seeding", self.tracker))
+                    .json(&body),
+            )
             .timeout(Duration::from_secs(2))
             .send()
             .await
@@ -168,19 +232,46 @@ impl P2p {
         }
     }
 
-    pub(crate) async fn fetch_hashes(&self, peer_addr: &str, d: &oci::Digest, piece_size: u64) -> Result<Vec<String>, String> {
-        let url = format!("{}/p2p/v1/blobs/{d}/hashes?piece_size={piece_size}", peer_addr.trim_end_matches('/'));
-        let r = self.authed(self.http.get(url)).timeout(Duration::from_secs(30)).send().await.map_err(|e| e.to_string())?;
+    pub(crate) async fn fetch_hashes(
+        &self,
+        peer_addr: &str,
+        d: &oci::Digest,
+        piece_size: u64,
+    ) -> Result<Vec<String>, String> {
+        let url = format!(
+            "{}/p2p/v1/blobs/{d}/hashes?piece_size={piece_size}",
+            peer_addr.trim_end_matches('/')
+        );
+        let r = self
+            .authed(self.http.get(url))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
         if !r.status().is_success() {
             return Err(format!("peer answered {}", r.status()));
         }
         r.json().await.map_err(|e| e.to_string())
     }
 
-    pub(crate) async fn fetch_piece(&self, peer_addr: &str, d: &oci::Digest, piece: u32, piece_size: u64) -> Result<bytes::Bytes, String> {
+    pub(crate) async fn fetch_piece(
+        &self,
+        peer_addr: &str,
+        d: &oci::Digest,
+        piece: u32,
+        piece_size: u64,
+    ) -> Result<bytes::Bytes, String> {
         use futures::StreamExt;
-        let url = format!("{}/p2p/v1/blobs/{d}/pieces/{piece}?piece_size={piece_size}", peer_addr.trim_end_matches('/'));
-        let r = self.authed(self.http.get(url)).timeout(Duration::from_secs(30)).send().await.map_err(|e| e.to_string())?;
+        let url = format!(
+            "{}/p2p/v1/blobs/{d}/pieces/{piece}?piece_size={piece_size}",
+            peer_addr.trim_end_matches('/')
+        );
+        let r = self
+            .authed(self.http.get(url))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
         if !r.status().is_success() {
             return Err(format!("peer answered {}", r.status()));
         }

@@ -23,12 +23,25 @@ fn status(code: StatusCode, msg: &str) -> Response {
         .unwrap_or_default()
 }
 
-pub(crate) async fn piece_handler(State(agent): State<Agent>, Path((digest, index)): Path<(String, u32)>, Query(q): Query<PieceQuery>, headers: HeaderMap) -> Response {
-    let Some(p2p) = agent.p2p.clone() else { return status(StatusCode::NOT_FOUND, "p2p disabled") };
-    if !p2p.token_ok(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())) {
+pub(crate) async fn piece_handler(
+    State(agent): State<Agent>,
+    Path((digest, index)): Path<(String, u32)>,
+    Query(q): Query<PieceQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(p2p) = agent.p2p.clone() else {
+        return status(StatusCode::NOT_FOUND, "p2p disabled");
+    };
+    if !p2p.token_ok(
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    ) {
         return status(StatusCode::UNAUTHORIZED, "missing or wrong cluster token");
     }
-    let Ok(d) = oci::Digest::parse(&digest) else { return status(StatusCode::BAD_REQUEST, "invalid digest") };
+    let Ok(d) = oci::Digest::parse(&digest) else {
+        return status(StatusCode::BAD_REQUEST, "invalid digest");
+    };
     if q.piece_size < (64 << 10) || q.piece_size > (1 << 30) {
         return status(StatusCode::BAD_REQUEST, "piece_size out of range");
     }
@@ -45,9 +58,18 @@ pub(crate) async fn piece_handler(State(agent): State<Agent>, Path((digest, inde
             let len = (open.size - start).min(q.piece_size) as usize;
             let file = open.file.clone();
             let path = open.path.clone();
-            match tokio::task::spawn_blocking(move || store::inflight::read_exact_at_pub(&file, start, len)).await {
+            match tokio::task::spawn_blocking(move || {
+                store::inflight::read_exact_at_pub(&file, start, len)
+            })
+            .await
+            {
                 Ok(Ok(b)) => b,
-                _ => return status(StatusCode::INTERNAL_SERVER_ERROR, &format!("cannot read {}", path.display())),
+                _ => {
+                    return status(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &format!("cannot read {}", path.display()),
+                    )
+                }
             }
         }
         _ => match agent.store.inflight(&d) {
@@ -88,12 +110,25 @@ pub(crate) async fn piece_handler(State(agent): State<Agent>, Path((digest, inde
 
 /// Piece hashes of a complete (digest-verified) blob, for peers that joined a swarm
 /// with no source publishing hashes.
-pub(crate) async fn hashes_handler(State(agent): State<Agent>, Path(digest): Path<String>, Query(q): Query<PieceQuery>, headers: HeaderMap) -> Response {
-    let Some(p2p) = agent.p2p.clone() else { return status(StatusCode::NOT_FOUND, "p2p disabled") };
-    if !p2p.token_ok(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())) {
+pub(crate) async fn hashes_handler(
+    State(agent): State<Agent>,
+    Path(digest): Path<String>,
+    Query(q): Query<PieceQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let Some(p2p) = agent.p2p.clone() else {
+        return status(StatusCode::NOT_FOUND, "p2p disabled");
+    };
+    if !p2p.token_ok(
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    ) {
         return status(StatusCode::UNAUTHORIZED, "missing or wrong cluster token");
     }
-    let Ok(d) = oci::Digest::parse(&digest) else { return status(StatusCode::BAD_REQUEST, "invalid digest") };
+    let Ok(d) = oci::Digest::parse(&digest) else {
+        return status(StatusCode::BAD_REQUEST, "invalid digest");
+    };
     if q.piece_size < (64 << 10) || q.piece_size > (1 << 30) {
         return status(StatusCode::BAD_REQUEST, "piece_size out of range");
     }
@@ -101,7 +136,9 @@ pub(crate) async fn hashes_handler(State(agent): State<Agent>, Path(digest): Pat
     if let Some(h) = p2p.hash_cache.lock().get(&key).cloned() {
         return axum::Json(h.as_ref().clone()).into_response();
     }
-    let Ok(Some(open)) = agent.store.open_complete(&d) else { return status(StatusCode::NOT_FOUND, "blob not complete here") };
+    let Ok(Some(open)) = agent.store.open_complete(&d) else {
+        return status(StatusCode::NOT_FOUND, "blob not complete here");
+    };
     let (file, size, ps) = (open.file.clone(), open.size, q.piece_size);
     let computed = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<String>> {
         use sha2::Digest as _;
