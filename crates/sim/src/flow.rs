@@ -14,7 +14,7 @@ use std::collections::BinaryHeap;
 pub type ResId = u32;
 
 /// Upper bound on resources per flow (src up, dst down, two racks, two zones, origin).
-pub const MAX_PATH: usize = 7;
+pub const MAX_PATH: usize = 8;
 
 #[derive(Clone, Debug)]
 pub struct FlowPath {

@@ -28,6 +28,8 @@ pub struct Network {
     has_zones: bool,
     pub per_connection: f64,
     pub topology: Vec<Topology>,
+    /// The shared-host resource, when modelled.
+    host: Option<ResId>,
 }
 
 const REGISTRY: ResId = 0;
@@ -71,6 +73,10 @@ impl Network {
         let zone = c.zone_uplink.map_or(f64::INFINITY, |r| r.0);
         caps.extend(std::iter::repeat_n(rack, 2 * racks));
         caps.extend(std::iter::repeat_n(zone, 2 * zones));
+        let host = c.shared_host.map(|h| {
+            caps.push(h.0);
+            (caps.len() - 1) as ResId
+        });
         let rack_of: Vec<u32> = (0..n).map(|i| (i / per_rack) as u32).collect();
         let zone_of_rack: Vec<u32> = (0..racks).map(|r| (r / per_zone) as u32).collect();
         let has_racks = c.nodes_per_rack > 0;
@@ -99,6 +105,7 @@ impl Network {
             has_zones,
             per_connection: sc.registry.per_connection.map_or(f64::INFINITY, |r| r.0),
             topology,
+            host,
         }
     }
 
@@ -167,6 +174,9 @@ impl Network {
                 v.push(self.zone_up(self.zone_of_rack[rs as usize]));
             }
             v.push(self.zone_down(zd));
+        }
+        if let Some(h) = self.host {
+            v.push(h);
         }
         FlowPath::new(&v, cap)
     }

@@ -147,6 +147,10 @@ pub struct Cluster {
     pub nic_down: Rate,
     #[serde(default)]
     pub disk_write: Option<Rate>,
+    /// All nodes share one machine (a single-host benchmark): every transfer crosses
+    /// this resource (the host's CPU, memory and disk bandwidth for moving bytes).
+    #[serde(default)]
+    pub shared_host: Option<Rate>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -451,6 +455,7 @@ impl Scenario {
             ("cluster.disk_write", self.cluster.disk_write),
             ("cluster.rack_uplink", self.cluster.rack_uplink),
             ("cluster.zone_uplink", self.cluster.zone_uplink),
+            ("cluster.shared_host", self.cluster.shared_host),
             ("registry.egress", Some(self.registry.egress)),
             ("registry.per_connection", self.registry.per_connection),
             ("cache.egress", Some(self.cache.egress)),

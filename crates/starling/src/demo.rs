@@ -18,14 +18,14 @@ pub struct DemoArgs {
     /// Agents (nodes) pulling at once.
     #[arg(long, default_value_t = 8)]
     pub nodes: usize,
-    /// Image size multiplier: 1.0 ≈ 4.9 GiB CUDA-like training image; default ≈ 490 MiB.
-    #[arg(long, default_value_t = 0.1)]
+    /// Image size multiplier: 1.0 ≈ 4.9 GiB CUDA-like training image; default ≈ 250 MiB.
+    #[arg(long, default_value_t = 0.05)]
     pub scale: f64,
     /// Registry egress limit per second (shared by all nodes).
-    #[arg(long, default_value = "100MiB")]
+    #[arg(long, default_value = "50MiB")]
     pub registry_limit: String,
     /// Per-node upload and download limit per second (emulated NIC).
-    #[arg(long, default_value = "50MiB")]
+    #[arg(long, default_value = "25MiB")]
     pub node_limit: String,
     #[arg(long, default_value = "1MiB")]
     pub piece_size: String,
