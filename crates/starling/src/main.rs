@@ -40,6 +40,8 @@ enum Command {
     Where(cluster_cmd::WhereArgs),
     /// Warm images onto nodes ahead of a job (one registry fetch, then P2P fan-out).
     Prewarm(cluster_cmd::PrewarmArgs),
+    /// Simulate a cluster pulling an image under each strategy (capacity planning).
+    Sim(sim::cli::SimArgs),
     /// Show what bloats an image and what each update costs to ship.
     Analyze(analyze::cli::AnalyzeArgs),
     /// Compare two images: shared layers, bytes to fetch, content reused at file level.
@@ -91,6 +93,7 @@ fn main() -> std::process::ExitCode {
             Command::ServeOci(a) => agent_cmd::run_serve_oci(a).await.map(|_| 0),
             Command::Pull(a) => agent_cmd::run_pull(a).await.map(|_| 0),
             Command::Setup(s) => setup_cmd::run(s).map(|_| 0),
+            Command::Sim(a) => tokio::task::spawn_blocking(move || sim::cli::run(&a)).await?.map_err(anyhow::Error::from),
             Command::Nodes(a) => cluster_cmd::run_nodes(a).await.map(|_| 0),
             Command::Where(a) => cluster_cmd::run_where(a).await.map(|_| 0),
             Command::Prewarm(a) => cluster_cmd::run_prewarm(a).await.map(|_| 0),
