@@ -32,6 +32,12 @@ pub struct SimArgs {
     /// Override the rate-recompute quantum in ms (0 = exact event-driven).
     #[arg(long)]
     pub quantum_ms: Option<f64>,
+    /// Override the registry's total egress (e.g. 50MiB/s).
+    #[arg(long)]
+    pub registry_egress: Option<String>,
+    /// Override Starling's per-node upload and download limits (e.g. 25MiB/s).
+    #[arg(long)]
+    pub node_limit: Option<String>,
     /// Read the image's layer sizes from this OCI layout instead of the scenario's.
     #[arg(long)]
     pub oci_layout: Option<PathBuf>,
@@ -61,6 +67,15 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
     }
     if let Some(q) = args.quantum_ms {
         sc.sim.quantum_ms = q;
+    }
+    if let Some(r) = &args.registry_egress {
+        sc.registry.egress =
+            crate::scenario::Rate(crate::scenario::parse_rate(r).map_err(Error::Scenario)?);
+    }
+    if let Some(r) = &args.node_limit {
+        let v = crate::scenario::Rate(crate::scenario::parse_rate(r).map_err(Error::Scenario)?);
+        sc.starling.upload_limit = Some(v);
+        sc.starling.download_limit = Some(v);
     }
     if let Some(dir) = &args.oci_layout {
         sc.image.layers = crate::model::layers_from_oci_layout(dir, sc.image.reference.as_deref())?;

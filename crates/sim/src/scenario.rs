@@ -212,12 +212,12 @@ impl Default for Starling {
             peer_ttl_ms: s.peer_ttl_ms,
             max_peers: s.max_peers,
             min_p2p_size: Bytes(s.min_p2p_size),
-            // The agent's downloader (crates/agent/src/p2p/download.rs) uses 2 and 4,
-            // not `SchedulerConfig::default()`.
-            max_inflight_per_peer: 2.min(p.max_inflight_per_peer),
-            max_inflight_total: 4.min(p.max_inflight_total),
+            // The agent's downloader uses `SchedulerConfig::default()` (2 per peer, 4 per blob).
+            max_inflight_per_peer: p.max_inflight_per_peer,
+            max_inflight_total: p.max_inflight_total,
             peer_latency_ms: 0.5,
-            max_uploads: 4,
+            // The agent's default `max_uploads`.
+            max_uploads: 2,
             seed_heartbeat_ms: 1000,
         }
     }

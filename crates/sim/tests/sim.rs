@@ -23,6 +23,12 @@ latency_ms = 0
 upload_limit = "50MiB/s"
 download_limit = "50MiB/s"
 peer_latency_ms = 0
+# These tests check physics (≥ T*, registry bytes, direct = N·S/U) and strategy
+# orderings under the configuration they were written for (4 MiB pieces, 4 upload
+# slots), independent of later tuning of the agent's defaults (1 MiB, 2 slots), which
+# the simulator rates poorly at 50 MiB/s per node (BENCHMARKS.md, issue 6).
+max_uploads = 4
+piece_size = "4MiB"
 [image]
 layers = [{layers}]
 [job]
@@ -210,7 +216,7 @@ fn quantum_mode_stays_close_to_exact_mode() {
         "",
     );
     let exact = simulate(&sc, &spec(Kind::P2p), n).expect("runs");
-    sc.sim.quantum_ms = 20.0;
+    sc.sim.quantum_ms = 10.0;
     let approx = simulate(&sc, &spec(Kind::P2p), n).expect("runs");
     assert!(
         close(max(&approx), max(&exact), 0.10),
@@ -332,6 +338,8 @@ fn cli_report_has_json_and_svgs() {
         strategies: vec![],
         piece_size: None,
         quantum_ms: None,
+        registry_egress: None,
+        node_limit: None,
         oci_layout: None,
         no_topology: false,
         sweep: None,

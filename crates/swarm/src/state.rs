@@ -166,41 +166,54 @@ impl TrackerState {
             .range(req.known_hashes..)
             .map(|(k, v)| (*k, v.clone()))
             .collect();
-        let mut peers: Vec<(&String, &PeerEntry)> = swarm
+        // Only peers with something to give: a peer that announced no bitfield yet holds
+        // nothing (handing it out as `have: None` would advertise it as complete).
+        let candidates: Vec<(&String, &PeerEntry)> = swarm
             .peers
             .iter()
-            .filter(|(n, p)| {
-                *n != &req.node
-                    && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms
-                    && !swarm.bad.contains_key(*n)
-            })
-            .filter(|(_, p)| {
-                p.complete
-                    || p.have.as_ref().is_some_and(|h| h.count() > 0)
-                    || swarm.source.is_some()
-            })
+            .filter(|(n, p)| *n != &req.node && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !swarm.bad.contains_key(*n))
+            .filter(|(_, p)| p.complete || p.have.as_ref().is_some_and(|h| h.count() > 0))
             .collect();
-        // Near first, then the most complete, then a per-requester rotation so load spreads.
-        peers.sort_by_key(|(n, p)| {
-            let held = if p.complete {
-                u32::MAX
-            } else {
-                p.have.as_ref().map_or(0, |h| h.count())
-            };
-            (
-                req.topology.distance(&p.topology),
-                std::cmp::Reverse(held),
-                spread(&req.node, n),
-            )
+        let held = |p: &PeerEntry| if p.complete { u32::MAX } else { p.have.as_ref().map_or(0, |h| h.count()) };
+        // Three quarters of the slots go to the nearest peers (then the most complete),
+        // the rest to the most complete peers anywhere, and the live source always: a
+        // rack full of empty peers must still reach the bytes (found by the simulator).
+        let near_slots = (cfg.max_peers * 3).div_ceil(4);
+        let mut by_near: Vec<(u8, std::cmp::Reverse<u32>, u64, usize)> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, (n, p))| (req.topology.distance(&p.topology), std::cmp::Reverse(held(p)), spread(&req.node, n), i))
+            .collect();
+        let take_near = near_slots.min(by_near.len());
+        if take_near > 0 && take_near < by_near.len() {
+            by_near.select_nth_unstable(take_near - 1);
+        }
+        let mut chosen: Vec<usize> = by_near[..take_near].iter().map(|k| k.3).collect();
+        let mut rest: Vec<(std::cmp::Reverse<u32>, u8, u64, usize)> = by_near[take_near..].iter().map(|k| (k.1, k.0, k.2, k.3)).collect();
+        let take_far = cfg.max_peers.saturating_sub(take_near).min(rest.len());
+        if take_far > 0 && take_far < rest.len() {
+            rest.select_nth_unstable(take_far - 1);
+        }
+        chosen.extend(rest[..take_far].iter().map(|k| k.3));
+        if let Some(src) = &swarm.source {
+            if let Some(i) = candidates.iter().position(|(n, _)| *n == src) {
+                if !chosen.contains(&i) {
+                    if chosen.len() >= cfg.max_peers {
+                        chosen.pop();
+                    }
+                    chosen.push(i);
+                }
+            }
+        }
+        chosen.sort_by_key(|&i| {
+            let (n, p) = candidates[i];
+            (req.topology.distance(&p.topology), std::cmp::Reverse(held(p)), spread(&req.node, n))
         });
-        let peers = peers
+        let peers = chosen
             .into_iter()
-            .take(cfg.max_peers)
-            .map(|(n, p)| PeerInfo {
-                node: n.clone(),
-                addr: p.addr.clone(),
-                topology: p.topology.clone(),
-                have: if p.complete { None } else { p.have.clone() },
+            .map(|i| {
+                let (n, p) = candidates[i];
+                PeerInfo { node: n.clone(), addr: p.addr.clone(), topology: p.topology.clone(), have: if p.complete { None } else { p.have.clone() } }
             })
             .collect();
         let source_alive = swarm.source.is_some();
@@ -298,6 +311,9 @@ mod tests {
         r.size = Some(100 << 20);
         r.hashes.insert(0, "h0".into());
         r.fetching_from_registry = true;
+        let mut have = Bitfield::new(100);
+        have.set(0);
+        r.have = Some(have);
         assert_eq!(t.announce(&r, 20).role, Role::Source);
         let resp = t.announce(&req("b", &d), 30);
         assert_eq!(resp.size, Some(100 << 20));
@@ -345,6 +361,37 @@ mod tests {
             Role::Source,
             "the only holder lies: someone must go to the registry"
         );
+    }
+
+    #[test]
+    fn a_rack_of_empty_peers_still_reaches_the_source_and_fresh_peers_are_not_seeds() {
+        let d = Digest::of(b"racks");
+        let mut t = TrackerState::new(SwarmConfig { max_peers: 4, ..Default::default() });
+        let mut src = req("src", &d);
+        src.topology = Topology { zone: Some("z".into()), rack: Some("r-src".into()) };
+        src.size = Some(64 << 20);
+        assert_eq!(t.announce(&src, 0).role, Role::Source);
+        src.have = Some(Bitfield::new(64));
+        src.have.as_mut().unwrap().set(0);
+        t.announce(&src, 1);
+        for i in 0..8 {
+            let mut q = req(&format!("m{i}"), &d);
+            q.topology = Topology { zone: Some("z".into()), rack: Some("r1".into()) };
+            q.have = Some(Bitfield::new(64));
+            if i < 6 {
+                q.have.as_mut().unwrap().set(1 + i);
+            }
+            t.announce(&q, 2);
+        }
+        // A brand-new peer (no bitfield yet) must not be advertised as complete.
+        t.announce(&req("fresh", &d), 2);
+        let mut me = req("me", &d);
+        me.topology = Topology { zone: Some("z".into()), rack: Some("r1".into()) };
+        let peers = t.announce(&me, 3).peers;
+        assert_eq!(peers.len(), 4);
+        assert!(peers.iter().any(|p| p.node == "src"), "the source is always handed out: {peers:?}");
+        assert!(peers.iter().all(|p| p.node != "fresh" && p.have.is_some()));
+        assert!(peers.iter().filter(|p| p.topology.rack.as_deref() == Some("r1")).count() >= 2, "near peers still preferred");
     }
 
     #[test]

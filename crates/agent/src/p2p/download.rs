@@ -137,12 +137,7 @@ pub(crate) async fn start(
             .pieces()
             .cloned()
             .unwrap_or_else(|| Bitfield::new(layout.count())),
-        SchedulerConfig {
-            seed: swarm::scheduler::seed_for(&p2p.node),
-            max_inflight_per_peer: 2,
-            max_inflight_total: 4,
-            ..Default::default()
-        },
+        SchedulerConfig { seed: swarm::scheduler::seed_for(&p2p.node), ..Default::default() },
     );
     let mut dl = Download {
         agent,
