@@ -93,7 +93,9 @@ fn main() -> std::process::ExitCode {
             Command::ServeOci(a) => agent_cmd::run_serve_oci(a).await.map(|_| 0),
             Command::Pull(a) => agent_cmd::run_pull(a).await.map(|_| 0),
             Command::Setup(s) => setup_cmd::run(s).map(|_| 0),
-            Command::Sim(a) => tokio::task::spawn_blocking(move || sim::cli::run(&a)).await?.map_err(anyhow::Error::from),
+            Command::Sim(a) => tokio::task::spawn_blocking(move || sim::cli::run(&a))
+                .await?
+                .map_err(anyhow::Error::from),
             Command::Nodes(a) => cluster_cmd::run_nodes(a).await.map(|_| 0),
             Command::Where(a) => cluster_cmd::run_where(a).await.map(|_| 0),
             Command::Prewarm(a) => cluster_cmd::run_prewarm(a).await.map(|_| 0),

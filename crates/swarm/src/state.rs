@@ -171,10 +171,20 @@ impl TrackerState {
         let candidates: Vec<(&String, &PeerEntry)> = swarm
             .peers
             .iter()
-            .filter(|(n, p)| *n != &req.node && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !swarm.bad.contains_key(*n))
+            .filter(|(n, p)| {
+                *n != &req.node
+                    && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms
+                    && !swarm.bad.contains_key(*n)
+            })
             .filter(|(_, p)| p.complete || p.have.as_ref().is_some_and(|h| h.count() > 0))
             .collect();
-        let held = |p: &PeerEntry| if p.complete { u32::MAX } else { p.have.as_ref().map_or(0, |h| h.count()) };
+        let held = |p: &PeerEntry| {
+            if p.complete {
+                u32::MAX
+            } else {
+                p.have.as_ref().map_or(0, |h| h.count())
+            }
+        };
         // Three quarters of the slots go to the nearest peers (then the most complete),
         // the rest to the most complete peers anywhere, and the live source always: a
         // rack full of empty peers must still reach the bytes (found by the simulator).
@@ -182,14 +192,24 @@ impl TrackerState {
         let mut by_near: Vec<(u8, std::cmp::Reverse<u32>, u64, usize)> = candidates
             .iter()
             .enumerate()
-            .map(|(i, (n, p))| (req.topology.distance(&p.topology), std::cmp::Reverse(held(p)), spread(&req.node, n), i))
+            .map(|(i, (n, p))| {
+                (
+                    req.topology.distance(&p.topology),
+                    std::cmp::Reverse(held(p)),
+                    spread(&req.node, n),
+                    i,
+                )
+            })
             .collect();
         let take_near = near_slots.min(by_near.len());
         if take_near > 0 && take_near < by_near.len() {
             by_near.select_nth_unstable(take_near - 1);
         }
         let mut chosen: Vec<usize> = by_near[..take_near].iter().map(|k| k.3).collect();
-        let mut rest: Vec<(std::cmp::Reverse<u32>, u8, u64, usize)> = by_near[take_near..].iter().map(|k| (k.1, k.0, k.2, k.3)).collect();
+        let mut rest: Vec<(std::cmp::Reverse<u32>, u8, u64, usize)> = by_near[take_near..]
+            .iter()
+            .map(|k| (k.1, k.0, k.2, k.3))
+            .collect();
         let take_far = cfg.max_peers.saturating_sub(take_near).min(rest.len());
         if take_far > 0 && take_far < rest.len() {
             rest.select_nth_unstable(take_far - 1);
@@ -207,13 +227,22 @@ impl TrackerState {
         }
         chosen.sort_by_key(|&i| {
             let (n, p) = candidates[i];
-            (req.topology.distance(&p.topology), std::cmp::Reverse(held(p)), spread(&req.node, n))
+            (
+                req.topology.distance(&p.topology),
+                std::cmp::Reverse(held(p)),
+                spread(&req.node, n),
+            )
         });
         let peers = chosen
             .into_iter()
             .map(|i| {
                 let (n, p) = candidates[i];
-                PeerInfo { node: n.clone(), addr: p.addr.clone(), topology: p.topology.clone(), have: if p.complete { None } else { p.have.clone() } }
+                PeerInfo {
+                    node: n.clone(),
+                    addr: p.addr.clone(),
+                    topology: p.topology.clone(),
+                    have: if p.complete { None } else { p.have.clone() },
+                }
             })
             .collect();
         let source_alive = swarm.source.is_some();
@@ -366,9 +395,15 @@ mod tests {
     #[test]
     fn a_rack_of_empty_peers_still_reaches_the_source_and_fresh_peers_are_not_seeds() {
         let d = Digest::of(b"racks");
-        let mut t = TrackerState::new(SwarmConfig { max_peers: 4, ..Default::default() });
+        let mut t = TrackerState::new(SwarmConfig {
+            max_peers: 4,
+            ..Default::default()
+        });
         let mut src = req("src", &d);
-        src.topology = Topology { zone: Some("z".into()), rack: Some("r-src".into()) };
+        src.topology = Topology {
+            zone: Some("z".into()),
+            rack: Some("r-src".into()),
+        };
         src.size = Some(64 << 20);
         assert_eq!(t.announce(&src, 0).role, Role::Source);
         src.have = Some(Bitfield::new(64));
@@ -376,7 +411,10 @@ mod tests {
         t.announce(&src, 1);
         for i in 0..8 {
             let mut q = req(&format!("m{i}"), &d);
-            q.topology = Topology { zone: Some("z".into()), rack: Some("r1".into()) };
+            q.topology = Topology {
+                zone: Some("z".into()),
+                rack: Some("r1".into()),
+            };
             q.have = Some(Bitfield::new(64));
             if i < 6 {
                 q.have.as_mut().unwrap().set(1 + i);
@@ -386,12 +424,25 @@ mod tests {
         // A brand-new peer (no bitfield yet) must not be advertised as complete.
         t.announce(&req("fresh", &d), 2);
         let mut me = req("me", &d);
-        me.topology = Topology { zone: Some("z".into()), rack: Some("r1".into()) };
+        me.topology = Topology {
+            zone: Some("z".into()),
+            rack: Some("r1".into()),
+        };
         let peers = t.announce(&me, 3).peers;
         assert_eq!(peers.len(), 4);
-        assert!(peers.iter().any(|p| p.node == "src"), "the source is always handed out: {peers:?}");
+        assert!(
+            peers.iter().any(|p| p.node == "src"),
+            "the source is always handed out: {peers:?}"
+        );
         assert!(peers.iter().all(|p| p.node != "fresh" && p.have.is_some()));
-        assert!(peers.iter().filter(|p| p.topology.rack.as_deref() == Some("r1")).count() >= 2, "near peers still preferred");
+        assert!(
+            peers
+                .iter()
+                .filter(|p| p.topology.rack.as_deref() == Some("r1"))
+                .count()
+                >= 2,
+            "near peers still preferred"
+        );
     }
 
     #[test]

@@ -137,7 +137,10 @@ pub(crate) async fn start(
             .pieces()
             .cloned()
             .unwrap_or_else(|| Bitfield::new(layout.count())),
-        SchedulerConfig { seed: swarm::scheduler::seed_for(&p2p.node), ..Default::default() },
+        SchedulerConfig {
+            seed: swarm::scheduler::seed_for(&p2p.node),
+            ..Default::default()
+        },
     );
     let mut dl = Download {
         agent,
