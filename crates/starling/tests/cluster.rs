@@ -2,94 +2,18 @@
 //! docker-registry, prewarm onto a subset, pins under GC pressure, the scheduler
 //! extender on recorded ExtenderArgs, and the inventory across restarts.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::Duration;
+
+use common::{metric, ready, Proc};
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
 const TOKEN: &str = "cluster-test-token";
 
-struct Proc {
-    child: Child,
-    port: u16,
-    args: Vec<String>,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-    fn restart(&mut self) {
-        self.child = spawn(&self.args, &self.log);
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-fn spawn(args: &[String], log: &Path) -> Child {
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_starling"))
-        .args(args)
-        .env("STARLING_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(f)
-        .spawn()
-        .unwrap()
-}
-
-async fn ready(url: &str) {
-    for _ in 0..400 {
-        if reqwest::get(format!("{url}/healthz"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{url} not ready");
-}
-
-async fn start(args: Vec<String>, port: u16, log: PathBuf) -> Proc {
-    let p = Proc {
-        child: spawn(&args, &log),
-        port,
-        args,
-        log,
-    };
-    ready(&p.url()).await;
-    p
-}
-
 async fn json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
-}
-
-async fn metric(url: &str, name: &str) -> u64 {
-    let text = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
 }
 
 async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
@@ -153,7 +77,13 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut tracker = start(tracker_args, tport, dir.path().join("tracker.log")).await;
+    let mut tracker = Proc::start(
+        tracker_args,
+        tport,
+        dir.path().join("tracker.log"),
+        dir.path().to_owned(),
+    )
+    .await;
     let mut agents = Vec::new();
     for (i, gpu) in ["h100", "h100", "h100", "a100"].iter().enumerate() {
         let port = testkit::free_port();
@@ -184,7 +114,15 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        agents.push(start(args, port, dir.path().join(format!("n{i}.log"))).await);
+        agents.push(
+            Proc::start(
+                args,
+                port,
+                dir.path().join(format!("n{i}.log")),
+                dir.path().join(format!("n{i}")),
+            )
+            .await,
+        );
     }
     let t = tracker.url();
     wait_for("4 nodes reported", async || {

@@ -1,76 +1,16 @@
 //! The swarm as real processes: a tracker and agents (`starling` binaries) on loopback,
 //! the real docker-registry as origin, real containerd, and every fault of issue 3.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::path::Path;
 use std::time::Duration;
+
+use common::{ready, Proc};
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
 const TOKEN: &str = "test-cluster-token";
-
-struct Proc {
-    child: Child,
-    port: u16,
-    #[allow(dead_code)]
-    name: String,
-    cache: PathBuf,
-    args: Vec<String>,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn restart(&mut self) {
-        self.child = spawn(&self.args, &self.log);
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-fn spawn(args: &[String], log: &Path) -> Child {
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_starling"))
-        .args(args)
-        .env("STARLING_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(f)
-        .spawn()
-        .expect("spawn starling")
-}
-
-async fn ready(url: &str) {
-    for _ in 0..400 {
-        if reqwest::get(format!("{url}/healthz"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{url} not ready");
-}
 
 async fn tracker(dir: &Path, extra: &[&str]) -> Proc {
     let port = testkit::free_port();
@@ -85,17 +25,13 @@ async fn tracker(dir: &Path, extra: &[&str]) -> Proc {
         data.display().to_string(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let log = dir.join(format!("tracker-{port}.log"));
-    let p = Proc {
-        child: spawn(&args, &log),
-        port,
-        name: "tracker".into(),
-        cache: dir.to_owned(),
+    Proc::start(
         args,
-        log,
-    };
-    ready(&p.url()).await;
-    p
+        port,
+        dir.join(format!("tracker-{port}.log")),
+        dir.to_owned(),
+    )
+    .await
 }
 
 async fn agent(dir: &Path, name: &str, tracker: &str, registry: &Registry, extra: &[&str]) -> Proc {
@@ -122,30 +58,11 @@ async fn agent(dir: &Path, name: &str, tracker: &str, registry: &Registry, extra
         "0".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let log = dir.join(format!("{name}.log"));
-    let p = Proc {
-        child: spawn(&args, &log),
-        port,
-        name: name.into(),
-        cache,
-        args,
-        log,
-    };
-    ready(&p.url()).await;
-    p
+    Proc::start(args, port, dir.join(format!("{name}.log")), cache).await
 }
 
 async fn metric(agent: &Proc, name: &str) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", agent.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    common::metric(&agent.url(), name).await
 }
 
 async fn pull_via(

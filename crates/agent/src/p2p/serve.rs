@@ -23,28 +23,45 @@ fn status(code: StatusCode, msg: &str) -> Response {
         .unwrap_or_default()
 }
 
+/// What every peer request must pass: P2P on, the cluster token, a valid digest and a
+/// sane piece size.
+fn check(
+    agent: &Agent,
+    digest: &str,
+    piece_size: u64,
+    headers: &HeaderMap,
+) -> Result<(std::sync::Arc<crate::p2p::P2p>, oci::Digest), Response> {
+    let Some(p2p) = agent.p2p.clone() else {
+        return Err(status(StatusCode::NOT_FOUND, "p2p disabled"));
+    };
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !p2p.token_ok(auth) {
+        return Err(status(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong cluster token",
+        ));
+    }
+    let Ok(d) = oci::Digest::parse(digest) else {
+        return Err(status(StatusCode::BAD_REQUEST, "invalid digest"));
+    };
+    if !((64 << 10)..=(1 << 30)).contains(&piece_size) {
+        return Err(status(StatusCode::BAD_REQUEST, "piece_size out of range"));
+    }
+    Ok((p2p, d))
+}
+
 pub(crate) async fn piece_handler(
     State(agent): State<Agent>,
     Path((digest, index)): Path<(String, u32)>,
     Query(q): Query<PieceQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let Some(p2p) = agent.p2p.clone() else {
-        return status(StatusCode::NOT_FOUND, "p2p disabled");
+    let (p2p, d) = match check(&agent, &digest, q.piece_size, &headers) {
+        Ok(x) => x,
+        Err(r) => return r,
     };
-    if !p2p.token_ok(
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok()),
-    ) {
-        return status(StatusCode::UNAUTHORIZED, "missing or wrong cluster token");
-    }
-    let Ok(d) = oci::Digest::parse(&digest) else {
-        return status(StatusCode::BAD_REQUEST, "invalid digest");
-    };
-    if q.piece_size < (64 << 10) || q.piece_size > (1 << 30) {
-        return status(StatusCode::BAD_REQUEST, "piece_size out of range");
-    }
     let Ok(_permit) = p2p.uploads.try_acquire() else {
         p2p.metrics.uploads_refused.inc();
         return status(StatusCode::SERVICE_UNAVAILABLE, "upload slots full");
@@ -116,22 +133,10 @@ pub(crate) async fn hashes_handler(
     Query(q): Query<PieceQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let Some(p2p) = agent.p2p.clone() else {
-        return status(StatusCode::NOT_FOUND, "p2p disabled");
+    let (p2p, d) = match check(&agent, &digest, q.piece_size, &headers) {
+        Ok(x) => x,
+        Err(r) => return r,
     };
-    if !p2p.token_ok(
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok()),
-    ) {
-        return status(StatusCode::UNAUTHORIZED, "missing or wrong cluster token");
-    }
-    let Ok(d) = oci::Digest::parse(&digest) else {
-        return status(StatusCode::BAD_REQUEST, "invalid digest");
-    };
-    if q.piece_size < (64 << 10) || q.piece_size > (1 << 30) {
-        return status(StatusCode::BAD_REQUEST, "piece_size out of range");
-    }
     let key = (d.clone(), q.piece_size);
     if let Some(h) = p2p.hash_cache.lock().get(&key).cloned() {
         return axum::Json(h.as_ref().clone()).into_response();
