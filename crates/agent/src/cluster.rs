@@ -291,6 +291,9 @@ impl Agent {
                         &format!("prewarm job {} ({reference})", a.job_id),
                     )
                     .map_err(|e| e.to_string())?;
+                if a.into_runtime {
+                    self.pull_into_runtime(&r, &md).await?;
+                }
             }
             Ok(())
         }
@@ -326,6 +329,70 @@ impl Agent {
                     .await;
             }
         }
+    }
+
+    /// Pulls an image into the node's containerd through this agent (everything is in
+    /// the cache by now) and labels it `io.cri-containerd.pinned=pinned` so the
+    /// kubelet's image GC, which evicts never-run pre-pulled images first, keeps it.
+    async fn pull_into_runtime(&self, r: &ImageReference, digest: &Digest) -> Result<(), String> {
+        let Some(sock) = &self.cfg.containerd_socket else {
+            return Err("into_runtime asked but the agent has no --containerd-socket".into());
+        };
+        let hosts = self.cfg.cache_dir.join("runtime-hosts");
+        let dir = hosts.join(&r.registry);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let toml = format!(
+            "server = \"{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            self.upstream.base_url(&r.registry),
+            self.cfg.listen.port()
+        );
+        std::fs::write(dir.join("hosts.toml"), toml).map_err(|e| e.to_string())?;
+        let name = match &r.tag {
+            Some(t) => format!("{}/{}:{t}@{digest}", r.registry, r.repository),
+            None => format!("{}/{}@{digest}", r.registry, r.repository),
+        };
+        let ns = &self.cfg.containerd_namespace;
+        let mut pull = tokio::process::Command::new("ctr");
+        pull.arg("--address")
+            .arg(sock)
+            .args(["-n", ns, "images", "pull", "--hosts-dir"])
+            .arg(&hosts);
+        if let Some(s) = &self.cfg.containerd_snapshotter {
+            pull.args(["--snapshotter", s]);
+        }
+        let out = pull
+            .arg(&name)
+            .output()
+            .await
+            .map_err(|e| format!("cannot run ctr: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "ctr pull {name}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let out = tokio::process::Command::new("ctr")
+            .arg("--address")
+            .arg(sock)
+            .args([
+                "-n",
+                ns,
+                "images",
+                "label",
+                &name,
+                "io.cri-containerd.pinned=pinned",
+            ])
+            .output()
+            .await
+            .map_err(|e| format!("cannot run ctr: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "ctr label {name}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        info!(image = %name, "pulled into containerd and pinned there");
+        Ok(())
     }
 
     /// Node preload: fetch every configured `pin` image in full, then pin it.

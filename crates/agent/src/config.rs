@@ -65,6 +65,11 @@ pub struct AgentConfig {
     /// Blobs below this go straight to the registry (through the cache).
     pub p2p_threshold: String,
     pub piece_size: String,
+    /// containerd socket for prewarms with `into_runtime` (pull there and pin).
+    pub containerd_socket: Option<PathBuf>,
+    pub containerd_namespace: String,
+    /// Snapshotter for those pulls (containerd's default when unset).
+    pub containerd_snapshotter: Option<String>,
     /// Test mode: serve corrupted pieces to peers (proves they are rejected).
     #[serde(skip)]
     pub corrupt_pieces: bool,
@@ -114,6 +119,9 @@ impl Default for AgentConfig {
             p2p_threshold: "1MiB".into(),
             piece_size: "1MiB".into(),
             corrupt_pieces: false,
+            containerd_socket: None,
+            containerd_namespace: "k8s.io".into(),
+            containerd_snapshotter: None,
         }
     }
 }

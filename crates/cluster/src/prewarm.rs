@@ -70,6 +70,10 @@ pub struct PrewarmRequest {
     /// Tags the caller has seen moving (refused unless `force`).
     #[serde(default)]
     pub moving_tags: Vec<String>,
+    /// Also pull the image into the node's containerd and label it
+    /// `io.cri-containerd.pinned=pinned`, so kubelet image GC keeps it.
+    #[serde(default)]
+    pub into_runtime: bool,
 }
 
 /// Checks the request's shape and its images' tags. Returns the parsed references.
@@ -528,6 +532,9 @@ pub struct Assignment {
     pub priority: i32,
     /// First node of a job nobody holds yet: the only one that goes to the registry.
     pub seed: bool,
+    /// Pull into containerd and pin there too.
+    #[serde(default)]
+    pub into_runtime: bool,
 }
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("prewarm_jobs");
@@ -767,6 +774,7 @@ impl JobStore {
                     deadline_at: job.deadline_at,
                     priority: job.request.priority,
                     seed: !seeded,
+                    into_runtime: job.request.into_runtime,
                 });
             }
             self.save(id)?;

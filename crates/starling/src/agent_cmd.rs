@@ -98,6 +98,13 @@ pub struct AgentArgs {
         value_delimiter = ','
     )]
     labels: Vec<String>,
+    /// containerd socket, for prewarms that also pull into the runtime.
+    #[arg(long, env = "STARLING_CONTAINERD_SOCKET")]
+    containerd_socket: Option<PathBuf>,
+    #[arg(long, env = "STARLING_CONTAINERD_NAMESPACE")]
+    containerd_namespace: Option<String>,
+    #[arg(long, env = "STARLING_CONTAINERD_SNAPSHOTTER")]
+    containerd_snapshotter: Option<String>,
     /// Test mode: serve corrupted pieces to peers.
     #[arg(long, hide = true)]
     corrupt_pieces: bool,
@@ -194,6 +201,15 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
         cfg.piece_size = v.clone();
     }
     cfg.corrupt_pieces = a.corrupt_pieces;
+    if let Some(v) = &a.containerd_socket {
+        cfg.containerd_socket = Some(v.clone());
+    }
+    if let Some(v) = &a.containerd_namespace {
+        cfg.containerd_namespace = v.clone();
+    }
+    if let Some(v) = &a.containerd_snapshotter {
+        cfg.containerd_snapshotter = Some(v.clone());
+    }
     for l in &a.labels {
         let Some((k, v)) = l.split_once('=') else {
             bail!("--label wants KEY=VALUE, got {l:?}")

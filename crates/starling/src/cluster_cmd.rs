@@ -75,6 +75,9 @@ pub struct PrewarmArgs {
     /// Warm mutable tags (e.g. latest) anyway.
     #[arg(long)]
     force: bool,
+    /// Also pull into each node's containerd and label it pinned there.
+    #[arg(long)]
+    into_runtime: bool,
     /// Wait for the job and show progress.
     #[arg(long)]
     wait: bool,
@@ -174,6 +177,7 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         priority: a.priority,
         force: a.force,
         moving_tags: vec![],
+        into_runtime: a.into_runtime,
     };
     let r = http
         .post(format!("{base}/api/v1/prewarm"))

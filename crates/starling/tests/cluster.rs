@@ -277,3 +277,109 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         .unwrap();
     assert!(dash.contains("<html") || dash.contains("<!doctype") || dash.contains("<!DOCTYPE"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .unwrap();
+    let image =
+        TestImage::push_multilayer(&registry, "ml/runtime", "v3", &[4 << 20, 1 << 20], 23).unwrap();
+    let ctrd = tokio::task::spawn_blocking(testkit::Containerd::start)
+        .await
+        .unwrap();
+    let host = registry.host();
+    let tport = testkit::free_port();
+    let targs: Vec<String> = [
+        "tracker",
+        "--listen",
+        &format!("127.0.0.1:{tport}"),
+        "--cluster-token",
+        TOKEN,
+        "--data-dir",
+        &dir.path().join("tdata").display().to_string(),
+        "--registry-endpoint",
+        &format!("{host}={}", registry.url()),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let tracker = Proc::start(
+        targs,
+        tport,
+        dir.path().join("tracker.log"),
+        dir.path().to_owned(),
+    )
+    .await;
+    let port = testkit::free_port();
+    let aargs: Vec<String> = [
+        "agent",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--cache-dir",
+        &dir.path().join("n0").display().to_string(),
+        "--default-registry",
+        &host,
+        "--registry-endpoint",
+        &format!("{host}={}", registry.url()),
+        "--tracker",
+        &format!("http://127.0.0.1:{tport}"),
+        "--cluster-token",
+        TOKEN,
+        "--node-name",
+        "n0",
+        "--min-free",
+        "0",
+        "--containerd-socket",
+        &ctrd.socket().display().to_string(),
+        "--containerd-namespace",
+        testkit::CONTAINERD_NAMESPACE,
+        "--containerd-snapshotter",
+        "native",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let _agent = Proc::start(
+        aargs,
+        port,
+        dir.path().join("n0.log"),
+        dir.path().join("n0"),
+    )
+    .await;
+    let t = tracker.url();
+    wait_for("the node reported", async || {
+        json(&format!("{t}/api/v1/nodes")).await["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 1)
+    })
+    .await;
+    let job: serde_json::Value = reqwest::Client::new()
+        .post(format!("{t}/api/v1/prewarm"))
+        .json(&serde_json::json!({"images": [image.reference], "targets": {"nodes": ["n0"]}, "into_runtime": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = job["id"].as_u64().expect("job id");
+    wait_for("prewarm into the runtime", async || {
+        let s = json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"].clone();
+        s != "running"
+    })
+    .await;
+    let view = json(&format!("{t}/api/v1/prewarm/{id}")).await;
+    assert_eq!(view["progress"]["status"], "done", "{view}");
+    let out = tokio::task::spawn_blocking(move || ctrd.ctr(&["images", "ls"]).unwrap())
+        .await
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = listing
+        .lines()
+        .find(|l| l.contains("ml/runtime"))
+        .unwrap_or_else(|| panic!("image in containerd: {listing}"));
+    assert!(line.contains(&image.digest), "{line}");
+    assert!(line.contains("io.cri-containerd.pinned=pinned"), "{line}");
+}
