@@ -26,7 +26,7 @@ const RANGE_AHEAD_DIRECT: u64 = 16 << 20;
 /// Chunks buffered per client between the producer task and the socket.
 const CLIENT_BUFFER_CHUNKS: usize = 2;
 
-enum Source {
+pub(crate) enum Source {
     Complete,
     Inflight(Arc<Inflight>),
     /// The store cannot take this blob (disk full, over budget): stream without caching.
@@ -118,7 +118,7 @@ impl Agent {
 
     /// Finds or starts the download of a missing blob and learns its size. Errors here
     /// happen before any byte is sent, so they become proper HTTP statuses.
-    async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         registry: &str,
         repo: &str,
@@ -250,7 +250,7 @@ impl Agent {
 
     /// Streams `[start, end)` to the client, switching source when one fails. Returns
     /// false when the client went away or an unrecoverable error was sent.
-    async fn copy_range(
+    pub(crate) async fn copy_range(
         &self,
         registry: &str,
         repo: &str,

@@ -12,7 +12,6 @@ use axum::Json;
 use cluster::inventory::{BlobHolding, BlobRef, Download, ImageRecord, Pin, SourceBytes};
 use cluster::prewarm::NodeUpdate;
 use cluster::{Assignment, NodeReport};
-use futures::StreamExt;
 use http::{header, HeaderMap, StatusCode};
 use oci::{Digest, ImageReference, Manifest, ManifestRef};
 use tracing::{debug, info, warn};
@@ -216,27 +215,38 @@ impl Agent {
         d: &Digest,
         done: &AtomicU64,
     ) -> Result<(), String> {
-        if self.store.stat(d).is_some() {
-            done.fetch_add(self.store.stat(d).map_or(0, |r| r.size), Ordering::Relaxed);
+        if let Some(rec) = self.store.stat(d) {
+            done.fetch_add(rec.size, Ordering::Relaxed);
             return Ok(());
         }
-        let port = self.cfg.listen.port();
-        let url = format!("http://127.0.0.1:{port}/v2/{repo}/blobs/{d}?ns={registry}");
-        let r = reqwest::get(&url).await.map_err(|e| e.to_string())?;
-        if !r.status().is_success() {
-            return Err(format!("blob {d}: {}", r.status()));
-        }
-        let mut s = r.bytes_stream();
-        while let Some(c) = s.next().await {
+        // The same path a client takes (cache, swarm, registry), drained here.
+        let (_, total) = self
+            .acquire(registry, repo, d)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+        let (agent, reg, rep, dg) = (
+            self.clone(),
+            registry.to_owned(),
+            repo.to_owned(),
+            d.clone(),
+        );
+        tokio::spawn(async move { agent.copy_range(&reg, &rep, &dg, 0, total, &tx).await });
+        while let Some(item) = rx.recv().await {
             done.fetch_add(
-                c.map_err(|e| e.to_string())?.len() as u64,
+                item.map_err(|e| e.to_string())?.len() as u64,
                 Ordering::Relaxed,
             );
         }
-        if self.store.stat(d).is_none() {
-            return Err(format!("blob {d} did not reach the cache (disk full?)"));
+        // The download task finishes (verifies, moves into the store) just after the
+        // last byte was handed out.
+        for _ in 0..100 {
+            if self.store.stat(d).is_some() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(())
+        Err(format!("blob {d} did not reach the cache (disk full?)"))
     }
 
     async fn run_assignment(self, a: Assignment) {

@@ -529,3 +529,45 @@ async fn a_cache_that_cannot_take_the_blob_streams_it_without_caching() {
     assert_eq!(r.bytes().await.unwrap().len(), 100);
     agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn configured_pins_are_preloaded_and_survive_gc() {
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let img = TestImage::push_multilayer(&registry, "base/pytorch", "2.4", &[3 << 20, 1 << 20], 41)
+        .unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let reference = img.reference.clone();
+    let agent = start_agent(
+        cache.path(),
+        &registry.host(),
+        &registry.url(),
+        None,
+        move |c| c.pin = vec![reference],
+    )
+    .await;
+    let layers: Vec<oci::Digest> = img
+        .layers
+        .iter()
+        .map(|l| oci::Digest::parse(&l.digest).unwrap())
+        .collect();
+    for _ in 0..200 {
+        if layers.iter().all(|d| agent.agent.store.stat(d).is_some()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        layers.iter().all(|d| agent.agent.store.stat(d).is_some()),
+        "the pinned image was fetched when the node joined"
+    );
+    assert_eq!(
+        agent.metric("starling_agent_cache_hits_total"),
+        0.0,
+        "no client asked: the agent preloaded on its own"
+    );
+    // Under pressure, GC cannot take the pinned layers.
+    let report = agent.agent.store.gc_to(0).unwrap();
+    assert_eq!(report.evicted, 0, "pinned content survives GC: {report:?}");
+    assert!(layers.iter().all(|d| agent.agent.store.stat(d).is_some()));
+    agent.stop().await;
+}
