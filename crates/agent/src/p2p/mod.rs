@@ -232,14 +232,15 @@ impl P2p {
         }
     }
 
-    pub(crate) async fn fetch_hashes(
+    /// GET `{peer}/p2p/v1/blobs/{digest}/{what}` with the cluster token; non-2xx is an error.
+    async fn peer_get(
         &self,
         peer_addr: &str,
         d: &oci::Digest,
-        piece_size: u64,
-    ) -> Result<Vec<String>, String> {
+        what: &str,
+    ) -> Result<reqwest::Response, String> {
         let url = format!(
-            "{}/p2p/v1/blobs/{d}/hashes?piece_size={piece_size}",
+            "{}/p2p/v1/blobs/{d}/{what}",
             peer_addr.trim_end_matches('/')
         );
         let r = self
@@ -251,6 +252,18 @@ impl P2p {
         if !r.status().is_success() {
             return Err(format!("peer answered {}", r.status()));
         }
+        Ok(r)
+    }
+
+    pub(crate) async fn fetch_hashes(
+        &self,
+        peer_addr: &str,
+        d: &oci::Digest,
+        piece_size: u64,
+    ) -> Result<Vec<String>, String> {
+        let r = self
+            .peer_get(peer_addr, d, &format!("hashes?piece_size={piece_size}"))
+            .await?;
         r.json().await.map_err(|e| e.to_string())
     }
 
@@ -262,19 +275,13 @@ impl P2p {
         piece_size: u64,
     ) -> Result<bytes::Bytes, String> {
         use futures::StreamExt;
-        let url = format!(
-            "{}/p2p/v1/blobs/{d}/pieces/{piece}?piece_size={piece_size}",
-            peer_addr.trim_end_matches('/')
-        );
         let r = self
-            .authed(self.http.get(url))
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if !r.status().is_success() {
-            return Err(format!("peer answered {}", r.status()));
-        }
+            .peer_get(
+                peer_addr,
+                d,
+                &format!("pieces/{piece}?piece_size={piece_size}"),
+            )
+            .await?;
         let mut buf = Vec::with_capacity(piece_size as usize);
         let mut s = r.bytes_stream();
         while let Some(c) = s.next().await {
