@@ -465,17 +465,17 @@ fn store_err(e: store::Error) -> Error {
 
 /// Upstream 404 on a blob is BLOB_UNKNOWN, not the generic NAME_UNKNOWN.
 fn blob_err(e: Error, d: &Digest) -> Error {
-    match e {
+    match e.with_not_found_code(oci::ErrorCode::BlobUnknown) {
         Error::Upstream {
             registry,
             status: 404,
+            code,
             message,
             retry_after,
-            ..
         } => Error::Upstream {
             registry,
             status: 404,
-            code: Some(oci::ErrorCode::BlobUnknown),
+            code,
             message: format!("blob {d} unknown: {message}"),
             retry_after,
         },

@@ -193,22 +193,7 @@ impl Agent {
 
     fn upstream_failed(&self, e: Error) -> Error {
         self.metrics.upstream_errors.inc();
-        match e {
-            Error::Upstream {
-                registry,
-                status: 404,
-                message,
-                retry_after,
-                ..
-            } => Error::Upstream {
-                registry,
-                status: 404,
-                code: Some(oci::ErrorCode::ManifestUnknown),
-                message,
-                retry_after,
-            },
-            other => other,
-        }
+        e.with_not_found_code(oci::ErrorCode::ManifestUnknown)
     }
 }
 

@@ -164,6 +164,27 @@ impl Error {
         }
     }
 
+    /// A 404 from upstream says only "not found"; the caller knows whether a blob or a
+    /// manifest was missing and gives it the right OCI code.
+    pub fn with_not_found_code(self, code: ErrorCode) -> Self {
+        match self {
+            Self::Upstream {
+                registry,
+                status: 404,
+                message,
+                retry_after,
+                ..
+            } => Self::Upstream {
+                registry,
+                status: 404,
+                code: Some(code),
+                message,
+                retry_after,
+            },
+            other => other,
+        }
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::Upstream { status: 404, .. })
     }

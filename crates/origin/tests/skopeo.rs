@@ -17,7 +17,10 @@ fn have(tool: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skopeo_copies_and_umoci_unpacks() {
     // scripts/test installs skopeo and umoci; a missing tool is a failure, not a skip.
-    assert!(have("skopeo"), "skopeo is required (scripts/test installs it)");
+    assert!(
+        have("skopeo"),
+        "skopeo is required (scripts/test installs it)"
+    );
     let dir = tempfile::tempdir().expect("tmp");
     let img = generate(&dir.path().join("layout"));
     let srv = start(&dir.path().join("layout"), Some("starling/train"), None).await;
@@ -55,7 +58,10 @@ async fn skopeo_copies_and_umoci_unpacks() {
     let s = srv.stats().snapshot();
     assert!(s.blob_bytes_sent >= img.layers.iter().map(|l| l.size).sum::<u64>());
 
-    assert!(have("umoci"), "umoci is required (scripts/test installs it)");
+    assert!(
+        have("umoci"),
+        "umoci is required (scripts/test installs it)"
+    );
     let bundle = dir.path().join("bundle");
     let res = Command::new("umoci")
         .args(["unpack", "--rootless", "--image"])
