@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::metrics::SourceLabels;
+use crate::zerocopy::{Sink, SPAN_MAX};
 use crate::Agent;
 
 /// A range that starts this far beyond the bytes downloaded so far is fetched from the
@@ -39,6 +40,8 @@ pub struct BlobRequest<'a> {
     pub digest: &'a Digest,
     pub range: Option<&'a str>,
     pub head: bool,
+    /// The connection's zero-copy sink, when the transport supports it.
+    pub sink: Option<Sink>,
 }
 
 impl Agent {
@@ -53,7 +56,7 @@ impl Agent {
             let mut resp = plan.response_head(d, total, headers_len, status);
             if !req.head {
                 let started = Instant::now();
-                let file_stream = stream_plan_from_file(open, plan, total);
+                let file_stream = stream_plan_from_file(open, plan, total, req.sink.clone());
                 *resp.body_mut() = Body::from_stream(self.account(
                     file_stream,
                     "cache",
@@ -89,6 +92,7 @@ impl Agent {
         let (tx, rx) = mpsc::channel::<Result<Bytes, Error>>(CLIENT_BUFFER_CHUNKS);
         let agent = self.clone();
         let (registry, repo, digest) = (req.registry.to_owned(), req.repo.to_owned(), d.clone());
+        let sink = req.sink.clone();
         tokio::spawn(async move {
             for part in plan.parts(total) {
                 match part {
@@ -99,7 +103,15 @@ impl Agent {
                     }
                     Part::Range(r) => {
                         if !agent
-                            .copy_range(&registry, &repo, &digest, r.start, r.end + 1, &tx)
+                            .copy_range(
+                                &registry,
+                                &repo,
+                                &digest,
+                                r.start,
+                                r.end + 1,
+                                &tx,
+                                sink.as_ref(),
+                            )
                             .await
                         {
                             return;
@@ -224,7 +236,7 @@ impl Agent {
             match chunk {
                 Ok(c) => {
                     self.metrics.upstream_bytes.inc_by(c.len() as u64);
-                    if let Err(e) = writer.write(&c).await {
+                    if let Err(e) = writer.write_bytes(c).await {
                         warn!(digest = %d, error = %e, "download stopped: cannot write");
                         writer.fail(&e.to_string());
                         return;
@@ -249,7 +261,9 @@ impl Agent {
     }
 
     /// Streams `[start, end)` to the client, switching source when one fails. Returns
-    /// false when the client went away or an unrecoverable error was sent.
+    /// false when the client went away or an unrecoverable error was sent. With a
+    /// `sink`, bytes on disk are sent as file spans (zero-copy) rather than read.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn copy_range(
         &self,
         registry: &str,
@@ -258,6 +272,7 @@ impl Agent {
         mut pos: u64,
         end: u64,
         tx: &mpsc::Sender<Result<Bytes, Error>>,
+        sink: Option<&Sink>,
     ) -> bool {
         let mut failures = 0;
         while pos < end {
@@ -271,6 +286,14 @@ impl Agent {
             let stream: std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> =
                 match source {
                     Source::Complete => match self.store.open_complete(d) {
+                        Ok(Some(open)) if sink.is_some() => {
+                            let guard = open.guard;
+                            let sink = sink.cloned().unwrap_or_default();
+                            Box::pin(sink.stream_file(open.file, pos, end).map(move |b| {
+                                let _keep = &guard;
+                                Ok(b)
+                            }))
+                        }
                         Ok(Some(open)) => {
                             let guard = open.guard;
                             Box::pin(store::read_file(open.file, open.path, pos, end).map(
@@ -297,9 +320,17 @@ impl Agent {
                     Source::Inflight(inf) if pos > inf.progress().written + RANGE_AHEAD_DIRECT => {
                         self.passthrough(registry, repo, d, pos, end)
                     }
-                    Source::Inflight(inf) => Box::pin(
-                        store::read_inflight(inf, pos, Some(end)).map(|r| r.map_err(store_err)),
-                    ),
+                    Source::Inflight(inf) => match sink.cloned() {
+                        Some(sink) => Box::pin(
+                            store::inflight_spans(inf, pos, Some(end), SPAN_MAX).map(move |r| {
+                                r.map(|s| sink.chunk(s.file, s.offset, s.len))
+                                    .map_err(store_err)
+                            }),
+                        ),
+                        None => Box::pin(
+                            store::read_inflight(inf, pos, Some(end)).map(|r| r.map_err(store_err)),
+                        ),
+                    },
                     Source::Passthrough => self.passthrough(registry, repo, d, pos, end),
                 };
             futures::pin_mut!(stream);
@@ -600,6 +631,7 @@ fn stream_plan_from_file(
     open: store::OpenBlob,
     plan: Plan,
     total: u64,
+    sink: Option<Sink>,
 ) -> impl Stream<Item = Result<Bytes, Error>> + Send {
     let store::OpenBlob {
         file, path, guard, ..
@@ -610,10 +642,15 @@ fn stream_plan_from_file(
             move |p| -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
                 match p {
                     Part::Text(t) => Box::pin(futures::stream::once(async move { Ok(t) })),
-                    Part::Range(r) => Box::pin(
-                        store::read_file(file.clone(), path.clone(), r.start, r.end + 1)
-                            .map(|x| x.map_err(store_err)),
-                    ),
+                    Part::Range(r) => match &sink {
+                        Some(sink) => {
+                            Box::pin(sink.stream_file(file.clone(), r.start, r.end + 1).map(Ok))
+                        }
+                        None => Box::pin(
+                            store::read_file(file.clone(), path.clone(), r.start, r.end + 1)
+                                .map(|x| x.map_err(store_err)),
+                        ),
+                    },
                 }
             },
         )

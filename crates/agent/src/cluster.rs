@@ -231,7 +231,7 @@ impl Agent {
             repo.to_owned(),
             d.clone(),
         );
-        tokio::spawn(async move { agent.copy_range(&reg, &rep, &dg, 0, total, &tx).await });
+        tokio::spawn(async move { agent.copy_range(&reg, &rep, &dg, 0, total, &tx, None).await });
         while let Some(item) = rx.recv().await {
             done.fetch_add(
                 item.map_err(|e| e.to_string())?.len() as u64,

@@ -11,7 +11,9 @@ mod manifest;
 pub mod metrics;
 pub mod p2p;
 pub mod routes;
+mod server;
 pub mod setup;
+mod zerocopy;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -148,10 +150,8 @@ impl Agent {
         })?;
         info!(%addr, cache = %self.cfg.cache_dir.display(), "agent listening");
         self.spawn_background();
-        axum::serve(listener, self.router())
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| Error::Listen { addr, source: e })
+        server::serve(listener, self.router(), shutdown).await;
+        Ok(())
     }
 
     fn spawn_background(&self) {
@@ -379,6 +379,7 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
     let path = req.uri().path().to_owned();
     let query = req.uri().query().map(str::to_owned);
     let headers = req.headers().clone();
+    let sink = req.extensions().get::<zerocopy::Sink>().cloned();
     let route = match routes::parse(&path) {
         None => {
             let r = error_response(&oci::Error::Upstream {
@@ -404,7 +405,17 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
     }
     let ns = query_param(query.as_deref(), "ns");
     let ns = ns.as_deref();
-    let resp = match handle(&agent, route, &method, ns, query.as_deref(), &headers).await {
+    let resp = match handle(
+        &agent,
+        route,
+        &method,
+        ns,
+        query.as_deref(),
+        &headers,
+        sink.as_ref(),
+    )
+    .await
+    {
         Ok(r) => r,
         Err(e) => {
             debug!(%path, error = %e, "request failed");
@@ -439,6 +450,7 @@ async fn handle(
     ns: Option<&str>,
     query: Option<&str>,
     headers: &HeaderMap,
+    sink: Option<&zerocopy::Sink>,
 ) -> Result<Response, oci::Error> {
     let head = method == Method::HEAD;
     let hdr = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
@@ -481,6 +493,7 @@ async fn handle(
                     digest: &digest,
                     range: hdr(header::RANGE),
                     head,
+                    sink: sink.cloned(),
                 })
                 .await
         }

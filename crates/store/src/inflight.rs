@@ -35,6 +35,10 @@ pub struct Progress {
     pub written: u64,
     pub total: Option<u64>,
     pub status: Status,
+    /// Every byte is on disk and matches the digest; only durability (fsync, rename,
+    /// metadata) is still pending. Readers may release the final byte from here on:
+    /// the client's copy is correct whether or not the cache entry commits.
+    pub verified: bool,
 }
 
 /// Shared state of one download.
@@ -85,6 +89,34 @@ impl Inflight {
     }
 }
 
+/// A stretch of a blob file whose bytes are on disk and may be served: `len` bytes at
+/// `offset`. Holds the file open, so the bytes stay readable even if the file is
+/// renamed into the store or unlinked by GC meanwhile.
+#[derive(Clone, Debug)]
+pub struct FileSpan {
+    pub file: Arc<File>,
+    pub path: PathBuf,
+    pub offset: u64,
+    pub len: usize,
+}
+
+impl FileSpan {
+    /// Reads the span into memory (on the blocking pool).
+    pub async fn read(self) -> Result<Bytes, Error> {
+        let FileSpan {
+            file,
+            path,
+            offset,
+            len,
+        } = self;
+        tokio::task::spawn_blocking(move || {
+            read_exact_at(&file, offset, len).map_err(|e| Error::io(&path, e))
+        })
+        .await
+        .unwrap_or_else(|e| Err(Error::Db(format!("reader task: {e}"))))
+    }
+}
+
 /// Streams `[start, end)` of a blob that is being written. `end = None` means to the end
 /// of the blob (known once the writer learns the total). Yields an error if the writer
 /// fails before the range is covered; the caller decides where to get the rest.
@@ -93,7 +125,26 @@ pub fn read_inflight(
     start: u64,
     end: Option<u64>,
 ) -> impl Stream<Item = Result<Bytes, Error>> + Send {
+    use futures::StreamExt;
+    inflight_spans(inflight, start, end, READ_CHUNK).then(|span| async move {
+        match span {
+            Ok(span) => span.read().await,
+            Err(e) => Err(e),
+        }
+    })
+}
+
+/// Like [`read_inflight`], but yields where the bytes are instead of the bytes, each
+/// span at most `max_len` long, as soon as they are on disk (cut-through), so the
+/// caller can send them without reading them (`sendfile`).
+pub fn inflight_spans(
+    inflight: Arc<Inflight>,
+    start: u64,
+    end: Option<u64>,
+    max_len: usize,
+) -> impl Stream<Item = Result<FileSpan, Error>> + Send {
     let rx = inflight.subscribe();
+    let max_len = max_len.max(1);
     futures::stream::unfold(
         (inflight, rx, start, false),
         move |(inf, mut rx, pos, done)| async move {
@@ -125,25 +176,21 @@ pub fn read_inflight(
                 let mut available = p.written.min(limit.unwrap_or(u64::MAX));
                 // The last bytes of a blob are held back until the whole blob is verified:
                 // a client never sees a clean end of content that fails its digest.
-                if p.status != Status::Complete && p.total.is_some_and(|t| available >= t) {
+                if p.status != Status::Complete
+                    && !p.verified
+                    && p.total.is_some_and(|t| available >= t)
+                {
                     available = available.saturating_sub(1);
                 }
                 if available > pos {
-                    let len = ((available - pos) as usize).min(READ_CHUNK);
-                    let file = inf.file.clone();
-                    let path = inf.path.clone();
-                    let read = tokio::task::spawn_blocking(move || {
-                        read_exact_at(&file, pos, len).map_err(|e| Error::io(&path, e))
-                    })
-                    .await
-                    .unwrap_or_else(|e| Err(Error::Db(format!("reader task: {e}"))));
-                    return match read {
-                        Ok(buf) => {
-                            let n = buf.len() as u64;
-                            Some((Ok(buf), (inf, rx, pos + n, false)))
-                        }
-                        Err(e) => Some((Err(e), (inf, rx, pos, true))),
+                    let len = ((available - pos) as usize).min(max_len);
+                    let span = FileSpan {
+                        file: inf.file.clone(),
+                        path: inf.path.clone(),
+                        offset: pos,
+                        len,
                     };
+                    return Some((Ok(span), (inf, rx, pos + len as u64, false)));
                 }
                 match &p.status {
                     Status::Failed { reason, retryable } => {

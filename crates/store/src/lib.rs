@@ -30,7 +30,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 pub use error::Error;
-pub use inflight::{read_file, read_inflight, Inflight, Progress, Status};
+pub use inflight::{
+    inflight_spans, read_file, read_inflight, FileSpan, Inflight, Progress, Status,
+};
 pub use meta::{BlobRecord, PinRecord, TagRecord};
 use oci::{Digest, Verifier};
 pub use writer::BlobWriter;
@@ -322,6 +324,7 @@ impl Store {
                 written: 0,
                 total: expected_size,
                 status: Status::Running,
+                verified: false,
             });
             let inf = Arc::new(Inflight {
                 digest: d.clone(),

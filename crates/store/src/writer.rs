@@ -13,7 +13,7 @@ use crate::{meta, now_secs, BlobRecord, Error, Store};
 use oci::Verifier;
 
 /// Flush granularity: readers following a download see new bytes in steps of this size.
-const FLUSH_BYTES: usize = 128 << 10;
+const FLUSH_BYTES: usize = 1 << 20;
 
 /// The single writer of one blob. Dropping it without `finish` marks the download
 /// failed (readers are told) and keeps the partial file for a later resume.
@@ -24,6 +24,9 @@ pub struct BlobWriter {
     /// Bytes `[0, written)` are on disk, contiguous and fed to the verifier.
     pub(crate) written: u64,
     buf: Vec<u8>,
+    /// The previous flush, still being written on the blocking pool while the next
+    /// buffer fills; its bytes count as written (and are published) once it returns.
+    pending: Option<PendingWrite>,
     expected: Option<u64>,
     source: String,
     done: bool,
@@ -31,7 +34,25 @@ pub struct BlobWriter {
     pieces: Option<(PieceLayout, Bitfield)>,
     /// Pieces a previous run wrote beyond the prefix; untrusted until re-verified.
     pub(crate) claimed: Option<Sidecar>,
+    /// Sequential mode: the digest runs on its own thread, so hashing overlaps with
+    /// receiving, writing and serving instead of adding to them. `verifier` is taken
+    /// out while this runs and put back by `join_hasher`.
+    hasher: Option<BackgroundHasher>,
 }
+
+struct PendingWrite {
+    len: u64,
+    done: tokio::task::JoinHandle<(std::io::Result<()>, Vec<u8>)>,
+}
+
+struct BackgroundHasher {
+    chunks: tokio::sync::mpsc::Sender<Bytes>,
+    done: tokio::task::JoinHandle<Verifier>,
+}
+
+/// Chunks queued for the hasher: bounds the memory a download holds when the hash
+/// is slower than the network.
+const HASH_QUEUE_CHUNKS: usize = 16;
 
 /// `partial/<hex>.pieces`: which pieces a P2P download has written, so a restart keeps
 /// them. A torn or unreadable sidecar is ignored (only the re-hashed prefix is kept).
@@ -75,18 +96,33 @@ impl BlobWriter {
             verifier,
             written: 0,
             buf: Vec::new(),
+            pending: None,
             expected,
             source: source.to_owned(),
             done: false,
             pieces: None,
             claimed: None,
+            hasher: None,
         }
+    }
+
+    /// Stops the background hasher (if running) and puts its verifier back.
+    async fn join_hasher(&mut self) -> Result<(), Error> {
+        if let Some(h) = self.hasher.take() {
+            drop(h.chunks);
+            self.verifier = h
+                .done
+                .await
+                .map_err(|e| Error::Db(format!("hasher task: {e}")))?;
+        }
+        Ok(())
     }
 
     /// Switches to piece mode. Pieces inside the verified prefix count as held. Returns
     /// pieces a previous run wrote past the prefix: the caller re-verifies each with
     /// [`BlobWriter::read_piece`] and keeps it with [`BlobWriter::accept_existing`].
     pub fn enable_pieces(&mut self, layout: PieceLayout) -> Vec<u32> {
+        debug_assert!(self.hasher.is_none(), "piece mode after sequential writes");
         self.set_total(layout.blob_size);
         let mut have = Bitfield::new(layout.count());
         for i in 0..layout.count() {
@@ -224,7 +260,7 @@ impl BlobWriter {
 
     /// Where the next byte goes: resume the upstream fetch from here.
     pub fn offset(&self) -> u64 {
-        self.written + self.buf.len() as u64
+        self.written + self.pending.as_ref().map_or(0, |p| p.len) + self.buf.len() as u64
     }
 
     /// Where the bytes came from (`registry`, `peer`), recorded with the blob.
@@ -249,6 +285,11 @@ impl BlobWriter {
     }
 
     pub async fn write(&mut self, chunk: &[u8]) -> Result<(), Error> {
+        self.write_bytes(Bytes::copy_from_slice(chunk)).await
+    }
+
+    /// [`BlobWriter::write`] without copying the chunk for the hasher.
+    pub async fn write_bytes(&mut self, chunk: Bytes) -> Result<(), Error> {
         if let Some(exp) = self.expected {
             if self.offset() + chunk.len() as u64 > exp {
                 let actual = self.offset() + chunk.len() as u64;
@@ -259,40 +300,87 @@ impl BlobWriter {
                 .into());
             }
         }
-        self.verifier.update(chunk);
-        self.buf.extend_from_slice(chunk);
+        self.buf.extend_from_slice(&chunk);
+        self.hash(chunk).await?;
         if self.buf.len() >= FLUSH_BYTES {
             self.flush().await?;
         }
         Ok(())
     }
 
+    async fn hash(&mut self, chunk: Bytes) -> Result<(), Error> {
+        if self.pieces.is_some() {
+            self.verifier.update(&chunk);
+            return Ok(());
+        }
+        let h = match &mut self.hasher {
+            Some(h) => h,
+            None => {
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(HASH_QUEUE_CHUNKS);
+                let mut v = std::mem::replace(
+                    &mut self.verifier,
+                    Verifier::new(self.inflight.digest.clone()),
+                );
+                let done = tokio::task::spawn_blocking(move || {
+                    while let Some(c) = rx.blocking_recv() {
+                        v.update(&c);
+                    }
+                    v
+                });
+                self.hasher.insert(BackgroundHasher { chunks: tx, done })
+            }
+        };
+        if h.chunks.send(chunk).await.is_err() {
+            // The hasher thread died (panicked): nothing it computed can be trusted.
+            self.hasher = None;
+            return Err(Error::Db("hasher stopped".into()));
+        }
+        Ok(())
+    }
+
+    /// Hands the buffer to the blocking pool and returns once the previous one is on
+    /// disk, so writing overlaps with receiving the next buffer.
     async fn flush(&mut self) -> Result<(), Error> {
+        let spare = self.settle().await?;
         if self.buf.is_empty() {
             return Ok(());
         }
-        let buf = std::mem::take(&mut self.buf);
+        let buf = std::mem::replace(&mut self.buf, spare);
         let file = self.inflight.file.clone();
         let pos = self.written;
-        let path = self.inflight.path.clone();
-        let (res, mut buf) = tokio::task::spawn_blocking(move || {
-            let r = file.write_all_at(&buf, pos);
-            (r, buf)
-        })
-        .await
-        .map_err(|e| Error::Db(format!("writer task: {e}")))?;
-        res.map_err(|e| Error::io(&path, e))?;
-        self.written += buf.len() as u64;
-        buf.clear();
-        self.buf = buf;
-        self.publish();
+        self.pending = Some(PendingWrite {
+            len: buf.len() as u64,
+            done: tokio::task::spawn_blocking(move || {
+                let r = file.write_all_at(&buf, pos);
+                (r, buf)
+            }),
+        });
         Ok(())
+    }
+
+    /// Waits for the write in flight, publishes its bytes and returns its (emptied)
+    /// buffer for reuse.
+    async fn settle(&mut self) -> Result<Vec<u8>, Error> {
+        let Some(p) = self.pending.take() else {
+            return Ok(Vec::new());
+        };
+        let (res, mut buf) = p
+            .done
+            .await
+            .map_err(|e| Error::Db(format!("writer task: {e}")))?;
+        res.map_err(|e| Error::io(&self.inflight.path, e))?;
+        self.written += p.len;
+        buf.clear();
+        self.publish();
+        Ok(buf)
     }
 
     /// Verifies length and digest, makes the blob durable and moves it into the store.
     /// On mismatch the partial file is deleted: those bytes can never become valid.
     pub async fn finish(mut self) -> Result<u64, Error> {
         self.flush().await?;
+        self.settle().await?;
+        self.join_hasher().await?;
         let size = self.written;
         if let Some(exp) = self.expected {
             if size != exp {
@@ -310,6 +398,9 @@ impl BlobWriter {
             self.discard(&e.to_string());
             return Err(e);
         }
+        // Clients following this download get their last byte now; making the entry
+        // durable (fsync of the whole blob) is the cache's business, not theirs.
+        self.inflight.progress.send_modify(|p| p.verified = true);
         let store = self.store.clone();
         let d = self.inflight.digest.clone();
         let file = self.inflight.file.clone();
@@ -400,8 +491,10 @@ impl Drop for BlobWriter {
     fn drop(&mut self) {
         if !self.done {
             // Keep what was buffered: it is already hashed and part of the resume.
+            // A write still in flight completes on its own; the buffer goes after it.
             if !self.buf.is_empty() {
-                let _ = self.inflight.file.write_all_at(&self.buf, self.written);
+                let at = self.written + self.pending.as_ref().map_or(0, |p| p.len);
+                let _ = self.inflight.file.write_all_at(&self.buf, at);
             }
             self.fail("download abandoned");
         }
