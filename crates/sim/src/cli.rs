@@ -38,7 +38,8 @@ pub struct SimArgs {
     /// Override Starling's per-node upload and download limits (e.g. 25MiB/s).
     #[arg(long)]
     pub node_limit: Option<String>,
-    /// Read the image's layer sizes from this OCI layout instead of the scenario's.
+    /// Read the image's blobs from this OCI layout instead of the scenario's layers: the
+    /// config and the layers, in the order a pull client fetches them.
     #[arg(long)]
     pub oci_layout: Option<PathBuf>,
     /// Job sizes for the time-vs-nodes chart, e.g. 16,64,256 (overrides the scenario's).
@@ -78,7 +79,8 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
         sc.starling.download_limit = Some(v);
     }
     if let Some(dir) = &args.oci_layout {
-        sc.image.layers = crate::model::layers_from_oci_layout(dir, sc.image.reference.as_deref())?;
+        sc.image.layers =
+            crate::model::pull_blobs_from_oci_layout(dir, sc.image.reference.as_deref())?;
     }
     if let Some(s) = &args.sweep {
         sc.job.sweep_nodes = s.clone();

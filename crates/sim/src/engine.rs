@@ -3,7 +3,7 @@
 //! share bandwidth max-min fairly, completions trigger the next requests.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Instant;
 
 use oci::Digest;
@@ -32,6 +32,8 @@ pub struct Outcome {
     pub p2p_bytes: f64,
     pub cross_rack_bytes: f64,
     pub source_elections: u32,
+    /// Registry bytes streamed by each swarm source, by node name.
+    pub source_bytes: BTreeMap<String, f64>,
     pub announces: u64,
     pub steps: u64,
     pub piece_transfers: u64,
@@ -53,7 +55,15 @@ enum Kind {
     Whole { slot: u32, layer: u32 },
     /// One piece of the source's sequential registry stream.
     RegPiece { slot: u32, layer: u32, piece: u32 },
-    /// One piece between agents.
+    /// The holder paces one piece through its upload token bucket while it holds an
+    /// upload slot (before the response body is written).
+    Upload {
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        from: u32,
+    },
+    /// One piece between agents (the response body, paced by the reader).
     Piece {
         slot: u32,
         layer: u32,
@@ -77,8 +87,16 @@ struct Flow {
 #[derive(Clone, Copy, Debug)]
 enum Timer {
     Arrive(u32),
-    Announce { slot: u32, layer: u32 },
-    Heartbeat { slot: u32, layer: u32 },
+    Announce {
+        slot: u32,
+        layer: u32,
+    },
+    Heartbeat {
+        slot: u32,
+        layer: u32,
+    },
+    /// The node's pull client has the manifest: its layer fetches begin.
+    Manifest(u32),
     Start(Kind),
 }
 
@@ -122,6 +140,14 @@ pub struct Engine<'a> {
     slot_index: Vec<u32>,
     /// Piece uploads in progress per cluster node (the agent's upload slots).
     uploads: Vec<u32>,
+    /// Piece requests running per participant (the agent-wide `max_piece_requests`
+    /// semaphore) and those waiting for it, in order (tokio's semaphore is fair).
+    requests: Vec<u32>,
+    request_queue: Vec<VecDeque<Kind>>,
+    /// Token-bucket resources (Starling's limits), their tokens and per-step usage.
+    buckets: Vec<u32>,
+    tokens: Vec<f64>,
+    bucket_used: Vec<f64>,
     pulls: Vec<Pull>,
     layers: usize,
     flows: Vec<Flow>,
@@ -244,6 +270,13 @@ impl<'a> Engine<'a> {
                 });
             }
         }
+        let participants = nodes.len();
+        let buckets: Vec<u32> = (0..net.burst.len() as u32)
+            .filter(|&r| net.burst[r as usize] > 0.0)
+            .collect();
+        // Buckets start full, as `TokenBucket::new` does.
+        let tokens = net.burst.clone();
+        let bucket_used = vec![0.0; net.burst.len()];
         Self {
             sc,
             net,
@@ -257,6 +290,11 @@ impl<'a> Engine<'a> {
             nodes,
             slot_index: slot_of,
             uploads: vec![0; n],
+            requests: vec![0; participants],
+            request_queue: vec![VecDeque::new(); participants],
+            buckets,
+            tokens,
+            bucket_used,
             pulls,
             layers,
             flows: Vec::new(),
@@ -282,6 +320,15 @@ impl<'a> Engine<'a> {
             .push(Reverse((ns(t), self.seq, TimerBox(timer))));
     }
 
+    /// One registry request's latency for participant `s` and layer `l` (`u32::MAX`:
+    /// the manifest): `latency_ms` plus a pseudo-random share of `latency_jitter_ms`
+    /// that is fixed by (node, layer), so runs stay reproducible.
+    fn registry_latency(&self, s: u32, l: u32) -> f64 {
+        let r = &self.sc.registry;
+        let u = seed_for(&format!("{s}/{l}")) as f64 / u64::MAX as f64;
+        (r.latency_ms + r.latency_jitter_ms * u) / 1e3
+    }
+
     fn pull(&mut self, slot: u32, layer: u32) -> &mut Pull {
         &mut self.pulls[slot as usize * self.layers + layer as usize]
     }
@@ -299,7 +346,13 @@ impl<'a> Engine<'a> {
         let wall = Instant::now();
         let job_nodes = self.nodes.iter().filter(|n| n.job).count();
         let spread = self.sc.job.arrival_spread_s;
-        for s in 0..self.nodes.len() as u32 {
+        // Nodes that arrive together announce in no particular order (in the benchmark
+        // the first of 16 agents to announce becomes the source: any of them). Firing
+        // them in slot order would always elect `n0`, the name every scheduler prefers
+        // on ties (`PieceScheduler::pick_peer`), and pile requests onto the source.
+        let mut order: Vec<u32> = (0..self.nodes.len() as u32).collect();
+        order.sort_by_key(|&s| seed_for(&format!("arrive{s}")));
+        for s in order {
             let sn = &self.nodes[s as usize];
             let t = if sn.job && spread > 0.0 && job_nodes > 1 {
                 spread * s as f64 / (job_nodes - 1) as f64
@@ -343,6 +396,9 @@ impl<'a> Engine<'a> {
             self.out.steps += 1;
             // Advance flows; collect those finishing by t_end with their exact time.
             let dt = t_end - self.now;
+            if !self.buckets.is_empty() {
+                self.refill_buckets(dt);
+            }
             let mut i = 0;
             while i < self.flows.len() {
                 let r = self.rates[i];
@@ -424,6 +480,7 @@ impl<'a> Engine<'a> {
                     self.at(self.now + every, Timer::Heartbeat { slot, layer });
                 }
             }
+            Timer::Manifest(s) => self.start_more(s),
             Timer::Start(kind) => self.start_flow(kind),
         }
     }
@@ -444,7 +501,11 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        self.start_more(s);
+        // The pull client asks the registry (through the agent) for the manifest first.
+        if !self.nodes[s as usize].queue.is_empty() {
+            let t = self.now + self.registry_latency(s, u32::MAX);
+            self.at(t, Timer::Manifest(s));
+        }
     }
 
     fn start_more(&mut self, s: u32) {
@@ -476,7 +537,7 @@ impl<'a> Engine<'a> {
             return;
         }
         p.direct = true;
-        let t = self.now + self.sc.registry.latency_ms / 1e3;
+        let t = self.now + self.registry_latency(s, l);
         self.at(t, Timer::Start(Kind::Whole { slot: s, layer: l }));
     }
 
@@ -592,7 +653,7 @@ impl<'a> Engine<'a> {
                         }
                     }
                     let first = p.sched.as_ref().map_or(0, |x| x.have().prefix());
-                    let t = self.now + self.sc.registry.latency_ms / 1e3;
+                    let t = self.now + self.registry_latency(s, l);
                     self.at(
                         t,
                         Timer::Start(Kind::RegPiece {
@@ -635,25 +696,44 @@ impl<'a> Engine<'a> {
             None => return,
         };
         self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
-        let lat = self.sc.starling.peer_latency_ms / 1e3;
         for r in reqs {
             let from: u32 = r
                 .peer
                 .strip_prefix('n')
                 .and_then(|x| x.parse().ok())
                 .unwrap_or(0);
-            let kind = Kind::Piece {
+            self.request_queue[s as usize].push_back(Kind::Piece {
                 slot: s,
                 layer: l,
                 piece: r.piece,
                 from,
+            });
+        }
+        self.drain_requests(s);
+    }
+
+    /// Starts queued piece requests while the agent-wide cap allows. A request counts
+    /// against the scheduler's per-peer and per-blob limits from the moment it is
+    /// queued (the agent spawns it, then waits for the semaphore), and holds its
+    /// semaphore permit until its response ends (body read, or refused).
+    fn drain_requests(&mut self, s: u32) {
+        let cap = self.sc.starling.max_piece_requests.max(1);
+        let lat = self.sc.starling.peer_latency_ms / 1e3;
+        while self.requests[s as usize] < cap {
+            let Some(kind) = self.request_queue[s as usize].pop_front() else {
+                break;
             };
+            self.requests[s as usize] += 1;
             if lat > 0.0 {
                 self.at(self.now + lat, Timer::Start(kind));
             } else {
                 self.start_flow(kind);
             }
         }
+    }
+
+    fn release_request(&mut self, s: u32) {
+        self.requests[s as usize] = self.requests[s as usize].saturating_sub(1);
     }
 
     fn add_flow(&mut self, origin: Origin, dst: Option<u32>, bytes: u64, kind: Kind) {
@@ -665,12 +745,62 @@ impl<'a> Engine<'a> {
             // Cache fill: only the registry side is modelled.
             None => (FlowPath::new(&[0], self.net.per_connection), false),
         };
+        self.add_flow_path(path, bytes, kind, cross);
+    }
+
+    /// Token buckets refill at their rate minus what their flows used over `dt`, up to
+    /// the burst. Called before the flows advance by `dt` at their current rates.
+    fn refill_buckets(&mut self, dt: f64) {
+        for &b in &self.buckets {
+            self.bucket_used[b as usize] = 0.0;
+        }
+        for (f, &r) in self.flows.iter().zip(&self.rates) {
+            let busy = if r > 0.0 {
+                (f.remaining / r).min(dt)
+            } else {
+                0.0
+            };
+            for &res in f.path.resources() {
+                if self.net.burst[res as usize] > 0.0 {
+                    self.bucket_used[res as usize] += r * busy;
+                }
+            }
+        }
+        for &b in &self.buckets {
+            let b = b as usize;
+            let spare = self.net.caps[b] * dt - self.bucket_used[b];
+            self.tokens[b] = (self.tokens[b] + spare).clamp(0.0, self.net.burst[b]);
+        }
+    }
+
+    fn add_flow_path(&mut self, path: FlowPath, bytes: u64, kind: Kind, cross_rack: bool) {
+        // A token bucket with tokens left lets the first bytes through at once (the
+        // links behind Starling's limits are much faster than the limits); the rest
+        // flows at the bucket's rate.
+        let mut remaining = bytes as f64;
+        if !self.buckets.is_empty() {
+            let free = path
+                .resources()
+                .iter()
+                .filter(|&&r| self.net.burst[r as usize] > 0.0)
+                .map(|&r| self.tokens[r as usize])
+                .fold(f64::INFINITY, f64::min);
+            if free.is_finite() && free > 0.0 {
+                let take = free.min(remaining);
+                remaining -= take;
+                for &r in path.resources() {
+                    if self.net.burst[r as usize] > 0.0 {
+                        self.tokens[r as usize] -= take;
+                    }
+                }
+            }
+        }
         self.flows.push(Flow {
             path,
-            remaining: bytes as f64,
+            remaining,
             bytes: bytes as f64,
             kind,
-            cross_rack: cross,
+            cross_rack,
         });
         self.rates.push(0.0);
         self.dirty = true;
@@ -701,14 +831,15 @@ impl<'a> Engine<'a> {
                 let held = self.holds(from, layer, piece);
                 let slots_full = self.uploads[from as usize] >= self.sc.starling.max_uploads;
                 if !held || slots_full {
-                    // 404 (a wrong view) or 503 (upload slots full): like the agent,
-                    // release the request, drop the peer until the tracker's next
-                    // answer, and ask someone else.
+                    // 404 (a wrong view) or 503 (upload slots full): as the agent does,
+                    // release the request, drop the peer until the tracker's next answer
+                    // (download.rs, `Event::Piece` with an error), and ask someone else.
                     if held {
                         self.out.refused_requests += 1;
                     } else {
                         self.out.failed_requests += 1;
                     }
+                    self.release_request(slot);
                     let name = self.names[from as usize].clone();
                     let p = self.pull(slot, layer);
                     if let Some(sch) = p.sched.as_mut() {
@@ -717,19 +848,46 @@ impl<'a> Engine<'a> {
                     }
                     p.peers.retain(|x| x != &name);
                     self.pump(slot, layer);
+                    self.drain_requests(slot);
                     return;
                 }
-                self.uploads[from as usize] += 1;
-                let node = self.nodes[slot as usize].node;
                 let len = self.piece_len(layer, piece);
-                self.add_flow(Origin::Node(from), Some(node), len, kind);
+                match self.net.upload_bucket(from) {
+                    Some(path) => {
+                        self.uploads[from as usize] += 1;
+                        let up = Kind::Upload {
+                            slot,
+                            layer,
+                            piece,
+                            from,
+                        };
+                        self.add_flow_path(path, len, up, false);
+                    }
+                    // No upload limit: the slot covers only reading the piece from disk.
+                    None => self.start_body(slot, layer, piece, from),
+                }
             }
+            Kind::Upload { .. } => {}
             Kind::CacheFill { layer, piece } => {
                 let len = self.piece_len(layer, piece);
                 self.add_flow(Origin::Registry, None, len, kind);
             }
             Kind::CacheRead { slot, layer } => self.cache_next(slot, layer),
         }
+    }
+
+    /// The response body of a piece request: from the holder to the requester over the
+    /// network, paced by the requester's download limit.
+    fn start_body(&mut self, slot: u32, layer: u32, piece: u32, from: u32) {
+        let node = self.nodes[slot as usize].node;
+        let len = self.piece_len(layer, piece);
+        let kind = Kind::Piece {
+            slot,
+            layer,
+            piece,
+            from,
+        };
+        self.add_flow(Origin::Node(from), Some(node), len, kind);
     }
 
     /// Ground truth: does cluster node `node` hold `piece` of `layer`?
@@ -770,7 +928,7 @@ impl<'a> Engine<'a> {
         self.cache_waiters[l as usize].push(s);
         if !self.cache_filling[l as usize] {
             self.cache_filling[l as usize] = true;
-            let t = self.now + self.sc.registry.latency_ms / 1e3;
+            let t = self.now + self.registry_latency(u32::MAX, l);
             self.at(t, Timer::Start(Kind::CacheFill { layer: l, piece: 0 }));
         }
     }
@@ -784,6 +942,12 @@ impl<'a> Engine<'a> {
             }
             Kind::RegPiece { slot, layer, piece } => {
                 self.out.registry_bytes += bytes;
+                let node = self.nodes[slot as usize].node as usize;
+                *self
+                    .out
+                    .source_bytes
+                    .entry(self.names[node].clone())
+                    .or_default() += bytes;
                 let count = self.count(layer);
                 let p = self.pull(slot, layer);
                 let Some(sch) = p.sched.as_mut() else { return };
@@ -802,13 +966,22 @@ impl<'a> Engine<'a> {
                     }
                 }
             }
-            Kind::Piece {
+            Kind::Upload {
                 slot,
                 layer,
                 piece,
                 from,
             } => {
                 self.uploads[from as usize] -= 1;
+                self.start_body(slot, layer, piece, from);
+            }
+            Kind::Piece {
+                slot,
+                layer,
+                piece,
+                from,
+            } => {
+                self.release_request(slot);
                 self.out.p2p_bytes += bytes;
                 self.out.piece_transfers += 1;
                 if cross {
@@ -816,13 +989,15 @@ impl<'a> Engine<'a> {
                 }
                 let name = &self.names[from as usize];
                 let p = &mut self.pulls[slot as usize * self.layers + layer as usize];
-                let Some(sch) = p.sched.as_mut() else { return };
-                sch.on_done(piece, name);
-                if sch.is_complete() {
-                    self.layer_done(slot, layer);
-                } else {
-                    self.pump(slot, layer);
+                if let Some(sch) = p.sched.as_mut() {
+                    sch.on_done(piece, name);
+                    if sch.is_complete() {
+                        self.layer_done(slot, layer);
+                    } else {
+                        self.pump(slot, layer);
+                    }
                 }
+                self.drain_requests(slot);
             }
             Kind::CacheFill { layer, piece } => {
                 self.out.registry_bytes += bytes;

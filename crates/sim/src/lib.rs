@@ -18,16 +18,34 @@
 //!   directions (crossed only by flows leaving or entering them), the registry's
 //!   total egress plus a per-connection cap, the shared cache's egress. Rates are the
 //!   max-min fair allocation (progressive filling) over the flows in progress.
-//! - Agents (P2P), as `crates/agent/src/p2p/download.rs` does it: announce when a blob
-//!   starts, every `announce_interval_ms` while downloading and once when complete;
-//!   the tracker's reply gives the role and up to `max_peers` peers, whose bitfields
-//!   are handed to the `PieceScheduler` (`set_peer`; peers missing from the reply are
-//!   removed). A Source claims the whole blob and streams it from the registry on one
-//!   connection, piece by piece, publishing piece hashes at its next announces.
-//!   `next_requests` decides every piece request (per-agent seed
-//!   `seed_for(node)`, 2 in flight per peer, 4 per blob). A holder serves at most
-//!   `max_uploads` pieces at once; a request beyond that is refused (503): the agent
-//!   calls `on_failed` and `remove_peer` until the tracker hands the peer out again.
+//! - Agents (P2P), as `crates/agent/src/p2p/{download,serve}.rs` do it: announce when a
+//!   blob starts, every `announce_interval_ms` while downloading and once when
+//!   complete; the tracker's reply gives the role and up to `max_peers` peers, whose
+//!   bitfields are handed to the `PieceScheduler` (`set_peer`; peers missing from the
+//!   reply are removed). A Source claims the whole blob and streams it from the
+//!   registry on one connection, piece by piece, publishing piece hashes at its next
+//!   announces. `next_requests` decides every piece request (per-agent seed
+//!   `seed_for(node)`, `SchedulerConfig::default()` limits per peer and per blob).
+//!   Requests then wait for one of the agent-wide `max_piece_requests` permits (4; a
+//!   fair semaphore, so in order), and hold it until the response ends.
+//! - Serving a piece (serve.rs): the holder takes one of its `max_uploads` slots or
+//!   answers 503, reads the piece and pays its upload token bucket for it while holding
+//!   the slot, then releases the slot and writes the body. So with an upload limit a
+//!   piece crosses two stages: the holder's upload bucket (slot held), then the network
+//!   to the requester, paced by the requester's download bucket (request permit held).
+//!   Without an upload limit the slot covers only the disk read. On a 503 (or 404) the
+//!   requester calls `on_failed` and `remove_peer` until the tracker hands the peer out
+//!   again (download.rs, `Event::Piece` with an error).
+//! - Token buckets (Starling's upload and download limits, the agent's
+//!   `TokenBucket::new`): they start full and refill up to a burst of 1/20 s worth
+//!   (≥ 256 KiB) while under-used; a transfer starting on a bucket with tokens gets that
+//!   many bytes through at once.
+//! - The pull client (`oci::pull`): one registry round trip for the manifest, then the
+//!   image's blobs in order (`--oci-layout` reads the config and the layers) with
+//!   `layer_concurrency` at once. Every registry request takes `registry.latency_ms`
+//!   plus a pseudo-random share of `registry.latency_jitter_ms`, fixed per (node,
+//!   blob): when nodes start together, that jitter decides who announces a blob first
+//!   and so becomes its source, which matters (BENCHMARKS.md, issue 6).
 //!   Complete agents re-announce every `seed_heartbeat_ms` (the agent's seeding loop,
 //!   1 s) to stay in handouts.
 //!   Blobs below `min_p2p_size` go to the registry directly (`Role::Direct`).
@@ -42,8 +60,9 @@
 //! - Pieces are verified the moment they arrive (the agent waits for the piece's hash
 //!   from the tracker; the source publishes hashes ahead of the holders' bitfields, so
 //!   this rarely costs anything) and unpacking is not modelled.
-//! - The demo client's agent-wide cap of 8 concurrent piece fetches is not modelled
-//!   (per-blob 4 in flight is).
+//! - The upload bucket is shared fairly by the pieces in their upload stage (the
+//!   agent's bucket serves whole-piece reservations in order: same throughput, a
+//!   different order of completion).
 //! - `sim.quantum_ms > 0`: rates are recomputed at most once per quantum; a flow that
 //!   finishes inside a quantum completes at its exact time, but the bandwidth it frees
 //!   (and the requests its completion triggers) start at the quantum's end. Error

@@ -30,6 +30,16 @@ pub struct Network {
     pub topology: Vec<Topology>,
     /// The shared-host resource, when modelled.
     host: Option<ResId>,
+    /// First of the per-node upload token buckets (P2P with `starling.upload_limit`).
+    upload_buckets: Option<ResId>,
+    /// Per resource: the burst of the token bucket it stands for (0: a plain link).
+    pub burst: Vec<f64>,
+}
+
+/// The agent's token-bucket burst for a limit of `rate` bytes/s: 1/20 s worth, at least
+/// 256 KiB (`origin::limiter::default_burst`, which `TokenBucket::new` uses).
+pub fn default_burst(rate: f64) -> f64 {
+    (rate / 20.0).max(256.0 * 1024.0)
 }
 
 const REGISTRY: ResId = 0;
@@ -53,16 +63,23 @@ impl Network {
             c.racks_per_zone
         };
         let zones = racks.div_ceil(per_zone).max(1);
-        let mut up = c.nic_up.0;
+        let up = c.nic_up.0;
         let mut down = c.nic_down.0;
         if let Some(d) = c.disk_write {
             down = down.min(d.0);
         }
+        // The agent paces uploads with a token bucket while it holds an upload slot,
+        // before the response body is written (crates/agent/src/p2p/serve.rs), so the
+        // upload limit is its own stage (see `upload_bucket`), not part of the uplink.
+        // The download bucket paces reading the body and the source's registry stream.
+        let upload_limit = sc
+            .starling
+            .upload_limit
+            .filter(|_| transport == Transport::P2p);
+        let mut down_bucket = false;
         if transport == Transport::P2p {
-            if let Some(l) = sc.starling.upload_limit {
-                up = up.min(l.0);
-            }
             if let Some(l) = sc.starling.download_limit {
+                down_bucket = l.0 < down;
                 down = down.min(l.0);
             }
         }
@@ -77,6 +94,24 @@ impl Network {
             caps.push(h.0);
             (caps.len() - 1) as ResId
         });
+        let upload_buckets = upload_limit.map(|l| {
+            let first = caps.len() as ResId;
+            caps.extend(std::iter::repeat_n(l.0, n));
+            first
+        });
+        let mut burst = vec![0.0; caps.len()];
+        if let Some(first) = upload_buckets {
+            for i in 0..n {
+                let r = first as usize + i;
+                burst[r] = default_burst(caps[r]);
+            }
+        }
+        if down_bucket {
+            for i in 0..n {
+                let r = 2 + n + i;
+                burst[r] = default_burst(caps[r]);
+            }
+        }
         let rack_of: Vec<u32> = (0..n).map(|i| (i / per_rack) as u32).collect();
         let zone_of_rack: Vec<u32> = (0..racks).map(|r| (r / per_zone) as u32).collect();
         let has_racks = c.nodes_per_rack > 0;
@@ -106,7 +141,15 @@ impl Network {
             per_connection: sc.registry.per_connection.map_or(f64::INFINITY, |r| r.0),
             topology,
             host,
+            upload_buckets,
+            burst,
         }
+    }
+
+    /// The upload token bucket of node `i` as a one-resource path, if uploads are limited.
+    pub fn upload_bucket(&self, i: u32) -> Option<FlowPath> {
+        self.upload_buckets
+            .map(|b| FlowPath::new(&[b + i], f64::INFINITY))
     }
 
     fn up(&self, i: u32) -> ResId {
@@ -184,6 +227,25 @@ impl Network {
 
 /// Layer sizes of an image in an OCI layout (`index.json` → manifest → layers).
 pub fn layers_from_oci_layout(dir: &Path, reference: Option<&str>) -> Result<Vec<Layer>, Error> {
+    Ok(blobs_from_oci_layout(dir, reference)?.1)
+}
+
+/// The blobs a pull client fetches, in its order: the config, then the layers (as
+/// `oci::pull` does with `Manifest::blobs`). The config is tiny, but it occupies one
+/// of the client's concurrent fetches for a registry round trip, which staggers when
+/// the next layer is announced.
+pub fn pull_blobs_from_oci_layout(
+    dir: &Path,
+    reference: Option<&str>,
+) -> Result<Vec<Layer>, Error> {
+    let (config, layers) = blobs_from_oci_layout(dir, reference)?;
+    Ok(config.into_iter().chain(layers).collect())
+}
+
+fn blobs_from_oci_layout(
+    dir: &Path,
+    reference: Option<&str>,
+) -> Result<(Option<Layer>, Vec<Layer>), Error> {
     let read = |p: &Path| -> Result<serde_json::Value, Error> {
         let text = std::fs::read(p).map_err(|e| Error::Io(format!("{}: {e}", p.display())))?;
         serde_json::from_slice(&text).map_err(|e| Error::Scenario(format!("{}: {e}", p.display())))
@@ -228,7 +290,11 @@ pub fn layers_from_oci_layout(dir: &Path, reference: Option<&str>) -> Result<Vec
             dir.display()
         )));
     }
-    Ok(layers
+    let config = m["config"]["size"].as_u64().map(|size| Layer {
+        name: "config".into(),
+        size: crate::scenario::Bytes(size),
+    });
+    let layers = layers
         .iter()
         .enumerate()
         .map(|(i, l)| {
@@ -239,5 +305,6 @@ pub fn layers_from_oci_layout(dir: &Path, reference: Option<&str>) -> Result<Vec
                 size: crate::scenario::Bytes(l["size"].as_u64().unwrap_or(0)),
             }
         })
-        .collect())
+        .collect();
+    Ok((config, layers))
 }

@@ -31,6 +31,9 @@ pub struct StrategyResult {
     /// max(S/U_origin, S/D_node, N·S/(U_origin + N·U_node)).
     pub bound_s: f64,
     pub source_elections: u32,
+    /// Registry bytes each swarm source streamed, by node (which agents the tracker
+    /// elected decides how fast the image enters the cluster).
+    pub source_bytes: std::collections::BTreeMap<String, f64>,
     pub announces: u64,
     pub piece_transfers: u64,
     pub failed_requests: u64,
@@ -165,6 +168,7 @@ pub fn result(
         failed_requests: o.failed_requests,
         refused_requests: o.refused_requests,
         source_elections: o.source_elections,
+        source_bytes: o.source_bytes,
         announces: o.announces,
         piece_transfers: o.piece_transfers,
         steps: o.steps,

@@ -161,6 +161,11 @@ pub struct Registry {
     pub per_connection: Option<Rate>,
     #[serde(default)]
     pub latency_ms: f64,
+    /// Each registry request (manifest, blob, source stream) takes `latency_ms` plus a
+    /// deterministic pseudo-random share of this. Which agent announces a blob first,
+    /// and so becomes its source, is decided by such jitter when nodes start together.
+    #[serde(default)]
+    pub latency_jitter_ms: f64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -195,6 +200,9 @@ pub struct Starling {
     pub peer_latency_ms: f64,
     /// Concurrent piece uploads per agent; more requests are refused (503).
     pub max_uploads: u32,
+    /// Piece requests running at once per agent, over all its blobs (the agent's
+    /// `max_piece_requests`); further requests wait in order.
+    pub max_piece_requests: u32,
     /// How often an agent re-announces the complete blobs it holds (the agent's
     /// `/swarm/v1/seeding` loop: every second).
     pub seed_heartbeat_ms: u64,
@@ -218,6 +226,8 @@ impl Default for Starling {
             peer_latency_ms: 0.5,
             // The agent's default `max_uploads`.
             max_uploads: 2,
+            // The agent's default `max_piece_requests`.
+            max_piece_requests: 4,
             seed_heartbeat_ms: 1000,
         }
     }
@@ -244,6 +254,7 @@ impl Starling {
             max_inflight_total: partial.max_inflight_total.unwrap_or(d.max_inflight_total),
             peer_latency_ms: partial.peer_latency_ms.unwrap_or(d.peer_latency_ms),
             max_uploads: partial.max_uploads.unwrap_or(d.max_uploads),
+            max_piece_requests: partial.max_piece_requests.unwrap_or(d.max_piece_requests),
             seed_heartbeat_ms: partial.seed_heartbeat_ms.unwrap_or(d.seed_heartbeat_ms),
         }
     }
@@ -263,6 +274,7 @@ struct StarlingPartial {
     max_inflight_total: Option<u32>,
     peer_latency_ms: Option<f64>,
     max_uploads: Option<u32>,
+    max_piece_requests: Option<u32>,
     seed_heartbeat_ms: Option<u64>,
 }
 
@@ -476,9 +488,10 @@ impl Scenario {
             || self.starling.max_inflight_total == 0
             || self.starling.max_inflight_per_peer == 0
             || self.starling.max_uploads == 0
+            || self.starling.max_piece_requests == 0
             || self.starling.seed_heartbeat_ms == 0
         {
-            return bad("starling: announce_interval_ms, max_inflight_per_peer, max_inflight_total and max_uploads must be > 0".into());
+            return bad("starling: announce_interval_ms, max_inflight_per_peer, max_inflight_total, max_uploads and max_piece_requests must be > 0".into());
         }
         if self.job.layer_concurrency == 0 {
             return bad("job.layer_concurrency must be at least 1".into());

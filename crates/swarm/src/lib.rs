@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bitfield;
+mod peers;
 pub mod pieces;
 pub mod protocol;
 pub mod scheduler;

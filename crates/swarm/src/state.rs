@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use oci::Digest;
 use serde::Serialize;
 
+use crate::peers::{Ask, PeerEntry, PeerTable};
 use crate::pieces::{piece_size_for, DEFAULT_PIECE_SIZE};
-use crate::protocol::{AnnounceRequest, AnnounceResponse, PeerInfo, Role, Topology};
-use crate::Bitfield;
+use crate::protocol::{AnnounceRequest, AnnounceResponse, PeerInfo, Role};
 
 #[derive(Clone, Debug)]
 pub struct SwarmConfig {
@@ -42,22 +42,13 @@ impl Default for SwarmConfig {
     }
 }
 
-#[derive(Clone, Debug)]
-struct PeerEntry {
-    addr: String,
-    topology: Topology,
-    have: Option<Bitfield>,
-    complete: bool,
-    last_seen: u64,
-}
-
 #[derive(Clone, Debug, Default)]
 struct Swarm {
     size: Option<u64>,
     piece_size: u64,
     hashes: BTreeMap<u32, String>,
     source: Option<String>,
-    peers: HashMap<String, PeerEntry>,
+    peers: PeerTable,
     bad: HashMap<String, u64>,
     /// Times a source was elected: 1 means the registry was asked once.
     elections: u32,
@@ -114,16 +105,14 @@ impl TrackerState {
                 swarm.source = None;
             }
         } else {
-            swarm.peers.insert(
-                req.node.clone(),
-                PeerEntry {
-                    addr: req.addr.clone(),
-                    topology: req.topology.clone(),
-                    have: req.have.clone(),
-                    complete: req.complete,
-                    last_seen: now,
-                },
-            );
+            swarm.peers.upsert(PeerEntry::new(
+                &req.node,
+                &req.addr,
+                &req.topology,
+                req.have.clone(),
+                req.complete,
+                now,
+            ));
         }
         let source_alive = |s: &Swarm| {
             s.source
@@ -141,12 +130,16 @@ impl TrackerState {
                 swarm.hashes.entry(*i).or_insert_with(|| h.clone());
             }
         }
-        let any_complete = swarm.peers.iter().any(|(n, p)| {
-            p.complete
-                && n != &req.node
-                && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms
-                && !swarm.bad.contains_key(n)
-        });
+        let ask = Ask {
+            node: &req.node,
+            topology: &req.topology,
+            now,
+            ttl_ms: cfg.peer_ttl_ms,
+            bad: &swarm.bad,
+            source: None,
+            max_peers: cfg.max_peers,
+        };
+        let any_complete = swarm.peers.any_complete(&ask);
         let role = if req.leaving || req.complete {
             Role::Peer
         } else if swarm.size.is_some_and(|s| s < cfg.min_p2p_size) {
@@ -166,83 +159,24 @@ impl TrackerState {
             .range(req.known_hashes..)
             .map(|(k, v)| (*k, v.clone()))
             .collect();
-        // Only peers with something to give: a peer that announced no bitfield yet holds
-        // nothing (handing it out as `have: None` would advertise it as complete).
-        let candidates: Vec<(&String, &PeerEntry)> = swarm
-            .peers
-            .iter()
-            .filter(|(n, p)| {
-                *n != &req.node
-                    && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms
-                    && !swarm.bad.contains_key(*n)
-            })
-            .filter(|(_, p)| p.complete || p.have.as_ref().is_some_and(|h| h.count() > 0))
-            .collect();
-        let held = |p: &PeerEntry| {
-            if p.complete {
-                u32::MAX
-            } else {
-                p.have.as_ref().map_or(0, |h| h.count())
-            }
-        };
         // Three quarters of the slots go to the nearest peers (then the most complete),
         // the rest to the most complete peers anywhere, and the live source always: a
         // rack full of empty peers must still reach the bytes (found by the simulator).
-        let near_slots = (cfg.max_peers * 3).div_ceil(4);
-        let mut by_near: Vec<(u8, std::cmp::Reverse<u32>, u64, usize)> = candidates
-            .iter()
-            .enumerate()
-            .map(|(i, (n, p))| {
-                (
-                    req.topology.distance(&p.topology),
-                    std::cmp::Reverse(held(p)),
-                    spread(&req.node, n),
-                    i,
-                )
-            })
-            .collect();
-        let take_near = near_slots.min(by_near.len());
-        if take_near > 0 && take_near < by_near.len() {
-            by_near.select_nth_unstable(take_near - 1);
-        }
-        let mut chosen: Vec<usize> = by_near[..take_near].iter().map(|k| k.3).collect();
-        let mut rest: Vec<(std::cmp::Reverse<u32>, u8, u64, usize)> = by_near[take_near..]
-            .iter()
-            .map(|k| (k.1, k.0, k.2, k.3))
-            .collect();
-        let take_far = cfg.max_peers.saturating_sub(take_near).min(rest.len());
-        if take_far > 0 && take_far < rest.len() {
-            rest.select_nth_unstable(take_far - 1);
-        }
-        chosen.extend(rest[..take_far].iter().map(|k| k.3));
-        if let Some(src) = &swarm.source {
-            if let Some(i) = candidates.iter().position(|(n, _)| *n == src) {
-                if !chosen.contains(&i) {
-                    if chosen.len() >= cfg.max_peers {
-                        chosen.pop();
-                    }
-                    chosen.push(i);
-                }
-            }
-        }
-        chosen.sort_by_key(|&i| {
-            let (n, p) = candidates[i];
-            (
-                req.topology.distance(&p.topology),
-                std::cmp::Reverse(held(p)),
-                spread(&req.node, n),
-            )
-        });
-        let peers = chosen
+        // Only peers with something to give: a peer that announced no bitfield yet holds
+        // nothing (handing it out as `have: None` would advertise it as complete).
+        let ask = Ask {
+            source: swarm.source.as_deref(),
+            ..ask
+        };
+        let peers = swarm
+            .peers
+            .handout(&ask)
             .into_iter()
-            .map(|i| {
-                let (n, p) = candidates[i];
-                PeerInfo {
-                    node: n.clone(),
-                    addr: p.addr.clone(),
-                    topology: p.topology.clone(),
-                    have: if p.complete { None } else { p.have.clone() },
-                }
+            .map(|p| PeerInfo {
+                node: p.name.clone(),
+                addr: p.addr.clone(),
+                topology: p.topology.clone(),
+                have: if p.complete { None } else { p.have.clone() },
             })
             .collect();
         let source_alive = swarm.source.is_some();
@@ -262,9 +196,9 @@ impl TrackerState {
         let ttl = self.cfg.peer_ttl_ms;
         self.swarms.retain(|_, s| {
             s.peers
-                .retain(|_, p| now.saturating_sub(p.last_seen) <= ttl * 10);
+                .retain(|p| now.saturating_sub(p.last_seen) <= ttl * 10);
             if let Some(src) = &s.source {
-                if !s.peers.contains_key(src) {
+                if s.peers.get(src).is_none() {
                     s.source = None;
                 }
             }
@@ -280,7 +214,7 @@ impl TrackerState {
                 digest: d.to_string(),
                 size: s.size,
                 peers: s.peers.len(),
-                complete: s.peers.values().filter(|p| p.complete).count(),
+                complete: s.peers.iter().filter(|p| p.complete).count(),
                 source: s.source.clone(),
                 source_elections: s.elections,
             })
@@ -290,25 +224,17 @@ impl TrackerState {
     }
 
     pub fn alive_peers(&self, d: &Digest, now: u64) -> usize {
-        self.swarms.get(d).map_or(0, |s| {
-            s.peers.values().filter(|p| self.alive(p, now)).count()
-        })
+        self.swarms
+            .get(d)
+            .map_or(0, |s| s.peers.iter().filter(|p| self.alive(p, now)).count())
     }
-}
-
-fn spread(a: &str, b: &str) -> u64 {
-    // FNV-1a of the pair: deterministic, different for each requester.
-    let mut h: u64 = 0xcbf29ce484222325;
-    for byte in a.bytes().chain([0]).chain(b.bytes()) {
-        h ^= byte as u64;
-        h = h.wrapping_mul(0x100000001b3);
-    }
-    h
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::Topology;
+    use crate::Bitfield;
 
     fn req(node: &str, d: &Digest) -> AnnounceRequest {
         AnnounceRequest {

@@ -1,0 +1,371 @@
+//! One swarm's peer table and the tracker's peer handout.
+//!
+//! The handout policy (see [`PeerTable::handout`]): three quarters of `max_peers` go to
+//! the nearest peers (same rack, then same zone; the most complete among equals), the
+//! rest to the most complete peers anywhere, and the live source always. Only peers
+//! with something to give are handed out.
+//!
+//! Why the indexes: a tracker serving a 10,000-node swarm answers thousands of
+//! announces per second, and ranking every live peer on each (O(n log n), ≈ 11 ms at
+//! 10,000 peers) cannot keep up. So the table keeps the peers that can give something
+//! in buckets (all, complete, per rack, per zone, and ranked by pieces held), and a
+//! handout ranks only a bounded pool drawn from them: the requester's rack, a sample
+//! of its zone, a sample of the complete peers, the most complete partial peers and a
+//! sample of everyone. A swarm with at most [`EXACT_POOL`] givers is ranked in full, so
+//! small swarms get exactly the ranked policy; larger ones get it over the pool, which
+//! costs O(max_peers · log n) per announce.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+
+use crate::protocol::Topology;
+use crate::Bitfield;
+
+/// Swarms with at most this many givers are ranked in full.
+pub const EXACT_POOL: usize = 256;
+
+#[derive(Clone, Debug)]
+pub(crate) struct PeerEntry {
+    pub name: String,
+    pub addr: String,
+    pub topology: Topology,
+    pub have: Option<Bitfield>,
+    pub complete: bool,
+    pub last_seen: u64,
+    /// Pieces held (`u32::MAX` when complete), cached so ranking scans no bitfield.
+    pub held: u32,
+}
+
+impl PeerEntry {
+    pub fn new(
+        name: &str,
+        addr: &str,
+        topology: &Topology,
+        have: Option<Bitfield>,
+        complete: bool,
+        now: u64,
+    ) -> Self {
+        let held = if complete {
+            u32::MAX
+        } else {
+            have.as_ref().map_or(0, |h| h.count())
+        };
+        Self {
+            name: name.to_owned(),
+            addr: addr.to_owned(),
+            topology: topology.clone(),
+            have,
+            complete,
+            last_seen: now,
+            held,
+        }
+    }
+}
+
+/// A set of slots with O(1) insert, remove and uniform sampling.
+#[derive(Clone, Debug, Default)]
+struct Bucket {
+    items: Vec<u32>,
+    pos: HashMap<u32, u32>,
+}
+
+impl Bucket {
+    fn insert(&mut self, s: u32) {
+        if !self.pos.contains_key(&s) {
+            self.pos.insert(s, self.items.len() as u32);
+            self.items.push(s);
+        }
+    }
+
+    fn remove(&mut self, s: u32) {
+        if let Some(i) = self.pos.remove(&s) {
+            let i = i as usize;
+            self.items.swap_remove(i);
+            if let Some(&moved) = self.items.get(i) {
+                self.pos.insert(moved, i as u32);
+            }
+        }
+    }
+
+    /// All members when there are at most `k`, else `k` drawn at random (with
+    /// replacement: duplicates are removed by the caller).
+    fn sample(&self, k: usize, rng: &mut SplitMix, out: &mut Vec<u32>) {
+        if self.items.len() <= k {
+            out.extend_from_slice(&self.items);
+        } else {
+            for _ in 0..k {
+                out.push(self.items[rng.below(self.items.len())]);
+            }
+        }
+    }
+}
+
+/// Deterministic PRNG (splitmix64): the same announces give the same handouts, which
+/// the simulator's reproducibility relies on.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e3779b97f4a7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn rack_key(t: &Topology) -> Option<(String, String)> {
+    Some((t.zone.clone()?, t.rack.clone()?))
+}
+
+/// What a handout depends on besides the table.
+pub(crate) struct Ask<'a> {
+    pub node: &'a str,
+    pub topology: &'a Topology,
+    pub now: u64,
+    pub ttl_ms: u64,
+    pub bad: &'a HashMap<String, u64>,
+    pub source: Option<&'a str>,
+    pub max_peers: usize,
+}
+
+impl Ask<'_> {
+    fn usable(&self, p: &PeerEntry) -> bool {
+        p.name != self.node
+            && self.now.saturating_sub(p.last_seen) <= self.ttl_ms
+            && !self.bad.contains_key(&p.name)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PeerTable {
+    slots: Vec<Option<PeerEntry>>,
+    free: Vec<u32>,
+    by_name: HashMap<String, u32>,
+    /// Peers with something to give (complete, or at least one piece).
+    givers: Bucket,
+    complete: Bucket,
+    racks: HashMap<(String, String), Bucket>,
+    zones: HashMap<String, Bucket>,
+    /// Incomplete givers, most pieces first.
+    ranked: BTreeSet<(Reverse<u32>, u32)>,
+}
+
+impl PeerTable {
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&PeerEntry> {
+        let s = *self.by_name.get(name)?;
+        self.slots.get(s as usize)?.as_ref()
+    }
+
+    /// Every peer, in slot order (deterministic).
+    pub fn iter(&self) -> impl Iterator<Item = &PeerEntry> {
+        self.slots.iter().flatten()
+    }
+
+    pub fn upsert(&mut self, e: PeerEntry) {
+        let s = match self.by_name.get(&e.name) {
+            Some(&s) => {
+                self.unindex(s);
+                s
+            }
+            None => {
+                let s = self.free.pop().unwrap_or(self.slots.len() as u32);
+                if s as usize == self.slots.len() {
+                    self.slots.push(None);
+                }
+                self.by_name.insert(e.name.clone(), s);
+                s
+            }
+        };
+        self.slots[s as usize] = Some(e);
+        self.index(s);
+    }
+
+    pub fn remove(&mut self, name: &str) {
+        if let Some(s) = self.by_name.remove(name) {
+            self.unindex(s);
+            self.slots[s as usize] = None;
+            self.free.push(s);
+        }
+    }
+
+    /// Keeps the peers for which `keep` holds.
+    pub fn retain(&mut self, mut keep: impl FnMut(&PeerEntry) -> bool) {
+        let gone: Vec<String> = self
+            .iter()
+            .filter(|p| !keep(p))
+            .map(|p| p.name.clone())
+            .collect();
+        for n in gone {
+            self.remove(&n);
+        }
+    }
+
+    fn index(&mut self, s: u32) {
+        let Some(e) = self.slots[s as usize].as_ref() else {
+            return;
+        };
+        if e.held == 0 {
+            return;
+        }
+        self.givers.insert(s);
+        if e.complete {
+            self.complete.insert(s);
+        } else {
+            self.ranked.insert((Reverse(e.held), s));
+        }
+        if let Some(k) = rack_key(&e.topology) {
+            self.racks.entry(k).or_default().insert(s);
+        }
+        if let Some(z) = &e.topology.zone {
+            self.zones.entry(z.clone()).or_default().insert(s);
+        }
+    }
+
+    fn unindex(&mut self, s: u32) {
+        let Some(e) = self.slots[s as usize].as_ref() else {
+            return;
+        };
+        self.givers.remove(s);
+        self.complete.remove(s);
+        self.ranked.remove(&(Reverse(e.held), s));
+        if let Some(k) = rack_key(&e.topology) {
+            if let Some(b) = self.racks.get_mut(&k) {
+                b.remove(s);
+                if b.items.is_empty() {
+                    self.racks.remove(&k);
+                }
+            }
+        }
+        if let Some(z) = &e.topology.zone {
+            if let Some(b) = self.zones.get_mut(z) {
+                b.remove(s);
+                if b.items.is_empty() {
+                    self.zones.remove(z);
+                }
+            }
+        }
+    }
+
+    /// Whether some usable peer other than the requester holds the whole blob.
+    pub fn any_complete(&self, ask: &Ask) -> bool {
+        self.complete
+            .items
+            .iter()
+            .filter_map(|&s| self.slots[s as usize].as_ref())
+            .any(|p| ask.usable(p))
+    }
+
+    /// The peers to hand to `ask.node`, nearest first.
+    pub fn handout(&self, ask: &Ask) -> Vec<&PeerEntry> {
+        let mut pool: Vec<u32> = Vec::new();
+        if self.givers.items.len() <= EXACT_POOL {
+            pool.extend_from_slice(&self.givers.items);
+        } else {
+            let k = (4 * ask.max_peers).max(16);
+            let mut rng = SplitMix(spread(ask.node, "") ^ ask.now.rotate_left(17));
+            if let Some(b) = rack_key(ask.topology).and_then(|r| self.racks.get(&r)) {
+                b.sample(k, &mut rng, &mut pool);
+            }
+            if let Some(b) = ask.topology.zone.as_ref().and_then(|z| self.zones.get(z)) {
+                b.sample(k, &mut rng, &mut pool);
+            }
+            self.complete.sample(k, &mut rng, &mut pool);
+            self.givers.sample(k, &mut rng, &mut pool);
+            // The most complete partial peers; stale entries are skipped, within bounds.
+            let mut found = 0;
+            for &(_, s) in self.ranked.iter().take(4 * k) {
+                if found == k {
+                    break;
+                }
+                if self.slots[s as usize]
+                    .as_ref()
+                    .is_some_and(|p| ask.usable(p))
+                {
+                    pool.push(s);
+                    found += 1;
+                }
+            }
+            if let Some(&s) = ask.source.and_then(|n| self.by_name.get(n)) {
+                pool.push(s);
+            }
+            pool.sort_unstable();
+            pool.dedup();
+        }
+        let cands: Vec<(u32, &PeerEntry)> = pool
+            .into_iter()
+            .filter_map(|s| Some((s, self.slots[s as usize].as_ref()?)))
+            .filter(|(_, p)| p.held > 0 && ask.usable(p))
+            .collect();
+        rank(ask, &cands)
+    }
+}
+
+/// The ranked policy over `cands`.
+fn rank<'a>(ask: &Ask, cands: &[(u32, &'a PeerEntry)]) -> Vec<&'a PeerEntry> {
+    let max = ask.max_peers;
+    let near_key = |p: &PeerEntry, s: u32| {
+        (
+            ask.topology.distance(&p.topology),
+            Reverse(p.held),
+            spread(ask.node, &p.name),
+            s,
+        )
+    };
+    let near_slots = (max * 3).div_ceil(4);
+    let mut by_near: Vec<_> = cands
+        .iter()
+        .enumerate()
+        .map(|(i, &(s, p))| (near_key(p, s), i))
+        .collect();
+    let take_near = near_slots.min(by_near.len());
+    if take_near > 0 && take_near < by_near.len() {
+        by_near.select_nth_unstable(take_near - 1);
+    }
+    let mut chosen: Vec<usize> = by_near[..take_near].iter().map(|k| k.1).collect();
+    let mut rest: Vec<_> = by_near[take_near..]
+        .iter()
+        .map(|((d, h, sp, s), i)| ((*h, *d, *sp, *s), *i))
+        .collect();
+    let take_far = max.saturating_sub(take_near).min(rest.len());
+    if take_far > 0 && take_far < rest.len() {
+        rest.select_nth_unstable(take_far - 1);
+    }
+    // The farthest-ranked far pick goes first if the source must make room.
+    rest[..take_far].sort_unstable();
+    chosen.extend(rest[..take_far].iter().map(|k| k.1));
+    if let Some(src) = ask.source {
+        if let Some(i) = cands.iter().position(|(_, p)| p.name == src) {
+            if !chosen.contains(&i) {
+                if chosen.len() >= max {
+                    chosen.pop();
+                }
+                chosen.push(i);
+            }
+        }
+    }
+    chosen.sort_by_key(|&i| near_key(cands[i].1, cands[i].0));
+    chosen.into_iter().map(|i| cands[i].1).collect()
+}
+
+pub(crate) fn spread(a: &str, b: &str) -> u64 {
+    // FNV-1a of the pair: deterministic, different for each requester.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for byte in a.bytes().chain([0]).chain(b.bytes()) {
+        h ^= byte as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
