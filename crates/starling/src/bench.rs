@@ -55,6 +55,10 @@ pub struct MirrorBenchArgs {
     /// One concurrent client per blob (instead of every client fetching every blob).
     #[arg(long)]
     each: bool,
+    /// Count the bytes without hashing them: a client that costs little CPU, so the
+    /// server's own cost decides the throughput (lengths are still checked).
+    #[arg(long)]
+    discard: bool,
 }
 
 /// Fetches blobs from one base URL with `clients` concurrent clients and reports bytes,
@@ -66,6 +70,7 @@ async fn fetch_all(
     clients: usize,
     rounds: usize,
     each: bool,
+    discard: bool,
 ) -> (u64, f64, usize) {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(clients.max(1))
@@ -92,6 +97,25 @@ async fn fetch_all(
                         continue;
                     };
                     match client.get(u).send().await {
+                        Ok(r) if r.status().is_success() && discard => {
+                            let expected = r.content_length();
+                            let mut s = r.bytes_stream();
+                            let mut got = 0u64;
+                            let mut ok = true;
+                            while let Some(c) = s.next().await {
+                                match c {
+                                    Ok(c) => got += c.len() as u64,
+                                    Err(_) => {
+                                        ok = false;
+                                        break;
+                                    }
+                                }
+                            }
+                            bytes += got;
+                            if !ok || expected != Some(got) {
+                                errors += 1;
+                            }
+                        }
                         Ok(r) if r.status().is_success() => {
                             let mut v = oci::Verifier::new(digest);
                             let mut s = r.bytes_stream();
@@ -154,8 +178,10 @@ pub async fn run_bench(b: BenchCmd) -> Result<()> {
         if a.only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
-        let (bytes, secs, errors) =
-            fetch_all(base, &a.repo, &a.blobs, a.clients, a.rounds, a.each).await;
+        let (bytes, secs, errors) = fetch_all(
+            base, &a.repo, &a.blobs, a.clients, a.rounds, a.each, a.discard,
+        )
+        .await;
         let mibs = bytes as f64 / 1048576.0 / secs.max(1e-9);
         println!("{name:<9} mode={} clients={} bytes={bytes} seconds={secs:.3} MiB/s={mibs:.1} errors={errors}", a.mode, a.clients);
         out.insert(name.into(), serde_json::json!({"bytes": bytes, "seconds": secs, "mib_per_s": mibs, "errors": errors}));

@@ -233,7 +233,7 @@ impl Drop for Containerd {
     }
 }
 
-fn short_tmp() -> PathBuf {
+pub(crate) fn short_tmp() -> PathBuf {
     let t = std::env::temp_dir();
     if t.as_os_str().len() <= 40 {
         t

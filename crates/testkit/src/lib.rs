@@ -10,6 +10,8 @@
 //!   indexes).
 //! * [`Containerd`]: a private `containerd` daemon (own root/state/socket in a
 //!   temp dir) driven through `ctr`.
+//! * [`DockerDaemon`]: a private Docker Engine (own data root and socket, vfs,
+//!   no networking) configured by a `daemon.json`.
 //!
 //! Everything is synchronous (blocking) and safe to call from inside a tokio
 //! test (`#[tokio::test]`): no tokio runtime is entered or dropped on the
@@ -22,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod containerd;
+mod docker;
 mod http;
 mod image;
 mod process;
@@ -30,6 +33,7 @@ mod token;
 mod util;
 
 pub use containerd::{write_hosts_toml, Containerd, CONTAINERD_NAMESPACE};
+pub use docker::DockerDaemon;
 pub use http::{http_get, HttpResponse};
 pub use image::{
     Blob, ManifestFormat, Platform, PushedImage, PushedIndex, TestImage, DOCKER_LIST,
