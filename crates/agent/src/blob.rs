@@ -24,6 +24,9 @@ use crate::Agent;
 /// for the whole blob.
 const RANGE_AHEAD_DIRECT: u64 = 16 << 20;
 
+/// How long a blob whose download filled the disk is streamed without caching.
+const UNCACHEABLE_FOR: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Chunks buffered per client between the producer task and the socket.
 const CLIENT_BUFFER_CHUNKS: usize = 2;
 
@@ -136,6 +139,14 @@ impl Agent {
         repo: &str,
         d: &Digest,
     ) -> Result<(Source, u64), Error> {
+        if self.recently_filled_the_disk(d) {
+            let total = self
+                .upstream
+                .head_blob(registry, repo, d)
+                .await
+                .map_err(|e| blob_err(e, d))?;
+            return Ok((Source::Passthrough, total));
+        }
         for _ in 0..3 {
             match self.store.begin(d, None, registry).await {
                 Ok(Begin::Complete(size)) => return Ok((Source::Complete, size)),
@@ -226,6 +237,13 @@ impl Agent {
         })
     }
 
+    fn recently_filled_the_disk(&self, d: &Digest) -> bool {
+        let mut m = self.uncacheable.lock();
+        let now = Instant::now();
+        m.retain(|_, until| *until > now);
+        m.contains_key(d)
+    }
+
     /// Drives one upstream body into the store. Runs detached from any client, so a
     /// client that disconnects does not waste what other clients are waiting for.
     async fn download(self, mut writer: store::BlobWriter, mut body: oci::upstream::ByteStream) {
@@ -237,8 +255,17 @@ impl Agent {
                 Ok(c) => {
                     self.metrics.upstream_bytes.inc_by(c.len() as u64);
                     if let Err(e) = writer.write_bytes(c).await {
-                        warn!(digest = %d, error = %e, "download stopped: cannot write");
-                        writer.fail(&e.to_string());
+                        if e.is_disk_full() {
+                            self.metrics.disk_full.inc();
+                            warn!(digest = %d, error = %e, "disk full: dropping the partial download; streaming this blob uncached for a while");
+                            self.uncacheable
+                                .lock()
+                                .insert(d.clone(), Instant::now() + UNCACHEABLE_FOR);
+                            writer.abandon(&e.to_string());
+                        } else {
+                            warn!(digest = %d, error = %e, "download stopped: cannot write");
+                            writer.fail(&e.to_string());
+                        }
                         return;
                     }
                 }
@@ -255,6 +282,13 @@ impl Agent {
                 let secs = started.elapsed().as_secs_f64();
                 info!(digest = %d, bytes = size, fetched = size - from, seconds = format!("{secs:.3}"), mib_per_s = format!("{:.1}", (size - from) as f64 / secs.max(1e-6) / 1048576.0), "blob cached from upstream");
                 self.refresh_cache_gauges();
+            }
+            Err(e) if e.is_disk_full() => {
+                self.metrics.disk_full.inc();
+                self.uncacheable
+                    .lock()
+                    .insert(d.clone(), Instant::now() + UNCACHEABLE_FOR);
+                warn!(digest = %d, error = %e, "disk full at the end of a download: dropped it; streaming this blob uncached for a while");
             }
             Err(e) => warn!(digest = %d, error = %e, "downloaded blob rejected; discarded"),
         }

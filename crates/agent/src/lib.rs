@@ -56,6 +56,10 @@ pub struct Agent {
     pub metrics: Arc<metrics::Metrics>,
     /// Present when a tracker is configured.
     pub p2p: Option<Arc<p2p::P2p>>,
+    /// Blobs whose download ran the disk full, until when to stream them uncached, so
+    /// clients resuming after the failure do not start another doomed download.
+    pub(crate) uncacheable:
+        Arc<parking_lot::Mutex<std::collections::HashMap<oci::Digest, std::time::Instant>>>,
 }
 
 impl Agent {
@@ -111,6 +115,7 @@ impl Agent {
             upstream,
             metrics,
             p2p,
+            uncacheable: Default::default(),
         };
         agent.refresh_cache_gauges();
         Ok(agent)

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub evictions: Counter,
     pub stale_tags_served: Counter,
     pub upstream_errors: Counter,
+    pub disk_full: Counter,
 }
 
 impl Default for Metrics {
@@ -51,6 +52,12 @@ impl Default for Metrics {
         let evictions = Counter::default();
         let stale_tags_served = Counter::default();
         let upstream_errors = Counter::default();
+        let disk_full = Counter::default();
+        registry.register(
+            "disk_full",
+            "Downloads stopped by a full disk (the blob is then streamed uncached)",
+            disk_full.clone(),
+        );
         registry.register(
             "requests",
             "HTTP requests by route and status",
@@ -115,6 +122,7 @@ impl Default for Metrics {
             evictions,
             stale_tags_served,
             upstream_errors,
+            disk_full,
         }
     }
 }

@@ -81,6 +81,9 @@ pub(crate) struct Inner {
     pub(crate) state: Mutex<State>,
 }
 
+/// Partial downloads idle this long are deleted by the periodic GC.
+const PARTIAL_IDLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(3600);
+
 #[derive(Default)]
 pub(crate) struct State {
     pub(crate) index: HashMap<Digest, BlobRecord>,
@@ -411,6 +414,20 @@ impl Store {
                 .sum::<u64>()
     }
 
+    /// Bytes other downloads still have to write: the disk must keep room for them,
+    /// or concurrent downloads that each fit would together fill it.
+    fn promised_excluding(&self, exclude: Option<&Digest>) -> u64 {
+        let st = self.inner.state.lock();
+        st.inflight
+            .iter()
+            .filter(|(d, _)| Some(*d) != exclude)
+            .map(|(_, i)| {
+                let p = i.progress.borrow();
+                p.total.unwrap_or(p.written).saturating_sub(p.written)
+            })
+            .sum()
+    }
+
     pub(crate) fn make_room_excluding_pub(
         &self,
         needed: u64,
@@ -427,13 +444,17 @@ impl Store {
                 ((cfg.budget_bytes as f64 * cfg.low_watermark) as u64).saturating_sub(needed);
             self.gc_to(target)?;
         }
-        let free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
-        if free < needed + cfg.min_free_bytes {
-            let over = needed + cfg.min_free_bytes - free;
+        let needed_on_disk = needed + cfg.min_free_bytes + self.promised_excluding(exclude);
+        let mut free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
+        if free < needed_on_disk && self.sweep_partials(std::time::Duration::ZERO) > 0 {
+            free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
+        }
+        if free < needed_on_disk {
+            let over = needed_on_disk - free;
             let used = self.used_excluding(exclude);
             self.gc_to(used.saturating_sub(over))?;
             let free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
-            if free < needed + cfg.min_free_bytes {
+            if free < needed_on_disk {
                 return Err(Error::DiskFull { needed, free });
             }
         }
@@ -632,6 +653,7 @@ impl Store {
 
     /// Runs GC if usage is above the high watermark.
     pub fn maybe_gc(&self) -> Result<gc::GcReport, Error> {
+        self.sweep_partials(PARTIAL_IDLE_LIMIT);
         let cfg = &self.inner.cfg;
         let used = self.usage().used_bytes;
         if used as f64 > cfg.budget_bytes as f64 * cfg.high_watermark {
@@ -639,6 +661,39 @@ impl Store {
         } else {
             Ok(gc::GcReport::default())
         }
+    }
+
+    /// Deletes partial downloads nobody is writing that were last touched `idle_for`
+    /// ago or earlier, and returns the bytes freed. A partial is only worth its space
+    /// while a resume is likely; abandoned ones would otherwise fill the disk forever.
+    pub fn sweep_partials(&self, idle_for: std::time::Duration) -> u64 {
+        let Ok(entries) = std::fs::read_dir(&self.inner.partial_dir) else {
+            return 0;
+        };
+        // Under the state lock: `begin` opens partial files under it too, so a download
+        // cannot start on a file that is being deleted.
+        let st = self.inner.state.lock();
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(idle_for)
+            .unwrap_or(std::time::UNIX_EPOCH);
+        let mut freed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let hex = name.split('.').next().unwrap_or_default();
+            let busy =
+                Digest::parse(&format!("sha256:{hex}")).is_ok_and(|d| st.inflight.contains_key(&d));
+            let Ok(meta) = e.metadata() else { continue };
+            if busy || meta.modified().is_ok_and(|m| m > cutoff) {
+                continue;
+            }
+            if std::fs::remove_file(e.path()).is_ok() {
+                freed += meta.len();
+            }
+        }
+        if freed > 0 {
+            info!(bytes = freed, "removed abandoned partial downloads");
+        }
+        freed
     }
 
     /// Evicts least-recently-used unprotected blobs until usage ≤ `target` bytes.

@@ -364,11 +364,23 @@ impl BlobWriter {
         let Some(p) = self.pending.take() else {
             return Ok(Vec::new());
         };
-        let (res, mut buf) = p
+        let outcome = p
             .done
             .await
-            .map_err(|e| Error::Db(format!("writer task: {e}")))?;
-        res.map_err(|e| Error::io(&self.inflight.path, e))?;
+            .map_err(|e| Error::Db(format!("writer task: {e}")))
+            .and_then(|(res, buf)| {
+                res.map(|_| buf)
+                    .map_err(|e| Error::io(&self.inflight.path, e))
+            });
+        let mut buf = match outcome {
+            Ok(buf) => buf,
+            Err(e) => {
+                // The bytes after the failed write cannot be placed without it: drop
+                // them, so nothing (not even `Drop`) writes them at the wrong offset.
+                self.buf.clear();
+                return Err(e);
+            }
+        };
         self.written += p.len;
         buf.clear();
         self.publish();
@@ -378,8 +390,17 @@ impl BlobWriter {
     /// Verifies length and digest, makes the blob durable and moves it into the store.
     /// On mismatch the partial file is deleted: those bytes can never become valid.
     pub async fn finish(mut self) -> Result<u64, Error> {
-        self.flush().await?;
-        self.settle().await?;
+        let flushed = match self.flush().await {
+            Ok(()) => self.settle().await.map(drop),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = flushed {
+            if e.is_disk_full() {
+                // A resume needs space the disk does not have; free what we hold.
+                self.abandon(&e.to_string());
+            }
+            return Err(e);
+        }
         self.join_hasher().await?;
         let size = self.written;
         if let Some(exp) = self.expected {
@@ -447,8 +468,28 @@ impl BlobWriter {
         self.fail_with(reason, false);
     }
 
-    /// Marks the download failed; the partial file stays for a resume.
+    /// Marks the download failed and deletes what it wrote: for failures where keeping
+    /// the partial file costs more than a resume saves (the disk is full).
+    pub fn abandon(&mut self, reason: &str) {
+        if self.done {
+            return;
+        }
+        std::fs::remove_file(&self.inflight.path).ok();
+        std::fs::remove_file(sidecar_path(&self.inflight.path)).ok();
+        self.buf.clear();
+        self.fail_with(reason, true);
+    }
+
+    /// Marks the download failed; the partial file stays for a resume (unless it is
+    /// empty: nothing to resume, and no reason to leave a file behind).
     pub fn fail(&mut self, reason: &str) {
+        if !self.done
+            && self.pending.is_none()
+            && self.buf.is_empty()
+            && self.inflight.file.metadata().is_ok_and(|m| m.len() == 0)
+        {
+            std::fs::remove_file(&self.inflight.path).ok();
+        }
         self.fail_with(reason, true)
     }
 
@@ -490,11 +531,11 @@ impl BlobWriter {
 impl Drop for BlobWriter {
     fn drop(&mut self) {
         if !self.done {
-            // Keep what was buffered: it is already hashed and part of the resume.
-            // A write still in flight completes on its own; the buffer goes after it.
-            if !self.buf.is_empty() {
-                let at = self.written + self.pending.as_ref().map_or(0, |p| p.len);
-                let _ = self.inflight.file.write_all_at(&self.buf, at);
+            // Keep what was buffered for the resume, but only right after bytes known
+            // to be on disk: behind a write still in flight (which may fail) it could
+            // leave a hole that the resume would hash as content.
+            if !self.buf.is_empty() && self.pending.is_none() {
+                let _ = self.inflight.file.write_all_at(&self.buf, self.written);
             }
             self.fail("download abandoned");
         }

@@ -275,3 +275,74 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
         .join(format!("{}.pieces", d.hex()))
         .exists());
 }
+
+/// A real full disk (tmpfs) in the middle of a download: what the failed writer left
+/// must be a correct prefix, so the resumed download verifies. Needs root (mount).
+#[tokio::test]
+async fn a_download_cut_by_a_full_disk_resumes_into_the_right_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("fs");
+    std::fs::create_dir(&mnt).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mounting a tmpfs needs root");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
+    let filler = mnt.join("filler");
+    std::fs::write(&filler, vec![1u8; 3 << 20]).unwrap();
+    let root = mnt.join("cache");
+    // Not `data()`: its bytes repeat every 64 KiB, which would hide misplaced writes.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let body: Vec<u8> = (0..6 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    let d = Digest::of(&body);
+    let store = Store::open(StoreConfig::new(&root)).unwrap();
+    let Begin::Lead(mut w) = store.begin(&d, None, "test").await.unwrap() else {
+        panic!("expected lead")
+    };
+    let mut failed = false;
+    for chunk in body.chunks(64 << 10) {
+        if let Err(e) = w.write(chunk).await {
+            assert!(e.is_disk_full(), "{e}");
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "the disk filled before the last byte");
+    // Space comes back (another download gave up) before the failed writer is dropped:
+    // whatever it still buffers must not land where the failed write should have been.
+    std::fs::remove_file(&filler).unwrap();
+    drop(w);
+    let Begin::Lead(mut w) = store.begin(&d, None, "test").await.unwrap() else {
+        panic!("expected lead")
+    };
+    let from = w.offset() as usize;
+    assert!(
+        from > 0 && from < body.len(),
+        "resumes from a prefix: {from}"
+    );
+    w.write(&body[from..]).await.unwrap();
+    assert_eq!(
+        w.finish().await.unwrap(),
+        body.len() as u64,
+        "resumed bytes verify"
+    );
+}

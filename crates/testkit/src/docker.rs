@@ -43,7 +43,7 @@ impl DockerDaemon {
         }
         let socket = dir.path().join("d.sock");
         let log_path = dir.path().join("dockerd.log");
-        let mut proc = ChildProc::spawn(
+        let proc = ChildProc::spawn(
             "dockerd",
             Command::new("dockerd")
                 .arg("--config-file")

@@ -1,0 +1,258 @@
+//! A real full filesystem: the cache lives on a small tmpfs. Concurrent downloads that
+//! each fit but not together, and a disk that another process fills in the middle of a
+//! download (ENOSPC on write). Every client still gets every byte (verified by the
+//! client), the agent stays up, no partial file is left holding the space, and the
+//! store never holds a blob that is not complete and verified.
+//! Needs root (mount), like the containerd tests.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use common::*;
+use testkit::{sha256_digest as sha, Registry, RegistryAuth, TestImage};
+
+/// A tmpfs of `size` mounted on a fresh directory; unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+    mount: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let mount = dir.path().join("fs");
+        std::fs::create_dir(&mount).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&mount)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { dir, mount }
+    }
+
+    fn path(&self) -> &Path {
+        &self.mount
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        let _ = &self.dir;
+    }
+}
+
+fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(files_under(&p));
+            } else if let Ok(m) = e.metadata() {
+                out.push((p, m.len()));
+            }
+        }
+    }
+    out
+}
+
+/// In front of the real registry: the first blob response stops after `hold_after`
+/// bytes until `release` is notified (a network stall the test controls), so the test
+/// can fill the disk while the agent is in the middle of writing the blob.
+async fn stalling_proxy(upstream: String, hold_after: usize) -> (String, Arc<Notify>, Arc<Notify>) {
+    let (held, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let blobs = Arc::new(AtomicUsize::new(0));
+    let client = reqwest::Client::new();
+    let (h, r) = (held.clone(), release.clone());
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let (client, upstream, held, release, blobs) = (
+            client.clone(),
+            upstream.clone(),
+            h.clone(),
+            r.clone(),
+            blobs.clone(),
+        );
+        async move {
+            let path = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            let mut fwd = client.request(req.method().clone(), format!("{upstream}{path}"));
+            for (k, v) in req.headers() {
+                if k != "host" {
+                    fwd = fwd.header(k, v);
+                }
+            }
+            let resp = fwd.send().await.unwrap();
+            let mut builder = axum::response::Response::builder().status(resp.status());
+            for (k, v) in resp.headers() {
+                builder = builder.header(k, v);
+            }
+            let first_blob = path.contains("/blobs/")
+                && req.method() == http::Method::GET
+                && resp.status().is_success()
+                && blobs.fetch_add(1, Ordering::SeqCst) == 0;
+            let mut sent = 0usize;
+            let stream = resp.bytes_stream().then(move |c| {
+                let (held, release) = (held.clone(), release.clone());
+                let before = sent;
+                if let Ok(c) = &c {
+                    sent += c.len();
+                }
+                async move {
+                    if first_blob
+                        && before < hold_after
+                        && before + c.as_ref().map_or(0, |c| c.len()) >= hold_after
+                    {
+                        held.notify_one();
+                        release.notified().await;
+                    }
+                    c.map_err(std::io::Error::other)
+                }
+            });
+            builder.body(axum::body::Body::from_stream(stream)).unwrap()
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (url, held, release)
+}
+
+/// Writes into `path` until the filesystem refuses (ENOSPC).
+fn fill_disk(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0xa5u8; 64 << 10];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(28), "filling the disk: {e}");
+                break;
+            }
+        }
+    }
+    let _ = f.sync_all();
+}
+
+fn no_partials(cache: &Path) {
+    let partial = files_under(&cache.join("partial"));
+    assert!(
+        partial.is_empty(),
+        "no partial download left holding the disk: {partial:?}"
+    );
+}
+
+fn complete_entries_verify(agent: &RunningAgent, cache: &Path, layers: &[testkit::Blob]) -> usize {
+    let mut complete = 0;
+    for l in layers {
+        let d = oci::Digest::parse(&l.digest).unwrap();
+        if agent.agent.store.stat(&d).is_some() {
+            complete += 1;
+            let bytes = std::fs::read(cache.join("blobs/sha256").join(d.hex()))
+                .expect("a complete blob has its file");
+            assert_eq!(sha(&bytes), l.digest, "a complete entry is verified");
+        }
+    }
+    complete
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_downloads_that_do_not_fit_together_lose_nothing() {
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let img =
+        TestImage::push_multilayer(&registry, "full/tmpfs", "1", &[6 << 20, 6 << 20], 47).unwrap();
+    let fs = Tmpfs::mount("10m");
+    let cache = fs.path().join("cache");
+    let agent = start_agent(&cache, &registry.host(), &registry.url(), None, |c| {
+        c.cache_budget = "1GiB".into();
+    })
+    .await;
+    let fetches = img.layers.iter().map(|l| {
+        let url = format!("{}/v2/full/tmpfs/blobs/{}", agent.url(), l.digest);
+        async move {
+            let r = get(&url, &[]).await;
+            (r.status().as_u16(), r.bytes().await.map(|b| sha(&b)))
+        }
+    });
+    for (l, (status, body)) in img
+        .layers
+        .iter()
+        .zip(futures::future::join_all(fetches).await)
+    {
+        assert_eq!(status, 200);
+        assert_eq!(
+            body.expect("a complete body"),
+            l.digest,
+            "verified by the client"
+        );
+    }
+    for l in &img.layers {
+        let url = format!("{}/v2/full/tmpfs/blobs/{}", agent.url(), l.digest);
+        let r = get(&url, &[]).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(sha(&r.bytes().await.unwrap()), l.digest);
+    }
+    assert!(complete_entries_verify(&agent, &cache, &img.layers) <= 1);
+    no_partials(&cache);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let img = TestImage::push_multilayer(&registry, "full/other", "1", &[6 << 20], 53).unwrap();
+    let layer = img.layers[0].clone();
+    let (proxy, held, release) = stalling_proxy(registry.url(), 2 << 20).await;
+    let fs = Tmpfs::mount("16m");
+    let cache = fs.path().join("cache");
+    let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
+        c.cache_budget = "1GiB".into();
+    })
+    .await;
+    let url = format!("{}/v2/full/other/blobs/{}", agent.url(), layer.digest);
+    let client = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let r = get(&url, &[]).await;
+            (r.status().as_u16(), r.bytes().await.map(|b| sha(&b)))
+        }
+    });
+    // The agent is 2 MiB into the blob when another process takes every free byte.
+    held.notified().await;
+    fill_disk(&fs.path().join("filler"));
+    release.notify_one();
+    let (status, body) = client.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body.expect("a complete body, not a cut one"), layer.digest);
+    assert!(
+        agent.metric("starling_agent_disk_full_total") >= 1.0,
+        "the write really failed with ENOSPC"
+    );
+    assert_eq!(complete_entries_verify(&agent, &cache, &[layer.clone()]), 0);
+    no_partials(&cache);
+
+    // Still serving, still correct, while the disk stays full.
+    let r = get(&url, &[]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(sha(&r.bytes().await.unwrap()), layer.digest);
+    let r = get(&format!("{}/v2/", agent.url()), &[]).await;
+    assert_eq!(r.status(), 200);
+    agent.stop().await;
+}
