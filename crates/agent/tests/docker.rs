@@ -42,9 +42,7 @@ async fn docker_pulls_docker_hub_images_through_the_agent_mirror() {
                 docker.log_tail(8192)
             )
         });
-        let (id, digests) = docker
-            .image_id_and_digests("trainimg:v1")
-            .expect("inspect");
+        let (id, digests) = docker.image_id_and_digests("trainimg:v1").expect("inspect");
         (id, digests, mirrors)
     })
     .await;
@@ -78,10 +76,7 @@ async fn docker_pulls_docker_hub_images_through_the_agent_mirror() {
                 docker.log_tail(8192)
             )
         });
-        docker
-            .image_id_and_digests(&reference)
-            .expect("inspect")
-            .0
+        docker.image_id_and_digests(&reference).expect("inspect").0
     })
     .await;
     assert_eq!(id2, image.config_digest());
