@@ -58,7 +58,7 @@ struct Span {
 
 /// A connection's queue of file spans whose placeholders are in hyper's hands.
 #[derive(Clone, Default)]
-pub(crate) struct Sink(Arc<Mutex<VecDeque<Span>>>);
+pub struct Sink(Arc<Mutex<VecDeque<Span>>>);
 
 impl Sink {
     /// The body chunk that makes the connection send `len` bytes of `file` at `offset`.

@@ -73,6 +73,16 @@ impl Inflight {
         p.written >= end
     }
 
+    /// Where bytes known to be on disk (a held piece) are, whatever the prefix.
+    pub fn span(&self, start: u64, len: usize) -> FileSpan {
+        FileSpan {
+            file: self.file.clone(),
+            path: self.path.clone(),
+            offset: start,
+            len,
+        }
+    }
+
     /// Reads bytes that are known to be on disk (a held piece), whatever the prefix.
     pub async fn read_at(&self, start: u64, len: usize) -> Result<Bytes, Error> {
         let file = self.file.clone();

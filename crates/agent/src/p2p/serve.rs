@@ -5,9 +5,12 @@
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use futures::StreamExt;
 use http::{header, HeaderMap, StatusCode};
 use serde::Deserialize;
 
+use crate::zerocopy::Sink;
 use crate::Agent;
 
 #[derive(Deserialize)]
@@ -56,6 +59,7 @@ pub(crate) async fn piece_handler(
     State(agent): State<Agent>,
     Path((digest, index)): Path<(String, u32)>,
     Query(q): Query<PieceQuery>,
+    sink: Option<Extension<Sink>>,
     headers: HeaderMap,
 ) -> Response {
     let (p2p, d) = match check(&agent, &digest, q.piece_size, &headers) {
@@ -67,26 +71,19 @@ pub(crate) async fn piece_handler(
         return status(StatusCode::SERVICE_UNAVAILABLE, "upload slots full");
     };
     let start = index as u64 * q.piece_size;
-    let data = match agent.store.open_complete(&d) {
+    let span = match agent.store.open_complete(&d) {
         Ok(Some(open)) => {
             if start >= open.size {
                 return status(StatusCode::RANGE_NOT_SATISFIABLE, "piece beyond blob");
             }
             let len = (open.size - start).min(q.piece_size) as usize;
-            let file = open.file.clone();
-            let path = open.path.clone();
-            match tokio::task::spawn_blocking(move || {
-                store::inflight::read_exact_at_pub(&file, start, len)
-            })
-            .await
-            {
-                Ok(Ok(b)) => b,
-                _ => {
-                    return status(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        &format!("cannot read {}", path.display()),
-                    )
-                }
+            // The file handle keeps the bytes readable even if GC unlinks the blob
+            // while the piece is on its way.
+            store::FileSpan {
+                file: open.file.clone(),
+                path: open.path.clone(),
+                offset: start,
+                len,
             }
         }
         _ => match agent.store.inflight(&d) {
@@ -95,34 +92,48 @@ pub(crate) async fn piece_handler(
                 if start >= total {
                     return status(StatusCode::RANGE_NOT_SATISFIABLE, "piece beyond blob");
                 }
-                let len = (total - start).min(q.piece_size) as usize;
-                match inf.read_at(start, len).await {
-                    Ok(b) => b,
-                    Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-                }
+                inf.span(start, (total - start).min(q.piece_size) as usize)
             }
             _ => return status(StatusCode::NOT_FOUND, "piece not held"),
         },
     };
-    let data = if p2p.corrupt {
-        let mut v = data.to_vec();
-        let mid = v.len() / 2;
-        if let Some(b) = v.get_mut(mid) {
-            *b ^= 0x5a;
-        }
-        bytes::Bytes::from(v)
-    } else {
-        data
-    };
+    let len = span.len;
     if let Some(l) = &p2p.upload {
-        l.acquire(data.len() as u64).await;
+        l.acquire(len as u64).await;
     }
-    p2p.metrics.upload_bytes.inc_by(data.len() as u64);
+    let body = match sink {
+        // Zero-copy: the piece goes from the page cache to the peer's socket.
+        Some(Extension(sink)) if !p2p.corrupt => Body::from_stream(
+            sink.stream_file(span.file, start, start + len as u64)
+                .map(Ok::<_, std::convert::Infallible>),
+        ),
+        _ => {
+            let path = span.path.clone();
+            let Ok(data) = span.read().await else {
+                return status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("cannot read {}", path.display()),
+                );
+            };
+            Body::from(if p2p.corrupt { corrupted(&data) } else { data })
+        }
+    };
+    p2p.metrics.upload_bytes.inc_by(len as u64);
     Response::builder()
         .header(header::CONTENT_TYPE, "application/octet-stream")
-        .header(header::CONTENT_LENGTH, data.len())
-        .body(Body::from(data))
+        .header(header::CONTENT_LENGTH, len)
+        .body(body)
         .unwrap_or_default()
+}
+
+/// Test mode (`--corrupt-pieces`): one flipped byte per piece.
+fn corrupted(data: &[u8]) -> bytes::Bytes {
+    let mut v = data.to_vec();
+    let mid = v.len() / 2;
+    if let Some(b) = v.get_mut(mid) {
+        *b ^= 0x5a;
+    }
+    bytes::Bytes::from(v)
 }
 
 /// Piece hashes of a complete (digest-verified) blob, for peers that joined a swarm
