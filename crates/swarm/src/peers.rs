@@ -137,7 +137,7 @@ impl Ask<'_> {
     fn usable(&self, p: &PeerEntry) -> bool {
         p.name != self.node
             && self.now.saturating_sub(p.last_seen) <= self.ttl_ms
-            && !self.bad.contains_key(&p.name)
+            && (self.bad.is_empty() || !self.bad.contains_key(&p.name))
     }
 }
 
@@ -175,6 +175,22 @@ impl PeerTable {
     }
 
     pub fn upsert(&mut self, e: PeerEntry) {
+        // The common case, a peer reporting progress: only its rank changes.
+        if let Some(&s) = self.by_name.get(&e.name) {
+            if let Some(old) = self.slots[s as usize].as_mut() {
+                let same_buckets = old.topology == e.topology
+                    && old.complete == e.complete
+                    && (old.held > 0) == (e.held > 0);
+                if same_buckets {
+                    if !e.complete && e.held > 0 && old.held != e.held {
+                        self.ranked.remove(&(Reverse(old.held), s));
+                        self.ranked.insert((Reverse(e.held), s));
+                    }
+                    *old = e;
+                    return;
+                }
+            }
+        }
         let s = match self.by_name.get(&e.name) {
             Some(&s) => {
                 self.unindex(s);

@@ -1,0 +1,286 @@
+//! The agents' side of the swarm: announcing, turning the scheduler's requests into
+//! fetches under the agent-wide request cap, and serving pieces (upload slots, the
+//! upload bucket stage, the response body).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use swarm::scheduler::{seed_for, SchedulerConfig};
+use swarm::{AnnounceRequest, Bitfield, PieceLayout, PieceScheduler, Role};
+
+use super::{Engine, Kind, Timer, REGISTRY_PEER};
+use crate::model::Origin;
+
+impl Engine<'_> {
+    pub(super) fn announce(&mut self, s: u32, l: u32) {
+        let node = self.nodes[s as usize].node;
+        let li = l as usize;
+        let complete = self.pulls[s as usize * self.layers + li].done;
+        let count = self.count(l);
+        let p = &self.pulls[s as usize * self.layers + li];
+        let mut hashes = BTreeMap::new();
+        let mut hashes_sent = p.hashes_sent;
+        // The source publishes the hashes of the pieces it streamed (in order).
+        if p.streaming || (complete && p.hashes_sent > 0) {
+            let upto = if complete {
+                count
+            } else {
+                p.sched.as_ref().map_or(0, |x| x.have().prefix())
+            };
+            for i in p.hashes_sent..upto {
+                hashes.insert(i, format!("{li}:{i}"));
+            }
+            hashes_sent = hashes_sent.max(upto);
+        }
+        let req = AnnounceRequest {
+            node: self.names[node as usize].clone(),
+            addr: String::new(),
+            topology: self.net.topology[node as usize].clone(),
+            digest: self.digests[li].clone(),
+            size: Some(self.sizes[li]),
+            piece_size: Some(self.piece_size[li]),
+            // Never `None` while incomplete: the tracker hands out a peer whose `have` is
+            // `None` as complete (see the report's swarm notes), so a joining agent that
+            // knows the blob's size sends an empty bitfield.
+            have: if complete {
+                None
+            } else {
+                Some(
+                    p.sched
+                        .as_ref()
+                        .map_or_else(|| Bitfield::new(count), |x| x.have().clone()),
+                )
+            },
+            complete,
+            fetching_from_registry: p.streaming && !complete,
+            hashes,
+            known_hashes: p.known_hashes,
+            bad_peers: vec![],
+            leaving: false,
+        };
+        let t0 = Instant::now();
+        let resp = self.tracker.announce(&req, (self.now * 1e3) as u64);
+        self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
+        self.out.announces += 1;
+        let sched_cfg = self.sched_cfg.clone();
+        let size = self.sizes[li];
+        let my_topo = self.net.topology[node as usize].clone();
+        let p = self.pull(s, l);
+        p.hashes_sent = hashes_sent;
+        if let Some((&k, _)) = resp.hashes.iter().next_back() {
+            p.known_hashes = p.known_hashes.max(k + 1);
+        }
+        if complete || !p.active {
+            return;
+        }
+        if p.sched.is_none() {
+            let layout = PieceLayout::new(size, resp.piece_size);
+            p.layout = Some(layout);
+            // The agent seeds its piece order with its node name.
+            let cfg = SchedulerConfig {
+                seed: seed_for(&req.node),
+                ..sched_cfg
+            };
+            p.sched = Some(PieceScheduler::new(Bitfield::new(layout.count()), cfg));
+        }
+        let interval = resp.interval_ms as f64 / 1e3;
+        match resp.role {
+            Role::Direct => {
+                self.start_direct(s, l);
+                return;
+            }
+            Role::Source => {
+                let p = self.pull(s, l);
+                if !p.streaming {
+                    p.streaming = true;
+                    if let Some(sch) = p.sched.as_mut() {
+                        for i in 0..count {
+                            sch.claim(i, REGISTRY_PEER);
+                        }
+                    }
+                    let first = p.sched.as_ref().map_or(0, |x| x.have().prefix());
+                    let t = self.now + self.registry_latency(s, l);
+                    self.at(
+                        t,
+                        Timer::Start(Kind::RegPiece {
+                            slot: s,
+                            layer: l,
+                            piece: first,
+                        }),
+                    );
+                }
+            }
+            Role::Peer => {
+                let t0 = Instant::now();
+                let p = &mut self.pulls[s as usize * self.layers + li];
+                let seen: Vec<String> = resp.peers.iter().map(|x| x.node.clone()).collect();
+                let old = std::mem::replace(&mut p.peers, seen);
+                if let Some(sch) = p.sched.as_mut() {
+                    // As the agent does: peers missing from the reply are dropped.
+                    for gone in old.iter().filter(|o| !p.peers.contains(o)) {
+                        sch.remove_peer(gone);
+                    }
+                    for peer in &resp.peers {
+                        sch.set_peer(
+                            &peer.node,
+                            peer.have.clone(),
+                            my_topo.distance(&peer.topology),
+                        );
+                    }
+                }
+                self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
+                self.pump(s, l);
+            }
+        }
+        self.at(self.now + interval, Timer::Announce { slot: s, layer: l });
+    }
+
+    pub(super) fn pump(&mut self, s: u32, l: u32) {
+        let t0 = Instant::now();
+        let reqs = match self.pull(s, l).sched.as_mut() {
+            Some(sch) => sch.next_requests(),
+            None => return,
+        };
+        self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
+        for r in reqs {
+            let from: u32 = r
+                .peer
+                .strip_prefix('n')
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(0);
+            self.request_queue[s as usize].push_back(Kind::Piece {
+                slot: s,
+                layer: l,
+                piece: r.piece,
+                from,
+            });
+        }
+        self.drain_requests(s);
+    }
+
+    /// Starts queued piece requests while the agent-wide cap allows. A request counts
+    /// against the scheduler's per-peer and per-blob limits from the moment it is
+    /// queued (the agent spawns it, then waits for the semaphore), and holds its
+    /// semaphore permit until its response ends (body read, or refused).
+    pub(super) fn drain_requests(&mut self, s: u32) {
+        let cap = self.sc.starling.max_piece_requests.max(1);
+        let lat = self.sc.starling.peer_latency_ms / 1e3;
+        while self.requests[s as usize] < cap {
+            let Some(kind) = self.request_queue[s as usize].pop_front() else {
+                break;
+            };
+            self.requests[s as usize] += 1;
+            if lat > 0.0 {
+                self.at(self.now + lat, Timer::Start(kind));
+            } else {
+                self.start_flow(kind);
+            }
+        }
+    }
+
+    pub(super) fn release_request(&mut self, s: u32) {
+        self.requests[s as usize] = self.requests[s as usize].saturating_sub(1);
+    }
+
+    /// The response body of a piece request: from the holder to the requester over the
+    /// network, paced by the requester's download limit.
+    pub(super) fn start_body(&mut self, slot: u32, layer: u32, piece: u32, from: u32) {
+        let node = self.nodes[slot as usize].node;
+        let len = self.piece_len(layer, piece);
+        let kind = Kind::Piece {
+            slot,
+            layer,
+            piece,
+            from,
+        };
+        self.add_flow(Origin::Node(from), Some(node), len, kind);
+    }
+
+    /// Ground truth: does cluster node `node` hold `piece` of `layer`?
+    pub(super) fn holds(&self, node: u32, layer: u32, piece: u32) -> bool {
+        let Some(slot) = self
+            .slot_index
+            .get(node as usize)
+            .copied()
+            .filter(|&s| s != u32::MAX)
+        else {
+            return false;
+        };
+        let p = &self.pulls[slot as usize * self.layers + layer as usize];
+        if p.done {
+            return true;
+        }
+        p.sched.as_ref().is_some_and(|s| s.have().get(piece))
+    }
+
+    /// A piece request reaches the holder (after the request latency).
+    pub(super) fn request_piece(&mut self, slot: u32, layer: u32, piece: u32, from: u32) {
+        let held = self.holds(from, layer, piece);
+        let slots_full = self.uploads[from as usize] >= self.sc.starling.max_uploads;
+        if !held || slots_full {
+            // 404 (a wrong view) or 503 (upload slots full): as the agent does,
+            // release the request, drop the peer until the tracker's next answer
+            // (download.rs, `Event::Piece` with an error), and ask someone else.
+            if held {
+                self.out.refused_requests += 1;
+            } else {
+                self.out.failed_requests += 1;
+            }
+            self.release_request(slot);
+            let name = self.names[from as usize].clone();
+            let p = self.pull(slot, layer);
+            if let Some(sch) = p.sched.as_mut() {
+                sch.on_failed(piece, &name, false);
+                sch.remove_peer(&name);
+            }
+            p.peers.retain(|x| x != &name);
+            self.pump(slot, layer);
+            self.drain_requests(slot);
+            return;
+        }
+        let len = self.piece_len(layer, piece);
+        match self.net.upload_bucket(from) {
+            Some(path) => {
+                self.uploads[from as usize] += 1;
+                let up = Kind::Upload {
+                    slot,
+                    layer,
+                    piece,
+                    from,
+                };
+                self.add_flow_path(path, len, up, false);
+            }
+            // No upload limit: the slot covers only reading the piece from disk.
+            None => self.start_body(slot, layer, piece, from),
+        }
+    }
+
+    /// A piece's body arrived and verified.
+    pub(super) fn piece_done(
+        &mut self,
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        from: u32,
+        bytes: f64,
+        cross: bool,
+    ) {
+        self.release_request(slot);
+        self.out.p2p_bytes += bytes;
+        self.out.piece_transfers += 1;
+        if cross {
+            self.out.cross_rack_bytes += bytes;
+        }
+        let name = &self.names[from as usize];
+        let p = &mut self.pulls[slot as usize * self.layers + layer as usize];
+        if let Some(sch) = p.sched.as_mut() {
+            sch.on_done(piece, name);
+            if sch.is_complete() {
+                self.layer_done(slot, layer);
+            } else {
+                self.pump(slot, layer);
+            }
+        }
+        self.drain_requests(slot);
+    }
+}
