@@ -71,11 +71,12 @@
 //! - Coarse pieces (`starling.piece_size`, e.g. 64–256 MiB for 1,000+ nodes): fewer
 //!   scheduler and solver events, but store-and-forward per piece costs one piece time
 //!   per hop, so results are pessimistic by about (tree depth × piece time).
-//! - Slower announces for huge swarms (`announce_interval_ms`): the tracker's
-//!   `announce` sorts every live peer of the swarm (≈ 11 ms per call at 10,000 peers,
-//!   measured), so 250 ms announces from 10,000 agents cannot be simulated — nor
-//!   served by one tracker — in real time. Slower announces make peers' views staler
-//!   (pessimistic for P2P).
+//! - Slower announces for huge swarms (`announce_interval_ms`, 1 s in the scale
+//!   scenarios against the agent's 250 ms): peers' views are staler and a peer dropped
+//!   after a 503 comes back later (pessimistic for P2P). The tracker is no longer the
+//!   limit (its handout ranks a bounded pool: ≈ 25 µs per announce at 10,000 peers);
+//!   at 10,000 nodes the run's cost is the agents' 503 traffic (tens of millions of
+//!   refused requests, each re-planned by the `PieceScheduler`), see BENCHMARKS.md.
 #![forbid(unsafe_code)]
 
 pub mod cli;
