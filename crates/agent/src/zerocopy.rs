@@ -54,6 +54,9 @@ struct Span {
     offset: u64,
     len: usize,
     sent: usize,
+    /// Dropped when the span's last byte is in the socket (or the connection dies):
+    /// e.g. an upload slot that must cover the whole transfer.
+    _until_sent: Option<Box<dyn Send>>,
 }
 
 /// A connection's queue of file spans whose placeholders are in hyper's hands.
@@ -64,12 +67,23 @@ impl Sink {
     /// The body chunk that makes the connection send `len` bytes of `file` at `offset`.
     /// Must be yielded by the response body right away, in order.
     pub(crate) fn chunk(&self, file: Arc<File>, offset: u64, len: usize) -> Bytes {
+        self.chunk_holding(file, offset, len, None)
+    }
+
+    fn chunk_holding(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        len: usize,
+        until_sent: Option<Box<dyn Send>>,
+    ) -> Bytes {
         let len = len.min(SPAN_MAX);
         self.0.lock().push_back(Span {
             file,
             offset,
             len,
             sent: 0,
+            _until_sent: until_sent,
         });
         placeholder().slice(..len)
     }
@@ -82,11 +96,28 @@ impl Sink {
         start: u64,
         end: u64,
     ) -> impl futures::Stream<Item = Bytes> + Send + 'static {
+        self.stream_file_holding(file, start, end, None)
+    }
+
+    /// [`Sink::stream_file`] that keeps `until_sent` alive until the last byte has
+    /// been handed to the socket.
+    pub(crate) fn stream_file_holding(
+        &self,
+        file: Arc<File>,
+        start: u64,
+        end: u64,
+        until_sent: Option<Box<dyn Send>>,
+    ) -> impl futures::Stream<Item = Bytes> + Send + 'static {
         let sink = self.clone();
-        futures::stream::unfold(start, move |pos| {
+        futures::stream::unfold((start, until_sent), move |(pos, mut guard)| {
             let next = (pos < end).then(|| {
                 let len = ((end - pos) as usize).min(SPAN_MAX);
-                (sink.chunk(file.clone(), pos, len), pos + len as u64)
+                let last = pos + len as u64 >= end;
+                let g = if last { guard.take() } else { None };
+                (
+                    sink.chunk_holding(file.clone(), pos, len, g),
+                    (pos + len as u64, guard),
+                )
             });
             futures::future::ready(next)
         })
@@ -281,6 +312,32 @@ mod tests {
         want.extend_from_slice(b":tail");
         assert_eq!(got.len(), want.len());
         assert!(got == want, "bytes differ");
+    }
+
+    #[tokio::test]
+    async fn a_guard_lives_until_the_last_byte_is_sent() {
+        let file = temp_file(&[3u8; 1000]);
+        let (server, mut client) = pair().await;
+        let sink = Sink::default();
+        let mut io = ZeroCopyIo::new(server, sink.clone());
+        let guard = Arc::new(());
+        let chunks: Vec<Bytes> = sink
+            .stream_file_holding(file, 0, 1000, Some(Box::new(guard.clone())))
+            .collect()
+            .await;
+        assert_eq!(
+            Arc::strong_count(&guard),
+            2,
+            "held while the bytes are queued"
+        );
+        let n = io.write(&chunks[0][..400]).await.expect("send");
+        assert_eq!(n, 400);
+        assert_eq!(Arc::strong_count(&guard), 2, "held while bytes remain");
+        io.write_all(&chunks[0][400..]).await.expect("send");
+        assert_eq!(Arc::strong_count(&guard), 1, "released with the last byte");
+        let mut got = vec![0u8; 1000];
+        client.read_exact(&mut got).await.expect("read");
+        assert!(got.iter().all(|&b| b == 3));
     }
 
     #[tokio::test]

@@ -103,7 +103,8 @@ pub struct P2p {
     pub(crate) http: reqwest::Client,
     pub(crate) upload: Option<TokenBucket>,
     pub(crate) download: Option<TokenBucket>,
-    pub(crate) uploads: Semaphore,
+    /// Upload slots; a slot is held until the piece's last byte is in the socket.
+    pub(crate) uploads: Arc<Semaphore>,
     pub(crate) requests: Arc<Semaphore>,
     /// Piece hashes computed from complete blobs, by (digest, piece size).
     pub(crate) hash_cache:
@@ -151,7 +152,7 @@ impl P2p {
             http,
             upload: limit(&cfg.upload_limit)?,
             download: limit(&cfg.download_limit)?,
-            uploads: Semaphore::new(cfg.max_uploads.max(1)),
+            uploads: Arc::new(Semaphore::new(cfg.max_uploads.max(1))),
             requests: Arc::new(Semaphore::new(cfg.max_piece_requests.max(1))),
             hash_cache: parking_lot::Mutex::new(std::collections::HashMap::new()),
             prewarm_limits: parking_lot::Mutex::new(std::collections::HashMap::new()),

@@ -66,7 +66,9 @@ pub(crate) async fn piece_handler(
         Ok(x) => x,
         Err(r) => return r,
     };
-    let Ok(_permit) = p2p.uploads.try_acquire() else {
+    // The slot covers the whole transfer, not just the pacing: `max_uploads` bounds how
+    // many peers this node's uplink serves at once, limiter or not.
+    let Ok(slot) = p2p.uploads.clone().try_acquire_owned() else {
         p2p.metrics.uploads_refused.inc();
         return status(StatusCode::SERVICE_UNAVAILABLE, "upload slots full");
     };
@@ -104,7 +106,7 @@ pub(crate) async fn piece_handler(
     let body = match sink {
         // Zero-copy: the piece goes from the page cache to the peer's socket.
         Some(Extension(sink)) if !p2p.corrupt => Body::from_stream(
-            sink.stream_file(span.file, start, start + len as u64)
+            sink.stream_file_holding(span.file, start, start + len as u64, Some(Box::new(slot)))
                 .map(Ok::<_, std::convert::Infallible>),
         ),
         _ => {
@@ -115,7 +117,16 @@ pub(crate) async fn piece_handler(
                     &format!("cannot read {}", path.display()),
                 );
             };
-            Body::from(if p2p.corrupt { corrupted(&data) } else { data })
+            let data = if p2p.corrupt { corrupted(&data) } else { data };
+            // Without a sink the slot lives as long as hyper holds the body.
+            Body::from_stream(
+                futures::stream::iter([Ok::<_, std::convert::Infallible>(data)]).map(
+                    move |chunk| {
+                        let _slot = &slot;
+                        chunk
+                    },
+                ),
+            )
         }
     };
     p2p.metrics.upload_bytes.inc_by(len as u64);
