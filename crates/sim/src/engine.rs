@@ -55,15 +55,23 @@ enum Kind {
     Whole { slot: u32, layer: u32 },
     /// One piece of the source's sequential registry stream.
     RegPiece { slot: u32, layer: u32, piece: u32 },
-    /// The holder paces one piece through its upload token bucket while it holds an
-    /// upload slot (before the response body is written).
+    /// The holder paces one piece through its upload token bucket (its upload slot
+    /// held, as for the response body that follows).
     Upload {
         slot: u32,
         layer: u32,
         piece: u32,
         from: u32,
     },
-    /// One piece between agents (the response body, paced by the reader).
+    /// The head of a piece's response body, while the holder's upload slot is held
+    /// (all but the last `socket_buffer` bytes).
+    Body {
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        from: u32,
+    },
+    /// A piece request, then the (rest of the) response body, paced by the reader.
     Piece {
         slot: u32,
         layer: u32,
@@ -658,7 +666,7 @@ impl<'a> Engine<'a> {
                 piece,
                 from,
             } => self.request_piece(slot, layer, piece, from),
-            Kind::Upload { .. } => {}
+            Kind::Upload { .. } | Kind::Body { .. } => {}
             Kind::CacheFill { layer, piece } => {
                 let len = self.piece_len(layer, piece);
                 self.add_flow(Origin::Registry, None, len, kind);
@@ -731,10 +739,13 @@ impl<'a> Engine<'a> {
                 layer,
                 piece,
                 from,
-            } => {
-                self.uploads[from as usize] -= 1;
-                self.start_body(slot, layer, piece, from);
-            }
+            } => self.start_body(slot, layer, piece, from),
+            Kind::Body {
+                slot,
+                layer,
+                piece,
+                from,
+            } => self.body_head_done(slot, layer, piece, from, bytes, cross),
             Kind::Piece {
                 slot,
                 layer,

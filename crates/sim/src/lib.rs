@@ -29,11 +29,11 @@
 //!   Requests then wait for one of the agent-wide `max_piece_requests` permits (4; a
 //!   fair semaphore, so in order), and hold it until the response ends.
 //! - Serving a piece (serve.rs): the holder takes one of its `max_uploads` slots or
-//!   answers 503, reads the piece and pays its upload token bucket for it while holding
-//!   the slot, then releases the slot and writes the body. So with an upload limit a
-//!   piece crosses two stages: the holder's upload bucket (slot held), then the network
-//!   to the requester, paced by the requester's download bucket (request permit held).
-//!   Without an upload limit the slot covers only the disk read. On a 503 (or 404) the
+//!   answers 503, pays its upload token bucket for the whole piece, then streams the
+//!   body (sendfile), and keeps the slot until the body's last byte is in the socket.
+//!   So with an upload limit a piece crosses two stages, the holder's upload bucket and
+//!   then the network to the requester (paced by the requester's download bucket), and
+//!   the slot is held through both; without one, through the body. On a 503 (or 404) the
 //!   requester calls `on_failed` and `remove_peer` until the tracker hands the peer out
 //!   again (download.rs, `Event::Piece` with an error).
 //! - Token buckets (Starling's upload and download limits, the agent's

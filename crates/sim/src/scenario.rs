@@ -206,6 +206,13 @@ pub struct Starling {
     /// How often an agent re-announces the complete blobs it holds (the agent's
     /// `/swarm/v1/seeding` loop: every second).
     pub seed_heartbeat_ms: u64,
+    /// How much of a piece's body the kernel's socket buffers take before the holder
+    /// has written it all. The agent releases the upload slot once the last byte is in
+    /// the socket (serve.rs), so this is how far ahead of the requester's reading the
+    /// slot frees. Default 4 MiB, Linux's `net.ipv4.tcp_wmem` maximum; on loopback with
+    /// a reader paced at 8 MiB/s, `sendall` of a 4–16 MiB body returned when 2.7–4 MiB
+    /// of it were still unread, and a 1 MiB body went in whole.
+    pub socket_buffer: Bytes,
 }
 
 impl Default for Starling {
@@ -229,6 +236,7 @@ impl Default for Starling {
             // The agent's default `max_piece_requests`.
             max_piece_requests: 4,
             seed_heartbeat_ms: 1000,
+            socket_buffer: Bytes(4 << 20),
         }
     }
 }
@@ -256,6 +264,7 @@ impl Starling {
             max_uploads: partial.max_uploads.unwrap_or(d.max_uploads),
             max_piece_requests: partial.max_piece_requests.unwrap_or(d.max_piece_requests),
             seed_heartbeat_ms: partial.seed_heartbeat_ms.unwrap_or(d.seed_heartbeat_ms),
+            socket_buffer: partial.socket_buffer.unwrap_or(d.socket_buffer),
         }
     }
 }
@@ -276,6 +285,7 @@ struct StarlingPartial {
     max_uploads: Option<u32>,
     max_piece_requests: Option<u32>,
     seed_heartbeat_ms: Option<u64>,
+    socket_buffer: Option<Bytes>,
 }
 
 impl<'de> Deserialize<'de> for Starling {

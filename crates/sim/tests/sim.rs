@@ -408,7 +408,9 @@ fn the_agent_wide_request_cap_serialises_piece_fetches() {
             2,
             1,
             layer,
-            &format!("peer_latency_ms = 50\nmax_piece_requests = {cap}"),
+            // 4 upload slots: with the default 2, the seed would refuse the third
+            // request and the puller would drop it until its next announce.
+            &format!("peer_latency_ms = 50\nmax_uploads = 4\nmax_piece_requests = {cap}"),
         );
         let o = simulate(&sc, &pre, 2).expect("runs");
         assert_eq!(o.stuck, 0);
@@ -423,29 +425,48 @@ fn the_agent_wide_request_cap_serialises_piece_fetches() {
 }
 
 #[test]
-fn an_upload_slot_is_held_only_while_the_upload_limit_paces_the_piece() {
-    // One seed with a single upload slot and a fast upload limit; two pullers whose
-    // download limit is 20× slower. The agent releases the slot once its upload
-    // bucket has paid for the piece, before the body goes out, so both pullers read
-    // bodies at once. Were the slot held for the body, one body at a time would cross
-    // the seed: 2·S/D at least. Above S/D: a request arriving in the 10 ms the slot is
-    // busy is refused (503) and the puller drops the seed until its next announce.
-    let (sc, pre) = seeded(
-        3,
-        1,
-        r#"{ name = "a", size = "64MiB" }"#,
-        "peer_latency_ms = 0\nmax_uploads = 1\nupload_limit = \"400MiB/s\"\ndownload_limit = \"20MiB/s\"",
-    );
-    let o = simulate(&sc, &pre, 3).expect("runs");
+fn an_upload_slot_is_held_until_the_body_is_in_the_socket() {
+    // One seed with a single upload slot, two pullers, a one-piece blob (so the
+    // pullers cannot trade pieces before one of them has it all), a 20× slower download
+    // limit than the upload limit. The agent holds the slot until the body's last byte
+    // is in the socket (serve.rs).
+    let run = |limit: &str, buffer: &str| {
+        let (mut sc, pre) = seeded(
+            3,
+            1,
+            r#"{ name = "a", size = "64MiB" }"#,
+            &format!(
+                "peer_latency_ms = 0\nmax_uploads = 1\nsocket_buffer = {buffer}\n{limit}download_limit = \"20MiB/s\"\n[sim]\nmax_seconds = 100"
+            ),
+        );
+        sc.starling.piece_size = sim::scenario::Bytes(64 << 20);
+        let o = simulate(&sc, &pre, 3).expect("runs");
+        assert_eq!(o.stuck, 0);
+        let mut r = o.ready_s.clone();
+        r.sort_by(f64::total_cmp);
+        (r[1], r[2], o.refused_requests)
+    };
     let s_over_d = 64.0 / 20.0;
-    assert_eq!(o.stuck, 0);
-    assert!(
-        max(&o) < 1.5 * s_over_d,
-        "both pullers in parallel: {} s vs S/D {s_over_d} s",
-        max(&o)
-    );
-    assert!(o.refused_requests > 0);
-    assert!(max(&o) >= 0.95 * s_over_d, "{} s", max(&o));
+    // With and without an upload limit (the bucket stage holds the slot too).
+    for limit in ["upload_limit = \"400MiB/s\"\n", ""] {
+        // Socket buffers smaller than the piece: only one body crosses the seed at a
+        // time; the other puller is refused (503), drops the seed until its next
+        // announce and gets the piece after the first body: about 2·S/D, not S/D.
+        let (first, last, refused) = run(limit, "0");
+        assert!(refused > 0, "{limit}: the second puller is refused");
+        assert!(first < 1.2 * s_over_d, "{limit}: first {first} s");
+        assert!(
+            last >= 1.9 * s_over_d,
+            "{limit}: last {last} s vs S/D {s_over_d} s"
+        );
+        // Buffers that take the whole body: the slot frees as the body starts, so both
+        // bodies cross at once (a request in the few ms the slot is busy is refused).
+        let (_, last, _) = run(limit, "\"64MiB\"");
+        assert!(
+            last < 1.5 * s_over_d,
+            "{limit}: buffered, last {last} s vs S/D {s_over_d} s"
+        );
+    }
 }
 
 #[test]

@@ -183,17 +183,57 @@ impl Engine<'_> {
     }
 
     /// The response body of a piece request: from the holder to the requester over the
-    /// network, paced by the requester's download limit.
+    /// network, paced by the requester's download limit. The holder's upload slot frees
+    /// once the body's last byte is in the socket, i.e. when what is left of the body
+    /// fits in the socket buffers: the body is a head (slot held) and a tail of
+    /// `socket_buffer` bytes (slot free) over the same path.
     pub(super) fn start_body(&mut self, slot: u32, layer: u32, piece: u32, from: u32) {
         let node = self.nodes[slot as usize].node;
         let len = self.piece_len(layer, piece);
+        let buffered = self.sc.starling.socket_buffer.0;
+        if len > buffered {
+            let head = Kind::Body {
+                slot,
+                layer,
+                piece,
+                from,
+            };
+            self.add_flow(Origin::Node(from), Some(node), len - buffered, head);
+        } else {
+            self.uploads[from as usize] = self.uploads[from as usize].saturating_sub(1);
+            self.start_tail(slot, layer, piece, from, len);
+        }
+    }
+
+    /// The body's head is in the socket: the holder's slot frees, the rest follows.
+    pub(super) fn body_head_done(
+        &mut self,
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        from: u32,
+        bytes: f64,
+        cross: bool,
+    ) {
+        self.uploads[from as usize] = self.uploads[from as usize].saturating_sub(1);
+        self.out.p2p_bytes += bytes;
+        if cross {
+            self.out.cross_rack_bytes += bytes;
+        }
+        let len = self.piece_len(layer, piece);
+        let tail = len.min(self.sc.starling.socket_buffer.0);
+        self.start_tail(slot, layer, piece, from, tail);
+    }
+
+    fn start_tail(&mut self, slot: u32, layer: u32, piece: u32, from: u32, bytes: u64) {
+        let node = self.nodes[slot as usize].node;
         let kind = Kind::Piece {
             slot,
             layer,
             piece,
             from,
         };
-        self.add_flow(Origin::Node(from), Some(node), len, kind);
+        self.add_flow(Origin::Node(from), Some(node), bytes, kind);
     }
 
     /// Ground truth: does cluster node `node` hold `piece` of `layer`?
@@ -239,9 +279,11 @@ impl Engine<'_> {
             return;
         }
         let len = self.piece_len(layer, piece);
+        // The slot is held through the upload bucket and until the body's last byte is
+        // in the socket (serve.rs hands it to the sendfile stream): see `start_body`.
+        self.uploads[from as usize] += 1;
         match self.net.upload_bucket(from) {
             Some(path) => {
-                self.uploads[from as usize] += 1;
                 let up = Kind::Upload {
                     slot,
                     layer,
@@ -250,7 +292,6 @@ impl Engine<'_> {
                 };
                 self.add_flow_path(path, len, up, false);
             }
-            // No upload limit: the slot covers only reading the piece from disk.
             None => self.start_body(slot, layer, piece, from),
         }
     }
