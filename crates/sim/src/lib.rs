@@ -70,11 +70,14 @@
 //!   and the crate README figures.
 //! - Coarse pieces (`starling.piece_size`, e.g. 64–256 MiB for 1,000+ nodes): fewer
 //!   scheduler and solver events, but store-and-forward per piece costs one piece time
-//!   per hop, so results are pessimistic by about (tree depth × piece time).
+//!   per hop, so results are pessimistic by about (tree depth × piece time). They also
+//!   hold upload slots longer: the slot is held until all but `socket_buffer` bytes of
+//!   the body are sent, i.e. for most of a 256 MiB piece but hardly at all for the
+//!   agent's 4 MiB, so coarse pieces see more 503s than the agent would.
 //! - Slower announces for huge swarms (`announce_interval_ms`, 1 s in the scale
 //!   scenarios against the agent's 250 ms): peers' views are staler and a peer dropped
 //!   after a 503 comes back later (pessimistic for P2P). The tracker is no longer the
-//!   limit (its handout ranks a bounded pool: ≈ 25 µs per announce at 10,000 peers);
+//!   limit (its handout ranks a bounded pool: ≈ 25–40 µs per announce at 10,000 peers);
 //!   at 10,000 nodes the run's cost is the agents' 503 traffic (tens of millions of
 //!   refused requests, each re-planned by the `PieceScheduler`), see BENCHMARKS.md.
 #![forbid(unsafe_code)]

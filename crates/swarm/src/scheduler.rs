@@ -82,14 +82,22 @@ impl PieceScheduler {
 
     /// Adds or updates a peer; `have = None` means it holds everything.
     pub fn set_peer(&mut self, id: &str, have: Option<Bitfield>, distance: u8) {
-        let slot = self.peers.entry(id.to_owned()).or_insert(Slot {
-            have: None,
-            distance,
-            inflight: 0,
-            banned: false,
-        });
-        slot.have = have;
-        slot.distance = distance;
+        // Looked up before inserting: every announce re-sets every known peer, and
+        // `entry` would allocate the id each time.
+        if let Some(slot) = self.peers.get_mut(id) {
+            slot.have = have;
+            slot.distance = distance;
+            return;
+        }
+        self.peers.insert(
+            id.to_owned(),
+            Slot {
+                have,
+                distance,
+                inflight: 0,
+                banned: false,
+            },
+        );
     }
 
     pub fn remove_peer(&mut self, id: &str) {
@@ -122,29 +130,29 @@ impl PieceScheduler {
     /// The next requests to issue, already counted as in flight.
     pub fn next_requests(&mut self) -> Vec<Request> {
         let mut out = Vec::new();
-        let missing: Vec<u32> = (0..self.have.len())
-            .filter(|&i| !self.have.get(i))
-            .collect();
+        // Sized up front: growing these vectors (`collect` from a filter) cost more than
+        // the ranking itself in a simulated 10,000-node swarm.
+        let mut missing = Vec::with_capacity((self.have.len() - self.have.count()) as usize);
+        missing.extend((0..self.have.len()).filter(|&i| !self.have.get(i)));
         if missing.is_empty() {
             return out;
         }
-        let head: Vec<u32> = missing
-            .iter()
-            .copied()
-            .take(self.cfg.read_head as usize)
-            .collect();
-        let mut candidates: Vec<(u32, usize)> = missing
-            .iter()
-            .copied()
-            .filter(|i| !self.inflight.contains_key(i))
-            .map(|i| (i, self.peers.values().filter(|s| Self::holds(s, i)).count()))
-            .filter(|(_, holders)| *holders > 0)
-            .collect();
-        let seed = self.cfg.seed;
-        candidates.sort_by_key(|&(i, holders)| (!head.contains(&i), holders, mix(seed, i)));
         // Counted once and kept up to date: this runs after every piece event, and in a
         // simulated 10,000-node swarm millions of times.
         let mut inflight = self.inflight_count();
+        // With the blob's cap reached, or no peer able to take another request, no
+        // candidate can be assigned: skip ranking them (same result, far cheaper when a
+        // swarm refuses most requests).
+        let max_per_peer = self.cfg.max_inflight_per_peer;
+        let can_assign = inflight < self.cfg.max_inflight_total
+            && self
+                .peers
+                .values()
+                .any(|s| !s.banned && s.inflight < max_per_peer);
+        let mut candidates: Vec<(u32, usize)> = Vec::new();
+        if can_assign {
+            candidates = self.rank(&missing);
+        }
         for (piece, _) in candidates {
             if inflight >= self.cfg.max_inflight_total {
                 break;
@@ -171,6 +179,49 @@ impl PieceScheduler {
             }
         }
         out
+    }
+
+    /// Missing pieces not in flight that some usable peer holds, read head first, then
+    /// rarest first, ties in this node's seeded order.
+    fn rank(&self, missing: &[u32]) -> Vec<(u32, usize)> {
+        let mut open = Vec::with_capacity(missing.len());
+        open.extend(
+            missing
+                .iter()
+                .copied()
+                .filter(|i| !self.inflight.contains_key(i)),
+        );
+        // Holders per open piece in one pass over the peers (not one per piece): peers
+        // holding everything count for all of them.
+        let mut holders = vec![0usize; open.len()];
+        let mut everyone = 0usize;
+        for slot in self.peers.values().filter(|s| !s.banned) {
+            match &slot.have {
+                None => everyone += 1,
+                Some(h) => {
+                    for (n, &i) in holders.iter_mut().zip(&open) {
+                        *n += usize::from(h.get(i));
+                    }
+                }
+            }
+        }
+        let read_head = self.cfg.read_head as usize;
+        let seed = self.cfg.seed;
+        let mut keyed: Vec<((bool, usize, u64), u32)> = Vec::with_capacity(open.len());
+        keyed.extend(
+            open.iter()
+                .zip(&holders)
+                .map(|(&i, &n)| (i, n + everyone))
+                .filter(|&(_, n)| n > 0)
+                .map(|(i, n)| {
+                    let head = missing[..read_head.min(missing.len())].contains(&i);
+                    ((!head, n, mix(seed, i)), i)
+                }),
+        );
+        // `mix` is a bijection of the piece index, so keys are distinct and an unstable
+        // sort gives the one order.
+        keyed.sort_unstable_by_key(|&(k, _)| k);
+        keyed.into_iter().map(|((_, n, _), i)| (i, n)).collect()
     }
 
     fn pick_peer(&self, piece: u32, exclude: &[PeerId]) -> Option<PeerId> {
@@ -359,5 +410,84 @@ mod tests {
         assert!(r.iter().all(|x| x.piece == 3));
         assert!(s.on_done(3, &r[1].peer));
         assert!(s.is_complete());
+    }
+
+    /// The ranking as first written (one pass over the peers per piece, a stable
+    /// sort), kept to check that the faster `rank` orders identically.
+    fn reference_rank(s: &PieceScheduler, missing: &[u32]) -> Vec<(u32, usize)> {
+        let head: Vec<u32> = missing
+            .iter()
+            .copied()
+            .take(s.cfg.read_head as usize)
+            .collect();
+        let mut c: Vec<(u32, usize)> = missing
+            .iter()
+            .copied()
+            .filter(|i| !s.inflight.contains_key(i))
+            .map(|i| {
+                (
+                    i,
+                    s.peers
+                        .values()
+                        .filter(|p| PieceScheduler::holds(p, i))
+                        .count(),
+                )
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        c.sort_by_key(|&(i, n)| (!head.contains(&i), n, mix(s.cfg.seed, i)));
+        c
+    }
+
+    #[test]
+    fn rank_matches_the_reference_on_random_swarms() {
+        let mut rng = 0x1234_5678_9abc_def0u64;
+        let mut next = |m: u64| {
+            rng = mix(rng, 7);
+            rng % m
+        };
+        for round in 0..500 {
+            let len = 1 + next(80) as u32;
+            let mut have = Bitfield::new(len);
+            for i in 0..len {
+                if next(3) == 0 {
+                    have.set(i);
+                }
+            }
+            let mut s = PieceScheduler::new(
+                have,
+                SchedulerConfig {
+                    read_head: next(3) as u32,
+                    seed: round,
+                    ..Default::default()
+                },
+            );
+            for p in 0..next(20) {
+                let bf = (next(4) > 0).then(|| {
+                    let mut b = Bitfield::new(len);
+                    for i in 0..len {
+                        if next(2) == 0 {
+                            b.set(i);
+                        }
+                    }
+                    b
+                });
+                s.set_peer(&format!("p{p}"), bf, next(3) as u8);
+                if next(8) == 0 {
+                    s.on_failed(0, &format!("p{p}"), true);
+                }
+            }
+            for i in 0..len {
+                if next(6) == 0 {
+                    s.claim(i, "registry");
+                }
+            }
+            let missing: Vec<u32> = (0..len).filter(|&i| !s.have.get(i)).collect();
+            assert_eq!(
+                s.rank(&missing),
+                reference_rank(&s, &missing),
+                "round {round}"
+            );
+        }
     }
 }

@@ -120,12 +120,9 @@ impl Engine<'_> {
                     for gone in old.iter().filter(|o| !p.peers.contains(o)) {
                         sch.remove_peer(gone);
                     }
-                    for peer in &resp.peers {
-                        sch.set_peer(
-                            &peer.node,
-                            peer.have.clone(),
-                            my_topo.distance(&peer.topology),
-                        );
+                    for peer in resp.peers {
+                        let d = my_topo.distance(&peer.topology);
+                        sch.set_peer(&peer.node, peer.have, d);
                     }
                 }
                 self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
