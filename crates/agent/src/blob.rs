@@ -320,20 +320,12 @@ impl Agent {
             let stream: std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> =
                 match source {
                     Source::Complete => match self.store.open_complete(d) {
-                        Ok(Some(open)) if sink.is_some() => {
-                            let guard = open.guard;
-                            let sink = sink.cloned().unwrap_or_default();
-                            Box::pin(sink.stream_file(open.file, pos, end).map(move |b| {
-                                let _keep = &guard;
-                                Ok(b)
-                            }))
-                        }
                         Ok(Some(open)) => {
                             let guard = open.guard;
-                            Box::pin(store::read_file(open.file, open.path, pos, end).map(
+                            Box::pin(file_bytes(sink, open.file, open.path, pos, end).map(
                                 move |r| {
                                     let _keep = &guard;
-                                    r.map_err(store_err)
+                                    r
                                 },
                             ))
                         }
@@ -676,15 +668,13 @@ fn stream_plan_from_file(
             move |p| -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
                 match p {
                     Part::Text(t) => Box::pin(futures::stream::once(async move { Ok(t) })),
-                    Part::Range(r) => match &sink {
-                        Some(sink) => {
-                            Box::pin(sink.stream_file(file.clone(), r.start, r.end + 1).map(Ok))
-                        }
-                        None => Box::pin(
-                            store::read_file(file.clone(), path.clone(), r.start, r.end + 1)
-                                .map(|x| x.map_err(store_err)),
-                        ),
-                    },
+                    Part::Range(r) => file_bytes(
+                        sink.as_ref(),
+                        file.clone(),
+                        path.clone(),
+                        r.start,
+                        r.end + 1,
+                    ),
                 }
             },
         )
@@ -693,4 +683,19 @@ fn stream_plan_from_file(
             let _keep_from_gc = &guard;
             x
         })
+}
+
+/// `[start, end)` of a file on disk: as zero-copy spans when the connection has a sink,
+/// read into memory otherwise.
+fn file_bytes(
+    sink: Option<&Sink>,
+    file: std::sync::Arc<std::fs::File>,
+    path: std::path::PathBuf,
+    start: u64,
+    end: u64,
+) -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
+    match sink {
+        Some(sink) => Box::pin(sink.stream_file(file, start, end).map(Ok)),
+        None => Box::pin(store::read_file(file, path, start, end).map(|r| r.map_err(store_err))),
+    }
 }

@@ -86,24 +86,10 @@ async fn stalling_proxy(upstream: String, hold_after: usize) -> (String, Arc<Not
             blobs.clone(),
         );
         async move {
-            let path = req
-                .uri()
-                .path_and_query()
-                .map(|p| p.to_string())
-                .unwrap_or_default();
-            let mut fwd = client.request(req.method().clone(), format!("{upstream}{path}"));
-            for (k, v) in req.headers() {
-                if k != "host" {
-                    fwd = fwd.header(k, v);
-                }
-            }
-            let resp = fwd.send().await.unwrap();
-            let mut builder = axum::response::Response::builder().status(resp.status());
-            for (k, v) in resp.headers() {
-                builder = builder.header(k, v);
-            }
+            let is_get = req.method() == http::Method::GET;
+            let (path, resp, builder) = forward(&client, &upstream, req).await;
             let first_blob = path.contains("/blobs/")
-                && req.method() == http::Method::GET
+                && is_get
                 && resp.status().is_success()
                 && blobs.fetch_add(1, Ordering::SeqCst) == 0;
             let mut sent = 0usize;

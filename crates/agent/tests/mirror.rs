@@ -390,22 +390,7 @@ async fn fault_proxy(upstream: String, fault: Fault) -> (String, Arc<AtomicUsize
     let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
         let (client, upstream, hits) = (client.clone(), upstream.clone(), h.clone());
         async move {
-            let path = req
-                .uri()
-                .path_and_query()
-                .map(|p| p.to_string())
-                .unwrap_or_default();
-            let mut fwd = client.request(req.method().clone(), format!("{upstream}{path}"));
-            for (k, v) in req.headers() {
-                if k != "host" {
-                    fwd = fwd.header(k, v);
-                }
-            }
-            let resp = fwd.send().await.unwrap();
-            let mut builder = axum::response::Response::builder().status(resp.status());
-            for (k, v) in resp.headers() {
-                builder = builder.header(k, v);
-            }
+            let (path, resp, builder) = forward(&client, &upstream, req).await;
             let is_blob = path.contains("/blobs/") && resp.status().is_success();
             let n = if is_blob {
                 hits.fetch_add(1, Ordering::SeqCst)
