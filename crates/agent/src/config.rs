@@ -56,9 +56,17 @@ pub struct AgentConfig {
     /// and receive from peers and the registry.
     pub upload_limit: Option<String>,
     pub download_limit: Option<String>,
-    /// Concurrent piece uploads served to peers; more get 503 and ask elsewhere. Few
-    /// fast uploads beat many slow ones: a piece that trickles holds up its requester.
+    /// Concurrent piece uploads served to peers. Few fast uploads beat many slow ones:
+    /// a piece that trickles holds up its requester.
     pub max_uploads: usize,
+    /// Piece requests that may wait for an upload slot, each for at most `upload_wait`;
+    /// beyond that they get 503 and ask elsewhere. Waiting keeps the uplink busy
+    /// between pieces and spares the requester a round of refusals when every holder
+    /// is busy (the start of a large swarm); the bound keeps a queued request from
+    /// waiting on one slow holder while others have room.
+    pub upload_queue: usize,
+    #[serde(with = "humantime_serde_compat")]
+    pub upload_wait: Duration,
     /// Piece requests this node keeps in flight across all blobs. Enough to fill the
     /// download link from upload-capped peers; more would only make each piece slower.
     pub max_piece_requests: usize,
@@ -115,6 +123,8 @@ impl Default for AgentConfig {
             upload_limit: None,
             download_limit: None,
             max_uploads: 2,
+            upload_queue: 4,
+            upload_wait: Duration::from_secs(1),
             max_piece_requests: 4,
             p2p_threshold: "1MiB".into(),
             piece_size: "1MiB".into(),

@@ -41,6 +41,8 @@ pub struct Outcome {
     pub failed_requests: u64,
     /// Piece requests refused because the holder's upload slots were full (503).
     pub refused_requests: u64,
+    /// Piece requests that waited for an upload slot.
+    pub queued_requests: u64,
     pub wall_s: f64,
     pub tracker_wall_s: f64,
     pub scheduler_wall_s: f64,
@@ -72,11 +74,13 @@ enum Kind {
         from: u32,
     },
     /// A piece request, then the (rest of the) response body, paced by the reader.
+    /// `wait`: the request may wait in line for the holder's upload slot.
     Piece {
         slot: u32,
         layer: u32,
         piece: u32,
         from: u32,
+        wait: bool,
     },
     /// The shared cache filling from the registry.
     CacheFill { layer: u32, piece: u32 },
@@ -106,6 +110,11 @@ enum Timer {
     /// The node's pull client has the manifest: its layer fetches begin.
     Manifest(u32),
     Start(Kind),
+    /// A request waiting for `from`'s upload slot gives up (503) unless served.
+    UploadWait {
+        from: u32,
+        id: u64,
+    },
 }
 
 #[derive(Default)]
@@ -120,6 +129,8 @@ struct Pull {
     direct: bool,
     known_hashes: u32,
     hashes_sent: u32,
+    /// The tracker's latest `wait_for_upload_slots`.
+    wait: bool,
     /// Cache read cursor.
     cursor: u32,
 }
@@ -148,6 +159,10 @@ pub struct Engine<'a> {
     slot_index: Vec<u32>,
     /// Piece uploads in progress per cluster node (the agent's upload slots).
     uploads: Vec<u32>,
+    /// Requests waiting for a node's upload slot, in order (tokio's semaphore is
+    /// fair), each with the id of its give-up timer.
+    upload_waiting: Vec<VecDeque<(u64, Kind)>>,
+    upload_wait_ids: u64,
     /// Piece requests running per participant (the agent-wide `max_piece_requests`
     /// semaphore) and those waiting for it, in order (tokio's semaphore is fair).
     requests: Vec<u32>,
@@ -298,6 +313,8 @@ impl<'a> Engine<'a> {
             nodes,
             slot_index: slot_of,
             uploads: vec![0; n],
+            upload_waiting: vec![VecDeque::new(); n],
+            upload_wait_ids: 0,
             requests: vec![0; participants],
             request_queue: vec![VecDeque::new(); participants],
             buckets,
@@ -490,6 +507,7 @@ impl<'a> Engine<'a> {
             }
             Timer::Manifest(s) => self.start_more(s),
             Timer::Start(kind) => self.start_flow(kind),
+            Timer::UploadWait { from, id } => self.upload_wait_over(from, id),
         }
     }
 
@@ -665,7 +683,8 @@ impl<'a> Engine<'a> {
                 layer,
                 piece,
                 from,
-            } => self.request_piece(slot, layer, piece, from),
+                wait,
+            } => self.request_piece(slot, layer, piece, from, wait),
             Kind::Upload { .. } | Kind::Body { .. } => {}
             Kind::CacheFill { layer, piece } => {
                 let len = self.piece_len(layer, piece);
@@ -751,6 +770,7 @@ impl<'a> Engine<'a> {
                 layer,
                 piece,
                 from,
+                ..
             } => self.piece_done(slot, layer, piece, from, bytes, cross),
             Kind::CacheFill { layer, piece } => {
                 self.out.registry_bytes += bytes;

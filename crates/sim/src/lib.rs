@@ -28,8 +28,12 @@
 //!   `seed_for(node)`, `SchedulerConfig::default()` limits per peer and per blob).
 //!   Requests then wait for one of the agent-wide `max_piece_requests` permits (4; a
 //!   fair semaphore, so in order), and hold it until the response ends.
-//! - Serving a piece (serve.rs): the holder takes one of its `max_uploads` slots or
-//!   answers 503, pays its upload token bucket for the whole piece, then streams the
+//! - Serving a piece (serve.rs): the holder takes one of its `max_uploads` slots; if
+//!   none is free, a request that asked to wait (the tracker sets
+//!   `wait_for_upload_slots` for swarms of more than 256 members) joins a line of at
+//!   most `upload_queue` for at most `upload_wait_ms` (fair: first in, first served),
+//!   and any other answers 503. Then it pays its upload token bucket for the whole
+//!   piece, then streams the
 //!   body (sendfile), and keeps the slot until the body's last byte is in the socket.
 //!   So with an upload limit a piece crosses two stages, the holder's upload bucket and
 //!   then the network to the requester (paced by the requester's download bucket), and
@@ -76,10 +80,9 @@
 //!   agent's 4 MiB, so coarse pieces see more 503s than the agent would.
 //! - Slower announces for huge swarms (`announce_interval_ms`, 1 s in the scale
 //!   scenarios against the agent's 250 ms): peers' views are staler and a peer dropped
-//!   after a 503 comes back later (pessimistic for P2P). The tracker is no longer the
-//!   limit (its handout ranks a bounded pool: ≈ 25–40 µs per announce at 10,000 peers);
-//!   at 10,000 nodes the run's cost is the agents' 503 traffic (tens of millions of
-//!   refused requests, each re-planned by the `PieceScheduler`), see BENCHMARKS.md.
+//!   after a 503 comes back later (pessimistic for P2P). At 10,000 nodes the run's
+//!   cost is the tracker's handouts (≈ 40 µs per announce) and the agents' refused
+//!   requests (millions, each re-planned by the `PieceScheduler`), see BENCHMARKS.md.
 #![forbid(unsafe_code)]
 
 pub mod cli;

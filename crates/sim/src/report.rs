@@ -38,6 +38,8 @@ pub struct StrategyResult {
     pub piece_transfers: u64,
     pub failed_requests: u64,
     pub refused_requests: u64,
+    /// Piece requests that waited in line for an upload slot (large swarms).
+    pub queued_requests: u64,
     pub steps: u64,
     pub stuck_nodes: usize,
     pub wall_s: f64,
@@ -167,6 +169,7 @@ pub fn result(
         ),
         failed_requests: o.failed_requests,
         refused_requests: o.refused_requests,
+        queued_requests: o.queued_requests,
         source_elections: o.source_elections,
         source_bytes: o.source_bytes,
         announces: o.announces,

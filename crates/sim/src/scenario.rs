@@ -198,8 +198,13 @@ pub struct Starling {
     pub max_inflight_total: u32,
     /// Latency of one piece request between agents.
     pub peer_latency_ms: f64,
-    /// Concurrent piece uploads per agent; more requests are refused (503).
+    /// Concurrent piece uploads per agent; further requests wait for a slot.
     pub max_uploads: u32,
+    /// Requests that may wait for an upload slot (the agent's `upload_queue`), when the
+    /// tracker tells requesters to ask for it (large swarms); beyond that, or after
+    /// `upload_wait_ms`, they are refused (503).
+    pub upload_queue: u32,
+    pub upload_wait_ms: f64,
     /// Piece requests running at once per agent, over all its blobs (the agent's
     /// `max_piece_requests`); further requests wait in order.
     pub max_piece_requests: u32,
@@ -233,6 +238,9 @@ impl Default for Starling {
             peer_latency_ms: 0.5,
             // The agent's default `max_uploads`.
             max_uploads: 2,
+            // The agent's defaults `upload_queue` and `upload_wait`.
+            upload_queue: 4,
+            upload_wait_ms: 1000.0,
             // The agent's default `max_piece_requests`.
             max_piece_requests: 4,
             seed_heartbeat_ms: 1000,
@@ -262,6 +270,8 @@ impl Starling {
             max_inflight_total: partial.max_inflight_total.unwrap_or(d.max_inflight_total),
             peer_latency_ms: partial.peer_latency_ms.unwrap_or(d.peer_latency_ms),
             max_uploads: partial.max_uploads.unwrap_or(d.max_uploads),
+            upload_queue: partial.upload_queue.unwrap_or(d.upload_queue),
+            upload_wait_ms: partial.upload_wait_ms.unwrap_or(d.upload_wait_ms),
             max_piece_requests: partial.max_piece_requests.unwrap_or(d.max_piece_requests),
             seed_heartbeat_ms: partial.seed_heartbeat_ms.unwrap_or(d.seed_heartbeat_ms),
             socket_buffer: partial.socket_buffer.unwrap_or(d.socket_buffer),
@@ -283,6 +293,8 @@ struct StarlingPartial {
     max_inflight_total: Option<u32>,
     peer_latency_ms: Option<f64>,
     max_uploads: Option<u32>,
+    upload_queue: Option<u32>,
+    upload_wait_ms: Option<f64>,
     max_piece_requests: Option<u32>,
     seed_heartbeat_ms: Option<u64>,
     socket_buffer: Option<Bytes>,

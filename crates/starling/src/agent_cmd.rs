@@ -82,6 +82,12 @@ pub struct AgentArgs {
     /// Concurrent piece uploads to peers.
     #[arg(long, env = "STARLING_MAX_UPLOADS")]
     max_uploads: Option<usize>,
+    /// Piece requests that may wait for an upload slot (beyond: 503).
+    #[arg(long, env = "STARLING_UPLOAD_QUEUE")]
+    upload_queue: Option<usize>,
+    /// How long a piece request may wait for an upload slot, e.g. 1s (0s: never).
+    #[arg(long, env = "STARLING_UPLOAD_WAIT")]
+    upload_wait: Option<humantime::Duration>,
     /// Piece requests in flight across all blobs.
     #[arg(long, env = "STARLING_MAX_PIECE_REQUESTS")]
     max_piece_requests: Option<usize>,
@@ -191,6 +197,12 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     }
     if let Some(v) = a.max_piece_requests {
         cfg.max_piece_requests = v;
+    }
+    if let Some(v) = a.upload_queue {
+        cfg.upload_queue = v;
+    }
+    if let Some(v) = a.upload_wait {
+        cfg.upload_wait = v.into();
     }
     if let Some(v) = &a.p2p_threshold {
         crate::parse_size(v)?;

@@ -37,6 +37,12 @@ pub struct DemoArgs {
     /// Concurrent piece uploads per agent.
     #[arg(long, default_value_t = 2)]
     pub max_uploads: usize,
+    /// Piece requests that may wait for an upload slot per agent.
+    #[arg(long, default_value_t = 4)]
+    pub upload_queue: usize,
+    /// How long a piece request may wait for an upload slot (0s: refuse at once).
+    #[arg(long, default_value = "1s")]
+    pub upload_wait: String,
     /// Piece requests in flight per agent.
     #[arg(long, default_value_t = 4)]
     pub max_piece_requests: usize,
@@ -272,6 +278,10 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             "0".into(),
             "--max-uploads".into(),
             a.max_uploads.to_string(),
+            "--upload-queue".into(),
+            a.upload_queue.to_string(),
+            "--upload-wait".into(),
+            a.upload_wait.clone(),
             "--max-piece-requests".into(),
             a.max_piece_requests.to_string(),
         ];

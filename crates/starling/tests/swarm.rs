@@ -471,3 +471,131 @@ async fn after_a_tracker_restart_newcomers_pull_from_seeders_not_the_registry() 
     );
     assert!(metric(&b, "starling_agent_p2p_peer_bytes_total").await >= image.layers[0].size);
 }
+
+/// Polls `cond` until it holds; fails the test after a minute instead of hanging.
+async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn() -> F) {
+    for _ in 0..12_000 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// Piece requests beyond the upload slots wait in a bounded line for a bounded time,
+/// if they ask to (`wait=1`, what agents send when the tracker calls the swarm large):
+/// a waiting request is served in full once a slot frees; a request beyond the line,
+/// one that waits too long, and one that did not ask to wait get 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn piece_requests_wait_for_an_upload_slot_within_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image = TestImage::push_multilayer(&registry, "swarm/line", "1", &[8 << 20], 19).unwrap();
+    // Separate swarms: neither agent serves the other's pull.
+    let t = tracker(dir.path(), &[]).await;
+    let t2 = tracker(dir.path(), &[]).await;
+    // One slot, paced at 2 MiB/s: a 4 MiB piece holds it for about two seconds.
+    let patient = agent(
+        dir.path(),
+        "patient",
+        &t.url(),
+        &registry,
+        &[
+            "--max-uploads",
+            "1",
+            "--upload-queue",
+            "1",
+            "--upload-wait",
+            "60s",
+            "--upload-limit",
+            "2MiB",
+        ],
+    )
+    .await;
+    // Same slot, but at 512 KiB/s the piece holds it for 8 s, far beyond a 200 ms wait.
+    let hasty = agent(
+        dir.path(),
+        "hasty",
+        &t2.url(),
+        &registry,
+        &[
+            "--max-uploads",
+            "1",
+            "--upload-queue",
+            "4",
+            "--upload-wait",
+            "200ms",
+            "--upload-limit",
+            "512KiB",
+        ],
+    )
+    .await;
+    pull_via(&patient.url(), &image).await.unwrap();
+    pull_via(&hasty.url(), &image).await.unwrap();
+    let digest = image.layers[0].digest.clone();
+    let get = |base: String, piece: u32, wait: u8| {
+        let digest = digest.clone();
+        async move {
+            let r = reqwest::Client::new()
+                .get(format!(
+                    "{base}/p2p/v1/blobs/{digest}/pieces/{piece}?piece_size=4194304&wait={wait}"
+                ))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            (status, r.bytes().await.unwrap().len())
+        }
+    };
+    let busy_metric = |a: &Proc| {
+        let url = a.url();
+        async move {
+            (
+                common::metric(&url, "starling_agent_p2p_uploads_queued_total").await,
+                common::metric(&url, "starling_agent_p2p_uploads_refused_total").await,
+            )
+        }
+    };
+
+    let active = |a: &Proc| {
+        let url = a.url();
+        async move { common::metric(&url, "starling_agent_p2p_uploads_active").await }
+    };
+
+    // Patient: the first request takes the slot; the next two arrive while it is held.
+    let first = tokio::spawn(get(patient.url(), 0, 1));
+    until("the first request holds the slot", || async {
+        active(&patient).await == 1
+    })
+    .await;
+    let unwilling = get(patient.url(), 1, 0).await;
+    assert_eq!(unwilling.0, 503, "did not ask to wait: refused at once");
+    let second = tokio::spawn(get(patient.url(), 1, 1));
+    until("the second request waits in line", || async {
+        busy_metric(&patient).await.0 == 1
+    })
+    .await;
+    let third = get(patient.url(), 1, 1).await;
+    assert_eq!(third.0, 503, "beyond the line: refused at once");
+    assert_eq!(first.await.unwrap(), (200, 4 << 20));
+    assert_eq!(
+        second.await.unwrap(),
+        (200, 4 << 20),
+        "served after waiting"
+    );
+    assert_eq!(busy_metric(&patient).await, (1, 2));
+    assert_eq!(active(&patient).await, 0, "slots are given back");
+
+    // Hasty: the waiting request gives up long before the slot frees.
+    let first = tokio::spawn(get(hasty.url(), 0, 1));
+    until("the first request holds the slot", || async {
+        active(&hasty).await == 1
+    })
+    .await;
+    let second = get(hasty.url(), 1, 1).await;
+    assert_eq!(second.0, 503, "waited too long: refused");
+    assert_eq!(first.await.unwrap(), (200, 4 << 20));
+    assert_eq!(busy_metric(&hasty).await, (1, 1));
+}

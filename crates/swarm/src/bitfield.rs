@@ -56,6 +56,20 @@ impl Bitfield {
         }
     }
 
+    /// Pieces set here and not in `other`: what a holder with `self` can give a
+    /// requester with `other`. Bitfields of different lengths (another piece size)
+    /// share nothing, so everything counts.
+    pub fn count_not_in(&self, other: &Bitfield) -> u32 {
+        if other.len != self.len {
+            return self.ones;
+        }
+        self.bits
+            .iter()
+            .zip(&other.bits)
+            .map(|(a, b)| (a & !b).count_ones())
+            .sum()
+    }
+
     /// Pieces `[0, n)` all set: how far an in-order reader can go.
     pub fn prefix(&self) -> u32 {
         (0..self.len).find(|&i| !self.get(i)).unwrap_or(self.len)

@@ -15,6 +15,7 @@
 //! small swarms get exactly the ranked policy; larger ones get it over the pool, which
 //! costs O(max_peers · log n) per announce.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
 
@@ -131,9 +132,25 @@ pub(crate) struct Ask<'a> {
     pub bad: &'a HashMap<String, u64>,
     pub source: Option<&'a str>,
     pub max_peers: usize,
+    /// What the requester holds (`None`: complete, or not said).
+    pub have: Option<&'a Bitfield>,
+    /// The announce interval: the window of the handout budget.
+    pub window_ms: u64,
 }
 
 impl Ask<'_> {
+    /// Alive, not reported bad, and not the requester (by its slot `me` when known:
+    /// comparing names is most of a handout's cost in a 10,000-peer swarm).
+    fn usable_at(&self, p: &PeerEntry, s: u32, me: Option<u32>) -> bool {
+        let not_me = match me {
+            Some(me) => s != me,
+            None => p.name != self.node,
+        };
+        not_me
+            && self.now.saturating_sub(p.last_seen) <= self.ttl_ms
+            && (self.bad.is_empty() || !self.bad.contains_key(&p.name))
+    }
+
     fn usable(&self, p: &PeerEntry) -> bool {
         p.name != self.node
             && self.now.saturating_sub(p.last_seen) <= self.ttl_ms
@@ -153,6 +170,9 @@ pub(crate) struct PeerTable {
     zones: HashMap<String, Bucket>,
     /// Incomplete givers, most pieces first.
     ranked: BTreeSet<(Reverse<u32>, u32)>,
+    /// Per slot: handouts naming the peer in the current window (large swarms only),
+    /// as (window, count). A `Cell` because handing out is a read of the table.
+    exposure: Vec<Cell<(u64, u32)>>,
 }
 
 impl PeerTable {
@@ -200,7 +220,9 @@ impl PeerTable {
                 let s = self.free.pop().unwrap_or(self.slots.len() as u32);
                 if s as usize == self.slots.len() {
                     self.slots.push(None);
+                    self.exposure.push(Cell::new((0, 0)));
                 }
+                self.exposure[s as usize].set((0, 0));
                 self.by_name.insert(e.name.clone(), s);
                 s
             }
@@ -284,9 +306,17 @@ impl PeerTable {
             .any(|p| ask.usable(p))
     }
 
+    /// More members than [`EXACT_POOL`]: handouts spread the load (see `handout`) and
+    /// requesters are told to wait for upload slots.
+    pub fn is_large(&self) -> bool {
+        self.by_name.len() > EXACT_POOL
+    }
+
     /// The peers to hand to `ask.node`, nearest first.
     pub fn handout(&self, ask: &Ask) -> Vec<&PeerEntry> {
         let mut pool: Vec<u32> = Vec::new();
+        let mut withheld = None;
+        let me = self.by_name.get(ask.node).copied();
         if self.givers.items.len() <= EXACT_POOL {
             pool.extend_from_slice(&self.givers.items);
         } else {
@@ -301,50 +331,140 @@ impl PeerTable {
             self.complete.sample(k, &mut rng, &mut pool);
             self.givers.sample(k, &mut rng, &mut pool);
             // The most complete partial peers; stale entries are skipped, within bounds.
-            let mut found = 0;
-            for &(_, s) in self.ranked.iter().take(4 * k) {
-                if found == k {
-                    break;
-                }
-                if self.slots[s as usize]
-                    .as_ref()
-                    .is_some_and(|p| ask.usable(p))
-                {
-                    pool.push(s);
-                    found += 1;
+            // In a large swarm, `k` drawn from the top `4k`: the same `k` for every
+            // requester would be in every view.
+            let mut top: Vec<u32> = self
+                .ranked
+                .iter()
+                .take(4 * k)
+                .map(|&(_, s)| s)
+                .filter(|&s| {
+                    self.slots[s as usize]
+                        .as_ref()
+                        .is_some_and(|p| ask.usable_at(p, s, me))
+                })
+                .collect();
+            if self.is_large() && top.len() > k {
+                for i in 0..k {
+                    let j = i + rng.below(top.len() - i);
+                    top.swap(i, j);
                 }
             }
+            pool.extend(top.into_iter().take(k));
             if let Some(&s) = ask.source.and_then(|n| self.by_name.get(n)) {
                 pool.push(s);
             }
             pool.sort_unstable();
             pool.dedup();
         }
+        // A large swarm: the source is the one holder of the freshest pieces, and its
+        // uplink serves a few peers at a time. It goes into about 64 handouts per round
+        // of announces (plus its own rack's), not into each of thousands, which would
+        // only earn it thousands of refused requests per second.
+        let large = self.is_large();
+        if large {
+            let k = (4 * ask.max_peers).max(16);
+            let lottery = (self.by_name.len() / k).max(1) as u64;
+            if let Some(&s) = ask.source.and_then(|n| self.by_name.get(n)) {
+                let near = self.slots[s as usize]
+                    .as_ref()
+                    .is_some_and(|p| ask.topology.distance(&p.topology) == 0);
+                let mut draw = SplitMix(spread(ask.node, "source") ^ ask.now);
+                if !near && !draw.next().is_multiple_of(lottery) {
+                    withheld = Some(s);
+                    pool.retain(|&x| x != s);
+                }
+            }
+        }
         let cands: Vec<(u32, &PeerEntry)> = pool
             .into_iter()
             .filter_map(|s| Some((s, self.slots[s as usize].as_ref()?)))
-            .filter(|(_, p)| p.held > 0 && ask.usable(p))
+            .filter(|&(s, p)| p.held > 0 && ask.usable_at(p, s, me))
             .collect();
-        rank(ask, &cands)
+        let exposure = large.then_some(&self.exposure[..]);
+        if withheld.is_some() {
+            return rank(
+                &Ask {
+                    source: None,
+                    ..*ask
+                },
+                &cands,
+                exposure,
+            );
+        }
+        rank(ask, &cands, exposure)
     }
 }
 
 /// The ranked policy over `cands`.
-fn rank<'a>(ask: &Ask, cands: &[(u32, &'a PeerEntry)]) -> Vec<&'a PeerEntry> {
+///
+/// Small swarms: near first, then the most complete; the far quarter goes to the most
+/// complete anywhere. Large swarms (`spread_load`): every requester would get the same
+/// few most complete peers and refuse-storm them, and peers with nothing this
+/// requester lacks would take its slots. So candidates are ranked by what they can
+/// give it (pieces it lacks, in doublings; those with nothing are left out), peers
+/// already named in many handouts this announce interval go last, and ties go by a
+/// hash of requester, peer and moment, so the load spreads and each announce shows
+/// other holders. The far quarter then ignores distance.
+fn rank<'a>(
+    ask: &Ask,
+    cands: &[(u32, &'a PeerEntry)],
+    exposure: Option<&[Cell<(u64, u32)>]>,
+) -> Vec<&'a PeerEntry> {
     let max = ask.max_peers;
-    let near_key = |p: &PeerEntry, s: u32| {
+    let spread_load = exposure.is_some();
+    // Handouts per peer per window of one announce interval: on average each peer is
+    // named `max_peers` times per window; one named more than twice that goes behind
+    // every peer that is not (at its distance), so the few holders of the freshest
+    // pieces, who can serve a handful of peers at a time, are not in every view.
+    let window = ask.now / ask.window_ms.max(1);
+    let budget = 2 * max as u32;
+    let over = |i: usize| -> bool {
+        exposure.is_some_and(|e| {
+            let (w, n) = e[cands[i].0 as usize].get();
+            w == window && n >= budget
+        })
+    };
+    let missing = ask.have.map(|h| (h.len() - h.count()) as u64);
+    let gives = |p: &PeerEntry| -> u64 {
+        match (ask.have, &p.have, missing) {
+            (Some(mine), Some(theirs), _) if !p.complete => theirs.count_not_in(mine) as u64,
+            (_, _, Some(m)) if p.complete => m,
+            _ => p.held as u64,
+        }
+    };
+    let given: Vec<u64> = if spread_load {
+        cands.iter().map(|(_, p)| gives(p)).collect()
+    } else {
+        Vec::new()
+    };
+    let salted = if spread_load {
+        spread_prefix(&format!("{}@{}", ask.node, ask.now))
+    } else {
+        spread_prefix(ask.node)
+    };
+    let worth = |i: usize| -> u64 {
+        if spread_load {
+            // Doublings: 1, 2–3, 4–7, ... pieces to give rank alike.
+            u64::from(64 - given[i].leading_zeros())
+        } else {
+            cands[i].1.held as u64
+        }
+    };
+    let near_key = |i: usize| {
+        let (s, p) = cands[i];
         (
             ask.topology.distance(&p.topology),
-            Reverse(p.held),
-            spread(ask.node, &p.name),
+            over(i),
+            Reverse(worth(i)),
+            spread_from(salted, &p.name),
             s,
         )
     };
     let near_slots = (max * 3).div_ceil(4);
-    let mut by_near: Vec<_> = cands
-        .iter()
-        .enumerate()
-        .map(|(i, &(s, p))| (near_key(p, s), i))
+    let mut by_near: Vec<_> = (0..cands.len())
+        .filter(|&i| !spread_load || given[i] > 0)
+        .map(|i| (near_key(i), i))
         .collect();
     let take_near = near_slots.min(by_near.len());
     if take_near > 0 && take_near < by_near.len() {
@@ -353,7 +473,10 @@ fn rank<'a>(ask: &Ask, cands: &[(u32, &'a PeerEntry)]) -> Vec<&'a PeerEntry> {
     let mut chosen: Vec<usize> = by_near[..take_near].iter().map(|k| k.1).collect();
     let mut rest: Vec<_> = by_near[take_near..]
         .iter()
-        .map(|((d, h, sp, s), i)| ((*h, *d, *sp, *s), *i))
+        .map(|((d, o, h, sp, s), i)| {
+            let d = if spread_load { 0 } else { *d };
+            ((*o, *h, d, *sp, *s), *i)
+        })
         .collect();
     let take_far = max.saturating_sub(take_near).min(rest.len());
     if take_far > 0 && take_far < rest.len() {
@@ -372,14 +495,34 @@ fn rank<'a>(ask: &Ask, cands: &[(u32, &'a PeerEntry)]) -> Vec<&'a PeerEntry> {
             }
         }
     }
-    chosen.sort_by_key(|&i| near_key(cands[i].1, cands[i].0));
+    chosen.sort_by_key(|&i| near_key(i));
+    if let Some(e) = exposure {
+        for &i in &chosen {
+            let cell = &e[cands[i].0 as usize];
+            let (w, n) = cell.get();
+            cell.set(if w == window { (w, n + 1) } else { (window, 1) });
+        }
+    }
     chosen.into_iter().map(|i| cands[i].1).collect()
 }
 
 pub(crate) fn spread(a: &str, b: &str) -> u64 {
+    spread_from(spread_prefix(a), b)
+}
+
+/// FNV-1a of `a` and its separator, to continue with many `b`s.
+fn spread_prefix(a: &str) -> u64 {
     // FNV-1a of the pair: deterministic, different for each requester.
     let mut h: u64 = 0xcbf29ce484222325;
-    for byte in a.bytes().chain([0]).chain(b.bytes()) {
+    for byte in a.bytes().chain([0]) {
+        h ^= byte as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+fn spread_from(mut h: u64, b: &str) -> u64 {
+    for byte in b.bytes() {
         h ^= byte as u64;
         h = h.wrapping_mul(0x100000001b3);
     }

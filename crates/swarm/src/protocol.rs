@@ -105,4 +105,10 @@ pub struct AnnounceResponse {
     pub source_alive: bool,
     /// When to announce again while downloading.
     pub interval_ms: u64,
+    /// Ask holders to keep piece requests in line when their upload slots are busy
+    /// (`?wait=1`) instead of refusing them at once. Set for large swarms, where every
+    /// holder is busy and a refused peer is lost until the next announce; in small
+    /// ones a refusal finds an idle holder at once (BENCHMARKS.md, issue 6).
+    #[serde(default)]
+    pub wait_for_upload_slots: bool,
 }

@@ -138,6 +138,8 @@ impl TrackerState {
             bad: &swarm.bad,
             source: None,
             max_peers: cfg.max_peers,
+            have: req.have.as_ref(),
+            window_ms: cfg.announce_interval_ms,
         };
         let any_complete = swarm.peers.any_complete(&ask);
         let role = if req.leaving || req.complete {
@@ -188,6 +190,7 @@ impl TrackerState {
             peers,
             source_alive,
             interval_ms: cfg.announce_interval_ms,
+            wait_for_upload_slots: swarm.peers.is_large(),
         }
     }
 

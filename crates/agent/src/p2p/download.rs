@@ -166,6 +166,7 @@ pub(crate) async fn start(
         interval_ms: resp.interval_ms,
         complete_peers: Vec::new(),
         last_hash_fetch: None,
+        wait_for_upload_slots: false,
     };
     dl.absorb(resp);
     tokio::spawn(dl.run(first_stream));
@@ -224,6 +225,8 @@ struct Download {
     /// Addresses of peers holding the whole (verified) blob.
     complete_peers: Vec<String>,
     last_hash_fetch: Option<Instant>,
+    /// The tracker's advice: ask holders to keep requests in line (large swarms).
+    wait_for_upload_slots: bool,
 }
 
 impl Download {
@@ -246,6 +249,7 @@ impl Download {
     }
 
     fn absorb(&mut self, resp: swarm::AnnounceResponse) {
+        self.wait_for_upload_slots = resp.wait_for_upload_slots;
         if resp.role == Role::Source && self.role != Role::Source {
             info!(digest = %self.d, "elected to fetch from the registry");
             self.p2p.metrics.source_roles.inc();
@@ -322,15 +326,16 @@ impl Download {
                     self.sched.on_failed(r.piece, &r.peer, false);
                     continue;
                 };
-                let (p2p, d, tx, ps) = (
+                let (p2p, d, tx, ps, wait) = (
                     self.p2p.clone(),
                     self.d.clone(),
                     tx.clone(),
                     self.layout.piece_size,
+                    self.wait_for_upload_slots,
                 );
                 tokio::spawn(async move {
                     let _slot = p2p.requests.clone().acquire_owned().await;
-                    let data = p2p.fetch_piece(&addr, &d, r.piece, ps).await;
+                    let data = p2p.fetch_piece(&addr, &d, r.piece, ps, wait).await;
                     if let (Ok(b), Some(l)) = (&data, p2p.prewarm_limit(&d)) {
                         l.acquire(b.len() as u64).await;
                     }

@@ -27,6 +27,8 @@ pub struct P2pMetrics {
     pub pieces_rejected: Counter,
     pub pieces_from_peers: Counter,
     pub uploads_refused: Counter,
+    pub uploads_queued: Counter,
+    pub uploads_active: Gauge,
     pub tracker_errors: Counter,
     pub swarm_peers: Gauge,
     pub source_roles: Counter,
@@ -41,6 +43,8 @@ impl P2pMetrics {
             pieces_rejected: Counter::default(),
             pieces_from_peers: Counter::default(),
             uploads_refused: Counter::default(),
+            uploads_queued: Counter::default(),
+            uploads_active: Gauge::default(),
             tracker_errors: Counter::default(),
             swarm_peers: Gauge::default(),
             source_roles: Counter::default(),
@@ -76,6 +80,16 @@ impl P2pMetrics {
             m.uploads_refused.clone(),
         );
         r.register(
+            "p2p_uploads_queued",
+            "Piece requests that waited for an upload slot",
+            m.uploads_queued.clone(),
+        );
+        r.register(
+            "p2p_uploads_active",
+            "Upload slots in use (a slot is held until the piece's last byte is in the socket)",
+            m.uploads_active.clone(),
+        );
+        r.register(
             "p2p_tracker_errors",
             "Failed tracker requests",
             m.tracker_errors.clone(),
@@ -105,6 +119,10 @@ pub struct P2p {
     pub(crate) download: Option<TokenBucket>,
     /// Upload slots; a slot is held until the piece's last byte is in the socket.
     pub(crate) uploads: Arc<Semaphore>,
+    /// Requests waiting for an upload slot, and how many may (`upload_queue`).
+    pub(crate) upload_waiting: Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) upload_queue: usize,
+    pub(crate) upload_wait: Duration,
     pub(crate) requests: Arc<Semaphore>,
     /// Piece hashes computed from complete blobs, by (digest, piece size).
     pub(crate) hash_cache:
@@ -153,6 +171,9 @@ impl P2p {
             upload: limit(&cfg.upload_limit)?,
             download: limit(&cfg.download_limit)?,
             uploads: Arc::new(Semaphore::new(cfg.max_uploads.max(1))),
+            upload_waiting: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            upload_queue: cfg.upload_queue,
+            upload_wait: cfg.upload_wait,
             requests: Arc::new(Semaphore::new(cfg.max_piece_requests.max(1))),
             hash_cache: parking_lot::Mutex::new(std::collections::HashMap::new()),
             prewarm_limits: parking_lot::Mutex::new(std::collections::HashMap::new()),
@@ -274,13 +295,15 @@ impl P2p {
         d: &oci::Digest,
         piece: u32,
         piece_size: u64,
+        wait: bool,
     ) -> Result<bytes::Bytes, String> {
         use futures::StreamExt;
+        let wait = if wait { "&wait=1" } else { "" };
         let r = self
             .peer_get(
                 peer_addr,
                 d,
-                &format!("pieces/{piece}?piece_size={piece_size}"),
+                &format!("pieces/{piece}?piece_size={piece_size}{wait}"),
             )
             .await?;
         let mut buf = Vec::with_capacity(piece_size as usize);

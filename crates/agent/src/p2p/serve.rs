@@ -16,6 +16,10 @@ use crate::Agent;
 #[derive(Deserialize)]
 pub(crate) struct PieceQuery {
     piece_size: u64,
+    /// `1`: the requester would rather wait in line for an upload slot than be
+    /// refused (its tracker says the swarm is large).
+    #[serde(default)]
+    wait: u8,
 }
 
 fn status(code: StatusCode, msg: &str) -> Response {
@@ -55,6 +59,56 @@ fn check(
     Ok((p2p, d))
 }
 
+/// An upload slot, counted in `p2p_uploads_active` while held.
+struct UploadSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    active: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Drop for UploadSlot {
+    fn drop(&mut self) {
+        self.active.dec();
+    }
+}
+
+/// A free upload slot, or, for a requester willing to wait, one that frees within
+/// `upload_wait` while at most `upload_queue` requests wait (in order: tokio's
+/// semaphore is fair).
+async fn upload_slot(p2p: &crate::p2p::P2p, willing: bool) -> Option<UploadSlot> {
+    use std::sync::atomic::Ordering;
+    let permit = match p2p.uploads.clone().try_acquire_owned() {
+        Ok(permit) => permit,
+        Err(_) => {
+            if !willing || p2p.upload_wait.is_zero() {
+                return None;
+            }
+            let waiting = p2p.upload_waiting.clone();
+            if waiting.fetch_add(1, Ordering::AcqRel) >= p2p.upload_queue {
+                waiting.fetch_sub(1, Ordering::AcqRel);
+                return None;
+            }
+            // Leaves the line however this ends, including the requester hanging up.
+            struct InLine(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+            impl Drop for InLine {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            let _in_line = InLine(waiting);
+            p2p.metrics.uploads_queued.inc();
+            tokio::time::timeout(p2p.upload_wait, p2p.uploads.clone().acquire_owned())
+                .await
+                .ok()?
+                .ok()?
+        }
+    };
+    p2p.metrics.uploads_active.inc();
+    Some(UploadSlot {
+        _permit: permit,
+        active: p2p.metrics.uploads_active.clone(),
+    })
+}
+
 pub(crate) async fn piece_handler(
     State(agent): State<Agent>,
     Path((digest, index)): Path<(String, u32)>,
@@ -65,12 +119,6 @@ pub(crate) async fn piece_handler(
     let (p2p, d) = match check(&agent, &digest, q.piece_size, &headers) {
         Ok(x) => x,
         Err(r) => return r,
-    };
-    // The slot covers the whole transfer, not just the pacing: `max_uploads` bounds how
-    // many peers this node's uplink serves at once, limiter or not.
-    let Ok(slot) = p2p.uploads.clone().try_acquire_owned() else {
-        p2p.metrics.uploads_refused.inc();
-        return status(StatusCode::SERVICE_UNAVAILABLE, "upload slots full");
     };
     let start = index as u64 * q.piece_size;
     let span = match agent.store.open_complete(&d) {
@@ -98,6 +146,13 @@ pub(crate) async fn piece_handler(
             }
             _ => return status(StatusCode::NOT_FOUND, "piece not held"),
         },
+    };
+    // Only a piece this node holds is worth a place in line. The slot covers the whole
+    // transfer, not just the pacing: `max_uploads` bounds how many peers this node's
+    // uplink serves at once, limiter or not.
+    let Some(slot) = upload_slot(&p2p, q.wait == 1).await else {
+        p2p.metrics.uploads_refused.inc();
+        return status(StatusCode::SERVICE_UNAVAILABLE, "upload slots full");
     };
     let len = span.len;
     if let Some(l) = &p2p.upload {

@@ -67,6 +67,7 @@ impl Engine<'_> {
         let my_topo = self.net.topology[node as usize].clone();
         let p = self.pull(s, l);
         p.hashes_sent = hashes_sent;
+        p.wait = resp.wait_for_upload_slots;
         if let Some((&k, _)) = resp.hashes.iter().next_back() {
             p.known_hashes = p.known_hashes.max(k + 1);
         }
@@ -134,7 +135,9 @@ impl Engine<'_> {
 
     pub(super) fn pump(&mut self, s: u32, l: u32) {
         let t0 = Instant::now();
-        let reqs = match self.pull(s, l).sched.as_mut() {
+        let p = self.pull(s, l);
+        let wait = p.wait;
+        let reqs = match p.sched.as_mut() {
             Some(sch) => sch.next_requests(),
             None => return,
         };
@@ -150,6 +153,7 @@ impl Engine<'_> {
                 layer: l,
                 piece: r.piece,
                 from,
+                wait,
             });
         }
         self.drain_requests(s);
@@ -197,7 +201,7 @@ impl Engine<'_> {
             };
             self.add_flow(Origin::Node(from), Some(node), len - buffered, head);
         } else {
-            self.uploads[from as usize] = self.uploads[from as usize].saturating_sub(1);
+            self.free_upload_slot(from);
             self.start_tail(slot, layer, piece, from, len);
         }
     }
@@ -212,7 +216,7 @@ impl Engine<'_> {
         bytes: f64,
         cross: bool,
     ) {
-        self.uploads[from as usize] = self.uploads[from as usize].saturating_sub(1);
+        self.free_upload_slot(from);
         self.out.p2p_bytes += bytes;
         if cross {
             self.out.cross_rack_bytes += bytes;
@@ -229,6 +233,7 @@ impl Engine<'_> {
             layer,
             piece,
             from,
+            wait: false,
         };
         self.add_flow(Origin::Node(from), Some(node), bytes, kind);
     }
@@ -251,33 +256,88 @@ impl Engine<'_> {
     }
 
     /// A piece request reaches the holder (after the request latency).
-    pub(super) fn request_piece(&mut self, slot: u32, layer: u32, piece: u32, from: u32) {
-        let held = self.holds(from, layer, piece);
-        let slots_full = self.uploads[from as usize] >= self.sc.starling.max_uploads;
-        if !held || slots_full {
-            // 404 (a wrong view) or 503 (upload slots full): as the agent does,
-            // release the request, drop the peer until the tracker's next answer
-            // (download.rs, `Event::Piece` with an error), and ask someone else.
-            if held {
-                self.out.refused_requests += 1;
-            } else {
-                self.out.failed_requests += 1;
-            }
-            self.release_request(slot);
-            let name = self.names[from as usize].clone();
-            let p = self.pull(slot, layer);
-            if let Some(sch) = p.sched.as_mut() {
-                sch.on_failed(piece, &name, false);
-                sch.remove_peer(&name);
-            }
-            p.peers.retain(|x| x != &name);
-            self.pump(slot, layer);
-            self.drain_requests(slot);
+    pub(super) fn request_piece(
+        &mut self,
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        from: u32,
+        wait: bool,
+    ) {
+        if !self.holds(from, layer, piece) {
+            self.out.failed_requests += 1;
+            self.drop_request(slot, layer, piece, from);
             return;
         }
+        let st = &self.sc.starling;
+        if self.uploads[from as usize] < st.max_uploads {
+            self.begin_upload(slot, layer, piece, from);
+            return;
+        }
+        // Slots full: wait in line if asked to (serve.rs), unless the line is full too.
+        let waiting = &mut self.upload_waiting[from as usize];
+        if wait && (waiting.len() as u32) < st.upload_queue && st.upload_wait_ms > 0.0 {
+            self.upload_wait_ids += 1;
+            let id = self.upload_wait_ids;
+            waiting.push_back((
+                id,
+                Kind::Piece {
+                    slot,
+                    layer,
+                    piece,
+                    from,
+                    wait,
+                },
+            ));
+            let t = self.now + st.upload_wait_ms / 1e3;
+            self.at(t, Timer::UploadWait { from, id });
+            self.out.queued_requests += 1;
+            return;
+        }
+        self.out.refused_requests += 1;
+        self.drop_request(slot, layer, piece, from);
+    }
+
+    /// A waiting request's time is up: if it is still in line, it is refused (503).
+    pub(super) fn upload_wait_over(&mut self, from: u32, id: u64) {
+        let waiting = &mut self.upload_waiting[from as usize];
+        let Some(at) = waiting.iter().position(|&(i, _)| i == id) else {
+            return;
+        };
+        let Some((
+            _,
+            Kind::Piece {
+                slot, layer, piece, ..
+            },
+        )) = waiting.remove(at)
+        else {
+            return;
+        };
+        self.out.refused_requests += 1;
+        self.drop_request(slot, layer, piece, from);
+    }
+
+    /// A 404 (a wrong view) or a 503: as the agent does, release the request, drop the
+    /// peer until the tracker's next answer (download.rs, `Event::Piece` with an
+    /// error), and ask someone else.
+    fn drop_request(&mut self, slot: u32, layer: u32, piece: u32, from: u32) {
+        self.release_request(slot);
+        let name = self.names[from as usize].clone();
+        let p = self.pull(slot, layer);
+        if let Some(sch) = p.sched.as_mut() {
+            sch.on_failed(piece, &name, false);
+            sch.remove_peer(&name);
+        }
+        p.peers.retain(|x| x != &name);
+        self.pump(slot, layer);
+        self.drain_requests(slot);
+    }
+
+    /// The holder has a slot for this request: it is held through the upload bucket
+    /// and until the body's last byte is in the socket (serve.rs hands it to the
+    /// sendfile stream): see `start_body`.
+    fn begin_upload(&mut self, slot: u32, layer: u32, piece: u32, from: u32) {
         let len = self.piece_len(layer, piece);
-        // The slot is held through the upload bucket and until the body's last byte is
-        // in the socket (serve.rs hands it to the sendfile stream): see `start_body`.
         self.uploads[from as usize] += 1;
         match self.net.upload_bucket(from) {
             Some(path) => {
@@ -290,6 +350,20 @@ impl Engine<'_> {
                 self.add_flow_path(path, len, up, false);
             }
             None => self.start_body(slot, layer, piece, from),
+        }
+    }
+
+    /// An upload slot frees: the first request in line takes it.
+    fn free_upload_slot(&mut self, from: u32) {
+        self.uploads[from as usize] = self.uploads[from as usize].saturating_sub(1);
+        if let Some((
+            _,
+            Kind::Piece {
+                slot, layer, piece, ..
+            },
+        )) = self.upload_waiting[from as usize].pop_front()
+        {
+            self.begin_upload(slot, layer, piece, from);
         }
     }
 
