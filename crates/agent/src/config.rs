@@ -123,7 +123,7 @@ impl Default for AgentConfig {
             upload_limit: None,
             download_limit: None,
             max_uploads: 2,
-            upload_queue: 4,
+            upload_queue: 8,
             upload_wait: Duration::from_secs(1),
             max_piece_requests: 4,
             p2p_threshold: "1MiB".into(),

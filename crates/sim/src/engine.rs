@@ -167,6 +167,10 @@ pub struct Engine<'a> {
     /// semaphore) and those waiting for it, in order (tokio's semaphore is fair).
     requests: Vec<u32>,
     request_queue: Vec<VecDeque<Kind>>,
+    /// The read-head lane: requests waiting for it, and the (layer, piece) of those
+    /// holding one of its permits.
+    head_queue: Vec<VecDeque<Kind>>,
+    head_running: Vec<Vec<(u32, u32)>>,
     /// Token-bucket resources (Starling's limits), their tokens and per-step usage.
     buckets: Vec<u32>,
     tokens: Vec<f64>,
@@ -317,6 +321,8 @@ impl<'a> Engine<'a> {
             upload_wait_ids: 0,
             requests: vec![0; participants],
             request_queue: vec![VecDeque::new(); participants],
+            head_queue: vec![VecDeque::new(); participants],
+            head_running: vec![Vec::new(); participants],
             buckets,
             tokens,
             bucket_used,

@@ -27,7 +27,9 @@
 //!   announces. `next_requests` decides every piece request (per-agent seed
 //!   `seed_for(node)`, `SchedulerConfig::default()` limits per peer and per blob).
 //!   Requests then wait for one of the agent-wide `max_piece_requests` permits (4; a
-//!   fair semaphore, so in order), and hold it until the response ends.
+//!   fair semaphore, so in order), and hold it until the response ends; a request for
+//!   a blob's first missing piece (its read head) uses a lane of its own instead
+//!   (`head_requests`, 4 per agent).
 //! - Serving a piece (serve.rs): the holder takes one of its `max_uploads` slots; if
 //!   none is free, a request that asked to wait (the tracker sets
 //!   `wait_for_upload_slots` for swarms of more than 256 members) joins a line of at

@@ -208,6 +208,9 @@ pub struct Starling {
     /// Piece requests running at once per agent, over all its blobs (the agent's
     /// `max_piece_requests`); further requests wait in order.
     pub max_piece_requests: u32,
+    /// Read-head requests running at once per agent, over all its blobs, in a lane of
+    /// their own (the agent's `HEAD_REQUESTS`).
+    pub head_requests: u32,
     /// How often an agent re-announces the complete blobs it holds (the agent's
     /// `/swarm/v1/seeding` loop: every second).
     pub seed_heartbeat_ms: u64,
@@ -239,10 +242,11 @@ impl Default for Starling {
             // The agent's default `max_uploads`.
             max_uploads: 2,
             // The agent's defaults `upload_queue` and `upload_wait`.
-            upload_queue: 4,
+            upload_queue: 8,
             upload_wait_ms: 1000.0,
             // The agent's default `max_piece_requests`.
             max_piece_requests: 4,
+            head_requests: 4,
             seed_heartbeat_ms: 1000,
             socket_buffer: Bytes(4 << 20),
         }
@@ -273,6 +277,7 @@ impl Starling {
             upload_queue: partial.upload_queue.unwrap_or(d.upload_queue),
             upload_wait_ms: partial.upload_wait_ms.unwrap_or(d.upload_wait_ms),
             max_piece_requests: partial.max_piece_requests.unwrap_or(d.max_piece_requests),
+            head_requests: partial.head_requests.unwrap_or(d.head_requests),
             seed_heartbeat_ms: partial.seed_heartbeat_ms.unwrap_or(d.seed_heartbeat_ms),
             socket_buffer: partial.socket_buffer.unwrap_or(d.socket_buffer),
         }
@@ -296,6 +301,7 @@ struct StarlingPartial {
     upload_queue: Option<u32>,
     upload_wait_ms: Option<f64>,
     max_piece_requests: Option<u32>,
+    head_requests: Option<u32>,
     seed_heartbeat_ms: Option<u64>,
     socket_buffer: Option<Bytes>,
 }

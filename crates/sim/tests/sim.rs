@@ -400,27 +400,35 @@ kind = "direct"
 #[test]
 fn the_agent_wide_request_cap_serialises_piece_fetches() {
     // One seed, one puller, 16 pieces of 4 MiB, 50 ms per piece request, fast links:
-    // with one request at a time (`max_piece_requests = 1`) the puller pays the
-    // latency 16 times over; with 4 it overlaps them.
+    // with one request at a time (`max_piece_requests = 1`, and no read-head lane) the
+    // puller pays the latency 16 times over; with 4 it overlaps them. The read head's
+    // own lane (`head_requests`) adds a request in flight beside the shared cap.
     let layer = r#"{ name = "a", size = "64MiB" }"#;
-    let run = |cap: u32| {
+    let run = |cap: u32, head: u32| {
         let (sc, pre) = seeded(
             2,
             1,
             layer,
             // 4 upload slots: with the default 2, the seed would refuse the third
             // request and the puller would drop it until its next announce.
-            &format!("peer_latency_ms = 50\nmax_uploads = 4\nmax_piece_requests = {cap}"),
+            &format!(
+                "peer_latency_ms = 50\nmax_uploads = 4\nmax_piece_requests = {cap}\nhead_requests = {head}"
+            ),
         );
         let o = simulate(&sc, &pre, 2).expect("runs");
         assert_eq!(o.stuck, 0);
         max(&o)
     };
-    let (one, four) = (run(1), run(4));
+    let (one, four) = (run(1, 0), run(4, 0));
     assert!(one >= 16.0 * 0.050, "one at a time: {one} s");
     assert!(
         four < one / 2.0,
         "4 in flight {four} s vs 1 in flight {one} s"
+    );
+    let one_and_head = run(1, 4);
+    assert!(
+        one_and_head < one * 0.8,
+        "the read-head lane overlaps requests: {one_and_head} s vs {one} s"
     );
 }
 

@@ -38,7 +38,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 2)]
     pub max_uploads: usize,
     /// Piece requests that may wait for an upload slot per agent.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     pub upload_queue: usize,
     /// How long a piece request may wait for an upload slot (0s: refuse at once).
     #[arg(long, default_value = "1s")]

@@ -333,8 +333,13 @@ impl Download {
                     self.layout.piece_size,
                     self.wait_for_upload_slots,
                 );
+                let lane = if r.piece == self.sched.have().prefix() {
+                    p2p.head_requests.clone()
+                } else {
+                    p2p.requests.clone()
+                };
                 tokio::spawn(async move {
-                    let _slot = p2p.requests.clone().acquire_owned().await;
+                    let _slot = lane.acquire_owned().await;
                     let data = p2p.fetch_piece(&addr, &d, r.piece, ps, wait).await;
                     if let (Ok(b), Some(l)) = (&data, p2p.prewarm_limit(&d)) {
                         l.acquire(b.len() as u64).await;

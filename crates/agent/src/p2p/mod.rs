@@ -20,6 +20,10 @@ pub(crate) use serve::{hashes_handler, piece_handler};
 use crate::config::{parse_size, AgentConfig};
 use crate::Error;
 
+/// Read-head requests in flight at once, over all blobs: one per layer a runtime pulls
+/// at a time (containerd: 3; the pull client: 4).
+pub(crate) const HEAD_REQUESTS: usize = 4;
+
 pub struct P2pMetrics {
     pub peer_bytes: Counter,
     pub registry_bytes: Counter,
@@ -124,6 +128,11 @@ pub struct P2p {
     pub(crate) upload_queue: usize,
     pub(crate) upload_wait: Duration,
     pub(crate) requests: Arc<Semaphore>,
+    /// A lane of its own for each blob's read head (its first missing piece): behind
+    /// the shared line of up to 12 requests per blob it waited seconds, and each 503
+    /// sent it to the back again, so a runtime reading the blob in order saw no byte
+    /// for 20 s while later pieces kept arriving.
+    pub(crate) head_requests: Arc<Semaphore>,
     /// Piece hashes computed from complete blobs, by (digest, piece size).
     pub(crate) hash_cache:
         parking_lot::Mutex<std::collections::HashMap<(oci::Digest, u64), Arc<Vec<String>>>>,
@@ -175,6 +184,7 @@ impl P2p {
             upload_queue: cfg.upload_queue,
             upload_wait: cfg.upload_wait,
             requests: Arc::new(Semaphore::new(cfg.max_piece_requests.max(1))),
+            head_requests: Arc::new(Semaphore::new(HEAD_REQUESTS)),
             hash_cache: parking_lot::Mutex::new(std::collections::HashMap::new()),
             prewarm_limits: parking_lot::Mutex::new(std::collections::HashMap::new()),
             threshold: parse_size(&cfg.p2p_threshold).map_err(Error::Config)?,

@@ -137,8 +137,8 @@ impl Engine<'_> {
         let t0 = Instant::now();
         let p = self.pull(s, l);
         let wait = p.wait;
-        let reqs = match p.sched.as_mut() {
-            Some(sch) => sch.next_requests(),
+        let (reqs, head) = match p.sched.as_mut() {
+            Some(sch) => (sch.next_requests(), sch.have().prefix()),
             None => return,
         };
         self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
@@ -148,29 +148,55 @@ impl Engine<'_> {
                 .strip_prefix('n')
                 .and_then(|x| x.parse().ok())
                 .unwrap_or(0);
-            self.request_queue[s as usize].push_back(Kind::Piece {
+            let kind = Kind::Piece {
                 slot: s,
                 layer: l,
                 piece: r.piece,
                 from,
                 wait,
-            });
+            };
+            // The read head has a lane of its own (download.rs, `head_requests`;
+            // `head_requests = 0`: none, as before the lane).
+            if r.piece == head && self.sc.starling.head_requests > 0 {
+                self.head_queue[s as usize].push_back(kind);
+            } else {
+                self.request_queue[s as usize].push_back(kind);
+            }
         }
         self.drain_requests(s);
     }
 
-    /// Starts queued piece requests while the agent-wide cap allows. A request counts
-    /// against the scheduler's per-peer and per-blob limits from the moment it is
-    /// queued (the agent spawns it, then waits for the semaphore), and holds its
-    /// semaphore permit until its response ends (body read, or refused).
+    /// Starts queued piece requests while the agent-wide caps allow (the read-head
+    /// lane, then the shared one). A request counts against the scheduler's per-peer
+    /// and per-blob limits from the moment it is queued (the agent spawns it, then
+    /// waits for the semaphore), and holds its semaphore permit until its response
+    /// ends (body read, or refused).
     pub(super) fn drain_requests(&mut self, s: u32) {
+        let si = s as usize;
         let cap = self.sc.starling.max_piece_requests.max(1);
+        let head_cap = self.sc.starling.head_requests;
         let lat = self.sc.starling.peer_latency_ms / 1e3;
-        while self.requests[s as usize] < cap {
-            let Some(kind) = self.request_queue[s as usize].pop_front() else {
-                break;
+        loop {
+            let kind = if self.head_running[si].len() < head_cap as usize {
+                self.head_queue[si].pop_front()
+            } else {
+                None
             };
-            self.requests[s as usize] += 1;
+            let kind = match kind {
+                Some(k @ Kind::Piece { layer, piece, .. }) => {
+                    self.head_running[si].push((layer, piece));
+                    k
+                }
+                Some(k) => k,
+                None if self.requests[si] < cap => match self.request_queue[si].pop_front() {
+                    Some(k) => {
+                        self.requests[si] += 1;
+                        k
+                    }
+                    None => break,
+                },
+                None => break,
+            };
             if lat > 0.0 {
                 self.at(self.now + lat, Timer::Start(kind));
             } else {
@@ -179,8 +205,17 @@ impl Engine<'_> {
         }
     }
 
-    pub(super) fn release_request(&mut self, s: u32) {
-        self.requests[s as usize] = self.requests[s as usize].saturating_sub(1);
+    /// A request's response ended: its permit (read-head lane or shared) frees.
+    pub(super) fn release_request(&mut self, s: u32, layer: u32, piece: u32) {
+        let si = s as usize;
+        if let Some(i) = self.head_running[si]
+            .iter()
+            .position(|&x| x == (layer, piece))
+        {
+            self.head_running[si].swap_remove(i);
+        } else {
+            self.requests[si] = self.requests[si].saturating_sub(1);
+        }
     }
 
     /// The response body of a piece request: from the holder to the requester over the
@@ -321,7 +356,7 @@ impl Engine<'_> {
     /// peer until the tracker's next answer (download.rs, `Event::Piece` with an
     /// error), and ask someone else.
     fn drop_request(&mut self, slot: u32, layer: u32, piece: u32, from: u32) {
-        self.release_request(slot);
+        self.release_request(slot, layer, piece);
         let name = self.names[from as usize].clone();
         let p = self.pull(slot, layer);
         if let Some(sch) = p.sched.as_mut() {
@@ -377,7 +412,7 @@ impl Engine<'_> {
         bytes: f64,
         cross: bool,
     ) {
-        self.release_request(slot);
+        self.release_request(slot, layer, piece);
         self.out.p2p_bytes += bytes;
         self.out.piece_transfers += 1;
         if cross {
