@@ -146,14 +146,15 @@ impl Ask<'_> {
             Some(me) => s != me,
             None => p.name != self.node,
         };
-        not_me
-            && self.now.saturating_sub(p.last_seen) <= self.ttl_ms
-            && (self.bad.is_empty() || !self.bad.contains_key(&p.name))
+        not_me && self.alive_and_trusted(p)
     }
 
     fn usable(&self, p: &PeerEntry) -> bool {
-        p.name != self.node
-            && self.now.saturating_sub(p.last_seen) <= self.ttl_ms
+        p.name != self.node && self.alive_and_trusted(p)
+    }
+
+    fn alive_and_trusted(&self, p: &PeerEntry) -> bool {
+        self.now.saturating_sub(p.last_seen) <= self.ttl_ms
             && (self.bad.is_empty() || !self.bad.contains_key(&p.name))
     }
 }

@@ -321,7 +321,10 @@ impl Download {
                     self.start_registry_run(a, b, None, &tx);
                 }
             }
-            for r in self.sched.next_requests() {
+            let requests = self.sched.next_requests();
+            // The read head: the first missing piece (a scan of the bitfield, once).
+            let head = self.sched.have().prefix();
+            for r in requests {
                 let Some(addr) = self.peers.get(&r.peer).cloned() else {
                     self.sched.on_failed(r.piece, &r.peer, false);
                     continue;
@@ -333,7 +336,7 @@ impl Download {
                     self.layout.piece_size,
                     self.wait_for_upload_slots,
                 );
-                let lane = if r.piece == self.sched.have().prefix() {
+                let lane = if r.piece == head {
                     p2p.head_requests.clone()
                 } else {
                     p2p.requests.clone()
