@@ -1,5 +1,6 @@
-//! Serving blobs: from the cache, by joining or leading a single-flight download, or by
-//! streaming straight from the upstream when the disk cannot take the blob.
+//! Serving blobs over HTTP: status, headers, ranges and multipart framing around the
+//! source `fetch` chose (cache, a running download, or passthrough), and the copy loop
+//! that moves to another source when one fails mid-body.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,9 +12,10 @@ use futures::{Stream, StreamExt};
 use http::{header, HeaderValue, StatusCode};
 use oci::range::ByteRange;
 use oci::{Digest, Error};
-use store::{Begin, Inflight, Status};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
+
+use crate::fetch::{blob_err, store_err, Source};
 
 use crate::metrics::SourceLabels;
 use crate::zerocopy::{Sink, SPAN_MAX};
@@ -24,18 +26,8 @@ use crate::Agent;
 /// for the whole blob.
 const RANGE_AHEAD_DIRECT: u64 = 16 << 20;
 
-/// How long a blob whose download filled the disk is streamed without caching.
-const UNCACHEABLE_FOR: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// Chunks buffered per client between the producer task and the socket.
 const CLIENT_BUFFER_CHUNKS: usize = 2;
-
-pub(crate) enum Source {
-    Complete,
-    Inflight(Arc<Inflight>),
-    /// The store cannot take this blob (disk full, over budget): stream without caching.
-    Passthrough,
-}
 
 pub struct BlobRequest<'a> {
     pub registry: &'a str,
@@ -84,7 +76,7 @@ impl Agent {
             return Ok(plan.response_head(d, total, len, plan.status()));
         }
         self.metrics.cache_misses.inc();
-        let (source, total) = self.acquire(req.registry, req.repo, d).await?;
+        let (source, total) = self.acquire(req.registry, req.repo, d, None).await?;
         let plan = plan(specs.as_deref(), total)?;
         let body_len = plan.body_len(total);
         let mut resp = plan.response_head(d, total, body_len, plan.status());
@@ -97,6 +89,7 @@ impl Agent {
         let (registry, repo, digest) = (req.registry.to_owned(), req.repo.to_owned(), d.clone());
         let sink = req.sink.clone();
         tokio::spawn(async move {
+            let mut first = Some(source);
             for part in plan.parts(total) {
                 match part {
                     Part::Text(t) => {
@@ -114,6 +107,7 @@ impl Agent {
                                 r.end + 1,
                                 &tx,
                                 sink.as_ref(),
+                                first.take(),
                             )
                             .await
                         {
@@ -131,169 +125,6 @@ impl Agent {
         Ok(resp)
     }
 
-    /// Finds or starts the download of a missing blob and learns its size. Errors here
-    /// happen before any byte is sent, so they become proper HTTP statuses.
-    pub(crate) async fn acquire(
-        &self,
-        registry: &str,
-        repo: &str,
-        d: &Digest,
-    ) -> Result<(Source, u64), Error> {
-        if self.recently_filled_the_disk(d) {
-            let total = self
-                .upstream
-                .head_blob(registry, repo, d)
-                .await
-                .map_err(|e| blob_err(e, d))?;
-            return Ok((Source::Passthrough, total));
-        }
-        for _ in 0..3 {
-            match self.store.begin(d, None, registry).await {
-                Ok(Begin::Complete(size)) => return Ok((Source::Complete, size)),
-                Ok(Begin::Join(inf)) => {
-                    let mut rx = inf.subscribe();
-                    loop {
-                        let p = rx.borrow_and_update().clone();
-                        if let Some(t) = p.total {
-                            return Ok((Source::Inflight(inf), t));
-                        }
-                        if matches!(p.status, Status::Failed { .. }) || rx.changed().await.is_err()
-                        {
-                            break;
-                        }
-                    }
-                }
-                Ok(Begin::Lead(writer)) => {
-                    let mut writer = match &self.p2p {
-                        Some(p2p) => match crate::p2p::start(
-                            self.clone(),
-                            p2p.clone(),
-                            registry.to_owned(),
-                            repo.to_owned(),
-                            d.clone(),
-                            writer,
-                        )
-                        .await
-                        {
-                            crate::p2p::Start::Started(inf, total) => {
-                                return Ok((Source::Inflight(inf), total))
-                            }
-                            crate::p2p::Start::Passthrough(total) => {
-                                return Ok((Source::Passthrough, total))
-                            }
-                            crate::p2p::Start::Failed(e) => return Err(blob_err(e, d)),
-                            crate::p2p::Start::Fallback(w) => w,
-                        },
-                        None => writer,
-                    };
-                    let resp = match self
-                        .upstream
-                        .get_blob(registry, repo, d, writer.offset())
-                        .await
-                    {
-                        Ok(r) => r,
-                        Err(e) => {
-                            self.metrics.upstream_errors.inc();
-                            writer.fail(&e.to_string());
-                            return Err(blob_err(e, d));
-                        }
-                    };
-                    let Some(total) = resp.total else {
-                        writer.fail("upstream sent no length");
-                        return Ok((
-                            Source::Passthrough,
-                            self.upstream
-                                .head_blob(registry, repo, d)
-                                .await
-                                .map_err(|e| blob_err(e, d))?,
-                        ));
-                    };
-                    writer.set_total(total);
-                    if let Err(e) = writer.reserve() {
-                        warn!(digest = %d, error = %e, "cannot cache blob; streaming it without caching");
-                        writer.fail(&e.to_string());
-                        return Ok((Source::Passthrough, total));
-                    }
-                    let inf = writer.inflight();
-                    let agent = self.clone();
-                    tokio::spawn(agent.download(writer, resp.stream));
-                    return Ok((Source::Inflight(inf), total));
-                }
-                Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {
-                    warn!(digest = %d, error = %e, "store cannot take blob; streaming it without caching");
-                    let total = self
-                        .upstream
-                        .head_blob(registry, repo, d)
-                        .await
-                        .map_err(|e| blob_err(e, d))?;
-                    return Ok((Source::Passthrough, total));
-                }
-                Err(e) => return Err(store_err(e)),
-            }
-        }
-        Err(Error::Transport {
-            registry: registry.to_owned(),
-            message: format!("download of {d} keeps failing"),
-        })
-    }
-
-    fn recently_filled_the_disk(&self, d: &Digest) -> bool {
-        let mut m = self.uncacheable.lock();
-        let now = Instant::now();
-        m.retain(|_, until| *until > now);
-        m.contains_key(d)
-    }
-
-    /// Drives one upstream body into the store. Runs detached from any client, so a
-    /// client that disconnects does not waste what other clients are waiting for.
-    async fn download(self, mut writer: store::BlobWriter, mut body: oci::upstream::ByteStream) {
-        let d = writer.inflight().digest.clone();
-        let started = Instant::now();
-        let from = writer.offset();
-        while let Some(chunk) = body.next().await {
-            match chunk {
-                Ok(c) => {
-                    self.metrics.upstream_bytes.inc_by(c.len() as u64);
-                    if let Err(e) = writer.write_bytes(c).await {
-                        if e.is_disk_full() {
-                            self.metrics.disk_full.inc();
-                            warn!(digest = %d, error = %e, "disk full: dropping the partial download; streaming this blob uncached for a while");
-                            self.uncacheable
-                                .lock()
-                                .insert(d.clone(), Instant::now() + UNCACHEABLE_FOR);
-                            writer.abandon(&e.to_string());
-                        } else {
-                            warn!(digest = %d, error = %e, "download stopped: cannot write");
-                            writer.fail(&e.to_string());
-                        }
-                        return;
-                    }
-                }
-                Err(e) => {
-                    self.metrics.upstream_errors.inc();
-                    warn!(digest = %d, error = %e, "download stopped: upstream failed");
-                    writer.fail(&e.to_string());
-                    return;
-                }
-            }
-        }
-        match writer.finish().await {
-            Ok(size) => {
-                let secs = started.elapsed().as_secs_f64();
-                info!(digest = %d, bytes = size, fetched = size - from, seconds = format!("{secs:.3}"), mib_per_s = format!("{:.1}", (size - from) as f64 / secs.max(1e-6) / 1048576.0), "blob cached from upstream");
-                self.refresh_cache_gauges();
-            }
-            Err(e) if e.is_disk_full() => {
-                self.metrics.disk_full.inc();
-                self.uncacheable
-                    .lock()
-                    .insert(d.clone(), Instant::now() + UNCACHEABLE_FOR);
-                warn!(digest = %d, error = %e, "disk full at the end of a download: dropped it; streaming this blob uncached for a while");
-            }
-            Err(e) => warn!(digest = %d, error = %e, "downloaded blob rejected; discarded"),
-        }
-    }
-
     /// Streams `[start, end)` to the client, switching source when one fails. Returns
     /// false when the client went away or an unrecoverable error was sent. With a
     /// `sink`, bytes on disk are sent as file spans (zero-copy) rather than read.
@@ -307,15 +138,20 @@ impl Agent {
         end: u64,
         tx: &mpsc::Sender<Result<Bytes, Error>>,
         sink: Option<&Sink>,
+        mut first: Option<Source>,
     ) -> bool {
         let mut failures = 0;
         while pos < end {
-            let source = match self.acquire(registry, repo, d).await {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return false;
-                }
+            // The source the caller already acquired, then a fresh one after a failure.
+            let source = match first.take() {
+                Some(s) => s,
+                None => match self.acquire(registry, repo, d, None).await {
+                    Ok((s, _)) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return false;
+                    }
+                },
             };
             let stream: std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> =
                 match source {
@@ -399,46 +235,6 @@ impl Agent {
         true
     }
 
-    fn passthrough(
-        &self,
-        registry: &str,
-        repo: &str,
-        d: &Digest,
-        start: u64,
-        end: u64,
-    ) -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
-        let up = self.upstream.clone();
-        let metrics = self.metrics.clone();
-        let (registry, repo, d) = (registry.to_owned(), repo.to_owned(), d.clone());
-        let fut = async move { up.get_blob(&registry, &repo, &d, start).await };
-        Box::pin(
-            futures::stream::once(fut)
-                .map(move |r| match r {
-                    Ok(resp) => resp.stream,
-                    Err(e) => Box::pin(futures::stream::once(async move { Err(e) }))
-                        as oci::upstream::ByteStream,
-                })
-                .flatten()
-                .scan(start, move |pos, item| {
-                    let out = match item {
-                        Ok(mut b) => {
-                            if *pos >= end {
-                                return futures::future::ready(None);
-                            }
-                            if *pos + b.len() as u64 > end {
-                                b.truncate((end - *pos) as usize);
-                            }
-                            *pos += b.len() as u64;
-                            metrics.upstream_bytes.inc_by(b.len() as u64);
-                            Ok(b)
-                        }
-                        Err(e) => Err(e),
-                    };
-                    futures::future::ready(Some(out))
-                }),
-        )
-    }
-
     /// Counts bytes by source and logs one line per blob when the body ends.
     fn account<S>(
         &self,
@@ -502,41 +298,6 @@ impl Agent {
             }
             item
         })
-    }
-}
-
-fn store_err(e: store::Error) -> Error {
-    match e {
-        store::Error::Content(c) => c,
-        store::Error::DownloadFailed {
-            digest,
-            reason,
-            retryable: false,
-        } => Error::ManifestInvalid(format!("blob {digest} failed verification: {reason}")),
-        other => Error::Transport {
-            registry: "cache".into(),
-            message: other.to_string(),
-        },
-    }
-}
-
-/// Upstream 404 on a blob is BLOB_UNKNOWN, not the generic NAME_UNKNOWN.
-fn blob_err(e: Error, d: &Digest) -> Error {
-    match e.with_not_found_code(oci::ErrorCode::BlobUnknown) {
-        Error::Upstream {
-            registry,
-            status: 404,
-            code,
-            message,
-            retry_after,
-        } => Error::Upstream {
-            registry,
-            status: 404,
-            code,
-            message: format!("blob {d} unknown: {message}"),
-            retry_after,
-        },
-        other => other,
     }
 }
 

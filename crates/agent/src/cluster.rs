@@ -214,14 +214,16 @@ impl Agent {
         repo: &str,
         d: &Digest,
         done: &AtomicU64,
+        limit: Option<Arc<ratelimit::TokenBucket>>,
     ) -> Result<(), String> {
         if let Some(rec) = self.store.stat(d) {
             done.fetch_add(rec.size, Ordering::Relaxed);
             return Ok(());
         }
-        // The same path a client takes (cache, swarm, registry), drained here.
-        let (_, total) = self
-            .acquire(registry, repo, d)
+        // The same path a client takes (cache, swarm, registry), drained here, at the
+        // assignment's rate.
+        let (source, total) = self
+            .acquire(registry, repo, d, limit)
             .await
             .map_err(|e| e.to_string())?;
         let (tx, mut rx) = tokio::sync::mpsc::channel(2);
@@ -231,7 +233,11 @@ impl Agent {
             repo.to_owned(),
             d.clone(),
         );
-        tokio::spawn(async move { agent.copy_range(&reg, &rep, &dg, 0, total, &tx, None).await });
+        tokio::spawn(async move {
+            agent
+                .copy_range(&reg, &rep, &dg, 0, total, &tx, None, Some(source))
+                .await
+        });
         while let Some(item) = rx.recv().await {
             done.fetch_add(
                 item.map_err(|e| e.to_string())?.len() as u64,
@@ -252,13 +258,10 @@ impl Agent {
     async fn run_assignment(self, a: Assignment) {
         let started = Instant::now();
         let done = Arc::new(AtomicU64::new(0));
-        if let (Some(p2p), Some(bps)) = (&self.p2p, a.bytes_per_sec) {
-            let bucket = Arc::new(origin::TokenBucket::new(bps.max(1)));
-            let mut m = p2p.prewarm_limits.lock();
-            for b in &a.blobs {
-                m.insert(b.digest.clone(), bucket.clone());
-            }
-        }
+        // One bucket for the whole assignment: its rate is the node's prewarm budget.
+        let limit = a
+            .bytes_per_sec
+            .map(|bps| Arc::new(ratelimit::TokenBucket::new(bps.max(1))));
         let reporter = {
             let (agent, done, job) = (self.clone(), done.clone(), a.job_id);
             tokio::spawn(async move {
@@ -290,7 +293,7 @@ impl Agent {
                     .map_err(|e| e.to_string())?;
                 let parsed = Manifest::parse(&m.body).map_err(|e| e.to_string())?;
                 for b in parsed.blobs() {
-                    self.warm_blob(&r.registry, &r.repository, &b.digest, &done)
+                    self.warm_blob(&r.registry, &r.repository, &b.digest, &done, limit.clone())
                         .await?;
                 }
                 // Pin after the content is here: GC cannot undo the prewarm until the TTL.
@@ -309,12 +312,6 @@ impl Agent {
         }
         .await;
         reporter.abort();
-        if let Some(p2p) = &self.p2p {
-            let mut m = p2p.prewarm_limits.lock();
-            for b in &a.blobs {
-                m.remove(&b.digest);
-            }
-        }
         match result {
             Ok(()) => {
                 info!(
@@ -416,7 +413,7 @@ impl Agent {
         };
         for b in m.blobs() {
             if let Err(e) = self
-                .warm_blob(&reference.registry, &reference.repository, &b.digest, &done)
+                .warm_blob(&reference.registry, &reference.repository, &b.digest, &done, None)
                 .await
             {
                 warn!(image = %reference, error = %e, "preload incomplete");

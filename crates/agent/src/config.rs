@@ -41,8 +41,12 @@ pub struct AgentConfig {
     pub stall_timeout: Duration,
     /// This node's name in the swarm and the inventory (default: the host name).
     pub node_name: String,
-    /// URL other agents use to fetch pieces from this one (default: http://<listen>).
+    /// `host:port` other agents dial to fetch pieces from this one (default: the peer
+    /// listener's address).
     pub advertise: Option<String>,
+    /// Where the peer listener binds (default: all interfaces on the advertised port,
+    /// or the mirror's address on a port of the system's choosing).
+    pub peer_listen: Option<SocketAddr>,
     /// Topology labels; the tracker prefers peers in the same rack, then zone.
     pub zone: Option<String>,
     pub rack: Option<String>,
@@ -56,23 +60,22 @@ pub struct AgentConfig {
     /// and receive from peers and the registry.
     pub upload_limit: Option<String>,
     pub download_limit: Option<String>,
-    /// Concurrent piece uploads served to peers. Few fast uploads beat many slow ones:
-    /// a piece that trickles holds up its requester.
+    /// Pieces sent to peers at once. Few fast uploads beat many slow ones: a piece is
+    /// useful to the swarm only once whole, so splitting the uplink delays every piece.
     pub max_uploads: usize,
-    /// Piece requests that may wait for an upload slot, each for at most `upload_wait`;
-    /// beyond that they get 503 and ask elsewhere. Waiting keeps the uplink busy
-    /// between pieces and spares the requester a round of refusals when every holder
-    /// is busy (the start of a large swarm); the bound keeps a queued request from
-    /// waiting on one slow holder while others have room.
+    /// Piece requests one peer connection may have waiting for an upload slot; beyond
+    /// that the peer is told "busy" and asks elsewhere.
     pub upload_queue: usize,
-    #[serde(with = "humantime_serde_compat")]
-    pub upload_wait: Duration,
-    /// Piece requests this node keeps in flight across all blobs. Enough to fill the
-    /// download link from upload-capped peers; more would only make each piece slower.
+    /// Piece requests this node keeps in flight across all blobs (a reader's read
+    /// head is not counted). Enough to fill the download link; more would only make
+    /// each piece arrive later.
     pub max_piece_requests: usize,
     /// Blobs below this go straight to the registry (through the cache).
     pub p2p_threshold: String,
-    pub piece_size: String,
+    /// The piece size this agent proposes for swarms it starts, e.g. "4MiB"; unset:
+    /// the rule in `swarm::pieces::piece_size_for` (from the blob size and this node's
+    /// link limits). The first agent in a swarm decides for everyone.
+    pub piece_size: Option<String>,
     /// containerd socket for prewarms with `into_runtime` (pull there and pin).
     pub containerd_socket: Option<PathBuf>,
     pub containerd_namespace: String,
@@ -122,12 +125,12 @@ impl Default for AgentConfig {
             cluster_token: None,
             upload_limit: None,
             download_limit: None,
-            max_uploads: 2,
-            upload_queue: 8,
-            upload_wait: Duration::from_secs(1),
-            max_piece_requests: 4,
+            peer_listen: None,
+            max_uploads: 4,
+            upload_queue: 64,
+            max_piece_requests: 16,
             p2p_threshold: "1MiB".into(),
-            piece_size: "1MiB".into(),
+            piece_size: None,
             corrupt_pieces: false,
             containerd_socket: None,
             containerd_namespace: "k8s.io".into(),

@@ -7,6 +7,7 @@
 mod blob;
 mod cluster;
 pub mod config;
+mod fetch;
 mod manifest;
 pub mod metrics;
 pub mod p2p;
@@ -46,6 +47,39 @@ pub enum Error {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// A peer connection failed or broke the protocol; other peers or the registry
+    /// can still deliver.
+    #[error("peer {peer}: {message}")]
+    Peer { peer: String, message: String },
+    /// The tracker could not be reached or answered with an error; the agent falls
+    /// back to the registry.
+    #[error("tracker: {message}")]
+    Tracker { message: String },
+}
+
+/// Reads a response body, refusing more than `max` bytes (network input is bounded
+/// before it is buffered).
+pub(crate) async fn read_bounded(r: reqwest::Response, max: usize) -> Result<Vec<u8>, Error> {
+    use futures::StreamExt;
+    if r.content_length().is_some_and(|n| n > max as u64) {
+        return Err(Error::Tracker {
+            message: format!("answer of {} bytes exceeds {max}", r.content_length().unwrap_or(0)),
+        });
+    }
+    let mut out = Vec::new();
+    let mut body = r.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| Error::Tracker {
+            message: e.to_string(),
+        })?;
+        if out.len() + chunk.len() > max {
+            return Err(Error::Tracker {
+                message: format!("answer exceeds {max} bytes"),
+            });
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
 }
 
 #[derive(Clone)]
@@ -56,6 +90,12 @@ pub struct Agent {
     pub metrics: Arc<metrics::Metrics>,
     /// Present when a tracker is configured.
     pub p2p: Option<Arc<p2p::P2p>>,
+    /// The node's download limit: every byte this agent fetches pays it, from peers
+    /// or the registry, with a tracker or without.
+    pub(crate) download_limit: Option<Arc<ratelimit::TokenBucket>>,
+    /// The peer listener, bound in `new` so its address can be advertised, served by
+    /// `serve`.
+    peer_listener: Arc<parking_lot::Mutex<Option<std::net::TcpListener>>>,
     /// Blobs whose download ran the disk full, until when to stream them uncached, so
     /// clients resuming after the failure do not start another doomed download.
     pub(crate) uncacheable:
@@ -107,7 +147,20 @@ impl Agent {
         let store = Store::open(store_cfg)?;
         let upstream = Upstream::new(up)?;
         let mut metrics = metrics::Metrics::default();
-        let p2p = p2p::P2p::from_config(&cfg, &mut metrics.registry)?;
+        let download_limit = cfg
+            .download_limit
+            .as_deref()
+            .map(|v| config::parse_size(v).map_err(Error::Config))
+            .transpose()?
+            .map(|rate| Arc::new(ratelimit::TokenBucket::new(rate)));
+        let (peer_listener, advertised) = match &cfg.tracker {
+            Some(_) => {
+                let (l, a) = bind_peer_listener(&cfg)?;
+                (Some(l), a)
+            }
+            None => (None, String::new()),
+        };
+        let p2p = p2p::P2p::from_config(&cfg, advertised, download_limit.clone(), &mut metrics.registry)?;
         let metrics = Arc::new(metrics);
         let agent = Self {
             cfg: Arc::new(cfg),
@@ -115,6 +168,8 @@ impl Agent {
             upstream,
             metrics,
             p2p,
+            download_limit,
+            peer_listener: Arc::new(parking_lot::Mutex::new(peer_listener)),
             uncacheable: Default::default(),
         };
         agent.refresh_cache_gauges();
@@ -126,14 +181,6 @@ impl Agent {
             .route("/metrics", axum::routing::get(metrics_handler))
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/api/v1/cache", axum::routing::get(cache_handler))
-            .route(
-                "/p2p/v1/blobs/{digest}/pieces/{index}",
-                axum::routing::get(p2p::piece_handler),
-            )
-            .route(
-                "/p2p/v1/blobs/{digest}/hashes",
-                axum::routing::get(p2p::hashes_handler),
-            )
             .route(
                 "/api/v1/prewarm",
                 axum::routing::post(cluster::prewarm_handler),
@@ -154,6 +201,15 @@ impl Agent {
             source: e,
         })?;
         info!(%addr, cache = %self.cfg.cache_dir.display(), "agent listening");
+        let peer = self.peer_listener.lock().take();
+        if let (Some(p2p), Some(l)) = (&self.p2p, peer) {
+            let l = tokio::net::TcpListener::from_std(l).map_err(|e| Error::Listen {
+                addr: self.cfg.listen,
+                source: e,
+            })?;
+            info!(addr = %p2p.addr, "peer listener up");
+            p2p.spawn_server(self.clone(), l);
+        }
         self.spawn_background();
         server::serve(listener, self.router(), shutdown).await;
         Ok(())
@@ -282,6 +338,33 @@ impl Agent {
         validate_registry(&r)?;
         Ok(r)
     }
+}
+
+/// Binds the peer listener: on `peer_listen`, else on the advertised port (all
+/// interfaces), else on the mirror's address with a port of the system's choosing.
+/// Returns it with the `host:port` other agents are told to dial.
+fn bind_peer_listener(cfg: &AgentConfig) -> Result<(std::net::TcpListener, String), Error> {
+    let advertise = cfg
+        .advertise
+        .as_deref()
+        .map(|a| a.trim_start_matches("http://").trim_end_matches('/').to_owned());
+    let bind: SocketAddr = match (cfg.peer_listen, &advertise) {
+        (Some(a), _) => a,
+        (None, Some(adv)) => {
+            let port = adv
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .ok_or_else(|| Error::Config(format!("advertise {adv:?} is not host:port")))?;
+            SocketAddr::from(([0, 0, 0, 0], port))
+        }
+        (None, None) => SocketAddr::new(cfg.listen.ip(), 0),
+    };
+    let l = std::net::TcpListener::bind(bind).map_err(|e| Error::Listen { addr: bind, source: e })?;
+    l.set_nonblocking(true)
+        .map_err(|e| Error::Listen { addr: bind, source: e })?;
+    let local = l.local_addr().map_err(|e| Error::Listen { addr: bind, source: e })?;
+    let advertised = advertise.unwrap_or_else(|| local.to_string());
+    Ok((l, advertised))
 }
 
 async fn metrics_handler(State(agent): State<Agent>) -> Response {

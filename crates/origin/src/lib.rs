@@ -3,7 +3,7 @@
 //! * [`serve`] / [`bind`]: a read-only OCI distribution registry over an OCI image layout
 //!   directory (`oci-layout`, `index.json`, `blobs/sha256/…`). It is the origin of the demo
 //!   and an air-gapped origin; its total egress can be capped by one token bucket shared by
-//!   all connections ([`limiter::TokenBucket`]) so it plays the part of a shared registry
+//!   all connections ([`ratelimit::TokenBucket`]) so it plays the part of a shared registry
 //!   whose egress is the bottleneck. [`OriginStats`] counts what it served.
 //! * [`generate_training_image`]: writes a deterministic, CUDA-training-shaped image
 //!   (valid `tar+gzip` layers full of incompressible bytes) into an OCI layout.
@@ -12,11 +12,10 @@
 use std::path::PathBuf;
 
 pub mod layout;
-pub mod limiter;
 mod server;
 pub mod synth;
 
-pub use limiter::TokenBucket;
+pub use ratelimit::TokenBucket;
 pub use server::{
     bind, router, serve, BoundOrigin, OriginConfig, OriginStats, RunningOrigin, StatsSnapshot,
 };

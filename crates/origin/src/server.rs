@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
 use crate::layout::{Layout, MAX_MANIFEST_BYTES};
-use crate::limiter::TokenBucket;
+use ratelimit::TokenBucket;
 use crate::Error;
 
 /// Read and send chunk size.

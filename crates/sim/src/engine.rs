@@ -230,19 +230,19 @@ impl<'a> Engine<'a> {
             peer_ttl_ms: st.peer_ttl_ms,
             max_peers: st.max_peers,
             min_p2p_size: st.min_p2p_size.0,
-            piece_size: st.piece_size.0,
+            piece_size: Some(st.piece_size.0),
             announce_interval_ms: st.announce_interval_ms,
             ..SwarmConfig::default()
         };
         let sched_cfg = SchedulerConfig {
-            max_inflight_per_peer: st.max_inflight_per_peer,
+            min_window: st.max_inflight_per_peer,
             max_inflight_total: st.max_inflight_total,
             ..SchedulerConfig::default()
         };
         let sizes: Vec<u64> = sc.image.layers.iter().map(|l| l.size.0).collect();
         let piece_size = sizes
             .iter()
-            .map(|&s| piece_size_for(s, st.piece_size.0))
+            .map(|&s| piece_size_for(s, None).max(st.piece_size.0))
             .collect();
         let digests = sc
             .image
@@ -742,9 +742,10 @@ impl<'a> Engine<'a> {
                     .entry(self.names[node].clone())
                     .or_default() += bytes;
                 let count = self.count(layer);
+                let now_ms = (self.now * 1e3) as u64;
                 let p = self.pull(slot, layer);
                 let Some(sch) = p.sched.as_mut() else { return };
-                sch.on_done(piece, REGISTRY_PEER);
+                sch.on_done(piece, REGISTRY_PEER, now_ms);
                 if sch.is_complete() {
                     p.streaming = false;
                     self.layer_done(slot, layer);

@@ -230,13 +230,13 @@ impl Default for Starling {
         Self {
             upload_limit: None,
             download_limit: None,
-            piece_size: Bytes(s.piece_size),
+            piece_size: Bytes(s.piece_size.unwrap_or(1 << 20)),
             announce_interval_ms: s.announce_interval_ms,
             peer_ttl_ms: s.peer_ttl_ms,
             max_peers: s.max_peers,
             min_p2p_size: Bytes(s.min_p2p_size),
             // The agent's downloader uses `SchedulerConfig::default()` (2 per peer, 4 per blob).
-            max_inflight_per_peer: p.max_inflight_per_peer,
+            max_inflight_per_peer: p.min_window,
             max_inflight_total: p.max_inflight_total,
             peer_latency_ms: 0.5,
             // The agent's default `max_uploads`.

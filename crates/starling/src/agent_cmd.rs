@@ -63,11 +63,18 @@ pub struct AgentArgs {
     /// This node's name in the swarm (default: host name).
     #[arg(long, env = "STARLING_NODE_NAME")]
     node_name: Option<String>,
-    /// URL peers use to reach this agent (default: http://<listen>).
+    /// host:port other agents dial for pieces (default: the peer listener's address).
     #[arg(long, env = "STARLING_ADVERTISE")]
     advertise: Option<String>,
+    /// Where the peer listener binds (default: all interfaces on the advertised port,
+    /// or the mirror's address on a free port).
+    #[arg(long, env = "STARLING_PEER_LISTEN")]
+    peer_listen: Option<SocketAddr>,
+    /// Zone label: the tracker prefers peers in the same zone, then anywhere.
     #[arg(long, env = "STARLING_ZONE")]
     zone: Option<String>,
+    /// Rack label: the tracker prefers peers in the same rack; large swarms fetch each
+    /// piece into a rack about once and spread it inside.
     #[arg(long, env = "STARLING_RACK")]
     rack: Option<String>,
     /// Shared cluster secret for the tracker and peers.
@@ -79,21 +86,20 @@ pub struct AgentArgs {
     /// Bytes per second this node may receive from peers and the registry.
     #[arg(long, env = "STARLING_DOWNLOAD_LIMIT")]
     download_limit: Option<String>,
-    /// Concurrent piece uploads to peers.
+    /// Pieces sent to peers at once (default 4).
     #[arg(long, env = "STARLING_MAX_UPLOADS")]
     max_uploads: Option<usize>,
-    /// Piece requests that may wait for an upload slot (beyond: 503).
+    /// Piece requests one peer may have waiting for an upload slot (beyond: busy).
     #[arg(long, env = "STARLING_UPLOAD_QUEUE")]
     upload_queue: Option<usize>,
-    /// How long a piece request may wait for an upload slot, e.g. 1s (0s: never).
-    #[arg(long, env = "STARLING_UPLOAD_WAIT")]
-    upload_wait: Option<humantime::Duration>,
-    /// Piece requests in flight across all blobs.
+    /// Piece requests in flight across all blobs (default 16).
     #[arg(long, env = "STARLING_MAX_PIECE_REQUESTS")]
     max_piece_requests: Option<usize>,
     /// Blobs below this size skip P2P.
     #[arg(long, env = "STARLING_P2P_THRESHOLD")]
     p2p_threshold: Option<String>,
+    /// Piece size this agent proposes for swarms it starts, e.g. 4MiB, or "auto" (the
+    /// rule: from the blob size and the node's link limits).
     #[arg(long, env = "STARLING_PIECE_SIZE")]
     piece_size: Option<String>,
     /// Node label reported to the tracker, KEY=VALUE (repeatable).
@@ -183,6 +189,7 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     set_opt!(
         tracker,
         advertise,
+        peer_listen,
         zone,
         rack,
         cluster_token,
@@ -201,16 +208,15 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     if let Some(v) = a.upload_queue {
         cfg.upload_queue = v;
     }
-    if let Some(v) = a.upload_wait {
-        cfg.upload_wait = v.into();
-    }
     if let Some(v) = &a.p2p_threshold {
         crate::parse_size(v)?;
         cfg.p2p_threshold = v.clone();
     }
     if let Some(v) = &a.piece_size {
-        crate::parse_size(v)?;
-        cfg.piece_size = v.clone();
+        if v != "auto" {
+            crate::parse_size(v)?;
+        }
+        cfg.piece_size = Some(v.clone());
     }
     cfg.corrupt_pieces = a.corrupt_pieces;
     if let Some(v) = &a.containerd_socket {
@@ -368,13 +374,16 @@ pub struct TrackerArgs {
     /// Blobs below this size skip P2P.
     #[arg(long, default_value = "1MiB")]
     p2p_threshold: String,
-    #[arg(long, default_value = "1MiB")]
+    /// Piece size for swarms whose first announce proposes none (agents propose one
+    /// from their links), or "auto" for the rule with an unknown link.
+    #[arg(long, default_value = "auto")]
     piece_size: String,
     /// Peers silent for this long are no longer handed out.
-    #[arg(long, default_value = "3s")]
+    #[arg(long, default_value = "5s")]
     peer_ttl: humantime::Duration,
-    /// How often downloading agents announce (their bitfields reach others this fast).
-    #[arg(long, default_value = "250ms")]
+    /// How often downloading agents announce: membership, hashes for peers not
+    /// connected to the source. Piece availability travels between peers directly.
+    #[arg(long, default_value = "1s")]
     announce_interval: humantime::Duration,
     /// Where prewarm jobs are persisted (they survive a tracker restart).
     #[arg(
@@ -406,7 +415,10 @@ pub struct TrackerArgs {
 pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
     let cfg = swarm::SwarmConfig {
         min_p2p_size: crate::parse_size(&a.p2p_threshold)?,
-        piece_size: crate::parse_size(&a.piece_size)?,
+        piece_size: match a.piece_size.as_str() {
+            "auto" => None,
+            v => Some(crate::parse_size(v)?),
+        },
         peer_ttl_ms: std::time::Duration::from(a.peer_ttl).as_millis() as u64,
         announce_interval_ms: std::time::Duration::from(a.announce_interval).as_millis() as u64,
         ..Default::default()

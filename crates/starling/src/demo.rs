@@ -27,24 +27,19 @@ pub struct DemoArgs {
     /// Per-node upload and download limit per second (emulated NIC).
     #[arg(long, default_value = "25MiB")]
     pub node_limit: String,
-    #[arg(long, default_value = "1MiB")]
+    /// Piece size the agents propose, or "auto" (the rule: from blob size and link).
+    #[arg(long, default_value = "auto")]
     pub piece_size: String,
     #[arg(long, default_value = "1MiB")]
     pub p2p_threshold: String,
     /// Tracker announce interval while downloading.
-    #[arg(long, default_value = "250ms")]
-    pub announce_interval: String,
-    /// Concurrent piece uploads per agent.
-    #[arg(long, default_value_t = 2)]
-    pub max_uploads: usize,
-    /// Piece requests that may wait for an upload slot per agent.
-    #[arg(long, default_value_t = 8)]
-    pub upload_queue: usize,
-    /// How long a piece request may wait for an upload slot (0s: refuse at once).
     #[arg(long, default_value = "1s")]
-    pub upload_wait: String,
-    /// Piece requests in flight per agent.
+    pub announce_interval: String,
+    /// Pieces each agent sends at once.
     #[arg(long, default_value_t = 4)]
+    pub max_uploads: usize,
+    /// Piece requests in flight per agent.
+    #[arg(long, default_value_t = 16)]
     pub max_piece_requests: usize,
     /// Skip the direct baseline run.
     #[arg(long)]
@@ -59,6 +54,10 @@ pub struct DemoArgs {
 
 #[derive(Serialize)]
 struct NodeReport {
+    /// Time to first byte of each swarm blob this node did not fetch from the
+    /// registry (seconds), the figure a non-seeding node waits.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    non_seed_first_byte_seconds: Vec<f64>,
     node: String,
     seconds: f64,
     first_byte_seconds: f64,
@@ -74,7 +73,10 @@ struct Report {
     layers: usize,
     registry_limit_bytes_per_sec: u64,
     node_limit_bytes_per_sec: u64,
-    piece_size: u64,
+    /// What the agents were told to propose ("auto": the rule).
+    piece_size: String,
+    /// The piece sizes the swarms used, by blob size.
+    swarm_piece_sizes: Vec<(u64, u64)>,
     registry_bytes: u64,
     registry_bytes_ratio: f64,
     all_nodes_seconds: f64,
@@ -86,6 +88,41 @@ struct Report {
     per_node: Vec<NodeReport>,
     agent_cpu_seconds_per_gib: f64,
     agent_peak_rss_mib_max: f64,
+    /// The whole machine's CPU busy fraction during the P2P run (all processes: the
+    /// agents, the pulling clients, the registry): near 1 means CPU-bound.
+    machine_cpu_busy: f64,
+    /// Time to first byte of swarm blobs on nodes that did not fetch them from the
+    /// registry: 50th and 95th percentile and maximum (seconds).
+    non_seed_first_byte_p50: f64,
+    non_seed_first_byte_p95: f64,
+    non_seed_first_byte_max: f64,
+    /// One piece of the largest blob at the node limit (seconds): the TTFB
+    /// goal is this plus 20 ms.
+    piece_time_seconds: f64,
+}
+
+/// (busy, total) jiffies of the whole machine.
+fn machine_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().next() else {
+        return (0, 0);
+    };
+    let v: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total.saturating_sub(idle), total)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
 }
 
 /// Children killed when the demo ends, however it ends.
@@ -173,7 +210,9 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     std::fs::create_dir_all(&work)?;
     let registry_limit = crate::parse_size(&a.registry_limit)?;
     let node_limit = crate::parse_size(&a.node_limit)?;
-    let piece_size = crate::parse_size(&a.piece_size)?;
+    if a.piece_size != "auto" {
+        crate::parse_size(&a.piece_size)?;
+    }
     let say = |s: String| {
         if !a.json {
             println!("{s}");
@@ -278,10 +317,6 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             "0".into(),
             "--max-uploads".into(),
             a.max_uploads.to_string(),
-            "--upload-queue".into(),
-            a.upload_queue.to_string(),
-            "--upload-wait".into(),
-            a.upload_wait.clone(),
             "--max-piece-requests".into(),
             a.max_piece_requests.to_string(),
         ];
@@ -303,6 +338,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     ));
     let progress: Vec<Arc<AtomicU64>> = (0..a.nodes).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let egress_before = stats.egress_bytes();
+    let jiffies_before = machine_jiffies();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (i, (_, port, _)) in agents.iter().enumerate() {
@@ -349,15 +385,18 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         })
     };
     let mut per_node = Vec::new();
+    let mut pulls = Vec::new();
     for (i, t) in tasks.into_iter().enumerate() {
         let r = t
             .await?
             .with_context(|| format!("pull on {}", agents[i].0))?;
+        pulls.push(r.clone());
         let text = reqwest::get(format!("http://127.0.0.1:{}/metrics", agents[i].1))
             .await?
             .text()
             .await?;
         per_node.push(NodeReport {
+            non_seed_first_byte_seconds: Vec::new(),
             node: agents[i].0.clone(),
             seconds: r.seconds,
             // Time to first byte of the largest blob: what a cold non-seeding node waits.
@@ -372,7 +411,40 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         });
     }
     let all_nodes = started.elapsed().as_secs_f64();
+    let jiffies_after = machine_jiffies();
     ticker.abort();
+    let machine_cpu_busy = (jiffies_after.0 - jiffies_before.0) as f64
+        / (jiffies_after.1 - jiffies_before.1).max(1) as f64;
+    // Which node fetched each swarm blob from the registry, and its piece size.
+    let swarms: Vec<swarm::state::SwarmStats> = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{tport}/swarm/v1/swarms"))
+        .bearer_auth(&token)
+        .send()
+        .await?
+        .json()
+        .await
+        .unwrap_or_default();
+    let mut ttfb = Vec::new();
+    for (i, r) in pulls.iter().enumerate() {
+        for b in &r.blobs {
+            let Some(sw) = swarms.iter().find(|s| s.digest == b.digest.to_string()) else {
+                continue;
+            };
+            if sw.piece_size <= 1 || sw.elected.contains(&agents[i].0) {
+                continue;
+            }
+            per_node[i].non_seed_first_byte_seconds.push(b.first_byte_seconds);
+            ttfb.push(b.first_byte_seconds);
+        }
+    }
+    ttfb.sort_by(f64::total_cmp);
+    let mut swarm_piece_sizes: Vec<(u64, u64)> = swarms
+        .iter()
+        .filter_map(|s| Some((s.size?, s.piece_size)))
+        .filter(|(_, p)| *p > 1)
+        .collect();
+    swarm_piece_sizes.sort();
+    let largest_piece = swarm_piece_sizes.last().map_or(0, |x| x.1);
     let registry_bytes = stats.egress_bytes() - egress_before;
     let usage: Vec<(f64, f64)> = agents.iter().map(|(_, _, pid)| proc_usage(*pid)).collect();
     let cpu: f64 = usage.iter().zip(&before_cpu).map(|(u, b)| u.0 - b).sum();
@@ -420,7 +492,8 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         layers: image.layers.len(),
         registry_limit_bytes_per_sec: registry_limit,
         node_limit_bytes_per_sec: node_limit,
-        piece_size,
+        piece_size: a.piece_size.clone(),
+        swarm_piece_sizes,
         registry_bytes,
         registry_bytes_ratio: registry_bytes as f64 / sf,
         all_nodes_seconds: all_nodes,
@@ -431,6 +504,11 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         speedup_vs_direct: direct_secs.map(|d| d / all_nodes),
         agent_cpu_seconds_per_gib: cpu / (n * sf / (1u64 << 30) as f64),
         agent_peak_rss_mib_max: rss_max,
+        machine_cpu_busy,
+        non_seed_first_byte_p50: percentile(&ttfb, 0.5),
+        non_seed_first_byte_p95: percentile(&ttfb, 0.95),
+        non_seed_first_byte_max: ttfb.last().copied().unwrap_or(0.0),
+        piece_time_seconds: largest_piece as f64 / node_limit as f64,
         per_node,
     };
     if a.json {
@@ -469,6 +547,17 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     println!(
         "  agent CPU             {:.2} CPU-seconds per GiB delivered; peak RSS {:.1} MiB",
         report.agent_cpu_seconds_per_gib, rss_max
+    );
+    println!(
+        "  machine CPU busy      {:.0} % during the P2P run (agents, clients and registry share 2 cores)",
+        machine_cpu_busy * 100.0
+    );
+    println!(
+        "  first byte, non-seed  p50 {:.3} s, p95 {:.3} s, max {:.3} s (one piece at the node limit: {:.3} s)",
+        report.non_seed_first_byte_p50,
+        report.non_seed_first_byte_p95,
+        report.non_seed_first_byte_max,
+        report.piece_time_seconds
     );
     Ok(())
 }

@@ -41,14 +41,29 @@ pub struct Progress {
     pub verified: bool,
 }
 
+/// Piece-mode bookkeeping shared by the writer, the peer connections that receive
+/// pieces into the file, and the peer server that serves held pieces.
+#[derive(Clone, Debug)]
+pub struct PieceState {
+    pub layout: swarm::PieceLayout,
+    /// Verified and on disk: what peers may fetch and what is announced.
+    pub held: swarm::Bitfield,
+    /// Being written by one peer connection right now (unverified bytes).
+    pub receiving: swarm::Bitfield,
+    /// The hash of each held piece, as this node knows it.
+    pub hashes: Vec<Option<swarm::PieceHash>>,
+}
+
 /// Shared state of one download.
 pub struct Inflight {
     pub digest: oci::Digest,
     pub(crate) file: Arc<File>,
     pub(crate) path: PathBuf,
     pub(crate) progress: watch::Sender<Progress>,
-    /// In piece mode: the layout and the pieces on disk (what peers may fetch).
-    pub(crate) pieces: parking_lot::Mutex<Option<(swarm::PieceLayout, swarm::Bitfield)>>,
+    /// In piece mode: which pieces are held, being received, and their hashes.
+    pub(crate) pieces: parking_lot::Mutex<Option<PieceState>>,
+    /// Pieces as they become held, for the peers subscribed to this blob (HAVE).
+    pub(crate) held_events: tokio::sync::broadcast::Sender<u32>,
 }
 
 impl Inflight {
@@ -63,9 +78,9 @@ impl Inflight {
     /// Whether piece `i` of `piece_size` is on disk (a sequential download counts the
     /// pieces wholly inside its flushed prefix).
     pub fn has_piece(&self, piece_size: u64, i: u32) -> bool {
-        if let Some((layout, have)) = &*self.pieces.lock() {
-            if layout.piece_size == piece_size {
-                return have.get(i);
+        if let Some(st) = &*self.pieces.lock() {
+            if st.layout.piece_size == piece_size {
+                return st.held.get(i);
             }
         }
         let p = self.progress.borrow();
@@ -96,6 +111,65 @@ impl Inflight {
 
     pub fn path(&self) -> &std::path::Path {
         &self.path
+    }
+
+    /// In piece mode: the layout, the held pieces and their hashes, plus a
+    /// subscription to pieces held from now on (subscribed first, so nothing is
+    /// missed between the snapshot and the first event).
+    pub fn piece_view(
+        &self,
+    ) -> Option<(PieceState, tokio::sync::broadcast::Receiver<u32>)> {
+        let rx = self.held_events.subscribe();
+        let st = self.pieces.lock().clone()?;
+        Some((st, rx))
+    }
+
+    pub fn piece_hash(&self, i: u32) -> Option<swarm::PieceHash> {
+        self.pieces
+            .lock()
+            .as_ref()
+            .and_then(|st| st.hashes.get(i as usize).copied().flatten())
+    }
+
+    pub fn layout(&self) -> Option<swarm::PieceLayout> {
+        self.pieces.lock().as_ref().map(|st| st.layout)
+    }
+
+    /// A peer connection starts receiving piece `i` into the file: granted only if the
+    /// piece is neither held nor being received by another connection, so unverified
+    /// bytes never land on a held piece.
+    pub fn claim_piece(&self, i: u32) -> bool {
+        let mut g = self.pieces.lock();
+        match g.as_mut() {
+            Some(st) if i < st.layout.count() && !st.held.get(i) && !st.receiving.get(i) => {
+                st.receiving.set(i);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether some connection (or a registry run) is writing piece `i` right now.
+    pub fn is_receiving(&self, i: u32) -> bool {
+        self.pieces
+            .lock()
+            .as_ref()
+            .is_some_and(|st| st.receiving.get(i))
+    }
+
+    /// The claimer gives a piece up (its bytes failed, or the connection died).
+    pub fn release_piece_claim(&self, i: u32) {
+        if let Some(st) = self.pieces.lock().as_mut() {
+            st.receiving.clear(i);
+        }
+    }
+
+    /// Writes received bytes of a claimed piece (the caller holds the claim).
+    pub fn write_claimed(&self, offset: u64, bytes: &[u8]) -> Result<(), Error> {
+        use std::os::unix::fs::FileExt;
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|e| Error::io(&self.path, e))
     }
 }
 

@@ -15,6 +15,7 @@ mod error;
 pub mod gc;
 pub mod inflight;
 pub mod meta;
+mod piecewise;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
@@ -31,10 +32,11 @@ use tracing::{info, warn};
 
 pub use error::Error;
 pub use inflight::{
-    inflight_spans, read_file, read_inflight, FileSpan, Inflight, Progress, Status,
+    inflight_spans, read_file, read_inflight, FileSpan, Inflight, PieceState, Progress, Status,
 };
 pub use meta::{BlobRecord, PinRecord, TagRecord};
 use oci::{Digest, Verifier};
+pub use piecewise::{PieceWriter, RunChunkOutcome};
 pub use writer::BlobWriter;
 
 pub fn now_secs() -> u64 {
@@ -335,6 +337,7 @@ impl Store {
                 path,
                 progress: tx,
                 pieces: Mutex::new(None),
+                held_events: tokio::sync::broadcast::channel(1024).0,
             });
             st.inflight.insert(d.clone(), inf.clone());
             inf

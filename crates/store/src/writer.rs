@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use swarm::{Bitfield, PieceLayout};
-use tracing::warn;
 
 use crate::inflight::{Inflight, Status};
+use crate::piecewise::PieceWriter;
 use crate::{meta, now_secs, BlobRecord, Error, Store};
 use oci::Verifier;
 
@@ -30,8 +30,6 @@ pub struct BlobWriter {
     expected: Option<u64>,
     source: String,
     done: bool,
-    /// Piece mode (P2P): which pieces are on disk.
-    pieces: Option<(PieceLayout, Bitfield)>,
     /// Pieces a previous run wrote beyond the prefix; untrusted until re-verified.
     pub(crate) claimed: Option<Sidecar>,
     /// Sequential mode: the digest runs on its own thread, so hashing overlaps with
@@ -100,7 +98,6 @@ impl BlobWriter {
             expected,
             source: source.to_owned(),
             done: false,
-            pieces: None,
             claimed: None,
             hasher: None,
         }
@@ -118,144 +115,34 @@ impl BlobWriter {
         Ok(())
     }
 
-    /// Switches to piece mode. Pieces inside the verified prefix count as held. Returns
-    /// pieces a previous run wrote past the prefix: the caller re-verifies each with
-    /// [`BlobWriter::read_piece`] and keeps it with [`BlobWriter::accept_existing`].
-    pub fn enable_pieces(&mut self, layout: PieceLayout) -> Vec<u32> {
+    /// Switches to piece mode (P2P). Pieces inside the verified prefix count as held.
+    /// Also returns pieces a previous run wrote past the prefix (from its piece map):
+    /// the caller re-verifies each against its piece hash with
+    /// [`PieceWriter::verify_existing`] before it counts.
+    pub fn into_pieces(mut self, layout: PieceLayout) -> (PieceWriter, Vec<u32>) {
         debug_assert!(self.hasher.is_none(), "piece mode after sequential writes");
         self.set_total(layout.blob_size);
-        let mut have = Bitfield::new(layout.count());
-        for i in 0..layout.count() {
-            if layout.range(i).1 <= self.written {
-                have.set(i);
-            }
-        }
-        // A sequential prefix that ends mid-piece: keep only whole pieces.
-        self.written = if have.prefix() == 0 {
-            0
-        } else {
-            layout.range(have.prefix() - 1).1
-        };
-        if self.written != self.verifier.len() {
-            // Re-hashing is cheaper than tracking a partial piece: start the digest over.
-            self.verifier = Verifier::new(self.inflight.digest.clone());
-            self.written = 0;
-            have = Bitfield::new(layout.count());
-        }
         let claims = match self.claimed.take() {
-            Some(sc) if sc.layout == layout => {
-                sc.have.iter_ones().filter(|&i| !have.get(i)).collect()
-            }
+            Some(sc) if sc.layout == layout => sc.have.iter_ones().collect(),
             _ => Vec::new(),
         };
-        self.pieces = Some((layout, have));
-        self.publish_pieces();
-        self.publish();
-        claims
-    }
-
-    pub fn pieces(&self) -> Option<&Bitfield> {
-        self.pieces.as_ref().map(|(_, b)| b)
-    }
-
-    /// Reads a piece back from the partial file (to re-verify a claim after restart).
-    pub async fn read_piece(&self, i: u32) -> Result<Bytes, Error> {
-        let Some((layout, _)) = &self.pieces else {
-            return Err(Error::Db("not in piece mode".into()));
+        // The writer's prefix (re-hashed on resume) is handed over with its digest.
+        let verifier = if self.written == self.verifier.len() && self.buf.is_empty() {
+            std::mem::replace(&mut self.verifier, Verifier::new(self.inflight.digest.clone()))
+        } else {
+            Verifier::new(self.inflight.digest.clone())
         };
-        let (a, b) = layout.range(i);
-        let file = self.inflight.file.clone();
-        let path = self.inflight.path.clone();
-        tokio::task::spawn_blocking(move || {
-            crate::inflight::read_exact_at(&file, a, (b - a) as usize)
-                .map_err(|e| Error::io(&path, e))
-        })
-        .await
-        .map_err(|e| Error::Db(format!("reader task: {e}")))?
-    }
-
-    /// Keeps a piece that is already on disk (verified by the caller).
-    pub async fn accept_existing(&mut self, i: u32) -> Result<(), Error> {
-        let data = self.read_piece(i).await?;
-        self.mark_piece(i, Some(data)).await
-    }
-
-    /// Writes one piece the caller has verified against its piece hash. Pieces may come
-    /// in any order; readers see bytes as the contiguous prefix grows.
-    pub async fn write_piece(&mut self, i: u32, data: Bytes) -> Result<(), Error> {
-        let Some((layout, have)) = &self.pieces else {
-            return Err(Error::Db("not in piece mode".into()));
-        };
-        if i >= layout.count() || data.len() as u64 != layout.len(i) {
-            return Err(oci::Error::SizeMismatch {
-                expected: layout.len(i.min(layout.count().saturating_sub(1))),
-                actual: data.len() as u64,
-            }
-            .into());
-        }
-        if have.get(i) {
-            return Ok(());
-        }
-        let offset = layout.range(i).0;
-        let file = self.inflight.file.clone();
-        let path = self.inflight.path.clone();
-        let d2 = data.clone();
-        tokio::task::spawn_blocking(move || {
-            file.write_all_at(&d2, offset)
-                .map_err(|e| Error::io(&path, e))
-        })
-        .await
-        .map_err(|e| Error::Db(format!("writer task: {e}")))??;
-        self.mark_piece(i, Some(data)).await
-    }
-
-    async fn mark_piece(&mut self, i: u32, data: Option<Bytes>) -> Result<(), Error> {
-        let Some((layout, have)) = &mut self.pieces else {
-            return Ok(());
-        };
-        let layout = *layout;
-        have.set(i);
-        // Advance the in-order digest over every piece that became contiguous.
-        loop {
-            let next = layout.piece_of(self.written);
-            if self.written >= layout.blob_size || !have.get(next) {
-                break;
-            }
-            let bytes = match (&data, next == i) {
-                (Some(d), true) => d.clone(),
-                _ => {
-                    let (a, b) = layout.range(next);
-                    let file = self.inflight.file.clone();
-                    let path = self.inflight.path.clone();
-                    tokio::task::spawn_blocking(move || {
-                        crate::inflight::read_exact_at(&file, a, (b - a) as usize)
-                            .map_err(|e| Error::io(&path, e))
-                    })
-                    .await
-                    .map_err(|e| Error::Db(format!("reader task: {e}")))??
-                }
-            };
-            self.verifier.update(&bytes);
-            self.written += bytes.len() as u64;
-        }
-        let sc = Sidecar {
+        self.done = true;
+        let pw = PieceWriter::new(
+            self.store.clone(),
+            self.inflight.clone(),
             layout,
-            have: have.clone(),
-        };
-        if let Ok(json) = serde_json::to_vec(&sc) {
-            if let Err(e) = std::fs::write(sidecar_path(&self.inflight.path), json) {
-                warn!(error = %e, "cannot persist piece map; a restart will refetch pieces past the prefix");
-            }
-        }
-        self.publish_pieces();
-        self.publish();
-        Ok(())
-    }
-
-    fn publish_pieces(&self) {
-        if let Some((layout, have)) = &self.pieces {
-            *self.inflight.pieces.lock() = Some((*layout, have.clone()));
-        }
+            verifier,
+            self.source.clone(),
+        );
+        let held = pw.held();
+        let claims = claims.into_iter().filter(|&i| !held.get(i)).collect();
+        (pw, claims)
     }
 
     /// Where the next byte goes: resume the upstream fetch from here.
@@ -309,10 +196,6 @@ impl BlobWriter {
     }
 
     async fn hash(&mut self, chunk: Bytes) -> Result<(), Error> {
-        if self.pieces.is_some() {
-            self.verifier.update(&chunk);
-            return Ok(());
-        }
         let h = match &mut self.hasher {
             Some(h) => h,
             None => {
@@ -336,6 +219,14 @@ impl BlobWriter {
             return Err(Error::Db("hasher stopped".into()));
         }
         Ok(())
+    }
+
+    /// Writes and publishes whatever is buffered now, so readers waiting on those
+    /// bytes get them without waiting for a full buffer (a slow upstream: a small
+    /// Range on a cold blob would otherwise wait for [`FLUSH_BYTES`] to arrive).
+    pub async fn publish_buffered(&mut self) -> Result<(), Error> {
+        self.flush().await?;
+        self.settle().await.map(drop)
     }
 
     /// Hands the buffer to the blocking pool and returns once the previous one is on
@@ -419,47 +310,12 @@ impl BlobWriter {
             self.discard(&e.to_string());
             return Err(e);
         }
-        // Clients following this download get their last byte now; making the entry
-        // durable (fsync of the whole blob) is the cache's business, not theirs.
-        self.inflight.progress.send_modify(|p| p.verified = true);
-        let store = self.store.clone();
-        let d = self.inflight.digest.clone();
-        let file = self.inflight.file.clone();
-        let from = self.inflight.path.clone();
-        let to = store.blob_path(&d);
-        let moved = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            file.sync_data()?;
-            std::fs::rename(&from, &to)
-        })
-        .await
-        .map_err(|e| Error::Db(format!("finish task: {e}")))?;
-        if let Err(e) = moved {
-            let e = Error::io(&self.inflight.path, e);
-            self.fail(&e.to_string());
-            return Err(e);
-        }
-        std::fs::remove_file(sidecar_path(&self.inflight.path)).ok();
-        let rec = BlobRecord {
-            size,
-            media_type: None,
-            children: vec![],
-            last_access: now_secs(),
-            created: now_secs(),
-            source: self.source.clone(),
-        };
-        meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
-        {
-            let mut st = store.inner.state.lock();
-            st.index.insert(d.clone(), rec);
-            st.inflight.remove(&d);
-        }
         self.done = true;
-        self.inflight.progress.send_modify(|p| {
-            p.written = size;
-            p.total = Some(size);
-            p.status = Status::Complete;
-        });
-        Ok(size)
+        let r = commit(&self.store, &self.inflight, size, &self.source).await;
+        if let Err(e) = &r {
+            fail_download(&self.store, &self.inflight, &e.to_string(), true);
+        }
+        r
     }
 
     fn discard(&mut self, reason: &str) {
@@ -510,22 +366,74 @@ impl BlobWriter {
             return;
         }
         self.done = true;
-        let d = self.inflight.digest.clone();
-        {
-            let mut st = self.store.inner.state.lock();
-            if st
-                .inflight
-                .get(&d)
-                .is_some_and(|i| Arc::ptr_eq(i, &self.inflight))
-            {
-                st.inflight.remove(&d);
-            }
-        }
-        let reason = reason.to_owned();
-        self.inflight
-            .progress
-            .send_modify(|p| p.status = Status::Failed { reason, retryable });
+        fail_download(&self.store, &self.inflight, reason, retryable);
     }
+}
+
+/// Tells readers a download failed and forgets it as in flight.
+pub(crate) fn fail_download(store: &Store, inflight: &Arc<Inflight>, reason: &str, retryable: bool) {
+    let d = inflight.digest.clone();
+    {
+        let mut st = store.inner.state.lock();
+        if st
+            .inflight
+            .get(&d)
+            .is_some_and(|i| Arc::ptr_eq(i, inflight))
+        {
+            st.inflight.remove(&d);
+        }
+    }
+    let reason = reason.to_owned();
+    inflight
+        .progress
+        .send_modify(|p| p.status = Status::Failed { reason, retryable });
+}
+
+/// A download whose every byte is on disk and matched the digest: releases the last
+/// byte to readers, then makes the entry durable and records it.
+pub(crate) async fn commit(
+    store: &Store,
+    inflight: &Arc<Inflight>,
+    size: u64,
+    source: &str,
+) -> Result<u64, Error> {
+    // Clients following this download get their last byte now; making the entry
+    // durable (fsync of the whole blob) is the cache's business, not theirs.
+    inflight.progress.send_modify(|p| p.verified = true);
+    let d = inflight.digest.clone();
+    let file = inflight.file.clone();
+    let from = inflight.path.clone();
+    let to = store.blob_path(&d);
+    let moved = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        file.sync_data()?;
+        std::fs::rename(&from, &to)
+    })
+    .await
+    .map_err(|e| Error::Db(format!("finish task: {e}")))?;
+    if let Err(e) = moved {
+        return Err(Error::io(&inflight.path, e));
+    }
+    std::fs::remove_file(sidecar_path(&inflight.path)).ok();
+    let rec = BlobRecord {
+        size,
+        media_type: None,
+        children: vec![],
+        last_access: now_secs(),
+        created: now_secs(),
+        source: source.to_owned(),
+    };
+    meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
+    {
+        let mut st = store.inner.state.lock();
+        st.index.insert(d.clone(), rec);
+        st.inflight.remove(&d);
+    }
+    inflight.progress.send_modify(|p| {
+        p.written = size;
+        p.total = Some(size);
+        p.status = Status::Complete;
+    });
+    Ok(size)
 }
 
 impl Drop for BlobWriter {

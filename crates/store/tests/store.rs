@@ -218,6 +218,15 @@ async fn gc_evicts_lru_but_keeps_pinned_and_served_blobs() {
     assert!(matches!(store.begin(&big, Some(20 << 20), "test").await, Err(e) if e.is_disk_full()));
 }
 
+/// What a peer connection does with a piece: claim it, write it, then the download
+/// task marks it held once its hash matched.
+async fn receive(w: &mut store::PieceWriter, i: u32, bytes: &[u8]) {
+    let inf = w.inflight();
+    assert!(inf.claim_piece(i), "piece {i} is free to receive");
+    inf.write_claimed(w.layout().range(i).0, bytes).unwrap();
+    assert!(w.mark_received(i, swarm::PieceHash::of(bytes)).await.unwrap());
+}
+
 #[tokio::test]
 async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -230,19 +239,25 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
     };
     {
         let store = open(dir.path());
-        let Begin::Lead(mut w) = store.begin(&d, None, "peer").await.unwrap() else {
+        let Begin::Lead(w) = store.begin(&d, None, "peer").await.unwrap() else {
             panic!()
         };
-        assert!(w.enable_pieces(layout).is_empty());
+        let (mut w, claims) = w.into_pieces(layout);
+        assert!(claims.is_empty());
         let inf = w.inflight();
         let reader = tokio::spawn(collect(store::read_inflight(inf.clone(), 0, None)));
-        w.write_piece(2, piece(2)).await.unwrap();
+        receive(&mut w, 2, &piece(2)).await;
         assert_eq!(
             inf.progress().written,
             0,
             "a later piece does not advance the in-order prefix"
         );
         assert!(inf.has_piece(4 << 20, 2) && !inf.has_piece(4 << 20, 0));
+        assert!(!inf.claim_piece(2), "a held piece is never written again");
+        assert!(inf.claim_piece(0));
+        assert!(!inf.claim_piece(0), "one receiver per piece");
+        inf.release_piece_claim(0);
+        assert_eq!(inf.piece_hash(2), Some(swarm::PieceHash::of(&piece(2))));
         assert_eq!(
             &inf.read_at(8 << 20, 16).await.unwrap()[..],
             &body[8 << 20..(8 << 20) + 16]
@@ -252,20 +267,23 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
         assert!(reader.await.unwrap().is_err());
     }
     let store = open(dir.path());
-    let Begin::Lead(mut w) = store.begin(&d, None, "peer").await.unwrap() else {
+    let Begin::Lead(w) = store.begin(&d, None, "peer").await.unwrap() else {
         panic!()
     };
-    let claims = w.enable_pieces(layout);
+    let (mut w, claims) = w.into_pieces(layout);
     assert_eq!(
         claims,
         vec![2],
         "the piece written before the crash is offered for re-verification"
     );
-    assert_eq!(&w.read_piece(2).await.unwrap()[..], &piece(2)[..]);
-    w.accept_existing(2).await.unwrap();
+    assert!(
+        !w.verify_existing(2, swarm::PieceHash::of(b"wrong")).await.unwrap(),
+        "kept only if it matches its hash"
+    );
+    assert!(w.verify_existing(2, swarm::PieceHash::of(&piece(2))).await.unwrap());
     let reader = tokio::spawn(collect(store::read_inflight(w.inflight(), 0, None)));
-    w.write_piece(1, piece(1)).await.unwrap();
-    w.write_piece(0, piece(0)).await.unwrap();
+    receive(&mut w, 1, &piece(1)).await;
+    receive(&mut w, 0, &piece(0)).await;
     assert_eq!(w.inflight().progress().written, body.len() as u64);
     w.finish().await.unwrap();
     assert_eq!(reader.await.unwrap().unwrap(), body);
@@ -274,6 +292,66 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
         .join("partial")
         .join(format!("{}.pieces", d.hex()))
         .exists());
+}
+
+#[tokio::test]
+async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(5 << 20 | 12345, 4);
+    let d = Digest::of(&body);
+    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
+    let store = open(dir.path());
+    let Begin::Lead(w) = store.begin(&d, None, "registry").await.unwrap() else {
+        panic!()
+    };
+    let (mut w, _) = w.into_pieces(layout);
+    let inf = w.inflight();
+    let reader = tokio::spawn(collect(store::read_inflight(inf.clone(), 0, None)));
+    w.start_run(0, layout.count()).unwrap();
+    assert!(!inf.claim_piece(3), "a run's pieces are not received from peers");
+    let mut held = Vec::new();
+    for chunk in body.chunks(100_000) {
+        held.extend(w.write_run(bytes::Bytes::copy_from_slice(chunk)).await.unwrap().held);
+    }
+    held.extend(w.flush_run().await.unwrap());
+    held.sort_by_key(|x| x.0);
+    assert_eq!(held.len(), layout.count() as usize);
+    for (i, h) in held {
+        let (a, b) = layout.range(i);
+        assert_eq!(h, swarm::PieceHash::of(&body[a as usize..b as usize]), "piece {i}");
+    }
+    w.finish().await.unwrap();
+    assert_eq!(reader.await.unwrap().unwrap(), body);
+}
+
+#[tokio::test]
+async fn an_aborted_run_keeps_whole_pieces_and_frees_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(4 << 20, 5);
+    let d = Digest::of(&body);
+    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
+    let store = open(dir.path());
+    let Begin::Lead(w) = store.begin(&d, None, "registry").await.unwrap() else {
+        panic!()
+    };
+    let (mut w, _) = w.into_pieces(layout);
+    w.start_run(0, 4).unwrap();
+    // 1.5 pieces arrive, then the stream dies.
+    w.write_run(bytes::Bytes::copy_from_slice(&body[..3 << 19])).await.unwrap();
+    let held: Vec<u32> = w.abort_run().await.unwrap().into_iter().map(|x| x.0).collect();
+    let now = w.held();
+    assert!(now.get(0) && !now.get(1), "piece 0 kept, the cut piece not: {held:?}");
+    let inf = w.inflight();
+    for i in 1..4 {
+        assert!(inf.claim_piece(i), "piece {i} is free for someone else");
+        inf.release_piece_claim(i);
+    }
+    for i in 1..4 {
+        let (a, b) = layout.range(i);
+        receive(&mut w, i, &body[a as usize..b as usize]).await;
+    }
+    w.finish().await.unwrap();
+    assert!(store.open_complete(&d).unwrap().is_some());
 }
 
 /// A real full disk (tmpfs) in the middle of a download: what the failed writer left

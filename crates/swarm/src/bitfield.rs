@@ -22,11 +22,17 @@ impl Bitfield {
     }
 
     pub fn full(len: u32) -> Self {
-        let mut b = Self::new(len);
-        for i in 0..len {
-            b.set(i);
+        let mut bits = vec![0xff; (len as usize).div_ceil(8)];
+        if len % 8 != 0 {
+            if let Some(last) = bits.last_mut() {
+                *last = (1u8 << (len % 8)) - 1;
+            }
         }
-        b
+        Self {
+            bits,
+            len,
+            ones: len,
+        }
     }
 
     pub fn len(&self) -> u32 {
@@ -56,6 +62,13 @@ impl Bitfield {
         }
     }
 
+    pub fn clear(&mut self, i: u32) {
+        if self.get(i) {
+            self.bits[(i / 8) as usize] &= !(1 << (i % 8));
+            self.ones -= 1;
+        }
+    }
+
     /// Pieces set here and not in `other`: what a holder with `self` can give a
     /// requester with `other`. Bitfields of different lengths (another piece size)
     /// share nothing, so everything counts.
@@ -72,7 +85,51 @@ impl Bitfield {
 
     /// Pieces `[0, n)` all set: how far an in-order reader can go.
     pub fn prefix(&self) -> u32 {
-        (0..self.len).find(|&i| !self.get(i)).unwrap_or(self.len)
+        self.first_missing_from(0)
+    }
+
+    /// The first piece at or after `from` that is not set (`len` if none): a scan by
+    /// bytes, so a read head far into a large blob costs little.
+    pub fn first_missing_from(&self, from: u32) -> u32 {
+        let mut i = from;
+        while i < self.len {
+            let byte = self.bits[(i / 8) as usize];
+            if i % 8 == 0 && byte == 0xff {
+                i += 8;
+                continue;
+            }
+            if byte & (1 << (i % 8)) == 0 {
+                return i;
+            }
+            i += 1;
+        }
+        self.len
+    }
+
+    /// The raw little-endian bit array (padding bits are zero).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bits
+    }
+
+    /// A bitfield from its raw bit array, as received from a peer.
+    pub fn from_bytes(mut bits: Vec<u8>, len: u32) -> Result<Self, Error> {
+        if len > crate::pieces::MAX_PIECES {
+            return Err(Error::Bitfield(format!("{len} pieces is too many")));
+        }
+        if bits.len() != (len as usize).div_ceil(8) {
+            return Err(Error::Bitfield(format!(
+                "{} bytes for {len} pieces",
+                bits.len()
+            )));
+        }
+        // Clear padding bits a peer might have set, then count.
+        if len % 8 != 0 {
+            if let Some(last) = bits.last_mut() {
+                *last &= (1u8 << (len % 8)) - 1;
+            }
+        }
+        let ones = bits.iter().map(|x| x.count_ones()).sum();
+        Ok(Self { bits, len, ones })
     }
 
     pub fn iter_ones(&self) -> impl Iterator<Item = u32> + '_ {
@@ -84,24 +141,13 @@ impl Bitfield {
     }
 
     pub fn from_base64(s: &str, len: u32) -> Result<Self, Error> {
+        if len > crate::pieces::MAX_PIECES || s.len() > (len as usize).div_ceil(8) * 4 / 3 + 4 {
+            return Err(Error::Bitfield(format!("bitfield of {len} pieces")));
+        }
         let bits = base64::engine::general_purpose::STANDARD
             .decode(s)
             .map_err(|e| Error::Bitfield(e.to_string()))?;
-        if bits.len() != (len as usize).div_ceil(8) {
-            return Err(Error::Bitfield(format!(
-                "{} bytes for {len} pieces",
-                bits.len()
-            )));
-        }
-        let mut b = Self { bits, len, ones: 0 };
-        // Clear padding bits a peer might have set, then count.
-        if len % 8 != 0 {
-            if let Some(last) = b.bits.last_mut() {
-                *last &= (1u8 << (len % 8)) - 1;
-            }
-        }
-        b.ones = b.bits.iter().map(|x| x.count_ones()).sum();
-        Ok(b)
+        Self::from_bytes(bits, len)
     }
 }
 
@@ -125,9 +171,6 @@ impl Serialize for Bitfield {
 impl<'de> Deserialize<'de> for Bitfield {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let w = Wire::deserialize(d)?;
-        if w.len > 10_000_000 {
-            return Err(serde::de::Error::custom("bitfield too long"));
-        }
         Bitfield::from_base64(&w.bits, w.len).map_err(serde::de::Error::custom)
     }
 }
@@ -154,5 +197,11 @@ mod tests {
                 .unwrap();
         assert_eq!(padded.count(), 3);
         assert!(Bitfield::full(9).is_complete());
+        let mut b = Bitfield::full(40);
+        assert_eq!(b.prefix(), 40);
+        b.clear(33);
+        assert_eq!(b.prefix(), 33);
+        assert_eq!(b.first_missing_from(34), 40);
+        assert!(Bitfield::from_base64("AAAA", crate::pieces::MAX_PIECES + 1).is_err());
     }
 }

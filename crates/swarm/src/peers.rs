@@ -164,7 +164,8 @@ pub(crate) struct PeerTable {
     slots: Vec<Option<PeerEntry>>,
     free: Vec<u32>,
     by_name: HashMap<String, u32>,
-    /// Peers with something to give (complete, or at least one piece).
+    /// Every member (the name is historical: members that hold nothing yet are in
+    /// it too, and only large swarms leave them out of handouts).
     givers: Bucket,
     complete: Bucket,
     racks: HashMap<(String, String), Bucket>,
@@ -256,13 +257,13 @@ impl PeerTable {
         let Some(e) = self.slots[s as usize].as_ref() else {
             return;
         };
-        if e.held == 0 {
-            return;
-        }
+        // Every member is indexed, also one holding nothing yet: pieces now travel
+        // between connected peers as they complete (HAVE), so a peer that is
+        // downloading is worth connecting to before it holds anything.
         self.givers.insert(s);
         if e.complete {
             self.complete.insert(s);
-        } else {
+        } else if e.held > 0 {
             self.ranked.insert((Reverse(e.held), s));
         }
         if let Some(k) = rack_key(&e.topology) {
@@ -298,6 +299,21 @@ impl PeerTable {
         }
     }
 
+    /// The alive, incomplete members of a rack (names), for rack stripes.
+    pub fn rack_members<'a>(&'a self, topology: &Topology, alive: impl Fn(&PeerEntry) -> bool + 'a) -> Vec<&'a str> {
+        rack_key(topology)
+            .and_then(|k| self.racks.get(&k))
+            .map(|b| {
+                b.items
+                    .iter()
+                    .filter_map(|&s| self.slots[s as usize].as_ref())
+                    .filter(|p| !p.complete && alive(p))
+                    .map(|p| p.name.as_str())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Whether some usable peer other than the requester holds the whole blob.
     pub fn any_complete(&self, ask: &Ask) -> bool {
         self.complete
@@ -307,8 +323,7 @@ impl PeerTable {
             .any(|p| ask.usable(p))
     }
 
-    /// More members than [`EXACT_POOL`]: handouts spread the load (see `handout`) and
-    /// requesters are told to wait for upload slots.
+    /// More members than [`EXACT_POOL`]: handouts spread the load (see `handout`).
     pub fn is_large(&self) -> bool {
         self.by_name.len() > EXACT_POOL
     }
@@ -380,7 +395,7 @@ impl PeerTable {
         let cands: Vec<(u32, &PeerEntry)> = pool
             .into_iter()
             .filter_map(|s| Some((s, self.slots[s as usize].as_ref()?)))
-            .filter(|&(s, p)| p.held > 0 && ask.usable_at(p, s, me))
+            .filter(|&(s, p)| (p.held > 0 || !large) && ask.usable_at(p, s, me))
             .collect();
         let exposure = large.then_some(&self.exposure[..]);
         if withheld.is_some() {

@@ -31,7 +31,7 @@ impl Topology {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AnnounceRequest {
     pub node: String,
-    /// Base URL other agents fetch pieces from, e.g. `http://10.0.0.7:5050`.
+    /// Where other agents reach this one's peer listener, `host:port`.
     pub addr: String,
     #[serde(default)]
     pub topology: Topology,
@@ -50,7 +50,8 @@ pub struct AnnounceRequest {
     /// tracker restart).
     #[serde(default)]
     pub fetching_from_registry: bool,
-    /// Piece hashes this agent computed from registry bytes (the source publishes them).
+    /// Piece hashes (hex BLAKE3) this agent computed from registry bytes; the tracker
+    /// keeps them only from the agent it elected source.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hashes: BTreeMap<u32, String>,
     /// The agent already knows hashes `[0, known_hashes)`; the reply sends the rest.
@@ -62,6 +63,27 @@ pub struct AnnounceRequest {
     /// The agent no longer holds or wants this blob.
     #[serde(default)]
     pub leaving: bool,
+}
+
+impl AnnounceRequest {
+    /// An announce that says nothing yet about the blob: the agent is interested.
+    pub fn new(node: &str, addr: &str, topology: &Topology, digest: &Digest) -> Self {
+        Self {
+            node: node.to_owned(),
+            addr: addr.to_owned(),
+            topology: topology.clone(),
+            digest: digest.clone(),
+            size: None,
+            piece_size: None,
+            have: None,
+            complete: false,
+            fetching_from_registry: false,
+            hashes: BTreeMap::new(),
+            known_hashes: 0,
+            bad_peers: Vec::new(),
+            leaving: false,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,12 +125,14 @@ pub struct AnnounceResponse {
     pub peers: Vec<PeerInfo>,
     /// Whether some agent is fetching the blob from the registry right now.
     pub source_alive: bool,
+    /// The agent elected to fetch from the registry: the one whose piece hashes a
+    /// downloader trusts when they arrive over a peer connection (HAVE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// When to announce again while downloading.
     pub interval_ms: u64,
-    /// Ask holders to keep piece requests in line when their upload slots are busy
-    /// (`?wait=1`) instead of refusing them at once. Set for large swarms, where every
-    /// holder is busy and a refused peer is lost until the next announce; in small
-    /// ones a refusal finds an idle holder at once (BENCHMARKS.md, issue 6).
-    #[serde(default)]
-    pub wait_for_upload_slots: bool,
+    /// Rack stripe `[index, count]`: fetch from outside the rack only pieces `p` with
+    /// `p % count == index` (large swarms; see `scheduler`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe: Option<[u32; 2]>,
 }

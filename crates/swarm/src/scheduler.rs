@@ -1,13 +1,28 @@
-//! The agent's piece scheduler: which missing piece to ask which peer for next.
+//! The downloader's piece scheduler: which missing piece to ask which peer for next.
+//! I/O-free and driven by events, so the agent and the simulator run the same policy.
 //!
-//! Policy: pieces at the read head (the first few missing ones) first, so bytes stream
-//! to the runtime in order; otherwise rarest first, ties by index. Each peer gets a few
-//! requests in flight; near peers and idle peers are preferred. When every missing
-//! piece is already requested and few remain (endgame), pieces are also asked of a
-//! second peer so one slow peer cannot hold up the tail. Peers that served a corrupt
-//! piece are banned.
+//! Policy:
+//! - The read head (the first missing piece) is asked for first and marked urgent, so
+//!   bytes stream to the runtime in order; it goes to the best peer that holds it even
+//!   when that peer's window is full.
+//! - Every other request fills a per-peer *window*: enough requests in flight to keep
+//!   the peer's measured rate busy for [`SchedulerConfig::window_ms`], at least
+//!   `min_window`. Windows are counted in requests, sized from throughput measured on
+//!   the connection, not fixed.
+//! - Within a window, rarest first (holder counts kept up to date as bitfields and
+//!   HAVEs arrive), ties in a per-node seeded order so nodes that start together fetch
+//!   different pieces and trade them.
+//! - Near peers before far ones at equal load. With rack stripes (large swarms), a
+//!   piece is fetched from outside the rack only by the member whose stripe it is in,
+//!   or by anyone once it has been available outside for `patience_ms` without a near
+//!   holder: each rack takes each piece from outside about once and spreads it inside.
+//! - A peer that answers "busy" rests for `busy_backoff_ms`; one that sent a piece
+//!   failing its hash is banned. (A peer that stops answering is the connection's
+//!   business: it pings, then drops the connection, and the peer is removed.)
+//! - Endgame: when every missing piece is in flight and few remain, each is also asked
+//!   of a second peer, so one slow peer cannot hold up the tail.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use crate::Bitfield;
 
@@ -15,63 +30,109 @@ pub type PeerId = String;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    pub max_inflight_per_peer: u32,
+    /// Requests in flight per peer, at least.
+    pub min_window: u32,
+    /// ... and at most.
+    pub max_window: u32,
+    /// A window covers this much time at the peer's measured rate.
+    pub window_ms: u64,
+    /// Requests in flight for the whole blob (read head and endgame aside).
     pub max_inflight_total: u32,
-    /// Missing pieces at the read head that outrank rarity.
-    pub read_head: u32,
     /// Endgame starts when at most this many pieces are missing.
     pub endgame: u32,
-    /// Per-node seed for ordering pieces of equal rarity. Nodes that start together
-    /// would otherwise all ask the source for the same piece; with distinct orders
-    /// each gets different pieces first and they trade them among themselves.
+    /// Per-node seed for ordering pieces of equal rarity.
     pub seed: u64,
+    /// How long a peer that answered "busy" is left alone.
+    pub busy_backoff_ms: u64,
+    /// Rack stripes: how long a piece available only outside the rack waits for the
+    /// member whose stripe it is in.
+    pub patience_ms: u64,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
-            max_inflight_per_peer: 3,
-            max_inflight_total: 12,
-            read_head: 1,
-            endgame: 2,
+            min_window: 2,
+            max_window: 16,
+            window_ms: 40,
+            max_inflight_total: 32,
+            endgame: 4,
             seed: 0,
+            busy_backoff_ms: 25,
+            patience_ms: 1_500,
         }
     }
-}
-
-#[derive(Clone, Debug)]
-struct Slot {
-    /// `None`: the peer has every piece.
-    have: Option<Bitfield>,
-    distance: u8,
-    inflight: u32,
-    banned: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
     pub piece: u32,
     pub peer: PeerId,
+    /// A reader waits on this piece: the holder serves it before queued requests.
+    pub urgent: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Slot {
+    name: PeerId,
+    /// `None`: the peer has every piece.
+    have: Option<Bitfield>,
+    distance: u8,
+    inflight: u32,
+    banned: bool,
+    /// Measured throughput from this peer (bytes/s, EWMA); 0 until the first piece.
+    rate: f64,
+    /// Start of the current measurement: when the peer went from idle to busy, or its
+    /// previous piece completed while others were still in flight.
+    mark_ms: Option<u64>,
+    busy_until_ms: u64,
+    last_progress_ms: u64,
+}
+
+impl Slot {
+    fn holds(&self, piece: u32) -> bool {
+        !self.banned && self.have.as_ref().is_none_or(|h| h.get(piece))
+    }
 }
 
 #[derive(Clone, Debug)]
 pub struct PieceScheduler {
     cfg: SchedulerConfig,
+    piece_size: u64,
     have: Bitfield,
-    /// Per piece, the peers it is requested from (empty: not in flight). A vector by
-    /// piece index, not a map: this is looked up for every piece on every scheduling
-    /// pass, millions of times in a simulated 10,000-node swarm.
-    inflight: Vec<Vec<PeerId>>,
-    peers: BTreeMap<PeerId, Slot>,
+    /// Pieces requested from at least one peer, or claimed by the registry stream.
+    inflight_any: Bitfield,
+    /// Per piece, the peer slots it is requested from. A vector by piece index:
+    /// looked up on every scheduling pass, millions of times in a simulated swarm.
+    inflight: Vec<Vec<u32>>,
+    claimed: Bitfield,
+    /// Holders per piece among partial, unbanned peers; complete peers are counted
+    /// once in `complete_holders`.
+    avail: Vec<u32>,
+    complete_holders: u32,
+    /// When each piece was first seen at some peer (ms), for rack-stripe patience.
+    first_seen: Vec<u64>,
+    slots: Vec<Option<Slot>>,
+    by_name: HashMap<PeerId, u32>,
+    stripe: Option<(u32, u32)>,
 }
 
 impl PieceScheduler {
-    pub fn new(have: Bitfield, cfg: SchedulerConfig) -> Self {
+    pub fn new(have: Bitfield, piece_size: u64, cfg: SchedulerConfig) -> Self {
+        let n = have.len() as usize;
         Self {
             cfg,
-            inflight: vec![Vec::new(); have.len() as usize],
+            piece_size: piece_size.max(1),
+            inflight_any: Bitfield::new(have.len()),
+            claimed: Bitfield::new(have.len()),
+            inflight: vec![Vec::new(); n],
+            avail: vec![0; n],
+            complete_holders: 0,
+            first_seen: vec![u64::MAX; n],
             have,
-            peers: BTreeMap::new(),
+            slots: Vec::new(),
+            by_name: HashMap::new(),
+            stripe: None,
         }
     }
 
@@ -83,222 +144,537 @@ impl PieceScheduler {
         self.have.is_complete()
     }
 
-    /// Adds or updates a peer; `have = None` means it holds everything.
-    pub fn set_peer(&mut self, id: &str, have: Option<Bitfield>, distance: u8) {
-        // Looked up before inserting: every announce re-sets every known peer, and
-        // `entry` would allocate the id each time.
-        if let Some(slot) = self.peers.get_mut(id) {
-            slot.have = have;
-            slot.distance = distance;
-            return;
-        }
-        self.peers.insert(
-            id.to_owned(),
-            Slot {
-                have,
-                distance,
-                inflight: 0,
-                banned: false,
-            },
-        );
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
     }
 
-    pub fn remove_peer(&mut self, id: &str) {
-        self.peers.remove(id);
+    /// The rack stripe this node fetches from outside its rack: pieces `p` with
+    /// `p % count == index`. `None`: fetch anything from anywhere.
+    pub fn set_stripe(&mut self, stripe: Option<(u32, u32)>) {
+        self.stripe = stripe.filter(|&(i, n)| n > 1 && i < n);
+    }
+
+    fn slot(&self, id: &str) -> Option<(u32, &Slot)> {
+        let i = *self.by_name.get(id)?;
+        self.slots[i as usize].as_ref().map(|s| (i, s))
+    }
+
+    fn count_holdings(&mut self, slot: u32, sign: i32, now_ms: u64) {
+        let Some(s) = self.slots[slot as usize].as_ref() else {
+            return;
+        };
+        if s.banned {
+            return;
+        }
+        match &s.have {
+            None => {
+                self.complete_holders = (self.complete_holders as i64 + sign as i64) as u32;
+                if sign > 0 {
+                    for t in &mut self.first_seen {
+                        *t = (*t).min(now_ms);
+                    }
+                }
+            }
+            Some(h) => {
+                for i in h.iter_ones() {
+                    let a = &mut self.avail[i as usize];
+                    *a = (*a as i64 + sign as i64).max(0) as u32;
+                    if sign > 0 {
+                        let t = &mut self.first_seen[i as usize];
+                        *t = (*t).min(now_ms);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds a peer or replaces what it holds (a bitfield, a tracker answer); `have =
+    /// None` means it holds everything. `distance`: 0 same rack, 1 same zone, 2 far.
+    pub fn set_peer(&mut self, id: &str, have: Option<Bitfield>, distance: u8) {
+        self.set_peer_at(id, have, distance, 0);
+    }
+
+    /// [`PieceScheduler::set_peer`] with the current time (for rack-stripe patience).
+    pub fn set_peer_at(&mut self, id: &str, have: Option<Bitfield>, distance: u8, now_ms: u64) {
+        let have = have.filter(|h| !h.is_complete() || h.len() != self.have.len());
+        let have = match have {
+            Some(h) if h.len() != self.have.len() => Some(Bitfield::new(self.have.len())),
+            other => other,
+        };
+        let idx = match self.by_name.get(id) {
+            Some(&i) => {
+                self.count_holdings(i, -1, now_ms);
+                if let Some(s) = self.slots[i as usize].as_mut() {
+                    s.have = have;
+                    s.distance = distance;
+                }
+                i
+            }
+            None => {
+                let slot = Slot {
+                    name: id.to_owned(),
+                    have,
+                    distance,
+                    inflight: 0,
+                    banned: false,
+                    rate: 0.0,
+                    mark_ms: None,
+                    busy_until_ms: 0,
+                    last_progress_ms: now_ms,
+                };
+                let i = match self.slots.iter().position(Option::is_none) {
+                    Some(free) => {
+                        self.slots[free] = Some(slot);
+                        free as u32
+                    }
+                    None => {
+                        self.slots.push(Some(slot));
+                        (self.slots.len() - 1) as u32
+                    }
+                };
+                self.by_name.insert(id.to_owned(), i);
+                i
+            }
+        };
+        self.count_holdings(idx, 1, now_ms);
+    }
+
+    /// A HAVE: the peer now holds `piece`. Unknown peers and pieces are ignored.
+    pub fn peer_has(&mut self, id: &str, piece: u32, now_ms: u64) {
+        if piece >= self.have.len() {
+            return;
+        }
+        let Some(&i) = self.by_name.get(id) else {
+            return;
+        };
+        let Some(s) = self.slots[i as usize].as_mut() else {
+            return;
+        };
+        let Some(h) = s.have.as_mut() else {
+            return;
+        };
+        if h.get(piece) {
+            return;
+        }
+        h.set(piece);
+        if !s.banned {
+            self.avail[piece as usize] += 1;
+            let t = &mut self.first_seen[piece as usize];
+            *t = (*t).min(now_ms);
+        }
+        if h.is_complete() {
+            self.count_holdings(i, -1, now_ms);
+            if let Some(s) = self.slots[i as usize].as_mut() {
+                s.have = None;
+            }
+            self.count_holdings(i, 1, now_ms);
+        }
+    }
+
+    /// Forgets a peer; returns the pieces that were in flight from it (now open).
+    pub fn remove_peer(&mut self, id: &str) -> Vec<u32> {
+        let Some(i) = self.by_name.remove(id) else {
+            return Vec::new();
+        };
+        self.count_holdings(i, -1, 0);
+        let mut released = Vec::new();
+        for piece in 0..self.inflight.len() {
+            if self.inflight[piece].contains(&i) {
+                self.release(piece as u32, i);
+                released.push(piece as u32);
+            }
+        }
+        self.slots[i as usize] = None;
+        released
+    }
+
+    pub fn knows_peer(&self, id: &str) -> bool {
+        self.by_name.contains_key(id)
+    }
+
+    pub fn peers(&self) -> impl Iterator<Item = &str> {
+        self.slots.iter().flatten().map(|s| s.name.as_str())
+    }
+
+    /// Whether a known peer holds the whole blob.
+    pub fn peer_is_complete(&self, id: &str) -> bool {
+        self.slot(id).is_some_and(|(_, s)| s.have.is_none() && !s.banned)
     }
 
     pub fn is_banned(&self, id: &str) -> bool {
-        self.peers.get(id).is_some_and(|s| s.banned)
+        self.slot(id).is_some_and(|(_, s)| s.banned)
     }
 
-    fn holds(slot: &Slot, piece: u32) -> bool {
-        !slot.banned && slot.have.as_ref().is_none_or(|h| h.get(piece))
+    /// Measured throughput from a peer, bytes per second (0: not measured yet).
+    pub fn peer_rate(&self, id: &str) -> f64 {
+        self.slot(id).map_or(0.0, |(_, s)| s.rate)
     }
 
-    /// Pieces neither held nor in flight that no usable peer holds.
+    fn usable_holders(&self, piece: u32) -> u32 {
+        self.avail[piece as usize] + self.complete_holders
+    }
+
+    /// Pieces neither held, in flight nor claimed that no usable peer holds.
     pub fn orphans(&self) -> Vec<u32> {
         (0..self.have.len())
             .filter(|&i| {
-                !self.have.get(i)
-                    && !self.is_inflight(i)
-                    && !self.peers.values().any(|s| Self::holds(s, i))
+                !self.have.get(i) && !self.inflight_any.get(i) && self.usable_holders(i) == 0
             })
             .collect()
     }
 
+    /// Requests in flight to peers (claims by the registry stream not counted).
     pub fn inflight_count(&self) -> u32 {
-        self.peers.values().map(|s| s.inflight).sum()
+        self.slots.iter().flatten().map(|s| s.inflight).sum()
     }
 
-    /// The next requests to issue, already counted as in flight.
-    pub fn next_requests(&mut self) -> Vec<Request> {
+    pub fn is_inflight(&self, piece: u32) -> bool {
+        self.inflight_any.get(piece)
+    }
+
+    /// The window for a peer: its measured rate over `window_ms`, in requests.
+    fn window(&self, s: &Slot) -> u32 {
+        let by_rate = (s.rate * self.cfg.window_ms as f64 / 1000.0 / self.piece_size as f64).ceil();
+        (by_rate as u32).clamp(self.cfg.min_window, self.cfg.max_window.max(self.cfg.min_window))
+    }
+
+    fn can_take(&self, s: &Slot, now_ms: u64) -> bool {
+        !s.banned && s.busy_until_ms <= now_ms && s.inflight < self.window(s)
+    }
+
+    /// May `piece` be fetched from a peer at `distance`? Near peers always; far peers
+    /// for this node's stripe, or once the piece has waited `patience_ms` for a near
+    /// holder.
+    fn far_allowed(&self, piece: u32, distance: u8, now_ms: u64) -> bool {
+        match self.stripe {
+            Some((idx, n)) if distance > 0 => {
+                piece % n == idx
+                    || now_ms.saturating_sub(self.first_seen[piece as usize]) >= self.cfg.patience_ms
+            }
+            _ => true,
+        }
+    }
+
+    /// The next requests to send, already counted as in flight. `max_new` caps the
+    /// non-urgent ones (the agent-wide request budget); the read head is not capped.
+    pub fn next_requests(&mut self, now_ms: u64, max_new: u32) -> Vec<Request> {
         let mut out = Vec::new();
-        // Sized up front: growing these vectors (`collect` from a filter) cost more than
-        // the ranking itself in a simulated 10,000-node swarm.
-        let mut missing = Vec::with_capacity((self.have.len() - self.have.count()) as usize);
-        missing.extend((0..self.have.len()).filter(|&i| !self.have.get(i)));
-        if missing.is_empty() {
+        if self.have.is_complete() {
             return out;
         }
-        // Counted once and kept up to date: this runs after every piece event, and in a
-        // simulated 10,000-node swarm millions of times.
-        let mut inflight = self.inflight_count();
-        // With the blob's cap reached, or no peer able to take another request, no
-        // candidate can be assigned: skip ranking them (same result, far cheaper when a
-        // swarm refuses most requests).
-        let max_per_peer = self.cfg.max_inflight_per_peer;
-        let can_assign = inflight < self.cfg.max_inflight_total
-            && self
-                .peers
-                .values()
-                .any(|s| !s.banned && s.inflight < max_per_peer);
-        let mut candidates: Vec<(u32, usize)> = Vec::new();
-        if can_assign {
-            candidates = self.rank(&missing);
+        // The read head: urgent, to the best holder even past its window.
+        let head = self.have.prefix();
+        if head < self.have.len() && !self.inflight_any.get(head) {
+            if let Some(p) = self.pick_peer(head, now_ms, true, &[]) {
+                self.assign(head, p, now_ms);
+                out.push(self.request(head, p, true));
+            }
         }
-        for (piece, _) in candidates {
-            if inflight >= self.cfg.max_inflight_total {
+        let mut budget = max_new;
+        let total_cap = self.cfg.max_inflight_total;
+        // Fill windows, one request at a time to the least-loaded peer that can take
+        // one, so requests spread over peers instead of filling the first.
+        let mut exhausted: Vec<u32> = Vec::new();
+        while budget > 0 && self.inflight_count() < total_cap {
+            let Some(p) = self.least_loaded(now_ms, &exhausted) else {
                 break;
-            }
-            if let Some(peer) = self.pick_peer(piece, &[]) {
-                self.assign(piece, &peer);
-                inflight += 1;
-                out.push(Request { piece, peer });
+            };
+            match self.best_piece_for(p, now_ms) {
+                Some(piece) => {
+                    self.assign(piece, p, now_ms);
+                    out.push(self.request(piece, p, false));
+                    budget -= 1;
+                }
+                None => exhausted.push(p),
             }
         }
-        // Endgame: duplicate the remaining in-flight pieces on another peer.
-        if missing.len() as u32 <= self.cfg.endgame && missing.iter().all(|&i| self.is_inflight(i))
-        {
-            for &piece in &missing {
-                if self.requested_from(piece).len() >= 2 {
-                    continue;
-                }
-                let busy = self.requested_from(piece).to_vec();
-                if let Some(peer) = self.pick_peer(piece, &busy) {
-                    self.assign(piece, &peer);
-                    out.push(Request { piece, peer });
+        // Endgame: every missing piece is in flight and few remain.
+        let missing = self.have.len() - self.have.count();
+        if missing <= self.cfg.endgame {
+            let pieces: Vec<u32> = (0..self.have.len())
+                .filter(|&i| !self.have.get(i))
+                .collect();
+            if pieces.iter().all(|&i| self.inflight_any.get(i)) {
+                for piece in pieces {
+                    if self.inflight[piece as usize].len() >= 2 || self.claimed.get(piece) {
+                        continue;
+                    }
+                    let busy = self.inflight[piece as usize].clone();
+                    if let Some(p) = self.pick_peer(piece, now_ms, false, &busy) {
+                        self.assign(piece, p, now_ms);
+                        out.push(self.request(piece, p, piece == head));
+                    }
                 }
             }
         }
         out
     }
 
-    /// Missing pieces not in flight that some usable peer holds, read head first, then
-    /// rarest first, ties in this node's seeded order.
-    fn rank(&self, missing: &[u32]) -> Vec<(u32, usize)> {
-        let mut open = Vec::with_capacity(missing.len());
-        open.extend(missing.iter().copied().filter(|&i| !self.is_inflight(i)));
-        // Holders per open piece in one pass over the peers (not one per piece): peers
-        // holding everything count for all of them.
-        let mut holders = vec![0usize; open.len()];
-        let mut everyone = 0usize;
-        for slot in self.peers.values().filter(|s| !s.banned) {
-            match &slot.have {
-                None => everyone += 1,
-                Some(h) => {
-                    for (n, &i) in holders.iter_mut().zip(&open) {
-                        *n += usize::from(h.get(i));
-                    }
+    fn request(&self, piece: u32, slot: u32, urgent: bool) -> Request {
+        Request {
+            piece,
+            peer: self.slots[slot as usize]
+                .as_ref()
+                .map(|s| s.name.clone())
+                .unwrap_or_default(),
+            urgent,
+        }
+    }
+
+    /// Load order: fewest in flight relative to the window, then nearest, then fastest,
+    /// then partial before complete (so seeds are not the only uploaders).
+    fn least_loaded(&self, now_ms: u64, exclude: &[u32]) -> Option<u32> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i as u32, s)))
+            .filter(|(i, s)| self.can_take(s, now_ms) && !exclude.contains(i))
+            .min_by(|(_, a), (_, b)| {
+                let la = a.inflight as f64 / self.window(a) as f64;
+                let lb = b.inflight as f64 / self.window(b) as f64;
+                la.total_cmp(&lb)
+                    .then(a.distance.cmp(&b.distance))
+                    .then(b.rate.total_cmp(&a.rate))
+                    .then(a.have.is_none().cmp(&b.have.is_none()))
+                    .then(a.name.cmp(&b.name))
+            })
+            .map(|(i, _)| i)
+    }
+
+    /// The rarest open piece this peer holds (ties in this node's seeded order).
+    fn best_piece_for(&self, slot: u32, now_ms: u64) -> Option<u32> {
+        let s = self.slots[slot as usize].as_ref()?;
+        let have = self.have.as_bytes();
+        let busy = self.inflight_any.as_bytes();
+        let theirs = s.have.as_ref().map(|h| h.as_bytes());
+        let mut best: Option<((u32, u64), u32)> = None;
+        for (byte, (&mine, &infl)) in have.iter().zip(busy).enumerate() {
+            let mut open = !mine & !infl;
+            if let Some(t) = theirs {
+                open &= t[byte];
+            }
+            while open != 0 {
+                let bit = open.trailing_zeros();
+                open &= open - 1;
+                let piece = byte as u32 * 8 + bit;
+                if piece >= self.have.len() || !self.far_allowed(piece, s.distance, now_ms) {
+                    continue;
+                }
+                let key = (self.usable_holders(piece), mix(self.cfg.seed, piece));
+                if best.is_none_or(|(k, _)| key < k) {
+                    best = Some((key, piece));
                 }
             }
         }
-        let read_head = self.cfg.read_head as usize;
-        let seed = self.cfg.seed;
-        let mut keyed: Vec<((bool, usize, u64), u32)> = Vec::with_capacity(open.len());
-        keyed.extend(
-            open.iter()
-                .zip(&holders)
-                .map(|(&i, &n)| (i, n + everyone))
-                .filter(|&(_, n)| n > 0)
-                .map(|(i, n)| {
-                    let head = missing[..read_head.min(missing.len())].contains(&i);
-                    ((!head, n, mix(seed, i)), i)
-                }),
-        );
-        // `mix` is a bijection of the piece index, so keys are distinct and an unstable
-        // sort gives the one order.
-        keyed.sort_unstable_by_key(|&(k, _)| k);
-        keyed.into_iter().map(|((_, n, _), i)| (i, n)).collect()
+        best.map(|(_, p)| p)
     }
 
-    fn pick_peer(&self, piece: u32, exclude: &[PeerId]) -> Option<PeerId> {
-        self.peers
+    /// The best peer for one piece: idle before busy, near before far, fast before
+    /// slow. `urgent` ignores windows (not bans or "busy" answers).
+    fn pick_peer(&self, piece: u32, now_ms: u64, urgent: bool, exclude: &[u32]) -> Option<u32> {
+        self.slots
             .iter()
-            .filter(|(id, s)| {
-                Self::holds(s, piece)
-                    && s.inflight < self.cfg.max_inflight_per_peer
-                    && !exclude.contains(id)
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i as u32, s)))
+            .filter(|(i, s)| {
+                s.holds(piece)
+                    && !exclude.contains(i)
+                    && s.busy_until_ms <= now_ms
+                    && (urgent || s.inflight < self.window(s))
+                    && self.far_allowed(piece, s.distance, now_ms)
             })
-            // Idle before busy, near before far; complete peers (seeds) after partial
-            // ones at equal load, so seeds are not the only uploaders. Peers iterate in
-            // id order, so the first minimum is the one with the smallest id.
-            .min_by_key(|(_, s)| (s.inflight, s.distance, s.have.is_none()))
-            .map(|(id, _)| id.clone())
+            .min_by(|(_, a), (_, b)| {
+                a.inflight
+                    .cmp(&b.inflight)
+                    .then(a.distance.cmp(&b.distance))
+                    .then(b.rate.total_cmp(&a.rate))
+                    .then(a.have.is_none().cmp(&b.have.is_none()))
+                    .then(a.name.cmp(&b.name))
+            })
+            .map(|(i, _)| i)
     }
 
-    fn assign(&mut self, piece: u32, peer: &str) {
-        if let Some(v) = self.inflight.get_mut(piece as usize) {
-            v.push(peer.to_owned());
-        }
-        if let Some(s) = self.peers.get_mut(peer) {
+    fn assign(&mut self, piece: u32, slot: u32, now_ms: u64) {
+        self.inflight[piece as usize].push(slot);
+        self.inflight_any.set(piece);
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            if s.inflight == 0 {
+                s.mark_ms = Some(now_ms);
+                s.last_progress_ms = now_ms;
+            }
             s.inflight += 1;
         }
     }
 
-    fn release(&mut self, piece: u32, peer: &str) {
-        if let Some(v) = self.inflight.get_mut(piece as usize) {
-            v.retain(|p| p != peer);
-            if v.is_empty() {
-                // Give the memory back: 10,000 simulated schedulers keep these.
-                *v = Vec::new();
+    fn release(&mut self, piece: u32, slot: u32) {
+        let v = &mut self.inflight[piece as usize];
+        if let Some(at) = v.iter().position(|&x| x == slot) {
+            v.swap_remove(at);
+            if let Some(s) = self.slots[slot as usize].as_mut() {
+                s.inflight = s.inflight.saturating_sub(1);
+                if s.inflight == 0 {
+                    s.mark_ms = None;
+                }
             }
         }
-        if let Some(s) = self.peers.get_mut(peer) {
-            s.inflight = s.inflight.saturating_sub(1);
+        if v.is_empty() {
+            // Give the memory back: 10,000 simulated schedulers keep these.
+            *v = Vec::new();
+            if !self.claimed.get(piece) {
+                self.inflight_any.clear(piece);
+            }
         }
     }
 
-    fn requested_from(&self, piece: u32) -> &[PeerId] {
-        self.inflight.get(piece as usize).map_or(&[], |v| v)
-    }
-
-    /// A verified piece arrived from `peer` (or from anywhere: `peer` may be unknown).
-    /// Returns `true` if it was new.
-    pub fn on_done(&mut self, piece: u32, peer: &str) -> bool {
-        self.release(piece, peer);
+    /// A verified piece arrived from `from` (a peer, or anything else: the registry
+    /// stream, the disk). Returns `true` if it was new. Other requests for the piece
+    /// (endgame duplicates) stay in flight until they end: the caller cancels them.
+    pub fn on_done(&mut self, piece: u32, from: &str, now_ms: u64) -> bool {
+        if piece >= self.have.len() {
+            return false;
+        }
+        if let Some(&i) = self.by_name.get(from) {
+            self.measure(i, now_ms);
+            self.release(piece, i);
+        }
+        self.claimed.clear(piece);
+        if self.inflight[piece as usize].is_empty() {
+            self.inflight_any.clear(piece);
+        }
         let new = !self.have.get(piece);
         self.have.set(piece);
         new
     }
 
+    /// The peers still asked for a piece this node now holds (to cancel).
+    pub fn duplicates_of(&self, piece: u32) -> Vec<PeerId> {
+        self.inflight
+            .get(piece as usize)
+            .map(|v| {
+                v.iter()
+                    .filter_map(|&i| self.slots[i as usize].as_ref().map(|s| s.name.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Forgets a request (cancelled, or answered after the piece came from elsewhere).
+    pub fn forget(&mut self, piece: u32, peer: &str) {
+        if let Some(&i) = self.by_name.get(peer) {
+            if piece < self.have.len() {
+                self.release(piece, i);
+            }
+        }
+    }
+
+    fn measure(&mut self, slot: u32, now_ms: u64) {
+        let piece_size = self.piece_size as f64;
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.last_progress_ms = now_ms;
+            if let Some(mark) = s.mark_ms {
+                let secs = (now_ms.saturating_sub(mark)).max(1) as f64 / 1000.0;
+                let sample = piece_size / secs;
+                s.rate = if s.rate == 0.0 {
+                    sample
+                } else {
+                    0.7 * s.rate + 0.3 * sample
+                };
+                s.mark_ms = Some(now_ms);
+            }
+        }
+    }
+
+    /// Bytes arrived from a peer: it is not stalled.
+    pub fn on_progress(&mut self, peer: &str, now_ms: u64) {
+        if let Some(&i) = self.by_name.get(peer) {
+            if let Some(s) = self.slots[i as usize].as_mut() {
+                s.last_progress_ms = now_ms;
+            }
+        }
+    }
+
     /// A request failed. `corrupt` bans the peer: it served bytes that fail the hash.
     pub fn on_failed(&mut self, piece: u32, peer: &str, corrupt: bool) {
-        self.release(piece, peer);
+        let Some(&i) = self.by_name.get(peer) else {
+            return;
+        };
+        if piece < self.have.len() {
+            self.release(piece, i);
+        }
         if corrupt {
-            if let Some(s) = self.peers.get_mut(peer) {
+            self.count_holdings(i, -1, 0);
+            if let Some(s) = self.slots[i as usize].as_mut() {
                 s.banned = true;
             }
         }
     }
 
-    /// Marks a piece as being produced elsewhere (e.g. the registry stream).
-    pub fn claim(&mut self, piece: u32, by: &str) {
-        if !self.have.get(piece) && !self.is_inflight(piece) {
-            if let Some(v) = self.inflight.get_mut(piece as usize) {
-                v.push(by.to_owned());
+    /// The peer's upload line is full: leave it alone for a moment.
+    pub fn on_busy(&mut self, piece: u32, peer: &str, now_ms: u64) {
+        let Some(&i) = self.by_name.get(peer) else {
+            return;
+        };
+        if piece < self.have.len() {
+            self.release(piece, i);
+        }
+        let backoff = self.cfg.busy_backoff_ms;
+        if let Some(s) = self.slots[i as usize].as_mut() {
+            s.busy_until_ms = now_ms + backoff;
+        }
+    }
+
+    /// The peer does not hold a piece it was asked for (a stale view): forget that it
+    /// does, and release the request.
+    pub fn on_not_held(&mut self, piece: u32, peer: &str) {
+        let Some(&i) = self.by_name.get(peer) else {
+            return;
+        };
+        if piece >= self.have.len() {
+            return;
+        }
+        self.release(piece, i);
+        let n = self.have.len();
+        if let Some(s) = self.slots[i as usize].as_mut() {
+            if s.have.is_none() {
+                let mut all = Bitfield::full(n);
+                all.clear(piece);
+                self.count_holdings(i, -1, 0);
+                if let Some(s) = self.slots[i as usize].as_mut() {
+                    s.have = Some(all);
+                }
+                self.count_holdings(i, 1, 0);
+            } else if let Some(h) = s.have.as_mut() {
+                if h.get(piece) {
+                    h.clear(piece);
+                    if !s.banned {
+                        self.avail[piece as usize] = self.avail[piece as usize].saturating_sub(1);
+                    }
+                }
             }
         }
     }
 
-    pub fn is_inflight(&self, piece: u32) -> bool {
-        self.inflight
-            .get(piece as usize)
-            .is_some_and(|v| !v.is_empty())
+    /// Marks a piece as being produced elsewhere (the registry stream).
+    pub fn claim(&mut self, piece: u32) {
+        if piece < self.have.len() && !self.have.get(piece) {
+            self.claimed.set(piece);
+            self.inflight_any.set(piece);
+        }
+    }
+
+    /// The registry stream will not produce a claimed piece after all.
+    pub fn unclaim(&mut self, piece: u32) {
+        if piece < self.have.len() && self.claimed.get(piece) {
+            self.claimed.clear(piece);
+            if self.inflight[piece as usize].is_empty() {
+                self.inflight_any.clear(piece);
+            }
+        }
     }
 }
 
 /// A cheap bijective mix of (seed, piece) for per-node piece orders (splitmix64).
-fn mix(seed: u64, i: u32) -> u64 {
+pub fn mix(seed: u64, i: u32) -> u64 {
     let mut z = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -316,6 +692,8 @@ pub fn seed_for(node: &str) -> u64 {
 mod tests {
     use super::*;
 
+    const MB: u64 = 1 << 20;
+
     fn bits(len: u32, ones: &[u32]) -> Bitfield {
         let mut b = Bitfield::new(len);
         for &i in ones {
@@ -324,31 +702,89 @@ mod tests {
         b
     }
 
+    fn sched(len: u32, cfg: SchedulerConfig) -> PieceScheduler {
+        PieceScheduler::new(Bitfield::new(len), MB, cfg)
+    }
+
     #[test]
-    fn read_head_then_rarest_first_with_per_peer_limits() {
-        let mut s = PieceScheduler::new(
-            Bitfield::new(8),
+    fn read_head_first_then_rarest_within_windows() {
+        let mut s = sched(
+            8,
             SchedulerConfig {
-                max_inflight_per_peer: 2,
-                max_inflight_total: 10,
-                read_head: 1,
-                endgame: 0,
-                seed: 0,
+                min_window: 2,
+                max_window: 2,
+                ..Default::default()
             },
         );
         s.set_peer("a", None, 2);
         s.set_peer("b", Some(bits(8, &[0, 1, 2, 3])), 0);
         s.set_peer("c", Some(bits(8, &[0, 1, 2, 3])), 0);
-        let reqs = s.next_requests();
-        // Piece 0 (read head) first; then pieces 4..7 held only by `a` are rarest.
+        let reqs = s.next_requests(0, 100);
         assert_eq!(reqs[0].piece, 0);
-        let pieces: Vec<u32> = reqs.iter().map(|r| r.piece).collect();
-        assert_eq!(pieces.len(), 6, "3 peers × 2 in flight");
-        assert_eq!(reqs.iter().filter(|r| r.peer == "a").count(), 2);
+        assert!(reqs[0].urgent, "the read head is urgent");
+        assert!(reqs[1..].iter().all(|r| !r.urgent));
+        assert_eq!(reqs.len(), 6, "3 peers × a window of 2");
+        let from_a: Vec<u32> = reqs.iter().filter(|r| r.peer == "a").map(|r| r.piece).collect();
         assert!(
-            reqs.iter().filter(|r| r.peer == "a").all(|r| r.piece >= 4),
-            "the only holder of rare pieces serves rare pieces"
+            from_a.iter().all(|&p| p >= 4),
+            "the only holder of rare pieces serves rare pieces: {from_a:?}"
         );
+    }
+
+    #[test]
+    fn the_budget_caps_everything_but_the_read_head() {
+        let mut s = sched(64, SchedulerConfig::default());
+        s.set_peer("a", None, 0);
+        s.set_peer("b", None, 0);
+        let r = s.next_requests(0, 0);
+        assert_eq!(r.len(), 1);
+        assert!(r[0].urgent);
+        let r = s.next_requests(0, 3);
+        assert_eq!(r.len(), 3);
+    }
+
+    #[test]
+    fn a_have_makes_a_piece_requestable_at_once() {
+        let mut s = sched(4, SchedulerConfig::default());
+        s.set_peer("a", Some(Bitfield::new(4)), 0);
+        assert!(s.next_requests(0, 10).is_empty());
+        s.peer_has("a", 2, 5);
+        let r = s.next_requests(5, 10);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].piece, 2);
+        for p in [0, 1, 3] {
+            s.peer_has("a", p, 6);
+        }
+        assert!(!s.knows_peer("b"));
+        assert_eq!(s.orphans(), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn windows_grow_with_the_measured_rate() {
+        let cfg = SchedulerConfig {
+            min_window: 2,
+            max_window: 8,
+            window_ms: 100,
+            max_inflight_total: 100,
+            ..Default::default()
+        };
+        let mut s = sched(200, cfg);
+        s.set_peer("fast", None, 0);
+        s.set_peer("slow", None, 0);
+        let _ = s.next_requests(0, 100);
+        // fast delivers a 1 MiB piece every 2 ms (500 MiB/s), slow every 100 ms.
+        let mut t = 0;
+        for _ in 0..20 {
+            t += 2;
+            let p = *s.inflight.iter().enumerate().find(|(_, v)| v.contains(&s.by_name["fast"])).map(|(i, _)| i as u32).as_ref().unwrap();
+            s.on_done(p, "fast", t);
+            let _ = s.next_requests(t, 100);
+        }
+        let fast = s.slot("fast").unwrap().1.inflight;
+        let slow = s.slot("slow").unwrap().1.inflight;
+        assert!(fast > slow, "fast {fast} in flight, slow {slow}");
+        assert!(slow <= 3, "a window of 2, plus perhaps the urgent read head: {slow}");
+        assert!(fast >= 8, "rate × window_ms / piece = 50, capped at 8: {fast}");
     }
 
     #[test]
@@ -356,14 +792,13 @@ mod tests {
         let firsts: std::collections::HashSet<u32> = (0..8)
             .map(|n| {
                 let cfg = SchedulerConfig {
-                    read_head: 0,
-                    max_inflight_per_peer: 1,
                     seed: seed_for(&format!("node-{n}")),
                     ..Default::default()
                 };
-                let mut s = PieceScheduler::new(Bitfield::new(64), cfg);
+                let mut s = PieceScheduler::new(bits(64, &[0]), MB, cfg);
                 s.set_peer("source", None, 0);
-                s.next_requests()[0].piece
+                let r = s.next_requests(0, 1);
+                r.iter().find(|r| !r.urgent).map(|r| r.piece).unwrap_or(0)
             })
             .collect();
         assert!(
@@ -373,31 +808,33 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_peer_is_banned_and_orphans_are_reported() {
-        let mut s = PieceScheduler::new(Bitfield::new(3), SchedulerConfig::default());
+    fn corrupt_peer_is_banned_busy_peer_rests_and_orphans_are_reported() {
+        let mut s = sched(3, SchedulerConfig::default());
         s.set_peer("liar", None, 0);
-        let r = s.next_requests();
-        assert_eq!(r.len(), 3);
+        let r = s.next_requests(0, 10);
+        assert_eq!(r.len(), 2, "the urgent head counts against the window of 2");
         s.on_failed(0, "liar", true);
         assert!(s.is_banned("liar"));
-        assert!(s.next_requests().is_empty());
-        assert_eq!(s.orphans(), vec![0]);
+        assert!(s.next_requests(0, 10).is_empty());
+        let still_out = r.iter().find(|x| x.piece != 0).map(|x| x.piece);
+        let want: Vec<u32> = (0..3).filter(|&p| Some(p) != still_out).collect();
+        assert_eq!(s.orphans(), want, "nobody else holds them; one is still in flight");
         s.set_peer("good", Some(bits(3, &[0])), 1);
-        assert_eq!(
-            s.next_requests(),
-            vec![Request {
-                piece: 0,
-                peer: "good".into()
-            }]
-        );
-        assert!(s.on_done(0, "good"));
-        assert!(!s.on_done(0, "good"));
+        let r = s.next_requests(1, 10);
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].piece, r[0].peer.as_str()), (0, "good"));
+        s.on_busy(0, "good", 10);
+        assert!(s.next_requests(20, 10).is_empty(), "resting");
+        assert_eq!(s.next_requests(40, 10).len(), 1, "rested");
+        assert!(s.on_done(0, "good", 50));
+        assert!(!s.on_done(0, "good", 51));
     }
 
     #[test]
     fn endgame_asks_a_second_peer_for_the_tail() {
         let mut s = PieceScheduler::new(
             bits(4, &[0, 1, 2]),
+            MB,
             SchedulerConfig {
                 endgame: 2,
                 ..Default::default()
@@ -405,94 +842,63 @@ mod tests {
         );
         s.set_peer("slow", None, 0);
         s.set_peer("fast", None, 1);
-        let r = s.next_requests();
-        assert_eq!(
-            r.len(),
-            2,
-            "first request plus its endgame duplicate: {r:?}"
-        );
+        let r = s.next_requests(0, 10);
+        assert_eq!(r.len(), 2, "first request plus its endgame duplicate: {r:?}");
         assert_ne!(r[0].peer, r[1].peer);
         assert!(r.iter().all(|x| x.piece == 3));
-        assert!(s.on_done(3, &r[1].peer));
+        assert!(s.on_done(3, &r[1].peer, 5));
+        assert_eq!(s.duplicates_of(3), vec![r[0].peer.clone()]);
+        s.forget(3, &r[0].peer);
         assert!(s.is_complete());
-    }
-
-    /// The ranking as first written (one pass over the peers per piece, a stable
-    /// sort), kept to check that the faster `rank` orders identically.
-    fn reference_rank(s: &PieceScheduler, missing: &[u32]) -> Vec<(u32, usize)> {
-        let head: Vec<u32> = missing
-            .iter()
-            .copied()
-            .take(s.cfg.read_head as usize)
-            .collect();
-        let mut c: Vec<(u32, usize)> = missing
-            .iter()
-            .copied()
-            .filter(|&i| !s.is_inflight(i))
-            .map(|i| {
-                (
-                    i,
-                    s.peers
-                        .values()
-                        .filter(|p| PieceScheduler::holds(p, i))
-                        .count(),
-                )
-            })
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        c.sort_by_key(|&(i, n)| (!head.contains(&i), n, mix(s.cfg.seed, i)));
-        c
+        assert_eq!(s.inflight_count(), 0);
     }
 
     #[test]
-    fn rank_matches_the_reference_on_random_swarms() {
-        let mut rng = 0x1234_5678_9abc_def0u64;
-        let mut next = |m: u64| {
-            rng = mix(rng, 7);
-            rng % m
+    fn rack_stripes_keep_far_fetches_to_this_nodes_share_until_patience_runs_out() {
+        let cfg = SchedulerConfig {
+            min_window: 64,
+            max_window: 64,
+            max_inflight_total: 64,
+            patience_ms: 1_000,
+            ..Default::default()
         };
-        for round in 0..500 {
-            let len = 1 + next(80) as u32;
-            let mut have = Bitfield::new(len);
-            for i in 0..len {
-                if next(3) == 0 {
-                    have.set(i);
-                }
-            }
-            let mut s = PieceScheduler::new(
-                have,
-                SchedulerConfig {
-                    read_head: next(3) as u32,
-                    seed: round,
-                    ..Default::default()
-                },
-            );
-            for p in 0..next(20) {
-                let bf = (next(4) > 0).then(|| {
-                    let mut b = Bitfield::new(len);
-                    for i in 0..len {
-                        if next(2) == 0 {
-                            b.set(i);
-                        }
-                    }
-                    b
-                });
-                s.set_peer(&format!("p{p}"), bf, next(3) as u8);
-                if next(8) == 0 {
-                    s.on_failed(0, &format!("p{p}"), true);
-                }
-            }
-            for i in 0..len {
-                if next(6) == 0 {
-                    s.claim(i, "registry");
-                }
-            }
-            let missing: Vec<u32> = (0..len).filter(|&i| !s.have.get(i)).collect();
-            assert_eq!(
-                s.rank(&missing),
-                reference_rank(&s, &missing),
-                "round {round}"
-            );
+        let mut s = PieceScheduler::new(Bitfield::new(16), MB, cfg);
+        s.set_stripe(Some((1, 4)));
+        s.set_peer_at("far", None, 2, 0);
+        let r = s.next_requests(10, 64);
+        let pieces: Vec<u32> = r.iter().map(|x| x.piece).collect();
+        assert!(
+            pieces.iter().all(|p| p % 4 == 1 || *p == s.have().prefix()),
+            "only my stripe from afar (and the urgent head): {pieces:?}"
+        );
+        for x in &r {
+            s.forget(x.piece, "far");
         }
+        let r = s.next_requests(1_500, 64);
+        assert!(r.len() > 4, "after patience, anything: {}", r.len());
+        // A near peer may give anything at any time.
+        let mut t = PieceScheduler::new(Bitfield::new(16), MB, s.cfg.clone());
+        t.set_stripe(Some((1, 4)));
+        t.set_peer_at("near", None, 0, 0);
+        assert_eq!(t.next_requests(1, 64).len(), 16);
+    }
+
+    #[test]
+    fn availability_counts_follow_bitfields_haves_bans_and_departures() {
+        let mut s = sched(4, SchedulerConfig::default());
+        s.set_peer("a", Some(bits(4, &[1])), 0);
+        s.set_peer("b", Some(bits(4, &[1, 2])), 0);
+        s.set_peer("c", None, 0);
+        assert_eq!((s.usable_holders(1), s.usable_holders(2), s.usable_holders(3)), (3, 2, 1));
+        s.peer_has("a", 2, 0);
+        assert_eq!(s.usable_holders(2), 3);
+        s.set_peer("b", Some(bits(4, &[])), 0);
+        assert_eq!(s.usable_holders(2), 2);
+        s.on_failed(0, "c", true);
+        assert_eq!(s.usable_holders(3), 0);
+        s.remove_peer("a");
+        assert_eq!((s.usable_holders(1), s.usable_holders(2)), (0, 0));
+        s.on_not_held(3, "b");
+        assert_eq!(s.orphans(), vec![0, 1, 2, 3]);
     }
 }

@@ -7,9 +7,10 @@ use std::collections::{BTreeMap, HashMap};
 use oci::Digest;
 use serde::Serialize;
 
-use crate::peers::{Ask, PeerEntry, PeerTable};
-use crate::pieces::{piece_size_for, DEFAULT_PIECE_SIZE};
+use crate::peers::{spread, Ask, PeerEntry, PeerTable};
+use crate::pieces::{piece_size_for, validate_geometry, PieceHash, MAX_BLOB_SIZE, MAX_PIECES};
 use crate::protocol::{AnnounceRequest, AnnounceResponse, PeerInfo, Role};
+use crate::{Bitfield, Error};
 
 #[derive(Clone, Debug)]
 pub struct SwarmConfig {
@@ -23,21 +24,33 @@ pub struct SwarmConfig {
     /// the default is 1 MiB (Dragonfly uses 4 MiB); below it the piece machinery's
     /// per-blob overhead dominates.
     pub min_p2p_size: u64,
-    pub piece_size: u64,
+    /// The piece size for announces that propose none (the agents propose one from
+    /// their link, `pieces::piece_size_for`); `None`: the rule with an unknown link.
+    pub piece_size: Option<u64>,
     /// How long a peer reported for bad pieces is left out.
     pub bad_peer_ms: u64,
+    /// Distinct reporters after which a peer is left out of everyone's handouts, not
+    /// only the reporters': one member cannot ban an honest peer cluster-wide.
+    pub bad_peer_quorum: usize,
+    /// How often a downloading agent announces. Piece availability travels between
+    /// connected peers as it happens (HAVE), so this only refreshes membership, the
+    /// tracker's view for handouts, and hashes for peers not connected to the source.
     pub announce_interval_ms: u64,
+    /// Swarms with at least this many members get rack stripes.
+    pub stripe_min_members: usize,
 }
 
 impl Default for SwarmConfig {
     fn default() -> Self {
         Self {
-            peer_ttl_ms: 3_000,
+            peer_ttl_ms: 5_000,
             max_peers: 16,
             min_p2p_size: 1 << 20,
-            piece_size: DEFAULT_PIECE_SIZE,
+            piece_size: None,
             bad_peer_ms: 60_000,
-            announce_interval_ms: 250,
+            bad_peer_quorum: 3,
+            announce_interval_ms: 1_000,
+            stripe_min_members: 64,
         }
     }
 }
@@ -46,18 +59,49 @@ impl Default for SwarmConfig {
 struct Swarm {
     size: Option<u64>,
     piece_size: u64,
-    hashes: BTreeMap<u32, String>,
+    hashes: BTreeMap<u32, PieceHash>,
     source: Option<String>,
     peers: PeerTable,
-    bad: HashMap<String, u64>,
+    /// Accused peer → (reporter, until).
+    bad: HashMap<String, Vec<(String, u64)>>,
     /// Times a source was elected: 1 means the registry was asked once.
     elections: u32,
+    /// Who was elected (the first few), for reports.
+    elected: Vec<String>,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+impl Swarm {
+    fn count(&self) -> u32 {
+        match self.size {
+            Some(s) if self.piece_size > 0 => s.div_ceil(self.piece_size) as u32,
+            _ => 0,
+        }
+    }
+
+    /// Peers this requester must not be handed: those it reported, and those a quorum
+    /// of distinct members reported.
+    fn bad_for(&self, requester: &str, quorum: usize, now: u64) -> HashMap<String, u64> {
+        self.bad
+            .iter()
+            .filter_map(|(accused, reports)| {
+                let live: Vec<&(String, u64)> =
+                    reports.iter().filter(|(_, until)| *until > now).collect();
+                let mine = live.iter().find(|(r, _)| r == requester).map(|(_, u)| *u);
+                let quorum_until = (live.len() >= quorum)
+                    .then(|| live.iter().map(|(_, u)| *u).max().unwrap_or(now));
+                mine.or(quorum_until).map(|u| (accused.clone(), u))
+            })
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct SwarmStats {
     pub digest: String,
     pub size: Option<u64>,
+    pub piece_size: u64,
+    /// The agents elected to fetch from the registry (at most 8).
+    pub elected: Vec<String>,
     pub peers: usize,
     pub complete: usize,
     pub source: Option<String>,
@@ -69,6 +113,9 @@ pub struct TrackerState {
     pub cfg: SwarmConfig,
     swarms: HashMap<Digest, Swarm>,
 }
+
+/// Reporters remembered per accused peer.
+const MAX_REPORTERS: usize = 16;
 
 impl TrackerState {
     pub fn new(cfg: SwarmConfig) -> Self {
@@ -82,23 +129,72 @@ impl TrackerState {
         now.saturating_sub(p.last_seen) <= self.cfg.peer_ttl_ms
     }
 
-    pub fn announce(&mut self, req: &AnnounceRequest, now: u64) -> AnnounceResponse {
+    /// Checks what an announce claims before any of it is stored: a geometry every
+    /// agent can live with, and hashes that are hashes.
+    fn validate(req: &AnnounceRequest) -> Result<(), Error> {
+        if let Some(size) = req.size {
+            if size > MAX_BLOB_SIZE {
+                return Err(Error::Geometry(format!("blob size {size} exceeds {MAX_BLOB_SIZE}")));
+            }
+            if let Some(p) = req.piece_size {
+                validate_geometry(size, p)?;
+            }
+        } else if let Some(p) = req.piece_size {
+            validate_geometry(0, p)?;
+        }
+        if req.hashes.len() > MAX_PIECES as usize {
+            return Err(Error::Announce(format!("{} hashes", req.hashes.len())));
+        }
+        if req.bad_peers.len() > 64 {
+            return Err(Error::Announce(format!("{} bad peers", req.bad_peers.len())));
+        }
+        if req.node.is_empty() || req.node.len() > 253 {
+            return Err(Error::Announce("node name must be 1 to 253 bytes".into()));
+        }
+        Ok(())
+    }
+
+    pub fn announce(&mut self, req: &AnnounceRequest, now: u64) -> Result<AnnounceResponse, Error> {
+        Self::validate(req)?;
         let cfg = self.cfg.clone();
         let swarm = self.swarms.entry(req.digest.clone()).or_default();
+        if let (Some(known), Some(said)) = (swarm.size, req.size) {
+            if known != said {
+                return Err(Error::Geometry(format!(
+                    "blob is {known} bytes, announce says {said}"
+                )));
+            }
+        }
         if swarm.size.is_none() {
             swarm.size = req.size;
         }
         if swarm.piece_size == 0 {
             swarm.piece_size = match (req.piece_size, swarm.size) {
                 (Some(p), _) => p,
-                (None, Some(s)) => piece_size_for(s, cfg.piece_size),
+                (None, Some(s)) => cfg
+                    .piece_size
+                    .filter(|&p| validate_geometry(s, p).is_ok())
+                    .unwrap_or_else(|| piece_size_for(s, None)),
                 (None, None) => 0,
             };
         }
-        for bad in &req.bad_peers {
-            swarm.bad.insert(bad.clone(), now + cfg.bad_peer_ms);
+        let count = swarm.count();
+        // A bitfield of another length says nothing about this swarm's pieces.
+        let have = req.have.clone().filter(|h| h.len() == count);
+        for accused in &req.bad_peers {
+            if accused == &req.node {
+                continue;
+            }
+            let reports = swarm.bad.entry(accused.clone()).or_default();
+            reports.retain(|(r, until)| r != &req.node && *until > now);
+            if reports.len() < MAX_REPORTERS {
+                reports.push((req.node.clone(), now + cfg.bad_peer_ms));
+            }
         }
-        swarm.bad.retain(|_, until| *until > now);
+        swarm.bad.retain(|_, reports| {
+            reports.retain(|(_, until)| *until > now);
+            !reports.is_empty()
+        });
         if req.leaving {
             swarm.peers.remove(&req.node);
             if swarm.source.as_deref() == Some(&req.node) {
@@ -109,7 +205,7 @@ impl TrackerState {
                 &req.node,
                 &req.addr,
                 &req.topology,
-                req.have.clone(),
+                have.clone(),
                 req.complete,
                 now,
             ));
@@ -123,22 +219,16 @@ impl TrackerState {
         if !source_alive(swarm) {
             swarm.source = None;
         }
-        // Hashes come from whoever streams registry bytes; the first value for a piece wins.
-        if swarm.source.as_deref() == Some(&req.node) || req.fetching_from_registry || req.complete
-        {
-            for (i, h) in &req.hashes {
-                swarm.hashes.entry(*i).or_insert_with(|| h.clone());
-            }
-        }
+        let bad = swarm.bad_for(&req.node, cfg.bad_peer_quorum, now);
         let ask = Ask {
             node: &req.node,
             topology: &req.topology,
             now,
             ttl_ms: cfg.peer_ttl_ms,
-            bad: &swarm.bad,
+            bad: &bad,
             source: None,
             max_peers: cfg.max_peers,
-            have: req.have.as_ref(),
+            have: have.as_ref(),
             window_ms: cfg.announce_interval_ms,
         };
         let any_complete = swarm.peers.any_complete(&ask);
@@ -152,20 +242,45 @@ impl TrackerState {
             // Elect: the blob is not in the cluster (or its holders vanished mid-way).
             swarm.source = Some(req.node.clone());
             swarm.elections += 1;
+            if swarm.elected.len() < 8 {
+                swarm.elected.push(req.node.clone());
+            }
             Role::Source
         } else {
             Role::Peer
         };
+        // Hashes are kept only from the elected source: it read the bytes from the
+        // registry. Whoever else sends hashes is ignored, first or not.
+        if swarm.source.as_deref() == Some(&req.node) {
+            for (i, h) in &req.hashes {
+                if *i < count {
+                    if let Ok(h) = PieceHash::from_hex(h) {
+                        swarm.hashes.insert(*i, h);
+                    }
+                }
+            }
+        }
         let hashes = swarm
             .hashes
             .range(req.known_hashes..)
-            .map(|(k, v)| (*k, v.clone()))
+            .map(|(k, v)| (*k, v.to_hex()))
             .collect();
+        let stripe = (swarm.peers.len() >= cfg.stripe_min_members && !req.complete)
+            .then(|| {
+                let ttl = cfg.peer_ttl_ms;
+                let mut members =
+                    swarm.peers.rack_members(&req.topology, |p| now.saturating_sub(p.last_seen) <= ttl);
+                if members.len() < 2 || !members.contains(&req.node.as_str()) {
+                    return None;
+                }
+                members.sort_by_key(|n| (spread(n, "stripe"), *n));
+                let at = members.iter().position(|n| *n == req.node)?;
+                Some([at as u32, members.len() as u32])
+            })
+            .flatten();
         // Three quarters of the slots go to the nearest peers (then the most complete),
         // the rest to the most complete peers anywhere, and the live source always: a
         // rack full of empty peers must still reach the bytes (found by the simulator).
-        // Only peers with something to give: a peer that announced no bitfield yet holds
-        // nothing (handing it out as `have: None` would advertise it as complete).
         let ask = Ask {
             source: swarm.source.as_deref(),
             ..ask
@@ -178,20 +293,33 @@ impl TrackerState {
                 node: p.name.clone(),
                 addr: p.addr.clone(),
                 topology: p.topology.clone(),
-                have: if p.complete { None } else { p.have.clone() },
+                have: if p.complete {
+                    None
+                } else {
+                    Some(p.have.clone().unwrap_or_else(|| Bitfield::new(count)))
+                },
             })
             .collect();
-        let source_alive = swarm.source.is_some();
-        AnnounceResponse {
+        Ok(AnnounceResponse {
             role,
             size: swarm.size,
             piece_size: swarm.piece_size.max(1),
             hashes,
             peers,
-            source_alive,
+            source_alive: swarm.source.is_some(),
+            source: swarm.source.clone(),
             interval_ms: cfg.announce_interval_ms,
-            wait_for_upload_slots: swarm.peers.is_large(),
-        }
+            stripe,
+        })
+    }
+
+    /// Piece hashes from `from` on, for a downloader holding pieces it cannot verify
+    /// yet (it is not connected to the source).
+    pub fn hashes(&self, d: &Digest, from: u32) -> BTreeMap<u32, String> {
+        self.swarms
+            .get(d)
+            .map(|s| s.hashes.range(from..).map(|(k, v)| (*k, v.to_hex())).collect())
+            .unwrap_or_default()
     }
 
     /// Drops peers not heard from within the TTL and empty swarms.
@@ -205,6 +333,10 @@ impl TrackerState {
                     s.source = None;
                 }
             }
+            s.bad.retain(|_, reports| {
+                reports.retain(|(_, until)| *until > now);
+                !reports.is_empty()
+            });
             !s.peers.is_empty()
         });
     }
@@ -216,6 +348,8 @@ impl TrackerState {
             .map(|(d, s)| SwarmStats {
                 digest: d.to_string(),
                 size: s.size,
+                piece_size: s.piece_size,
+                elected: s.elected.clone(),
                 peers: s.peers.len(),
                 complete: s.peers.iter().filter(|p| p.complete).count(),
                 source: s.source.clone(),
@@ -237,55 +371,84 @@ impl TrackerState {
 mod tests {
     use super::*;
     use crate::protocol::Topology;
-    use crate::Bitfield;
 
     fn req(node: &str, d: &Digest) -> AnnounceRequest {
-        AnnounceRequest {
-            node: node.into(),
-            addr: format!("http://{node}"),
-            topology: Topology::default(),
-            digest: d.clone(),
-            size: None,
-            piece_size: None,
-            have: None,
-            complete: false,
-            fetching_from_registry: false,
-            hashes: BTreeMap::new(),
-            known_hashes: 0,
-            bad_peers: vec![],
-            leaving: false,
-        }
+        AnnounceRequest::new(node, &format!("{node}:1"), &Topology::default(), d)
+    }
+
+    fn ann(t: &mut TrackerState, r: &AnnounceRequest, now: u64) -> AnnounceResponse {
+        t.announce(r, now).expect("valid announce")
+    }
+
+    fn h(i: u32) -> String {
+        PieceHash::of(&i.to_le_bytes()).to_hex()
     }
 
     #[test]
     fn one_source_then_peers_and_reelection_when_it_dies() {
         let d = Digest::of(b"blob");
         let mut t = TrackerState::new(SwarmConfig::default());
-        assert_eq!(t.announce(&req("a", &d), 0).role, Role::Source);
+        assert_eq!(ann(&mut t, &req("a", &d), 0).role, Role::Source);
         for n in ["b", "c", "d"] {
-            assert_eq!(t.announce(&req(n, &d), 10).role, Role::Peer, "{n}");
+            assert_eq!(ann(&mut t, &req(n, &d), 10).role, Role::Peer, "{n}");
         }
         let mut r = req("a", &d);
         r.size = Some(100 << 20);
-        r.hashes.insert(0, "h0".into());
+        r.piece_size = Some(1 << 20);
+        r.hashes.insert(0, h(0));
         r.fetching_from_registry = true;
         let mut have = Bitfield::new(100);
         have.set(0);
         r.have = Some(have);
-        assert_eq!(t.announce(&r, 20).role, Role::Source);
-        let resp = t.announce(&req("b", &d), 30);
+        assert_eq!(ann(&mut t, &r, 20).role, Role::Source);
+        let resp = ann(&mut t, &req("b", &d), 30);
         assert_eq!(resp.size, Some(100 << 20));
-        assert_eq!(resp.hashes.get(&0).map(String::as_str), Some("h0"));
+        assert_eq!(resp.source.as_deref(), Some("a"));
+        assert_eq!(resp.hashes.get(&0), Some(&h(0)));
         assert!(resp.peers.iter().any(|p| p.node == "a"));
-        // Hashes from a non-source are ignored.
+        // Hashes from anyone but the source are ignored, even first ones and even from
+        // an agent claiming to fetch from the registry.
         let mut liar = req("c", &d);
-        liar.hashes.insert(1, "evil".into());
-        t.announce(&liar, 40);
-        assert!(!t.announce(&req("b", &d), 50).hashes.contains_key(&1));
+        liar.hashes.insert(1, h(99));
+        liar.fetching_from_registry = true;
+        ann(&mut t, &liar, 40);
+        assert!(!ann(&mut t, &req("b", &d), 50).hashes.contains_key(&1));
+        assert_eq!(t.hashes(&d, 0).len(), 1);
         // The source goes silent: the next announcer takes over.
         let later = 40 + t.cfg.peer_ttl_ms + 1;
-        assert_eq!(t.announce(&req("b", &d), later).role, Role::Source);
+        assert_eq!(ann(&mut t, &req("b", &d), later).role, Role::Source);
         assert_eq!(t.stats()[0].source_elections, 2);
+    }
+
+    #[test]
+    fn hostile_geometry_and_garbage_are_refused_before_anything_is_stored() {
+        let d = Digest::of(b"geo");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        let mut r = req("a", &d);
+        r.size = Some(1 << 20);
+        r.piece_size = Some(1 << 40);
+        assert!(t.announce(&r, 0).is_err());
+        assert!(t.stats().is_empty(), "nothing stored");
+        r.piece_size = Some(1 << 16);
+        r.size = Some(u64::MAX);
+        assert!(t.announce(&r, 0).is_err());
+        r.size = Some(64 << 20);
+        r.piece_size = Some(1 << 20);
+        ann(&mut t, &r, 0);
+        let mut other = req("b", &d);
+        other.size = Some(65 << 20);
+        assert!(t.announce(&other, 1).is_err(), "conflicting size");
+        // A bitfield of the wrong length is ignored, not stored.
+        let mut wrong = req("c", &d);
+        wrong.have = Some(Bitfield::full(7));
+        let resp = ann(&mut t, &wrong, 2);
+        let c = ann(&mut t, &req("d", &d), 3)
+            .peers
+            .into_iter()
+            .find(|p| p.node == "c")
+            .expect("c handed out");
+        assert_eq!(c.have.map(|h| h.count()), Some(0));
+        assert_eq!(resp.piece_size, 1 << 20);
     }
 
     #[test]
@@ -294,25 +457,21 @@ mod tests {
         let mut t = TrackerState::new(SwarmConfig::default());
         let mut r = req("a", &d);
         r.size = Some(1000);
-        assert_eq!(t.announce(&r, 0).role, Role::Direct);
+        assert_eq!(ann(&mut t, &r, 0).role, Role::Direct);
         let big = Digest::of(b"big");
         let mut c = req("seed", &big);
         c.complete = true;
         c.size = Some(64 << 20);
-        t.announce(&c, 0);
+        ann(&mut t, &c, 0);
         let mut other = req("x", &big);
         other.have = Some(Bitfield::new(16));
-        t.announce(&other, 0);
-        let resp = t.announce(&req("b", &big), 1);
-        assert_eq!(
-            resp.role,
-            Role::Peer,
-            "a complete holder exists: no registry fetch"
-        );
+        ann(&mut t, &other, 0);
+        let resp = ann(&mut t, &req("b", &big), 1);
+        assert_eq!(resp.role, Role::Peer, "a complete holder exists: no registry fetch");
         assert_eq!(resp.peers[0].node, "seed", "complete peers first");
         let mut reporter = req("b", &big);
         reporter.bad_peers = vec!["seed".into()];
-        let resp = t.announce(&reporter, 2);
+        let resp = ann(&mut t, &reporter, 2);
         assert!(resp.peers.iter().all(|p| p.node != "seed"));
         assert_eq!(
             resp.role,
@@ -322,7 +481,33 @@ mod tests {
     }
 
     #[test]
-    fn a_rack_of_empty_peers_still_reaches_the_source_and_fresh_peers_are_not_seeds() {
+    fn one_reporter_cannot_ban_a_peer_for_everyone_but_a_quorum_can() {
+        let d = Digest::of(b"quorum");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        let mut seed = req("honest", &d);
+        seed.complete = true;
+        seed.size = Some(64 << 20);
+        ann(&mut t, &seed, 0);
+        let mut accuser = req("mallory", &d);
+        accuser.bad_peers = vec!["honest".into()];
+        ann(&mut t, &accuser, 1);
+        assert!(
+            ann(&mut t, &req("alice", &d), 2).peers.iter().any(|p| p.node == "honest"),
+            "one report only affects the reporter"
+        );
+        for n in ["r1", "r2", "r3"] {
+            let mut r = req(n, &d);
+            r.bad_peers = vec!["honest".into()];
+            ann(&mut t, &r, 3);
+        }
+        assert!(
+            ann(&mut t, &req("alice", &d), 4).peers.iter().all(|p| p.node != "honest"),
+            "a quorum of distinct reporters leaves it out for everyone"
+        );
+    }
+
+    #[test]
+    fn a_rack_of_empty_peers_still_reaches_the_source() {
         let d = Digest::of(b"racks");
         let mut t = TrackerState::new(SwarmConfig {
             max_peers: 4,
@@ -334,36 +519,37 @@ mod tests {
             rack: Some("r-src".into()),
         };
         src.size = Some(64 << 20);
-        assert_eq!(t.announce(&src, 0).role, Role::Source);
-        src.have = Some(Bitfield::new(64));
-        src.have.as_mut().unwrap().set(0);
-        t.announce(&src, 1);
+        src.piece_size = Some(1 << 20);
+        assert_eq!(ann(&mut t, &src, 0).role, Role::Source);
+        let mut have = Bitfield::new(64);
+        have.set(0);
+        src.have = Some(have);
+        ann(&mut t, &src, 1);
         for i in 0..8 {
             let mut q = req(&format!("m{i}"), &d);
             q.topology = Topology {
                 zone: Some("z".into()),
                 rack: Some("r1".into()),
             };
-            q.have = Some(Bitfield::new(64));
+            let mut have = Bitfield::new(64);
             if i < 6 {
-                q.have.as_mut().unwrap().set(1 + i);
+                have.set(1 + i);
             }
-            t.announce(&q, 2);
+            q.have = Some(have);
+            ann(&mut t, &q, 2);
         }
-        // A brand-new peer (no bitfield yet) must not be advertised as complete.
-        t.announce(&req("fresh", &d), 2);
         let mut me = req("me", &d);
         me.topology = Topology {
             zone: Some("z".into()),
             rack: Some("r1".into()),
         };
-        let peers = t.announce(&me, 3).peers;
+        let peers = ann(&mut t, &me, 3).peers;
         assert_eq!(peers.len(), 4);
         assert!(
             peers.iter().any(|p| p.node == "src"),
             "the source is always handed out: {peers:?}"
         );
-        assert!(peers.iter().all(|p| p.node != "fresh" && p.have.is_some()));
+        assert!(peers.iter().all(|p| p.have.is_some()), "nobody is complete");
         assert!(
             peers
                 .iter()
@@ -378,11 +564,7 @@ mod tests {
     fn near_peers_first() {
         let d = Digest::of(b"topo");
         let mut t = TrackerState::new(SwarmConfig::default());
-        for (n, z, r) in [
-            ("far", "z2", "r9"),
-            ("zone", "z1", "r2"),
-            ("rack", "z1", "r1"),
-        ] {
+        for (n, z, r) in [("far", "z2", "r9"), ("zone", "z1", "r2"), ("rack", "z1", "r1")] {
             let mut q = req(n, &d);
             q.complete = true;
             q.size = Some(64 << 20);
@@ -390,19 +572,44 @@ mod tests {
                 zone: Some(z.into()),
                 rack: Some(r.into()),
             };
-            t.announce(&q, 0);
+            ann(&mut t, &q, 0);
         }
         let mut me = req("me", &d);
         me.topology = Topology {
             zone: Some("z1".into()),
             rack: Some("r1".into()),
         };
-        let names: Vec<String> = t
-            .announce(&me, 1)
-            .peers
-            .into_iter()
-            .map(|p| p.node)
-            .collect();
+        let names: Vec<String> = ann(&mut t, &me, 1).peers.into_iter().map(|p| p.node).collect();
         assert_eq!(names, vec!["rack", "zone", "far"]);
+    }
+
+    #[test]
+    fn large_swarms_give_each_rack_member_its_own_stripe() {
+        let d = Digest::of(b"stripes");
+        let mut t = TrackerState::new(SwarmConfig {
+            stripe_min_members: 8,
+            ..Default::default()
+        });
+        let topo = |r: usize| Topology {
+            zone: Some("z".into()),
+            rack: Some(format!("r{r}")),
+        };
+        for i in 0..16 {
+            let mut q = req(&format!("n{i}"), &d);
+            q.size = Some(64 << 20);
+            q.topology = topo(i % 2);
+            ann(&mut t, &q, 0);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for i in (0..16).step_by(2) {
+            let mut q = req(&format!("n{i}"), &d);
+            q.topology = topo(0);
+            let [idx, n] = ann(&mut t, &q, 1).stripe.expect("a stripe");
+            assert_eq!(n, 8, "8 members in rack r0");
+            assert!(seen.insert(idx), "stripes are distinct");
+        }
+        let small = Digest::of(b"few");
+        let resp = ann(&mut t, &req("solo", &small), 0);
+        assert_eq!(resp.stripe, None);
     }
 }

@@ -137,6 +137,7 @@ impl Tracker {
         let protected = Router::new()
             .route("/swarm/v1/announce", axum::routing::post(announce))
             .route("/swarm/v1/seeding", axum::routing::post(seeding))
+            .route("/swarm/v1/hashes", axum::routing::get(hashes))
             .layer(axum::middleware::from_fn_with_state(self.clone(), auth));
         let mut router: Router = Router::new()
             .merge(protected)
@@ -243,29 +244,42 @@ async fn observe(State(t): State<Tracker>, req: Request, next: Next) -> Response
 async fn announce(State(t): State<Tracker>, Json(req): Json<AnnounceRequest>) -> Response {
     let now = t.now_ms();
     let resp = t.state.lock().announce(&req, now);
-    Json(resp).into_response()
+    match resp {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct HashesQuery {
+    digest: oci::Digest,
+    #[serde(default)]
+    from: u32,
+}
+
+/// Piece hashes the elected source published, for downloaders holding pieces they
+/// cannot verify yet.
+async fn hashes(
+    State(t): State<Tracker>,
+    axum::extract::Query(q): axum::extract::Query<HashesQuery>,
+) -> Response {
+    Json(t.state.lock().hashes(&q.digest, q.from)).into_response()
 }
 
 async fn seeding(State(t): State<Tracker>, Json(req): Json<SeedingRequest>) -> Response {
     let now = t.now_ms();
     let mut st = t.state.lock();
     for b in req.blobs.iter().take(100_000) {
-        let a = AnnounceRequest {
-            node: req.node.clone(),
-            addr: req.addr.clone(),
-            topology: req.topology.clone(),
-            digest: b.digest.clone(),
-            size: Some(b.size),
-            piece_size: None,
-            have: None,
-            complete: true,
-            fetching_from_registry: false,
-            hashes: Default::default(),
-            known_hashes: u32::MAX,
-            bad_peers: vec![],
-            leaving: false,
-        };
-        st.announce(&a, now);
+        let mut a = AnnounceRequest::new(&req.node, &req.addr, &req.topology, &b.digest);
+        a.size = Some(b.size);
+        a.complete = true;
+        a.known_hashes = u32::MAX;
+        // A seeder with a bad entry (another size than the swarm's) is skipped.
+        let _ = st.announce(&a, now);
     }
     StatusCode::NO_CONTENT.into_response()
 }

@@ -1,60 +1,66 @@
 //! Downloading one blob through the swarm.
 //!
-//! One task owns the blob's writer and a [`PieceScheduler`]. It announces to the
-//! tracker every `interval_ms`, learns peers and piece hashes, asks peers for pieces
-//! (verifying each against its hash before it is stored, served or announced), and,
-//! when the tracker elects it source, streams runs of pieces nobody holds from the
-//! registry and publishes their hashes. If the tracker is unreachable the task carries
-//! on from the registry itself: a pull never fails because of Starling while the
-//! registry is up.
+//! One task owns the blob's [`PieceWriter`] and a [`PieceScheduler`]. It announces to
+//! the tracker for membership, the source election and piece hashes; it keeps a
+//! connection (a channel on a shared connection) to each peer it was handed, learns
+//! what they hold as it happens (bitfield, then HAVEs), and keeps each peer's window
+//! of piece requests full. Pieces are written into the file by the connections as they
+//! arrive and kept only once their BLAKE3 hash matches the hash published by the
+//! agent that read the piece from the registry. When the tracker elects this agent
+//! source, it streams the pieces nobody holds from the registry, hashing them as they
+//! pass; peers learn them from its HAVEs (with the hash) and from the tracker. If the
+//! tracker is unreachable the task carries on from the registry itself: a pull never
+//! fails because of Starling while the registry is up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use oci::Digest;
-use sha2::{Digest as _, Sha256};
-use store::{BlobWriter, Inflight};
-use swarm::scheduler::SchedulerConfig;
-use swarm::{AnnounceRequest, Bitfield, PieceLayout, PieceScheduler, Role};
+use ratelimit::TokenBucket;
+use store::{BlobWriter, Inflight, PieceWriter};
+use swarm::scheduler::{seed_for, SchedulerConfig};
+use swarm::wire::{ChannelId, RejectReason};
+use swarm::{AnnounceRequest, AnnounceResponse, PieceHash, PieceLayout, PieceScheduler, Role};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
+use super::conn::{PeerConn, PeerEvent};
 use super::P2p;
-use crate::Agent;
+use crate::{Agent, Error};
 
+/// The name the scheduler knows the registry stream by.
 const REGISTRY: &str = "\u{0}registry";
 
 /// How long without a tracker answer before the agent fetches from the registry itself.
-const TRACKER_GRACE: Duration = Duration::from_secs(2);
+const TRACKER_GRACE: Duration = Duration::from_secs(3);
+
+/// How often a source pushes new piece hashes to the tracker (for peers that are not
+/// connected to it), at most.
+const HASH_PUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// A registry run that yields nothing for this long publishes what it has buffered.
+const RUN_QUIET: Duration = Duration::from_millis(5);
+
+/// Peer links kept per blob: twice the tracker's handout, so peers handed out in
+/// earlier announces stay connected while they are useful.
+const MAX_LINKS: usize = 48;
 
 pub(crate) enum Start {
     /// The swarm download runs; stream from this inflight.
     Started(Arc<Inflight>, u64),
-    /// Not a swarm blob (small, or no tracker): use the plain registry path.
-    Fallback(BlobWriter),
+    /// Not a swarm blob (small, or the tracker is unreachable): the plain registry path.
+    NotSwarm(BlobWriter),
     Failed(oci::Error),
     /// The store cannot take the blob: stream it without caching.
     Passthrough(u64),
 }
 
-enum Event {
-    Piece {
-        piece: u32,
-        from: String,
-        data: Result<Bytes, String>,
-    },
-    /// A registry run ended; pieces in `undelivered` were claimed but not produced.
-    RegistryEnded {
-        undelivered: Vec<u32>,
-        error: Option<String>,
-    },
-}
-
-fn sha_hex(b: &[u8]) -> String {
-    hex::encode(Sha256::digest(b))
+/// What the download task learns from the tasks it spawns.
+enum Internal {
+    Announced(Box<Result<AnnounceResponse, Error>>, BTreeMap<u32, String>, Vec<String>),
+    TrackerHashes(BTreeMap<u32, String>),
 }
 
 pub(crate) async fn start(
@@ -64,28 +70,29 @@ pub(crate) async fn start(
     repo: String,
     d: Digest,
     mut writer: BlobWriter,
+    limit: Option<Arc<TokenBucket>>,
 ) -> Start {
-    let mut req = base_request(&p2p, &d);
+    let req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
     let mut resp = match p2p.announce(&req).await {
         Ok(r) => r,
         Err(e) => {
             p2p.metrics.tracker_errors.inc();
             warn!(digest = %d, error = %e, "tracker unreachable; fetching from the registry directly");
-            return Start::Fallback(writer);
+            return Start::NotSwarm(writer);
         }
     };
     // Peers may have to wait a moment for the source to learn the size.
     let deadline = Instant::now() + Duration::from_secs(10);
     while resp.role == Role::Peer && resp.size.is_none() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
         match p2p.announce(&req).await {
             Ok(r) => resp = r,
-            Err(_) => return Start::Fallback(writer),
+            Err(_) => return Start::NotSwarm(writer),
         }
     }
     let mut first_stream = None;
     let size = match (resp.role, resp.size) {
-        (Role::Direct, _) => return Start::Fallback(writer),
+        (Role::Direct, _) => return Start::NotSwarm(writer),
         (_, Some(s)) => s,
         (Role::Source, None) if writer.offset() == 0 => {
             // The source learns the size from the registry's answer and keeps that stream.
@@ -95,7 +102,7 @@ pub(crate) async fn start(
                         first_stream = Some(r.stream);
                         t
                     }
-                    None => return Start::Fallback(writer),
+                    None => return Start::NotSwarm(writer),
                 },
                 Err(e) => {
                     writer.fail(&e.to_string());
@@ -112,89 +119,101 @@ pub(crate) async fn start(
         },
     };
     if size < p2p.threshold && resp.role != Role::Source {
-        return Start::Fallback(writer);
+        return Start::NotSwarm(writer);
     }
-    let layout = PieceLayout::new(
-        size,
-        if resp.piece_size > 1 {
-            resp.piece_size
-        } else {
-            swarm::pieces::piece_size_for(size, p2p.piece_size)
-        },
-    );
+    let piece_size = if resp.piece_size > 1 {
+        resp.piece_size
+    } else {
+        p2p.piece_size
+            .unwrap_or_else(|| swarm::pieces::piece_size_for(size, p2p.link_bytes_per_sec))
+    };
+    // The tracker relays what the first announcer proposed: checked like any input.
+    let layout = match PieceLayout::checked(size, piece_size) {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(digest = %d, error = %e, "swarm geometry refused; fetching from the registry directly");
+            return Start::NotSwarm(writer);
+        }
+    };
     writer.set_total(size);
     if let Err(e) = writer.reserve() {
         warn!(digest = %d, error = %e, "cannot cache blob; streaming it without caching");
         writer.fail(&e.to_string());
         return Start::Passthrough(size);
     }
-    let claims = writer.enable_pieces(layout);
-    req.size = Some(size);
-    req.piece_size = Some(layout.piece_size);
-    let inflight = writer.inflight();
+    let (w, claims) = writer.into_pieces(layout);
+    let inflight = w.inflight();
     let sched = PieceScheduler::new(
-        writer
-            .pieces()
-            .cloned()
-            .unwrap_or_else(|| Bitfield::new(layout.count())),
+        w.held(),
+        layout.piece_size,
         SchedulerConfig {
-            seed: swarm::scheduler::seed_for(&p2p.node),
-            ..Default::default()
+            seed: seed_for(&p2p.node),
+            ..p2p.sched_cfg.clone()
         },
     );
+    let (events_tx, events_rx) = mpsc::channel(1024);
+    let (internal_tx, internal_rx) = mpsc::channel(16);
     let mut dl = Download {
         agent,
         p2p,
         registry,
         repo,
         d,
-        writer,
+        limit,
+        w,
         layout,
         sched,
-        hashes: BTreeMap::new(),
-        new_hashes: BTreeMap::new(),
+        hashes: vec![None; layout.count() as usize],
+        publish: BTreeMap::new(),
         bad: Vec::new(),
         role: Role::Peer,
-        peers: HashMap::new(),
-        registry_running: false,
-        last_tracker_ok: Instant::now(),
-        pending: HashMap::new(),
+        source: None,
+        links: HashMap::new(),
+        events_tx,
+        internal_tx,
+        unverified: HashMap::new(),
         claims,
+        run: None,
+        budgeted: HashSet::new(),
+        last_tracker_ok: Instant::now(),
+        last_announce: Instant::now(),
+        announcing: false,
+        last_hash_fetch: None,
+        last_peer_hash_ask: None,
+        interval: Duration::from_millis(resp.interval_ms.clamp(50, 10_000)),
+        clock: Instant::now(),
         started: Instant::now(),
         peer_bytes: 0,
         registry_bytes: 0,
-        interval_ms: resp.interval_ms,
-        complete_peers: Vec::new(),
-        last_hash_fetch: None,
-        wait_for_upload_slots: false,
+        registry_retry_at: None,
     };
     dl.absorb(resp);
-    tokio::spawn(dl.run(first_stream));
+    tokio::spawn(dl.run(events_rx, internal_rx, first_stream));
     Start::Started(inflight, size)
 }
 
-fn base_request(p2p: &P2p, d: &Digest) -> AnnounceRequest {
-    AnnounceRequest {
-        node: p2p.node.clone(),
-        addr: p2p.addr.clone(),
-        topology: p2p.topology.clone(),
-        digest: d.clone(),
-        size: None,
-        piece_size: None,
-        have: None,
-        complete: false,
-        fetching_from_registry: false,
-        hashes: BTreeMap::new(),
-        known_hashes: 0,
-        bad_peers: vec![],
-        leaving: false,
-    }
-}
-
 async fn leave(p2p: &P2p, d: &Digest) {
-    let mut req = base_request(p2p, d);
+    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, d);
     req.leaving = true;
     let _ = p2p.announce(&req).await;
+}
+
+/// A peer handed out by the tracker, and our channel to it.
+struct Link {
+    addr: String,
+    distance: u8,
+    conn: Option<(Arc<PeerConn>, ChannelId)>,
+    connecting: bool,
+    retry_at: Option<Instant>,
+    /// Whether the tracker still hands it out.
+    fresh: bool,
+}
+
+/// A registry run in progress: pieces `[first, end)`.
+struct RegistryRun {
+    first: u32,
+    end: u32,
+    stream: oci::upstream::ByteStream,
 }
 
 struct Download {
@@ -203,193 +222,239 @@ struct Download {
     registry: String,
     repo: String,
     d: Digest,
-    writer: BlobWriter,
+    /// A prewarm's rate limit for this blob (peers and registry alike).
+    limit: Option<Arc<TokenBucket>>,
+    w: PieceWriter,
     layout: PieceLayout,
     sched: PieceScheduler,
-    hashes: BTreeMap<u32, String>,
-    new_hashes: BTreeMap<u32, String>,
+    /// Trusted piece hashes: from the tracker, or from the source's own connection.
+    hashes: Vec<Option<PieceHash>>,
+    /// Hashes this agent computed from registry bytes, not yet sent to the tracker.
+    publish: BTreeMap<u32, String>,
     bad: Vec<String>,
     role: Role,
-    /// node → address
-    peers: HashMap<String, String>,
-    registry_running: bool,
-    last_tracker_ok: Instant,
-    /// Pieces received before their hash was known.
-    pending: HashMap<u32, (String, Bytes)>,
+    /// The agent the tracker elected source (whose HAVE hashes are trusted).
+    source: Option<String>,
+    links: HashMap<String, Link>,
+    events_tx: mpsc::Sender<PeerEvent>,
+    internal_tx: mpsc::Sender<Internal>,
+    /// Pieces received before their hash was known: their bytes wait in the file,
+    /// claimed, with the hash they had.
+    unverified: HashMap<u32, (String, PieceHash)>,
     /// Pieces on disk from before a restart, to re-verify once hashes are known.
     claims: Vec<u32>,
+    run: Option<RegistryRun>,
+    /// Requests that took from the agent-wide budget, to give back when they end.
+    budgeted: HashSet<(u32, String)>,
+    last_tracker_ok: Instant,
+    last_announce: Instant,
+    announcing: bool,
+    last_hash_fetch: Option<Instant>,
+    last_peer_hash_ask: Option<Instant>,
+    interval: Duration,
+    clock: Instant,
     started: Instant,
     peer_bytes: u64,
     registry_bytes: u64,
-    interval_ms: u64,
-    /// Addresses of peers holding the whole (verified) blob.
-    complete_peers: Vec<String>,
-    last_hash_fetch: Option<Instant>,
-    /// The tracker's advice: ask holders to keep requests in line (large swarms).
-    wait_for_upload_slots: bool,
+    registry_retry_at: Option<Instant>,
 }
 
 impl Download {
-    fn known_prefix(&self) -> u32 {
-        (0..self.layout.count())
-            .find(|i| !self.hashes.contains_key(i))
-            .unwrap_or(self.layout.count())
+    fn now_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
     }
 
-    fn request(&mut self) -> AnnounceRequest {
-        let mut r = base_request(&self.p2p, &self.d);
+    fn request(&self) -> AnnounceRequest {
+        let mut r = AnnounceRequest::new(&self.p2p.node, &self.p2p.addr, &self.p2p.topology, &self.d);
         r.size = Some(self.layout.blob_size);
         r.piece_size = Some(self.layout.piece_size);
-        r.have = Some(self.sched.have().clone());
-        r.fetching_from_registry = self.registry_running;
-        r.hashes = self.new_hashes.clone();
-        r.known_hashes = self.known_prefix();
+        r.have = Some(self.w.held());
+        r.fetching_from_registry = self.run.is_some();
+        r.hashes = self.publish.clone();
+        r.known_hashes = self
+            .hashes
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(self.hashes.len()) as u32;
         r.bad_peers = self.bad.clone();
         r
     }
 
-    fn absorb(&mut self, resp: swarm::AnnounceResponse) {
-        self.wait_for_upload_slots = resp.wait_for_upload_slots;
+    fn absorb(&mut self, resp: AnnounceResponse) {
         if resp.role == Role::Source && self.role != Role::Source {
             info!(digest = %self.d, "elected to fetch from the registry");
             self.p2p.metrics.source_roles.inc();
         }
         self.role = resp.role;
-        for (i, h) in resp.hashes {
-            self.hashes.entry(i).or_insert(h);
-        }
+        self.source = resp.source.clone();
+        self.interval = Duration::from_millis(resp.interval_ms.clamp(50, 10_000));
+        self.sched.set_stripe(resp.stripe.map(|[i, n]| (i, n)));
+        self.learn_hashes(resp.hashes);
         self.p2p.metrics.swarm_peers.set(resp.peers.len() as i64);
-        let mut seen = Vec::new();
-        self.complete_peers = resp
-            .peers
-            .iter()
-            .filter(|p| p.have.is_none())
-            .map(|p| p.addr.clone())
-            .collect();
+        for l in self.links.values_mut() {
+            l.fresh = false;
+        }
         for p in resp.peers {
+            if p.node == self.p2p.node {
+                continue;
+            }
             let distance = self.p2p.topology.distance(&p.topology);
-            seen.push(p.node.clone());
-            self.peers.insert(p.node.clone(), p.addr.clone());
-            self.sched.set_peer(&p.node, p.have, distance);
-        }
-        let gone: Vec<String> = self
-            .peers
-            .keys()
-            .filter(|n| !seen.contains(n))
-            .cloned()
-            .collect();
-        for n in gone {
-            self.peers.remove(&n);
-            self.sched.remove_peer(&n);
-        }
-    }
-
-    async fn announce(&mut self) {
-        let req = self.request();
-        match self.p2p.announce(&req).await {
-            Ok(resp) => {
-                self.last_tracker_ok = Instant::now();
-                self.new_hashes.clear();
-                self.bad.clear();
-                self.absorb(resp);
+            let link = self.links.entry(p.node.clone()).or_insert_with(|| Link {
+                addr: p.addr.clone(),
+                distance,
+                conn: None,
+                connecting: false,
+                retry_at: None,
+                fresh: true,
+            });
+            link.fresh = true;
+            link.distance = distance;
+            if link.addr != p.addr && link.conn.is_none() {
+                link.addr = p.addr.clone();
             }
-            Err(e) => {
-                self.p2p.metrics.tracker_errors.inc();
-                debug!(digest = %self.d, error = %e, "announce failed");
+        }
+        // Too many links: drop stale ones that are not connected first.
+        if self.links.len() > MAX_LINKS {
+            let mut stale: Vec<String> = self
+                .links
+                .iter()
+                .filter(|(_, l)| !l.fresh && l.conn.is_none() && !l.connecting)
+                .map(|(n, _)| n.clone())
+                .collect();
+            stale.truncate(self.links.len() - MAX_LINKS);
+            for n in stale {
+                self.links.remove(&n);
             }
         }
     }
 
-    async fn run(mut self, first_stream: Option<oci::upstream::ByteStream>) {
-        let (tx, mut rx) = mpsc::channel::<Event>(8);
+    fn learn_hashes(&mut self, hashes: BTreeMap<u32, String>) {
+        for (i, h) in hashes {
+            if let (Some(slot), Ok(h)) = (self.hashes.get_mut(i as usize), PieceHash::from_hex(&h)) {
+                slot.get_or_insert(h);
+            }
+        }
+    }
+
+    fn spawn_announce(&mut self, complete: bool) {
+        if self.announcing {
+            return;
+        }
+        self.announcing = true;
+        self.last_announce = Instant::now();
+        let mut req = self.request();
+        if complete {
+            req.complete = true;
+            req.have = None;
+        }
+        let sent_hashes = req.hashes.clone();
+        let sent_bad = req.bad_peers.clone();
+        let (p2p, tx) = (self.p2p.clone(), self.internal_tx.clone());
+        tokio::spawn(async move {
+            let r = p2p.announce(&req).await;
+            let _ = tx.send(Internal::Announced(Box::new(r), sent_hashes, sent_bad)).await;
+        });
+    }
+
+    async fn run(
+        mut self,
+        mut events: mpsc::Receiver<PeerEvent>,
+        mut internal: mpsc::Receiver<Internal>,
+        first_stream: Option<oci::upstream::ByteStream>,
+    ) {
         if let Some(stream) = first_stream {
-            self.start_registry_run(0, self.layout.count(), Some(stream), &tx);
+            self.begin_run(0, self.layout.count(), Some(stream)).await;
         }
-        let mut tick =
-            tokio::time::interval(Duration::from_millis(self.interval_ms.clamp(20, 5_000)));
+        self.connect_links();
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut run_quiet = false;
         loop {
-            self.verify_claims().await;
-            self.settle_pending().await;
-            if self.sched.is_complete() {
+            if self.w.is_complete() {
                 break;
             }
-            // Without a tracker for a while: act as our own source.
-            let tracker_lost = self.last_tracker_ok.elapsed() > TRACKER_GRACE;
-            if (self.role == Role::Source || tracker_lost) && !self.registry_running {
-                if let Some((a, b)) = self.next_registry_run() {
-                    self.start_registry_run(a, b, None, &tx);
-                }
-            }
-            let requests = self.sched.next_requests();
-            // The read head: the first missing piece (a scan of the bitfield, once).
-            let head = self.sched.have().prefix();
-            for r in requests {
-                let Some(addr) = self.peers.get(&r.peer).cloned() else {
-                    self.sched.on_failed(r.piece, &r.peer, false);
-                    continue;
-                };
-                let (p2p, d, tx, ps, wait) = (
-                    self.p2p.clone(),
-                    self.d.clone(),
-                    tx.clone(),
-                    self.layout.piece_size,
-                    self.wait_for_upload_slots,
-                );
-                let lane = if r.piece == head {
-                    p2p.head_requests.clone()
-                } else {
-                    p2p.requests.clone()
-                };
-                tokio::spawn(async move {
-                    let _slot = lane.acquire_owned().await;
-                    let data = p2p.fetch_piece(&addr, &d, r.piece, ps, wait).await;
-                    if let (Ok(b), Some(l)) = (&data, p2p.prewarm_limit(&d)) {
-                        l.acquire(b.len() as u64).await;
-                    }
-                    let _ = tx
-                        .send(Event::Piece {
-                            piece: r.piece,
-                            from: r.peer,
-                            data,
-                        })
-                        .await;
-                });
-            }
+            self.schedule().await;
+            let run_active = self.run.is_some();
             tokio::select! {
-                ev = rx.recv() => match ev {
-                    Some(ev) => {
-                        if let Err(e) = self.handle(ev).await {
-                            warn!(digest = %self.d, error = %e, "swarm download failed");
-                            self.writer.fail(&e);
-                            leave(&self.p2p, &self.d).await;
+                chunk = next_chunk(&mut self.run), if run_active => {
+                    run_quiet = false;
+                    if let Err(e) = self.on_registry_chunk(chunk).await {
+                        self.abort(&e).await;
+                        return;
+                    }
+                }
+                _ = tokio::time::sleep(RUN_QUIET), if run_active && !run_quiet => {
+                    // The registry went quiet: publish what is buffered for readers.
+                    run_quiet = true;
+                    match self.w.flush_run().await {
+                        Ok(held) => self.on_registry_pieces(held),
+                        Err(e) => {
+                            self.abort(&e.to_string()).await;
                             return;
                         }
                     }
-                    None => break,
-                },
+                }
+                ev = events.recv() => {
+                    if let Some(ev) = ev {
+                        if let Err(e) = self.on_event(ev).await {
+                            self.abort(&e.to_string()).await;
+                            return;
+                        }
+                    }
+                }
+                msg = internal.recv() => {
+                    if let Some(msg) = msg {
+                        self.on_internal(msg).await;
+                    }
+                }
                 _ = tick.tick() => {
-                    self.announce().await;
-                    self.fetch_hashes_if_missing().await;
+                    if let Err(e) = self.housekeeping().await {
+                        self.abort(&e.to_string()).await;
+                        return;
+                    }
                 }
             }
         }
+        self.finish().await;
+    }
+
+    async fn abort(&mut self, reason: &str) {
+        warn!(digest = %self.d, error = %reason, "swarm download failed");
+        self.close_links().await;
+        self.w.fail(reason);
+        leave(&self.p2p, &self.d).await;
+    }
+
+    async fn close_links(&mut self) {
+        for l in self.links.values_mut() {
+            if let Some((conn, chan)) = l.conn.take() {
+                conn.close(chan).await;
+            }
+        }
+        let n = self.budgeted.len() as u32;
+        self.budgeted.clear();
+        self.p2p.budget.give_back(n);
+    }
+
+    async fn finish(mut self) {
+        self.close_links().await;
         let size = self.layout.blob_size;
         let secs = self.started.elapsed().as_secs_f64();
+        let (p2p, d, agent) = (self.p2p.clone(), self.d.clone(), self.agent.clone());
         let mut done_req = self.request();
         done_req.complete = true;
         done_req.have = None;
-        let (p2p, d, agent) = (self.p2p.clone(), self.d.clone(), self.agent.clone());
-        self.writer
-            .set_source(if self.peer_bytes >= self.registry_bytes {
-                "peer"
-            } else {
-                "registry"
-            });
-        match self.writer.finish().await {
+        let source = if self.peer_bytes >= self.registry_bytes {
+            "peer"
+        } else {
+            "registry"
+        };
+        self.w.set_source(source);
+        let (peer_bytes, registry_bytes) = (self.peer_bytes, self.registry_bytes);
+        match self.w.finish().await {
             Ok(_) => {
                 info!(
-                    digest = %self.d, bytes = size, from_peers = self.peer_bytes, from_registry = self.registry_bytes,
+                    digest = %d, bytes = size, from_peers = peer_bytes, from_registry = registry_bytes,
                     seconds = format!("{secs:.3}"), mib_per_s = format!("{:.1}", size as f64 / secs.max(1e-6) / 1048576.0),
                     "blob downloaded through the swarm"
                 );
@@ -403,284 +468,485 @@ impl Download {
         }
     }
 
-    /// The first run of consecutive pieces that nobody can give us.
-    fn next_registry_run(&self) -> Option<(u32, u32)> {
-        let orphans = self.sched.orphans();
-        let first = *orphans.first()?;
+    /// Sends the scheduler's next requests over the peers' channels.
+    async fn schedule(&mut self) {
+        let now = self.now_ms();
+        let avail = self.p2p.budget.available();
+        let reqs = self.sched.next_requests(now, avail);
+        for r in reqs {
+            let link = self.links.get(&r.peer).and_then(|l| l.conn.clone());
+            let Some((conn, chan)) = link else {
+                self.sched.on_failed(r.piece, &r.peer, false);
+                continue;
+            };
+            if !r.urgent {
+                self.p2p.budget.take(1);
+                self.budgeted.insert((r.piece, r.peer.clone()));
+            }
+            if conn.request(chan, r.piece, r.urgent).await.is_err() {
+                self.request_ended(r.piece, &r.peer);
+                self.lost(&r.peer);
+            }
+        }
+    }
+
+    fn request_ended(&mut self, piece: u32, peer: &str) {
+        if self.budgeted.remove(&(piece, peer.to_owned())) {
+            self.p2p.budget.give_back(1);
+        }
+    }
+
+    /// The peer's channel is gone: its requests end, it leaves the scheduler.
+    fn lost(&mut self, peer: &str) {
+        for piece in self.sched.remove_peer(peer) {
+            self.request_ended(piece, peer);
+        }
+        if let Some(l) = self.links.get_mut(peer) {
+            l.conn = None;
+            l.connecting = false;
+            l.retry_at = Some(Instant::now() + Duration::from_secs(1));
+        }
+    }
+
+    /// Dials the links that have no channel yet (shared connections are reused).
+    fn connect_links(&mut self) {
+        let now = Instant::now();
+        for (node, l) in self.links.iter_mut() {
+            if l.conn.is_some() || l.connecting || l.retry_at.is_some_and(|t| t > now) {
+                continue;
+            }
+            if self.sched.is_banned(node) {
+                continue;
+            }
+            l.connecting = true;
+            let (p2p, node, addr, tx) = (self.p2p.clone(), node.clone(), l.addr.clone(), self.events_tx.clone());
+            let (inflight, layout, limit) = (self.w.inflight(), self.layout, self.limit.clone());
+            tokio::spawn(async move {
+                let ev = match p2p.pool.get(&p2p, &node, &addr).await {
+                    Ok(conn) => match conn.open(inflight, layout, tx.clone(), limit).await {
+                        Ok(chan) => PeerEvent::Connected {
+                            peer: node,
+                            conn,
+                            chan,
+                        },
+                        Err(e) => PeerEvent::ConnectFailed {
+                            peer: node,
+                            error: e.to_string(),
+                        },
+                    },
+                    Err(e) => PeerEvent::ConnectFailed {
+                        peer: node,
+                        error: e.to_string(),
+                    },
+                };
+                let _ = tx.send(ev).await;
+            });
+        }
+    }
+
+    async fn on_event(&mut self, ev: PeerEvent) -> Result<(), store::Error> {
+        let now = self.now_ms();
+        match ev {
+            PeerEvent::Connected { peer, conn, chan } => match self.links.get_mut(&peer) {
+                Some(l) => {
+                    l.connecting = false;
+                    l.conn = Some((conn, chan));
+                }
+                None => conn.close(chan).await,
+            },
+            PeerEvent::ConnectFailed { peer, error } => {
+                debug!(digest = %self.d, %peer, %error, "cannot reach peer");
+                if let Some(l) = self.links.get_mut(&peer) {
+                    l.connecting = false;
+                    l.retry_at = Some(Instant::now() + Duration::from_secs(2));
+                }
+            }
+            PeerEvent::Holds { peer, have } => {
+                let distance = self.links.get(&peer).map_or(2, |l| l.distance);
+                self.sched.set_peer_at(&peer, have, distance, now);
+            }
+            PeerEvent::NotHeld { peer } => {
+                for piece in self.sched.remove_peer(&peer) {
+                    self.request_ended(piece, &peer);
+                }
+                if let Some(l) = self.links.get_mut(&peer) {
+                    if let Some((conn, chan)) = l.conn.take() {
+                        conn.close(chan).await;
+                    }
+                    l.retry_at = Some(Instant::now() + Duration::from_secs(2));
+                }
+            }
+            PeerEvent::Have { peer, piece, hash } => {
+                if let Some(h) = hash {
+                    // Only the elected source's word on a hash counts: it read the
+                    // piece from the registry. Anyone else's is ignored.
+                    if self.source.as_deref() == Some(peer.as_str()) {
+                        if let Some(slot) = self.hashes.get_mut(piece as usize) {
+                            slot.get_or_insert(h);
+                        }
+                    }
+                }
+                self.sched.peer_has(&peer, piece, now);
+                self.retarget(piece, &peer).await;
+                self.settle_unverified().await?;
+            }
+            PeerEvent::Progress { peer } => self.sched.on_progress(&peer, now),
+
+            PeerEvent::Received { peer, piece, hash } => {
+                self.request_ended(piece, &peer);
+                self.check_piece(piece, &peer, hash).await?;
+            }
+            PeerEvent::Dropped { peer, piece } => {
+                self.request_ended(piece, &peer);
+                self.sched.forget(piece, &peer);
+            }
+            PeerEvent::Rejected { peer, piece, reason } => {
+                self.request_ended(piece, &peer);
+                match reason {
+                    RejectReason::Busy => self.sched.on_busy(piece, &peer, now),
+                    RejectReason::NotHeld => self.sched.on_not_held(piece, &peer),
+                    RejectReason::Invalid => self.sched.on_failed(piece, &peer, false),
+                    RejectReason::Cancelled => self.sched.forget(piece, &peer),
+                }
+            }
+            PeerEvent::Hashes { peer, first, hashes } => {
+                // A complete peer's hashes come from a digest-verified blob; used only
+                // when no source is publishing (the swarm has only seeders).
+                if self.source.is_none() {
+                    for (k, h) in hashes.into_iter().enumerate() {
+                        if let Some(slot) = self.hashes.get_mut(first as usize + k) {
+                            slot.get_or_insert(h);
+                        }
+                    }
+                    debug!(digest = %self.d, %peer, "piece hashes taken from a complete peer");
+                    self.settle_unverified().await?;
+                }
+            }
+            PeerEvent::Lost { peer } => self.lost(&peer),
+        }
+        Ok(())
+    }
+
+    /// A piece's bytes are in the file: keep them if their hash matches the trusted
+    /// one, wait for the hash if it is not known yet, reject them otherwise.
+    async fn check_piece(&mut self, piece: u32, peer: &str, got: PieceHash) -> Result<(), store::Error> {
+        let now = self.now_ms();
+        match self.hashes.get(piece as usize).copied().flatten() {
+            Some(want) if want == got => {
+                if self.w.mark_received(piece, got).await? {
+                    let len = self.layout.len(piece);
+                    self.peer_bytes += len;
+                    self.p2p.metrics.pieces_from_peers.inc();
+                }
+                self.sched.on_done(piece, peer, now);
+                self.cancel_duplicates(piece).await;
+            }
+            Some(_) => {
+                warn!(digest = %self.d, piece, %peer, "piece failed verification; peer reported and avoided");
+                self.p2p.metrics.pieces_rejected.inc();
+                self.w.inflight().release_piece_claim(piece);
+                self.sched.on_failed(piece, peer, true);
+                self.bad.push(peer.to_owned());
+                if let Some(l) = self.links.get_mut(peer) {
+                    if let Some((conn, chan)) = l.conn.take() {
+                        conn.close(chan).await;
+                    }
+                }
+            }
+            None => {
+                // Held in the file, claimed, until the hash arrives.
+                self.sched.forget(piece, peer);
+                self.sched.claim(piece);
+                self.unverified.insert(piece, (peer.to_owned(), got));
+            }
+        }
+        Ok(())
+    }
+
+    async fn settle_unverified(&mut self) -> Result<(), store::Error> {
+        let ready: Vec<u32> = self
+            .unverified
+            .keys()
+            .copied()
+            .filter(|&i| self.hashes[i as usize].is_some())
+            .collect();
+        for piece in ready {
+            if let Some((peer, got)) = self.unverified.remove(&piece) {
+                self.sched.unclaim(piece);
+                let now = self.now_ms();
+                if self.hashes[piece as usize] == Some(got) {
+                    if self.w.mark_received(piece, got).await? {
+                        self.peer_bytes += self.layout.len(piece);
+                        self.p2p.metrics.pieces_from_peers.inc();
+                    }
+                    self.sched.on_done(piece, &peer, now);
+                } else {
+                    warn!(digest = %self.d, piece, %peer, "piece failed verification; peer reported and avoided");
+                    self.p2p.metrics.pieces_rejected.inc();
+                    self.w.inflight().release_piece_claim(piece);
+                    self.sched.on_failed(piece, &peer, true);
+                    self.bad.push(peer);
+                }
+            }
+        }
+        // Pieces a previous run left on disk are kept once their hashes check out.
+        let ready: Vec<u32> = self
+            .claims
+            .iter()
+            .copied()
+            .filter(|&i| self.hashes.get(i as usize).is_some_and(Option::is_some))
+            .collect();
+        if !ready.is_empty() {
+            self.claims.retain(|i| !ready.contains(i));
+            let mut kept = 0;
+            for i in ready {
+                let Some(h) = self.hashes[i as usize] else {
+                    continue;
+                };
+                if !self.sched.have().get(i) && !self.sched.is_inflight(i) && self.w.verify_existing(i, h).await? {
+                    self.sched.on_done(i, "disk", self.now_ms());
+                    kept += 1;
+                }
+            }
+            if kept > 0 {
+                info!(digest = %self.d, pieces = kept, "kept verified pieces from before the restart");
+            }
+        }
+        Ok(())
+    }
+
+    /// A fresh piece now also at `holder`: a request for it still waiting in the
+    /// source's line is cancelled, so the source's uplink goes to pieces nobody else
+    /// has and this piece comes from the peer that has it.
+    async fn retarget(&mut self, piece: u32, holder: &str) {
+        let Some(source) = self.source.clone() else {
+            return;
+        };
+        if holder == source || self.sched.have().get(piece) {
+            return;
+        }
+        let asked = self.sched.duplicates_of(piece);
+        if asked.len() != 1 || asked[0] != source {
+            return;
+        }
+        if let Some((conn, chan)) = self.links.get(&source).and_then(|l| l.conn.clone()) {
+            if !conn.is_receiving(chan, piece) {
+                conn.cancel(chan, piece).await;
+            }
+        }
+    }
+
+    async fn cancel_duplicates(&mut self, piece: u32) {
+        for peer in self.sched.duplicates_of(piece) {
+            self.sched.forget(piece, &peer);
+            self.request_ended(piece, &peer);
+            if let Some((conn, chan)) = self.links.get(&peer).and_then(|l| l.conn.clone()) {
+                conn.cancel(chan, piece).await;
+            }
+        }
+    }
+
+    async fn on_internal(&mut self, msg: Internal) {
+        match msg {
+            Internal::Announced(r, sent_hashes, sent_bad) => {
+                self.announcing = false;
+                match *r {
+                    Ok(resp) => {
+                        self.last_tracker_ok = Instant::now();
+                        for k in sent_hashes.keys() {
+                            self.publish.remove(k);
+                        }
+                        self.bad.retain(|b| !sent_bad.contains(b));
+                        self.absorb(resp);
+                        self.connect_links();
+                        if let Err(e) = self.settle_unverified().await {
+                            warn!(digest = %self.d, error = %e, "cannot keep verified pieces");
+                        }
+                    }
+                    Err(e) => {
+                        self.p2p.metrics.tracker_errors.inc();
+                        debug!(digest = %self.d, error = %e, "announce failed");
+                    }
+                }
+            }
+            Internal::TrackerHashes(h) => {
+                self.learn_hashes(h);
+                if let Err(e) = self.settle_unverified().await {
+                    warn!(digest = %self.d, error = %e, "cannot keep verified pieces");
+                }
+            }
+        }
+    }
+
+    async fn housekeeping(&mut self) -> Result<(), store::Error> {
+        let since = self.last_announce.elapsed();
+        if since >= self.interval || (!self.publish.is_empty() && since >= HASH_PUSH_EVERY) {
+            self.spawn_announce(false);
+        }
+        self.connect_links();
+        // Pieces waiting for hashes: ask the tracker (it has them from the source).
+        if (!self.unverified.is_empty() || !self.claims.is_empty())
+            && self
+                .last_hash_fetch
+                .is_none_or(|t| t.elapsed() > Duration::from_millis(200))
+        {
+            self.last_hash_fetch = Some(Instant::now());
+            let from = self.hashes.iter().position(Option::is_none).unwrap_or(0) as u32;
+            let (p2p, d, tx) = (self.p2p.clone(), self.d.clone(), self.internal_tx.clone());
+            tokio::spawn(async move {
+                if let Ok(h) = p2p.tracker_hashes(&d, from).await {
+                    let _ = tx.send(Internal::TrackerHashes(h)).await;
+                }
+            });
+        }
+        // No source publishing: ask a complete peer for its hash list.
+        if self.source.is_none()
+            && self.hashes.iter().any(Option::is_none)
+            && self
+                .last_peer_hash_ask
+                .is_none_or(|t| t.elapsed() > Duration::from_secs(2))
+        {
+            let seeder = self
+                .links
+                .iter()
+                .find(|(n, l)| l.conn.is_some() && self.sched.peer_is_complete(n))
+                .and_then(|(_, l)| l.conn.clone());
+            if let Some((conn, chan)) = seeder {
+                self.last_peer_hash_ask = Some(Instant::now());
+                conn.ask_hashes(chan).await;
+            }
+        }
+        // Elected source, or no tracker for a while: fetch what nobody can give.
+        let tracker_lost = self.last_tracker_ok.elapsed() > TRACKER_GRACE;
+        if (self.role == Role::Source || tracker_lost)
+            && self.run.is_none()
+            && self.registry_retry_at.is_none_or(|t| Instant::now() >= t)
+        {
+            if let Some((a, b)) = self.next_registry_run(tracker_lost) {
+                self.begin_run(a, b, None).await;
+            }
+        }
+        self.settle_unverified().await
+    }
+
+    /// The first run of consecutive pieces to fetch from the registry: those nobody
+    /// can give (or, without a tracker, every piece not on its way).
+    fn next_registry_run(&self, everything: bool) -> Option<(u32, u32)> {
+        let inflight = self.w.inflight();
+        let want = |i: u32| {
+            !self.sched.have().get(i)
+                && !self.sched.is_inflight(i)
+                && !self.unverified.contains_key(&i)
+                && !inflight.is_receiving(i)
+        };
+        let pool: Vec<u32> = if everything {
+            (0..self.layout.count()).filter(|&i| want(i)).collect()
+        } else {
+            self.sched.orphans().into_iter().filter(|&i| want(i)).collect()
+        };
+        let first = *pool.first()?;
         let mut end = first + 1;
-        while orphans.contains(&end) {
+        while pool.binary_search(&end).is_ok() {
             end += 1;
         }
         Some((first, end))
     }
 
-    fn start_registry_run(
-        &mut self,
-        first: u32,
-        end: u32,
-        stream: Option<oci::upstream::ByteStream>,
-        tx: &mpsc::Sender<Event>,
-    ) {
-        for i in first..end {
-            self.sched.claim(i, REGISTRY);
-        }
-        self.registry_running = true;
-        let (agent, p2p, tx) = (self.agent.clone(), self.p2p.clone(), tx.clone());
-        let (registry, repo, d, layout) = (
-            self.registry.clone(),
-            self.repo.clone(),
-            self.d.clone(),
-            self.layout,
-        );
-        tokio::spawn(async move {
-            let start = layout.range(first).0;
-            let mut stream = match stream {
-                Some(s) => s,
-                None => match agent.upstream.get_blob(&registry, &repo, &d, start).await {
+    async fn begin_run(&mut self, first: u32, end: u32, stream: Option<oci::upstream::ByteStream>) {
+        let start = self.layout.range(first).0;
+        let stop = self.layout.range(end - 1).1;
+        let stream = match stream {
+            Some(s) => s,
+            None => {
+                // Exactly the run's bytes: the registry sends no more than needed.
+                let bounded = (stop < self.layout.blob_size).then_some(stop);
+                match self
+                    .agent
+                    .upstream
+                    .get_blob_range(&self.registry, &self.repo, &self.d, start, bounded)
+                    .await
+                {
                     Ok(r) => r.stream,
                     Err(e) => {
-                        let _ = tx
-                            .send(Event::RegistryEnded {
-                                undelivered: (first..end).collect(),
-                                error: Some(e.to_string()),
-                            })
-                            .await;
+                        warn!(digest = %self.d, error = %e, "cannot start a registry run; retrying shortly");
+                        self.registry_retry_at = Some(Instant::now() + Duration::from_millis(500));
                         return;
                     }
-                },
-            };
-            let mut piece = first;
-            let mut buf = BytesMut::with_capacity(layout.piece_size as usize);
-            while piece < end {
-                match stream.next().await {
-                    Some(Ok(mut chunk)) => {
-                        if let Some(l) = &p2p.download {
-                            l.acquire(chunk.len() as u64).await;
-                        }
-                        if let Some(l) = p2p.prewarm_limit(&d) {
-                            l.acquire(chunk.len() as u64).await;
-                        }
-                        agent.metrics.upstream_bytes.inc_by(chunk.len() as u64);
-                        p2p.metrics.registry_bytes.inc_by(chunk.len() as u64);
-                        while !chunk.is_empty() && piece < end {
-                            let need = layout.len(piece) as usize - buf.len();
-                            let take = need.min(chunk.len());
-                            buf.extend_from_slice(&chunk.split_to(take));
-                            if buf.len() as u64 == layout.len(piece) {
-                                let data = buf.split().freeze();
-                                if tx
-                                    .send(Event::Piece {
-                                        piece,
-                                        from: REGISTRY.into(),
-                                        data: Ok(data),
-                                    })
-                                    .await
-                                    .is_err()
-                                {
-                                    return;
-                                }
-                                piece += 1;
-                            }
-                        }
-                    }
-                    Some(Err(e)) => {
-                        let _ = tx
-                            .send(Event::RegistryEnded {
-                                undelivered: (piece..end).collect(),
-                                error: Some(e.to_string()),
-                            })
-                            .await;
-                        return;
-                    }
-                    None => break,
                 }
             }
-            let _ = tx
-                .send(Event::RegistryEnded {
-                    undelivered: (piece..end).collect(),
-                    error: (piece < end).then(|| "registry stream ended early".into()),
-                })
-                .await;
-        });
+        };
+        if let Err(e) = self.w.start_run(first, end) {
+            warn!(digest = %self.d, error = %e, "cannot start a registry run");
+            return;
+        }
+        for i in first..end {
+            self.sched.claim(i);
+        }
+        self.run = Some(RegistryRun { first, end, stream });
+        // A new registry fetcher: say so at once, so the tracker keeps the election.
+        self.spawn_announce(false);
     }
 
-    async fn handle(&mut self, ev: Event) -> Result<(), String> {
-        match ev {
-            Event::RegistryEnded { undelivered, error } => {
-                self.registry_running = false;
-                for i in undelivered {
-                    self.sched.on_failed(i, REGISTRY, false);
+    async fn on_registry_chunk(&mut self, chunk: Option<Result<bytes::Bytes, oci::Error>>) -> Result<(), String> {
+        match chunk {
+            Some(Ok(chunk)) => {
+                let n = chunk.len() as u64;
+                if let Some(l) = &self.p2p.download {
+                    l.acquire(n).await;
                 }
-                if let Some(e) = error {
-                    warn!(digest = %self.d, error = %e, "registry run ended early; pieces will be retried");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Some(l) = &self.limit {
+                    l.acquire(n).await;
+                }
+                self.agent.metrics.upstream_bytes.inc_by(n);
+                self.p2p.metrics.registry_bytes.inc_by(n);
+                self.registry_bytes += n;
+                let out = self.w.write_run(chunk).await.map_err(|e| e.to_string())?;
+                self.on_registry_pieces(out.held);
+                if self.w.run_position().is_none() {
+                    self.run = None;
                 }
                 Ok(())
             }
-            Event::Piece {
-                piece,
-                from,
-                data: Err(e),
-            } => {
-                debug!(digest = %self.d, piece, peer = %from, error = %e, "piece request failed");
-                self.sched.on_failed(piece, &from, false);
-                if from != REGISTRY {
-                    // Let the tracker's next answer say whether this peer is still there.
-                    self.sched.remove_peer(&from);
-                    self.peers.remove(&from);
-                }
-                Ok(())
+            Some(Err(e)) => {
+                warn!(digest = %self.d, error = %e, "registry run ended early; pieces will be retried");
+                self.end_run().await
             }
-            Event::Piece {
-                piece,
-                from,
-                data: Ok(data),
-            } => {
-                if from == REGISTRY {
-                    let h = sha_hex(&data);
-                    self.registry_bytes += data.len() as u64;
-                    if let Some(known) = self.hashes.get(&piece) {
-                        if known != &h {
-                            // The registry and the swarm disagree: the registry is the
-                            // authority, and the final digest check will decide.
-                            warn!(digest = %self.d, piece, "registry bytes differ from the published piece hash");
-                        }
-                    }
-                    self.hashes.entry(piece).or_insert_with(|| h.clone());
-                    self.new_hashes.insert(piece, h);
-                    self.store_piece(piece, REGISTRY, data).await
-                } else {
-                    self.check_and_store(piece, from, data).await
+            None => {
+                if self.w.run_position().is_some() {
+                    warn!(digest = %self.d, "registry stream ended early; pieces will be retried");
                 }
+                self.end_run().await
             }
         }
     }
 
-    async fn check_and_store(
-        &mut self,
-        piece: u32,
-        from: String,
-        data: Bytes,
-    ) -> Result<(), String> {
-        let Some(expected) = self.hashes.get(&piece).cloned() else {
-            self.pending.insert(piece, (from, data));
-            return Ok(());
-        };
-        let got = {
-            let data = data.clone();
-            tokio::task::spawn_blocking(move || sha_hex(&data))
-                .await
-                .map_err(|e| e.to_string())?
-        };
-        if got != expected {
-            warn!(digest = %self.d, piece, peer = %from, "piece failed verification; peer reported and avoided");
-            self.p2p.metrics.pieces_rejected.inc();
-            self.sched.on_failed(piece, &from, true);
-            self.bad.push(from);
-            return Ok(());
+    async fn end_run(&mut self) -> Result<(), String> {
+        let held = self.w.abort_run().await.map_err(|e| e.to_string())?;
+        self.on_registry_pieces(held);
+        if let Some(run) = self.run.take() {
+            for i in run.first..run.end {
+                self.sched.unclaim(i);
+            }
         }
-        self.peer_bytes += data.len() as u64;
-        self.p2p.metrics.peer_bytes.inc_by(data.len() as u64);
-        self.p2p.metrics.pieces_from_peers.inc();
-        self.store_piece(piece, &from, data).await
+        self.registry_retry_at = Some(Instant::now() + Duration::from_millis(200));
+        Ok(())
     }
 
-    async fn store_piece(&mut self, piece: u32, from: &str, data: Bytes) -> Result<(), String> {
-        if !self.sched.on_done(piece, from) {
-            return Ok(());
-        }
-        self.writer
-            .write_piece(piece, data)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    async fn settle_pending(&mut self) {
-        let ready: Vec<u32> = self
-            .pending
-            .keys()
-            .copied()
-            .filter(|i| self.hashes.contains_key(i))
-            .collect();
-        for i in ready {
-            if let Some((from, data)) = self.pending.remove(&i) {
-                if let Err(e) = self.check_and_store(i, from, data).await {
-                    warn!(error = %e, "storing a pending piece failed");
-                }
+    fn on_registry_pieces(&mut self, held: Vec<(u32, PieceHash)>) {
+        let now = self.now_ms();
+        for (i, h) in held {
+            self.sched.on_done(i, REGISTRY, now);
+            if let Some(slot) = self.hashes.get_mut(i as usize) {
+                *slot = Some(h);
             }
+            self.publish.insert(i, h.to_hex());
         }
     }
+}
 
-    /// Piece hashes normally come from the source through the tracker. When no source
-    /// is publishing (the swarm has only complete seeders, e.g. after a tracker
-    /// restart), ask a complete peer: its blob passed the digest check, so hashes
-    /// computed from it are as trustworthy as the source's.
-    async fn fetch_hashes_if_missing(&mut self) {
-        if self.hashes.len() as u32 >= self.layout.count() || self.complete_peers.is_empty() {
-            return;
-        }
-        let needed = !self.pending.is_empty()
-            || !self.claims.is_empty()
-            || (self.hashes.is_empty() && self.role == Role::Peer);
-        if !needed
-            || self
-                .last_hash_fetch
-                .is_some_and(|t| t.elapsed() < Duration::from_secs(2))
-        {
-            return;
-        }
-        self.last_hash_fetch = Some(Instant::now());
-        let addr = self.complete_peers
-            [(self.started.elapsed().as_millis() as usize) % self.complete_peers.len()]
-        .clone();
-        match self
-            .p2p
-            .fetch_hashes(&addr, &self.d, self.layout.piece_size)
-            .await
-        {
-            Ok(list) if list.len() as u32 == self.layout.count() => {
-                for (i, h) in list.into_iter().enumerate() {
-                    self.hashes.entry(i as u32).or_insert(h);
-                }
-                debug!(digest = %self.d, peer = %addr, "piece hashes taken from a complete peer");
-            }
-            Ok(list) => {
-                warn!(digest = %self.d, peer = %addr, got = list.len(), "peer sent a wrong number of piece hashes")
-            }
-            Err(e) => {
-                debug!(digest = %self.d, peer = %addr, error = %e, "cannot fetch piece hashes")
-            }
-        }
-    }
-
-    /// Pieces a previous run left on disk are kept once their hashes check out.
-    async fn verify_claims(&mut self) {
-        let ready: Vec<u32> = self
-            .claims
-            .iter()
-            .copied()
-            .filter(|i| self.hashes.contains_key(i))
-            .collect();
-        if ready.is_empty() {
-            return;
-        }
-        self.claims.retain(|i| !ready.contains(i));
-        let mut kept = 0;
-        for i in ready {
-            if self.sched.have().get(i) {
-                continue;
-            }
-            if let Ok(bytes) = self.writer.read_piece(i).await {
-                if Some(&sha_hex(&bytes)) == self.hashes.get(&i)
-                    && self.writer.accept_existing(i).await.is_ok()
-                {
-                    self.sched.on_done(i, "disk");
-                    kept += 1;
-                }
-            }
-        }
-        if kept > 0 {
-            info!(digest = %self.d, pieces = kept, "kept verified pieces from before the restart");
-        }
+async fn next_chunk(run: &mut Option<RegistryRun>) -> Option<Result<bytes::Bytes, oci::Error>> {
+    match run {
+        Some(r) => r.stream.next().await,
+        None => std::future::pending().await,
     }
 }

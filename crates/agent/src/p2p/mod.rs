@@ -1,28 +1,27 @@
 //! The agent as a swarm peer: announcing to the tracker, serving verified pieces to
-//! other agents, and downloading blobs piece by piece from peers (and, when elected,
-//! from the registry).
+//! other agents over long-lived peer connections, and downloading blobs piece by piece
+//! from peers (and, when elected, from the registry).
 
+mod conn;
 mod download;
 mod serve;
+mod wire_io;
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use origin::TokenBucket;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use swarm::{AnnounceRequest, AnnounceResponse, Topology};
-use tokio::sync::Semaphore;
+use ratelimit::TokenBucket;
+use swarm::scheduler::SchedulerConfig;
+use swarm::upload::{RequestBudget, UploadConfig, UploadQueue};
+use swarm::{AnnounceRequest, AnnounceResponse, PieceHash, Topology};
 
 pub(crate) use download::{start, Start};
-pub(crate) use serve::{hashes_handler, piece_handler};
 
 use crate::config::{parse_size, AgentConfig};
 use crate::Error;
-
-/// Read-head requests in flight at once, over all blobs: one per layer a runtime pulls
-/// at a time (containerd: 3; the pull client: 4).
-pub(crate) const HEAD_REQUESTS: usize = 4;
 
 pub struct P2pMetrics {
     pub peer_bytes: Counter,
@@ -31,11 +30,12 @@ pub struct P2pMetrics {
     pub pieces_rejected: Counter,
     pub pieces_from_peers: Counter,
     pub uploads_refused: Counter,
-    pub uploads_queued: Counter,
     pub uploads_active: Gauge,
     pub tracker_errors: Counter,
     pub swarm_peers: Gauge,
     pub source_roles: Counter,
+    pub peer_auth_failures: Counter,
+    pub peers_stalled: Counter,
 }
 
 impl P2pMetrics {
@@ -47,11 +47,12 @@ impl P2pMetrics {
             pieces_rejected: Counter::default(),
             pieces_from_peers: Counter::default(),
             uploads_refused: Counter::default(),
-            uploads_queued: Counter::default(),
             uploads_active: Gauge::default(),
             tracker_errors: Counter::default(),
             swarm_peers: Gauge::default(),
             source_roles: Counter::default(),
+            peer_auth_failures: Counter::default(),
+            peers_stalled: Counter::default(),
         };
         r.register(
             "p2p_peer_bytes",
@@ -80,17 +81,12 @@ impl P2pMetrics {
         );
         r.register(
             "p2p_uploads_refused",
-            "Piece requests refused because of the upload cap",
+            "Piece requests answered busy because the upload line was full",
             m.uploads_refused.clone(),
         );
         r.register(
-            "p2p_uploads_queued",
-            "Piece requests that waited for an upload slot",
-            m.uploads_queued.clone(),
-        );
-        r.register(
             "p2p_uploads_active",
-            "Upload slots in use (a slot is held until the piece's last byte is in the socket)",
+            "Pieces being sent to peers right now",
             m.uploads_active.clone(),
         );
         r.register(
@@ -108,39 +104,47 @@ impl P2pMetrics {
             "Times this agent was elected to fetch a blob from the registry",
             m.source_roles.clone(),
         );
+        r.register(
+            "p2p_peer_auth_failures",
+            "Peer connections that failed the cluster-token challenge",
+            m.peer_auth_failures.clone(),
+        );
+        r.register(
+            "p2p_peers_stalled",
+            "Peer connections dropped because they sent nothing while holding requests",
+            m.peers_stalled.clone(),
+        );
         m
     }
 }
 
 pub struct P2p {
     pub node: String,
+    /// Where peers reach this agent's peer listener, `host:port`.
     pub addr: String,
     pub topology: Topology,
     tracker: String,
     token: Option<String>,
     pub(crate) http: reqwest::Client,
     pub(crate) upload: Option<TokenBucket>,
-    pub(crate) download: Option<TokenBucket>,
-    /// Upload slots; a slot is held until the piece's last byte is in the socket.
-    pub(crate) uploads: Arc<Semaphore>,
-    /// Requests waiting for an upload slot, and how many may (`upload_queue`).
-    pub(crate) upload_waiting: Arc<std::sync::atomic::AtomicUsize>,
-    pub(crate) upload_queue: usize,
-    pub(crate) upload_wait: Duration,
-    pub(crate) requests: Arc<Semaphore>,
-    /// A lane of its own for each blob's read head (its first missing piece): behind
-    /// the shared line of up to 12 requests per blob it waited seconds, and each 503
-    /// sent it to the back again, so a runtime reading the blob in order saw no byte
-    /// for 20 s while later pieces kept arriving.
-    pub(crate) head_requests: Arc<Semaphore>,
+    /// The node's download limit (shared with the registry path).
+    pub(crate) download: Option<Arc<TokenBucket>>,
+    /// The link speed the piece-size rule plans for (the tighter configured limit).
+    pub(crate) link_bytes_per_sec: Option<u64>,
+    /// The upload line shared by every peer connection, and the signal that a slot or
+    /// a request is there.
+    pub(crate) uploads: parking_lot::Mutex<UploadQueue<u64>>,
+    pub(crate) upload_ready: tokio::sync::Notify,
+    pub(crate) holders: parking_lot::Mutex<HashMap<u64, Arc<serve::HolderConn>>>,
+    /// Piece requests in flight across all blobs.
+    pub(crate) budget: RequestBudget,
+    pub(crate) pool: conn::PeerPool,
+    pub(crate) sched_cfg: SchedulerConfig,
     /// Piece hashes computed from complete blobs, by (digest, piece size).
-    pub(crate) hash_cache:
-        parking_lot::Mutex<std::collections::HashMap<(oci::Digest, u64), Arc<Vec<String>>>>,
-    /// Rate limits of prewarm assignments, by blob: prewarm never floods the network.
-    pub(crate) prewarm_limits:
-        parking_lot::Mutex<std::collections::HashMap<oci::Digest, Arc<TokenBucket>>>,
+    pub(crate) hash_cache: parking_lot::Mutex<HashMap<(oci::Digest, u64), Arc<Vec<PieceHash>>>>,
     pub threshold: u64,
-    pub piece_size: u64,
+    /// A fixed piece size to propose instead of the rule's.
+    pub(crate) piece_size: Option<u64>,
     pub(crate) corrupt: bool,
     pub metrics: P2pMetrics,
 }
@@ -148,15 +152,22 @@ pub struct P2p {
 impl P2p {
     pub(crate) fn from_config(
         cfg: &AgentConfig,
+        advertised: String,
+        download: Option<Arc<TokenBucket>>,
         registry: &mut prometheus_client::registry::Registry,
     ) -> Result<Option<Arc<Self>>, Error> {
         let Some(tracker) = &cfg.tracker else {
             return Ok(None);
         };
-        let limit = |s: &Option<String>| -> Result<Option<TokenBucket>, Error> {
+        let limit = |s: &Option<String>| -> Result<Option<u64>, Error> {
             s.as_deref()
-                .map(|v| parse_size(v).map(TokenBucket::new).map_err(Error::Config))
+                .map(|v| parse_size(v).map_err(Error::Config))
                 .transpose()
+        };
+        let (up, down) = (limit(&cfg.upload_limit)?, limit(&cfg.download_limit)?);
+        let link = match (up, down) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
@@ -166,10 +177,7 @@ impl P2p {
             .map_err(|e| Error::Config(format!("http client: {e}")))?;
         Ok(Some(Arc::new(Self {
             node: cfg.node_name.clone(),
-            addr: cfg
-                .advertise
-                .clone()
-                .unwrap_or_else(|| format!("http://{}", cfg.listen)),
+            addr: advertised,
             topology: Topology {
                 zone: cfg.zone.clone(),
                 rack: cfg.rack.clone(),
@@ -177,25 +185,33 @@ impl P2p {
             tracker: tracker.trim_end_matches('/').to_owned(),
             token: cfg.cluster_token.clone(),
             http,
-            upload: limit(&cfg.upload_limit)?,
-            download: limit(&cfg.download_limit)?,
-            uploads: Arc::new(Semaphore::new(cfg.max_uploads.max(1))),
-            upload_waiting: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-            upload_queue: cfg.upload_queue,
-            upload_wait: cfg.upload_wait,
-            requests: Arc::new(Semaphore::new(cfg.max_piece_requests.max(1))),
-            head_requests: Arc::new(Semaphore::new(HEAD_REQUESTS)),
-            hash_cache: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            prewarm_limits: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            upload: up.map(TokenBucket::new),
+            download,
+            link_bytes_per_sec: link,
+            uploads: parking_lot::Mutex::new(UploadQueue::new(UploadConfig {
+                max_active: cfg.max_uploads.max(1),
+                max_queued_per_conn: cfg.upload_queue.max(1),
+                ..UploadConfig::default()
+            })),
+            upload_ready: tokio::sync::Notify::new(),
+            holders: parking_lot::Mutex::new(HashMap::new()),
+            budget: RequestBudget::new(cfg.max_piece_requests.max(1) as u32),
+            pool: conn::PeerPool::default(),
+            sched_cfg: SchedulerConfig::default(),
+            hash_cache: parking_lot::Mutex::new(HashMap::new()),
             threshold: parse_size(&cfg.p2p_threshold).map_err(Error::Config)?,
-            piece_size: parse_size(&cfg.piece_size).map_err(Error::Config)?,
+            piece_size: match cfg.piece_size.as_deref() {
+                None | Some("auto") => None,
+                Some(v) => Some(parse_size(v).map_err(Error::Config)?),
+            },
             corrupt: cfg.corrupt_pieces,
             metrics: P2pMetrics::register(registry),
         })))
     }
 
-    pub(crate) fn prewarm_limit(&self, d: &oci::Digest) -> Option<Arc<TokenBucket>> {
-        self.prewarm_limits.lock().get(d).cloned()
+    /// Starts the peer listener and the upload dispatcher.
+    pub(crate) fn spawn_server(self: &Arc<Self>, agent: crate::Agent, listener: tokio::net::TcpListener) {
+        tokio::spawn(serve::serve_peers(agent, self.clone(), listener));
     }
 
     pub(crate) fn tracker_url(&self) -> &str {
@@ -224,7 +240,20 @@ impl P2p {
         }
     }
 
-    pub(crate) async fn announce(&self, req: &AnnounceRequest) -> Result<AnnounceResponse, String> {
+    /// This node's answer to a peer's handshake nonce (zeros without a token).
+    pub(crate) fn proof(&self, role: u8, nonce: &[u8; 16], prover: &str) -> [u8; 32] {
+        match &self.token {
+            Some(t) => swarm::wire::handshake_proof(t.as_bytes(), role, nonce, prover),
+            None => [0; 32],
+        }
+    }
+
+    pub(crate) fn proof_ok(&self, proof: &[u8; 32], role: u8, nonce: &[u8; 16], prover: &str) -> bool {
+        swarm::wire::proofs_equal(proof, &self.proof(role, nonce, prover))
+    }
+
+    pub(crate) async fn announce(&self, req: &AnnounceRequest) -> Result<AnnounceResponse, Error> {
+        let tracker_err = |m: String| Error::Tracker { message: m };
         let r = self
             .authed(
                 self.http
@@ -234,15 +263,43 @@ impl P2p {
             .timeout(Duration::from_secs(2))
             .send()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| tracker_err(e.to_string()))?;
         if !r.status().is_success() {
-            return Err(format!("tracker answered {}", r.status()));
+            return Err(tracker_err(format!("tracker answered {}", r.status())));
         }
-        r.json().await.map_err(|e| e.to_string())
+        let body = crate::read_bounded(r, 16 << 20)
+            .await
+            .map_err(|e| tracker_err(e.to_string()))?;
+        serde_json::from_slice(&body).map_err(|e| tracker_err(format!("announce answer: {e}")))
+    }
+
+    /// Piece hashes the tracker holds for a blob, from piece `from` on.
+    pub(crate) async fn tracker_hashes(
+        &self,
+        d: &oci::Digest,
+        from: u32,
+    ) -> Result<BTreeMap<u32, String>, Error> {
+        let tracker_err = |m: String| Error::Tracker { message: m };
+        let r = self
+            .authed(self.http.get(format!(
+                "{}/swarm/v1/hashes?digest={d}&from={from}",
+                self.tracker
+            )))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .map_err(|e| tracker_err(e.to_string()))?;
+        if !r.status().is_success() {
+            return Err(tracker_err(format!("tracker answered {}", r.status())));
+        }
+        let body = crate::read_bounded(r, 8 << 20)
+            .await
+            .map_err(|e| tracker_err(e.to_string()))?;
+        serde_json::from_slice(&body).map_err(|e| tracker_err(format!("hashes answer: {e}")))
     }
 
     /// Tells the tracker which complete blobs this node can serve.
-    pub(crate) async fn seeding(&self, blobs: Vec<(oci::Digest, u64)>) -> Result<(), String> {
+    pub(crate) async fn seeding(&self, blobs: Vec<(oci::Digest, u64)>) -> Result<(), Error> {
         let body = serde_json::json!({
             "node": self.node, "addr": self.addr, "topology": self.topology,
             "blobs": blobs.iter().map(|(d, s)| serde_json::json!({"digest": d, "size": s})).collect::<Vec<_>>(),
@@ -256,78 +313,15 @@ impl P2p {
             .timeout(Duration::from_secs(2))
             .send()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::Tracker {
+                message: e.to_string(),
+            })?;
         if r.status().is_success() {
             Ok(())
         } else {
-            Err(format!("tracker answered {}", r.status()))
+            Err(Error::Tracker {
+                message: format!("tracker answered {}", r.status()),
+            })
         }
-    }
-
-    /// GET `{peer}/p2p/v1/blobs/{digest}/{what}` with the cluster token; non-2xx is an error.
-    async fn peer_get(
-        &self,
-        peer_addr: &str,
-        d: &oci::Digest,
-        what: &str,
-    ) -> Result<reqwest::Response, String> {
-        let url = format!(
-            "{}/p2p/v1/blobs/{d}/{what}",
-            peer_addr.trim_end_matches('/')
-        );
-        let r = self
-            .authed(self.http.get(url))
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if !r.status().is_success() {
-            return Err(format!("peer answered {}", r.status()));
-        }
-        Ok(r)
-    }
-
-    pub(crate) async fn fetch_hashes(
-        &self,
-        peer_addr: &str,
-        d: &oci::Digest,
-        piece_size: u64,
-    ) -> Result<Vec<String>, String> {
-        let r = self
-            .peer_get(peer_addr, d, &format!("hashes?piece_size={piece_size}"))
-            .await?;
-        r.json().await.map_err(|e| e.to_string())
-    }
-
-    pub(crate) async fn fetch_piece(
-        &self,
-        peer_addr: &str,
-        d: &oci::Digest,
-        piece: u32,
-        piece_size: u64,
-        wait: bool,
-    ) -> Result<bytes::Bytes, String> {
-        use futures::StreamExt;
-        let wait = if wait { "&wait=1" } else { "" };
-        let r = self
-            .peer_get(
-                peer_addr,
-                d,
-                &format!("pieces/{piece}?piece_size={piece_size}{wait}"),
-            )
-            .await?;
-        let mut buf = Vec::with_capacity(piece_size as usize);
-        let mut s = r.bytes_stream();
-        while let Some(c) = s.next().await {
-            let c = c.map_err(|e| e.to_string())?;
-            if let Some(l) = &self.download {
-                l.acquire(c.len() as u64).await;
-            }
-            buf.extend_from_slice(&c);
-            if buf.len() as u64 > piece_size {
-                return Err("peer sent more than a piece".into());
-            }
-        }
-        Ok(bytes::Bytes::from(buf))
     }
 }

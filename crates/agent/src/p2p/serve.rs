@@ -1,251 +1,568 @@
-//! Serving pieces to other agents: only bytes that are verified (a complete blob) or a
-//! piece this agent has written after verifying it (a partial blob in piece mode, or
-//! the flushed prefix of a registry stream).
+//! The holder side of peer connections: a listener for other agents, which open
+//! channels on blobs, get this node's bitfield and then its HAVEs as pieces complete,
+//! and ask for pieces. Only verified bytes are served: pieces of a complete blob, or
+//! pieces this node holds (verified against their hash, or read from the registry by
+//! this node as the blob's source).
+//!
+//! Requests go into the agent's upload line (`swarm::upload::UploadQueue`); a
+//! dispatcher hands the next one to its connection's writer, which sends it in `Data`
+//! frames straight from the page cache, interleaved with control frames.
 
-use axum::body::Body;
-use axum::extract::{Path, Query, State};
-use axum::response::{IntoResponse, Response};
-use axum::Extension;
-use futures::StreamExt;
-use http::{header, HeaderMap, StatusCode};
-use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::zerocopy::Sink;
-use crate::Agent;
+use oci::Digest;
+use swarm::upload::{Admit, Queued};
+use swarm::wire::{self, ChannelId, Frame, RejectReason};
+use swarm::{PieceHash, PieceLayout};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tracing::{debug, warn};
 
-#[derive(Deserialize)]
-pub(crate) struct PieceQuery {
-    piece_size: u64,
-    /// `1`: the requester would rather wait in line for an upload slot than be
-    /// refused (its tracker says the swarm is large).
-    #[serde(default)]
-    wait: u8,
+use super::wire_io::{peer_err, send_file, write_frames, FrameReader, DATA_CHUNK, HANDSHAKE_TIMEOUT};
+use super::P2p;
+use crate::{Agent, Error};
+
+/// How long a channel opened on a blob this node has not started yet waits for it.
+const OPEN_WAIT: Duration = Duration::from_secs(60);
+
+/// A piece on its way out: where its bytes are, and the upload slot it holds.
+pub(crate) struct PieceJob {
+    chan: ChannelId,
+    piece: u32,
+    file: Arc<std::fs::File>,
+    offset: u64,
+    len: u64,
+    _slot: UploadSlot,
 }
 
-fn status(code: StatusCode, msg: &str) -> Response {
-    Response::builder()
-        .status(code)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(serde_json::json!({ "error": msg }).to_string()))
-        .unwrap_or_default()
-}
-
-/// What every peer request must pass: P2P on, the cluster token, a valid digest and a
-/// sane piece size.
-fn check(
-    agent: &Agent,
-    digest: &str,
-    piece_size: u64,
-    headers: &HeaderMap,
-) -> Result<(std::sync::Arc<crate::p2p::P2p>, oci::Digest), Response> {
-    let Some(p2p) = agent.p2p.clone() else {
-        return Err(status(StatusCode::NOT_FOUND, "p2p disabled"));
-    };
-    let auth = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if !p2p.token_ok(auth) {
-        return Err(status(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong cluster token",
-        ));
-    }
-    let Ok(d) = oci::Digest::parse(digest) else {
-        return Err(status(StatusCode::BAD_REQUEST, "invalid digest"));
-    };
-    if !((64 << 10)..=(1 << 30)).contains(&piece_size) {
-        return Err(status(StatusCode::BAD_REQUEST, "piece_size out of range"));
-    }
-    Ok((p2p, d))
-}
-
-/// An upload slot, counted in `p2p_uploads_active` while held.
-struct UploadSlot {
-    _permit: tokio::sync::OwnedSemaphorePermit,
-    active: prometheus_client::metrics::gauge::Gauge,
+/// An upload slot; dropping it (the piece's last byte is in the socket, or the
+/// connection died) frees it for the next request in line.
+pub(crate) struct UploadSlot {
+    p2p: Arc<P2p>,
 }
 
 impl Drop for UploadSlot {
     fn drop(&mut self) {
-        self.active.dec();
+        self.p2p.uploads.lock().done();
+        self.p2p.metrics.uploads_active.dec();
+        self.p2p.upload_ready.notify_one();
     }
 }
 
-/// A free upload slot, or, for a requester willing to wait, one that frees within
-/// `upload_wait` while at most `upload_queue` requests wait (in order: tokio's
-/// semaphore is fair).
-async fn upload_slot(p2p: &crate::p2p::P2p, willing: bool) -> Option<UploadSlot> {
-    use std::sync::atomic::Ordering;
-    let permit = match p2p.uploads.clone().try_acquire_owned() {
-        Ok(permit) => permit,
-        Err(_) => {
-            if !willing || p2p.upload_wait.is_zero() {
-                return None;
-            }
-            let waiting = p2p.upload_waiting.clone();
-            if waiting.fetch_add(1, Ordering::AcqRel) >= p2p.upload_queue {
-                waiting.fetch_sub(1, Ordering::AcqRel);
-                return None;
-            }
-            // Leaves the line however this ends, including the requester hanging up.
-            struct InLine(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-            impl Drop for InLine {
-                fn drop(&mut self) {
-                    self.0.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-            let _in_line = InLine(waiting);
-            p2p.metrics.uploads_queued.inc();
-            tokio::time::timeout(p2p.upload_wait, p2p.uploads.clone().acquire_owned())
-                .await
-                .ok()?
-                .ok()?
-        }
-    };
-    p2p.metrics.uploads_active.inc();
-    Some(UploadSlot {
-        _permit: permit,
-        active: p2p.metrics.uploads_active.clone(),
-    })
+struct Chan {
+    digest: Digest,
+    /// The blob as the upload line counts it.
+    blob: u64,
+    layout: PieceLayout,
+    task: AbortHandle,
 }
 
-pub(crate) async fn piece_handler(
-    State(agent): State<Agent>,
-    Path((digest, index)): Path<(String, u32)>,
-    Query(q): Query<PieceQuery>,
-    sink: Option<Extension<Sink>>,
-    headers: HeaderMap,
-) -> Response {
-    let (p2p, d) = match check(&agent, &digest, q.piece_size, &headers) {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    let start = index as u64 * q.piece_size;
-    let span = match agent.store.open_complete(&d) {
-        Ok(Some(open)) => {
-            if start >= open.size {
-                return status(StatusCode::RANGE_NOT_SATISFIABLE, "piece beyond blob");
+/// A stable number for a blob (the upload line counts sends per blob and piece).
+fn blob_key(d: &Digest) -> u64 {
+    let raw = super::conn::raw_digest(d);
+    u64::from_le_bytes([raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7]])
+}
+
+/// One accepted connection, as the dispatcher sees it.
+pub(crate) struct HolderConn {
+    pieces: mpsc::UnboundedSender<PieceJob>,
+    chans: parking_lot::Mutex<HashMap<ChannelId, Chan>>,
+}
+
+static CONN_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// Accepts peer connections until the listener fails or the task is aborted.
+pub(crate) async fn serve_peers(agent: Agent, p2p: Arc<P2p>, listener: TcpListener) {
+    tokio::spawn(dispatch(agent.clone(), p2p.clone()));
+    loop {
+        let (tcp, from) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "peer accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-            let len = (open.size - start).min(q.piece_size) as usize;
-            // The file handle keeps the bytes readable even if GC unlinks the blob
-            // while the piece is on its way.
-            store::FileSpan {
-                file: open.file.clone(),
-                path: open.path.clone(),
-                offset: start,
-                len,
+        };
+        let _ = tcp.set_nodelay(true);
+        let (agent, p2p) = (agent.clone(), p2p.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serve_conn(agent, p2p, tcp).await {
+                debug!(%from, error = %e, "peer connection ended");
             }
-        }
-        _ => match agent.store.inflight(&d) {
-            Some(inf) if inf.has_piece(q.piece_size, index) => {
-                let total = inf.progress().total.unwrap_or(0);
-                if start >= total {
-                    return status(StatusCode::RANGE_NOT_SATISFIABLE, "piece beyond blob");
-                }
-                inf.span(start, (total - start).min(q.piece_size) as usize)
-            }
-            _ => return status(StatusCode::NOT_FOUND, "piece not held"),
-        },
-    };
-    // Only a piece this node holds is worth a place in line. The slot covers the whole
-    // transfer, not just the pacing: `max_uploads` bounds how many peers this node's
-    // uplink serves at once, limiter or not.
-    let Some(slot) = upload_slot(&p2p, q.wait == 1).await else {
-        p2p.metrics.uploads_refused.inc();
-        return status(StatusCode::SERVICE_UNAVAILABLE, "upload slots full");
-    };
-    let len = span.len;
-    if let Some(l) = &p2p.upload {
-        l.acquire(len as u64).await;
+        });
     }
-    let body = match sink {
-        // Zero-copy: the piece goes from the page cache to the peer's socket.
-        Some(Extension(sink)) if !p2p.corrupt => Body::from_stream(
-            sink.stream_file_holding(span.file, start, start + len as u64, Some(Box::new(slot)))
-                .map(Ok::<_, std::convert::Infallible>),
-        ),
-        _ => {
-            let path = span.path.clone();
-            let Ok(data) = span.read().await else {
-                return status(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &format!("cannot read {}", path.display()),
-                );
-            };
-            let data = if p2p.corrupt { corrupted(&data) } else { data };
-            // Without a sink the slot lives as long as hyper holds the body.
-            Body::from_stream(
-                futures::stream::iter([Ok::<_, std::convert::Infallible>(data)]).map(
-                    move |chunk| {
-                        let _slot = &slot;
-                        chunk
+}
+
+async fn handshake(p2p: &P2p, reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>, w: &mut OwnedWriteHalf) -> Result<String, Error> {
+    let first = reader.next().await?;
+    let Some(Frame::Hello {
+        version,
+        node: dialer,
+        nonce: dialer_nonce,
+        ..
+    }) = first
+    else {
+        return Err(peer_err("?", "expected HELLO"));
+    };
+    if version != wire::PROTOCOL_VERSION {
+        return Err(peer_err(&dialer, format!("protocol version {version}")));
+    }
+    reader.set_peer(&dialer);
+    let nonce: [u8; 16] = rand::random();
+    let proof = p2p.proof(wire::ROLE_HOLDER, &dialer_nonce, &p2p.node);
+    write_frames(
+        w,
+        &[Frame::Hello {
+            version: wire::PROTOCOL_VERSION,
+            node: p2p.node.clone(),
+            nonce,
+            proof,
+        }],
+        &dialer,
+    )
+    .await?;
+    let Some(Frame::Auth { proof }) = reader.next().await? else {
+        return Err(peer_err(&dialer, "expected AUTH"));
+    };
+    if !p2p.proof_ok(&proof, wire::ROLE_DIALER, &nonce, &dialer) {
+        p2p.metrics.peer_auth_failures.inc();
+        let _ = write_frames(
+            w,
+            &[Frame::Goodbye {
+                reason: "wrong cluster token".into(),
+            }],
+            &dialer,
+        )
+        .await;
+        return Err(peer_err(&dialer, "failed the cluster-token challenge"));
+    }
+    Ok(dialer)
+}
+
+async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), Error> {
+    let (r, mut w) = tcp.into_split();
+    let mut reader = FrameReader::new(r, "?");
+    let dialer = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&p2p, &mut reader, &mut w))
+        .await
+        .map_err(|_| peer_err("?", "handshake timed out"))??;
+    let id = CONN_IDS.fetch_add(1, Ordering::Relaxed);
+    let (ctl_tx, ctl_rx) = mpsc::channel::<Frame>(4096);
+    let (piece_tx, piece_rx) = mpsc::unbounded_channel::<PieceJob>();
+    let conn = Arc::new(HolderConn {
+        pieces: piece_tx,
+        chans: parking_lot::Mutex::new(HashMap::new()),
+    });
+    p2p.holders.lock().insert(id, conn.clone());
+    let writer = tokio::spawn(write_loop(p2p.clone(), w, ctl_rx, piece_rx, dialer.clone()));
+    let result = read_loop(&agent, &p2p, id, &conn, &mut reader, &ctl_tx, &dialer).await;
+    // Gone: its waiting requests leave the line, its channels stop forwarding.
+    p2p.holders.lock().remove(&id);
+    p2p.uploads.lock().drop_waiting(id, None);
+    for (_, c) in conn.chans.lock().drain() {
+        c.task.abort();
+    }
+    drop(ctl_tx);
+    writer.abort();
+    result
+}
+
+async fn read_loop(
+    agent: &Agent,
+    p2p: &Arc<P2p>,
+    id: u64,
+    conn: &Arc<HolderConn>,
+    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    ctl: &mpsc::Sender<Frame>,
+    dialer: &str,
+) -> Result<(), Error> {
+    while let Some(frame) = reader.next().await? {
+        match frame {
+            Frame::Open {
+                chan,
+                digest,
+                blob_size,
+                piece_size,
+            } => {
+                let d = Digest::from_sha256(digest);
+                let layout = PieceLayout::checked(blob_size, piece_size)
+                    .map_err(|e| peer_err(dialer, e))?;
+                if conn.chans.lock().len() >= 4096 {
+                    return Err(peer_err(dialer, "too many channels"));
+                }
+                let task = tokio::spawn(watch_blob(
+                    agent.clone(),
+                    d.clone(),
+                    layout,
+                    chan,
+                    ctl.clone(),
+                ))
+                .abort_handle();
+                if let Some(old) = conn.chans.lock().insert(
+                    chan,
+                    Chan {
+                        blob: blob_key(&d),
+                        digest: d,
+                        layout,
+                        task,
                     },
-                ),
-            )
+                ) {
+                    old.task.abort();
+                }
+            }
+            Frame::Close { chan } => {
+                if let Some(c) = conn.chans.lock().remove(&chan) {
+                    c.task.abort();
+                }
+                p2p.uploads.lock().drop_waiting(id, Some(chan));
+            }
+            Frame::Request {
+                chan,
+                piece,
+                urgent,
+            } => {
+                let known = conn
+                    .chans
+                    .lock()
+                    .get(&chan)
+                    .map(|c| (c.digest.clone(), c.layout, c.blob));
+                let reason = match known {
+                    None => Some(RejectReason::Invalid),
+                    Some((_, layout, _)) if piece >= layout.count() => Some(RejectReason::Invalid),
+                    Some((d, layout, _)) if !holds(agent, &d, layout, piece) => {
+                        Some(RejectReason::NotHeld)
+                    }
+                    Some((_, _, blob)) => {
+                        let admit = p2p.uploads.lock().push(
+                            id,
+                            Queued {
+                                chan,
+                                blob,
+                                piece,
+                                urgent,
+                            },
+                        );
+                        match admit {
+                            Admit::Queued => {
+                                p2p.upload_ready.notify_one();
+                                None
+                            }
+                            Admit::Busy => {
+                                p2p.metrics.uploads_refused.inc();
+                                Some(RejectReason::Busy)
+                            }
+                        }
+                    }
+                };
+                if let Some(reason) = reason {
+                    let _ = ctl
+                        .send(Frame::Reject {
+                            chan,
+                            piece,
+                            reason,
+                        })
+                        .await;
+                }
+            }
+            Frame::Cancel { chan, piece } => {
+                // Only a request still waiting is cancelled; one being sent goes on.
+                if p2p.uploads.lock().cancel(id, chan, piece) {
+                    let _ = ctl
+                        .send(Frame::Reject {
+                            chan,
+                            piece,
+                            reason: RejectReason::Cancelled,
+                        })
+                        .await;
+                }
+            }
+            Frame::HashesRequest { chan } => {
+                let digest = conn.chans.lock().get(&chan).map(|c| (c.digest.clone(), c.layout));
+                if let Some((d, layout)) = digest {
+                    let (agent, p2p, ctl) = (agent.clone(), p2p.clone(), ctl.clone());
+                    tokio::spawn(async move {
+                        send_hashes(&agent, &p2p, &d, layout, chan, &ctl).await;
+                    });
+                }
+            }
+            Frame::Ping { nonce } => {
+                let _ = ctl.send(Frame::Pong { nonce }).await;
+            }
+            Frame::Goodbye { reason } => {
+                debug!(peer = %dialer, %reason, "peer said goodbye");
+                return Ok(());
+            }
+            other => {
+                return Err(peer_err(
+                    dialer,
+                    format!("unexpected frame from a downloader: {other:?}"),
+                ))
+            }
         }
-    };
-    p2p.metrics.upload_bytes.inc_by(len as u64);
-    Response::builder()
-        .header(header::CONTENT_TYPE, "application/octet-stream")
-        .header(header::CONTENT_LENGTH, len)
-        .body(body)
-        .unwrap_or_default()
+    }
+    Ok(())
 }
 
-/// Test mode (`--corrupt-pieces`): one flipped byte per piece.
-fn corrupted(data: &[u8]) -> bytes::Bytes {
-    let mut v = data.to_vec();
-    let mid = v.len() / 2;
-    if let Some(b) = v.get_mut(mid) {
-        *b ^= 0x5a;
+/// Whether this node can serve `piece` of the blob now.
+fn holds(agent: &Agent, d: &Digest, layout: PieceLayout, piece: u32) -> bool {
+    if agent.store.stat(d).is_some_and(|r| r.size == layout.blob_size) {
+        return true;
     }
-    bytes::Bytes::from(v)
+    agent
+        .store
+        .inflight(d)
+        .is_some_and(|inf| inf.has_piece(layout.piece_size, piece) && inf.layout() == Some(layout))
 }
 
-/// Piece hashes of a complete (digest-verified) blob, for peers that joined a swarm
-/// with no source publishing hashes.
-pub(crate) async fn hashes_handler(
-    State(agent): State<Agent>,
-    Path(digest): Path<String>,
-    Query(q): Query<PieceQuery>,
-    headers: HeaderMap,
-) -> Response {
-    let (p2p, d) = match check(&agent, &digest, q.piece_size, &headers) {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    let key = (d.clone(), q.piece_size);
-    if let Some(h) = p2p.hash_cache.lock().get(&key).cloned() {
-        return axum::Json(h.as_ref().clone()).into_response();
-    }
-    let Ok(Some(open)) = agent.store.open_complete(&d) else {
-        return status(StatusCode::NOT_FOUND, "blob not complete here");
-    };
-    let (file, size, ps) = (open.file.clone(), open.size, q.piece_size);
-    let computed = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<String>> {
-        use sha2::Digest as _;
-        let mut out = Vec::new();
-        let mut pos = 0;
-        while pos < size {
-            let len = (size - pos).min(ps) as usize;
-            let b = store::inflight::read_exact_at_pub(&file, pos, len)?;
-            out.push(hex::encode(sha2::Sha256::digest(&b)));
-            pos += len as u64;
+/// Keeps one channel posted: the bitfield (or "complete") once this node has the
+/// blob in piece mode with the same geometry, then a HAVE per piece as it completes.
+async fn watch_blob(agent: Agent, d: Digest, layout: PieceLayout, chan: ChannelId, ctl: mpsc::Sender<Frame>) {
+    let deadline = tokio::time::Instant::now() + OPEN_WAIT;
+    loop {
+        if agent.store.stat(&d).is_some_and(|r| r.size == layout.blob_size) {
+            let _ = ctl.send(Frame::Complete { chan }).await;
+            return;
         }
-        Ok(out)
-    })
-    .await;
-    drop(open);
-    match computed {
-        Ok(Ok(list)) => {
-            let list = std::sync::Arc::new(list);
+        if let Some(inf) = agent.store.inflight(&d) {
+            if let Some((state, mut events)) = inf.piece_view() {
+                if state.layout != layout {
+                    break;
+                }
+                if ctl
+                    .send(Frame::Bitfield {
+                        chan,
+                        have: state.held,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                loop {
+                    match events.recv().await {
+                        Ok(piece) => {
+                            let hash = inf.piece_hash(piece);
+                            if ctl.send(Frame::Have { chan, piece, hash }).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            let Some((state, fresh)) = inf.piece_view() else {
+                                break;
+                            };
+                            events = fresh;
+                            if ctl
+                                .send(Frame::Bitfield {
+                                    chan,
+                                    have: state.held,
+                                })
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                    }
+                }
+                // The download ended: complete, or failed.
+                let done = agent.store.stat(&d).is_some_and(|r| r.size == layout.blob_size);
+                let _ = ctl
+                    .send(if done {
+                        Frame::Complete { chan }
+                    } else {
+                        Frame::NotHeld { chan }
+                    })
+                    .await;
+                return;
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = ctl.send(Frame::NotHeld { chan }).await;
+}
+
+/// Piece hashes of a complete (digest-verified) blob, for downloaders that joined a
+/// swarm with no source publishing hashes.
+async fn send_hashes(agent: &Agent, p2p: &P2p, d: &Digest, layout: PieceLayout, chan: ChannelId, ctl: &mpsc::Sender<Frame>) {
+    let key = (d.clone(), layout.piece_size);
+    let cached = p2p.hash_cache.lock().get(&key).cloned();
+    let list = match cached {
+        Some(l) => l,
+        None => {
+            let Ok(Some(open)) = agent.store.open_complete(d) else {
+                let _ = ctl.send(Frame::NotHeld { chan }).await;
+                return;
+            };
+            if open.size != layout.blob_size {
+                let _ = ctl.send(Frame::NotHeld { chan }).await;
+                return;
+            }
+            let file = open.file.clone();
+            let computed = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<PieceHash>> {
+                use std::os::unix::fs::FileExt;
+                let mut out = Vec::with_capacity(layout.count() as usize);
+                let mut buf = vec![0u8; layout.piece_size as usize];
+                for i in 0..layout.count() {
+                    let (a, b) = layout.range(i);
+                    let n = (b - a) as usize;
+                    file.read_exact_at(&mut buf[..n], a)?;
+                    out.push(PieceHash::of(&buf[..n]));
+                }
+                Ok(out)
+            })
+            .await;
+            drop(open);
+            let Ok(Ok(list)) = computed else {
+                let _ = ctl.send(Frame::NotHeld { chan }).await;
+                return;
+            };
+            let list = Arc::new(list);
             let mut cache = p2p.hash_cache.lock();
             if cache.len() > 1024 {
                 cache.clear();
             }
             cache.insert(key, list.clone());
-            axum::Json(list.as_ref().clone()).into_response()
+            list
         }
-        _ => status(StatusCode::INTERNAL_SERVER_ERROR, "cannot read blob"),
+    };
+    for (n, batch) in list.chunks(wire::MAX_HASHES_PER_FRAME).enumerate() {
+        let first = (n * wire::MAX_HASHES_PER_FRAME) as u32;
+        if ctl
+            .send(Frame::Hashes {
+                chan,
+                first,
+                hashes: batch.to_vec(),
+            })
+            .await
+            .is_err()
+        {
+            return;
+        }
     }
+}
+
+/// Hands queued requests to their connections' writers while upload slots are free.
+async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
+    loop {
+        p2p.upload_ready.notified().await;
+        loop {
+            let next = p2p.uploads.lock().next();
+            let Some((conn_id, q)) = next else {
+                break;
+            };
+            p2p.metrics.uploads_active.inc();
+            let slot = UploadSlot { p2p: p2p.clone() };
+            let conn = p2p.holders.lock().get(&conn_id).cloned();
+            let Some(conn) = conn else {
+                continue;
+            };
+            let chan = conn.chans.lock().get(&q.chan).map(|c| (c.digest.clone(), c.layout));
+            let Some((d, layout)) = chan else {
+                continue;
+            };
+            let (start, end) = layout.range(q.piece);
+            let file = match agent.store.open_complete(&d) {
+                Ok(Some(open)) if open.size == layout.blob_size => Some(open.file.clone()),
+                _ => agent
+                    .store
+                    .inflight(&d)
+                    .filter(|inf| inf.has_piece(layout.piece_size, q.piece))
+                    .map(|inf| inf.span(start, 0).file),
+            };
+            let Some(file) = file else {
+                continue;
+            };
+            let _ = conn.pieces.send(PieceJob {
+                chan: q.chan,
+                piece: q.piece,
+                file,
+                offset: start,
+                len: end - start,
+                _slot: slot,
+            });
+        }
+    }
+}
+
+/// The connection's writer: control frames as soon as they come, pieces in `Data`
+/// frames with control frames between chunks.
+async fn write_loop(
+    p2p: Arc<P2p>,
+    mut w: OwnedWriteHalf,
+    mut ctl: mpsc::Receiver<Frame>,
+    mut pieces: mpsc::UnboundedReceiver<PieceJob>,
+    peer: String,
+) -> Result<(), Error> {
+    let mut pending = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            f = ctl.recv() => match f {
+                Some(f) => {
+                    pending.push(f);
+                    while let Ok(more) = ctl.try_recv() {
+                        pending.push(more);
+                    }
+                    write_frames(&mut w, &pending, &peer).await?;
+                    pending.clear();
+                }
+                None => return Ok(()),
+            },
+            job = pieces.recv() => match job {
+                Some(job) => send_piece(&p2p, &mut w, &mut ctl, job, &peer).await?,
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+async fn send_piece(
+    p2p: &P2p,
+    w: &mut OwnedWriteHalf,
+    ctl: &mut mpsc::Receiver<Frame>,
+    job: PieceJob,
+    peer: &str,
+) -> Result<(), Error> {
+    let mut sent = 0u64;
+    while sent < job.len {
+        let n = (job.len - sent).min(DATA_CHUNK);
+        if let Some(l) = &p2p.upload {
+            l.acquire(n).await;
+        }
+        let mut frames = Vec::new();
+        while let Ok(f) = ctl.try_recv() {
+            frames.push(f);
+        }
+        frames.push(Frame::Data {
+            chan: job.chan,
+            piece: job.piece,
+            offset: sent as u32,
+            len: n as u32,
+        });
+        write_frames(w, &frames, peer).await?;
+        if p2p.corrupt {
+            use std::os::unix::fs::FileExt;
+            use tokio::io::AsyncWriteExt;
+            let mut buf = vec![0u8; n as usize];
+            job.file
+                .read_exact_at(&mut buf, job.offset + sent)
+                .map_err(|e| peer_err(peer, e))?;
+            let mid = buf.len() / 2;
+            buf[mid] ^= 0x5a;
+            w.write_all(&buf).await.map_err(|e| peer_err(peer, e))?;
+        } else {
+            send_file(w, &job.file, job.offset + sent, n, peer).await?;
+        }
+        sent += n;
+        p2p.metrics.upload_bytes.inc_by(n);
+    }
+    Ok(())
 }

@@ -282,8 +282,29 @@ impl Upstream {
         digest: &Digest,
         start: u64,
     ) -> Result<BlobResponse, Error> {
-        let (total, resp) = self.open_blob(registry, repo, digest, start).await?;
+        self.get_blob_range(registry, repo, digest, start, None).await
+    }
+
+    /// Streams bytes `[start, end)` of a blob (`end = None`: to the end), asking the
+    /// registry for exactly that range, so a reader that needs a slice does not make
+    /// the registry send the rest of the blob. Resumed like [`Upstream::get_blob`].
+    pub async fn get_blob_range(
+        &self,
+        registry: &str,
+        repo: &str,
+        digest: &Digest,
+        start: u64,
+        end: Option<u64>,
+    ) -> Result<BlobResponse, Error> {
+        if end.is_some_and(|e| e <= start) {
+            return Err(Error::RangeInvalid(format!(
+                "empty range {start}..{}",
+                end.unwrap_or(start)
+            )));
+        }
+        let (total, resp) = self.open_blob(registry, repo, digest, start, end).await?;
         let state = ResumeState {
+            end,
             upstream: self.clone(),
             registry: registry.to_owned(),
             repo: repo.to_owned(),
@@ -311,11 +332,19 @@ impl Upstream {
         repo: &str,
         digest: &Digest,
         start: u64,
+        end: Option<u64>,
     ) -> Result<(Option<u64>, reqwest::Response), Error> {
         let path = format!("/v2/{repo}/blobs/{digest}");
         let mut headers = HeaderMap::new();
-        if start > 0 {
-            headers.insert(http::header::RANGE, hv(&format!("bytes={start}-")));
+        match end {
+            Some(end) => {
+                let last = end - 1;
+                headers.insert(http::header::RANGE, hv(&format!("bytes={start}-{last}")));
+            }
+            None if start > 0 => {
+                headers.insert(http::header::RANGE, hv(&format!("bytes={start}-")));
+            }
+            None => {}
         }
         let resp = self
             .request(Method::GET, registry, repo, &path, headers, None)
@@ -581,6 +610,8 @@ impl Upstream {
 }
 
 struct ResumeState {
+    /// Where the stream stops (exclusive); `None`: the end of the blob.
+    end: Option<u64>,
     upstream: Upstream,
     registry: String,
     repo: String,
@@ -599,13 +630,21 @@ impl ResumeState {
         }
         loop {
             let stall = self.upstream.inner.cfg.stall_timeout;
+            if self.end.is_some_and(|e| self.offset >= e) {
+                self.done = true;
+                return None;
+            }
             let failure = match &mut self.body {
                 Some(body) => match tokio::time::timeout(stall, body.next()).await {
-                    Ok(Some(Ok(chunk))) => {
+                    Ok(Some(Ok(mut chunk))) => {
+                        // A registry that ignored the range's end sends more: cut it.
+                        if let Some(e) = self.end {
+                            chunk.truncate(chunk.len().min((e - self.offset) as usize));
+                        }
                         self.offset += chunk.len() as u64;
                         return Some(Ok(chunk));
                     }
-                    Ok(None) => match self.total {
+                    Ok(None) => match self.end.or(self.total) {
                         Some(t) if self.offset < t => {
                             format!("connection closed at {} of {t} bytes", self.offset)
                         }
@@ -631,7 +670,7 @@ impl ResumeState {
             warn!(registry = %self.registry, digest = %self.digest, offset = self.offset, reason = %failure, "upstream blob stream broke; resuming with Range");
             match self
                 .upstream
-                .open_blob(&self.registry, &self.repo, &self.digest, self.offset)
+                .open_blob(&self.registry, &self.repo, &self.digest, self.offset, self.end)
                 .await
             {
                 Ok((total, resp)) => {

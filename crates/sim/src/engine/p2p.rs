@@ -59,7 +59,9 @@ impl Engine<'_> {
             leaving: false,
         };
         let t0 = Instant::now();
-        let resp = self.tracker.announce(&req, (self.now * 1e3) as u64);
+        let Ok(resp) = self.tracker.announce(&req, (self.now * 1e3) as u64) else {
+            return;
+        };
         self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
         self.out.announces += 1;
         let sched_cfg = self.sched_cfg.clone();
@@ -67,7 +69,7 @@ impl Engine<'_> {
         let my_topo = self.net.topology[node as usize].clone();
         let p = self.pull(s, l);
         p.hashes_sent = hashes_sent;
-        p.wait = resp.wait_for_upload_slots;
+        p.wait = false;
         if let Some((&k, _)) = resp.hashes.iter().next_back() {
             p.known_hashes = p.known_hashes.max(k + 1);
         }
@@ -82,7 +84,7 @@ impl Engine<'_> {
                 seed: seed_for(&req.node),
                 ..sched_cfg
             };
-            p.sched = Some(PieceScheduler::new(Bitfield::new(layout.count()), cfg));
+            p.sched = Some(PieceScheduler::new(Bitfield::new(layout.count()), layout.piece_size, cfg));
         }
         let interval = resp.interval_ms as f64 / 1e3;
         match resp.role {
@@ -96,7 +98,7 @@ impl Engine<'_> {
                     p.streaming = true;
                     if let Some(sch) = p.sched.as_mut() {
                         for i in 0..count {
-                            sch.claim(i, REGISTRY_PEER);
+                            sch.claim(i);
                         }
                     }
                     let first = p.sched.as_ref().map_or(0, |x| x.have().prefix());
@@ -135,10 +137,11 @@ impl Engine<'_> {
 
     pub(super) fn pump(&mut self, s: u32, l: u32) {
         let t0 = Instant::now();
+        let now_ms = (self.now * 1e3) as u64;
         let p = self.pull(s, l);
         let wait = p.wait;
         let (reqs, head) = match p.sched.as_mut() {
-            Some(sch) => (sch.next_requests(), sch.have().prefix()),
+            Some(sch) => (sch.next_requests(now_ms, u32::MAX), sch.have().prefix()),
             None => return,
         };
         self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
@@ -421,7 +424,7 @@ impl Engine<'_> {
         let name = &self.names[from as usize];
         let p = &mut self.pulls[slot as usize * self.layers + layer as usize];
         if let Some(sch) = p.sched.as_mut() {
-            sch.on_done(piece, name);
+            sch.on_done(piece, name, (self.now * 1e3) as u64);
             if sch.is_complete() {
                 self.layer_done(slot, layer);
             } else {

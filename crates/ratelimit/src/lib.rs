@@ -1,5 +1,13 @@
-//! A token bucket shared by every connection of an origin: the registry's *total* egress
-//! is what it limits, as a shared registry's uplink would be.
+//! Byte-rate limiting: a token bucket shared by every stream it limits (an origin's
+//! total egress, an agent's upload or download link, a prewarm assignment's rate).
+//! Its own crate so the agent and the demo registry share it without depending on
+//! each other.
+//!
+//! Why not `governor`: it counts cells (requests) against a quota and refuses or
+//! delays a request that exceeds the burst, while streams here reserve chunks of up
+//! to 1 MiB that may exceed the burst and must still go through, paying it back as
+//! debt; emulating that with `governor` means splitting every chunk into burst-sized
+//! cells and one `until_n_ready` call each.
 //!
 //! Model: tokens are bytes; they refill continuously at `rate` bytes/s up to `burst`.
 //! [`TokenBucket::acquire`] takes `n` tokens at once and may drive the bucket into debt;
@@ -12,6 +20,8 @@
 //!
 //! The accounting itself ([`TokenBucket::reserve_at`]) is a pure function of a caller
 //! supplied clock so it can be tested exactly, without wall-clock assertions.
+
+#![forbid(unsafe_code)]
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -1,0 +1,321 @@
+//! The one place that decides where a blob's bytes come from: the cache, a download
+//! already running in this agent (join it), the swarm, the registry, or — when the
+//! disk cannot take the blob — straight from the registry without caching
+//! (passthrough). `blob.rs` only shapes HTTP around the [`Source`] chosen here.
+//!
+//! Rate limits are arguments, not side tables: the node's download limit applies to
+//! every byte this agent fetches (swarm or registry, tracker or not), and a prewarm's
+//! limit travels with the fetch it throttles.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use oci::{Digest, Error};
+use ratelimit::TokenBucket;
+use store::{Begin, Inflight, Status};
+use tracing::{info, warn};
+
+use crate::Agent;
+
+/// How long a blob whose download filled the disk is streamed without caching.
+const UNCACHEABLE_FOR: Duration = Duration::from_secs(60);
+
+/// A registry body that yields nothing for this long publishes what is buffered, so a
+/// reader waiting on a few bytes of a cold blob over a slow link gets them when they
+/// arrive, not when a full write buffer has.
+const QUIET_FLUSH: Duration = Duration::from_millis(5);
+
+pub(crate) enum Source {
+    Complete,
+    Inflight(Arc<Inflight>),
+    /// The store cannot take this blob (disk full, over budget): stream without caching.
+    Passthrough,
+}
+
+impl Agent {
+    /// Finds or starts the download of a blob and learns its size. Errors here happen
+    /// before any byte is sent, so they become proper HTTP statuses. `limit`: a rate
+    /// for the download this call starts (a prewarm's); joining a running download
+    /// does not change its rate.
+    pub(crate) async fn acquire(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        limit: Option<Arc<TokenBucket>>,
+    ) -> Result<(Source, u64), Error> {
+        if self.recently_filled_the_disk(d) {
+            let total = self
+                .upstream
+                .head_blob(registry, repo, d)
+                .await
+                .map_err(|e| blob_err(e, d))?;
+            return Ok((Source::Passthrough, total));
+        }
+        for _ in 0..3 {
+            match self.store.begin(d, None, registry).await {
+                Ok(Begin::Complete(size)) => return Ok((Source::Complete, size)),
+                Ok(Begin::Join(inf)) => {
+                    let mut rx = inf.subscribe();
+                    loop {
+                        let p = rx.borrow_and_update().clone();
+                        if let Some(t) = p.total {
+                            return Ok((Source::Inflight(inf), t));
+                        }
+                        if matches!(p.status, Status::Failed { .. }) || rx.changed().await.is_err()
+                        {
+                            break;
+                        }
+                    }
+                }
+                Ok(Begin::Lead(writer)) => {
+                    let writer = match &self.p2p {
+                        Some(p2p) => match crate::p2p::start(
+                            self.clone(),
+                            p2p.clone(),
+                            registry.to_owned(),
+                            repo.to_owned(),
+                            d.clone(),
+                            writer,
+                            limit.clone(),
+                        )
+                        .await
+                        {
+                            crate::p2p::Start::Started(inf, total) => {
+                                return Ok((Source::Inflight(inf), total))
+                            }
+                            crate::p2p::Start::Passthrough(total) => {
+                                return Ok((Source::Passthrough, total))
+                            }
+                            crate::p2p::Start::Failed(e) => return Err(blob_err(e, d)),
+                            crate::p2p::Start::NotSwarm(w) => w,
+                        },
+                        None => writer,
+                    };
+                    return self.lead_from_registry(registry, repo, d, writer, limit).await;
+                }
+                Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {
+                    warn!(digest = %d, error = %e, "store cannot take blob; streaming it without caching");
+                    let total = self
+                        .upstream
+                        .head_blob(registry, repo, d)
+                        .await
+                        .map_err(|e| blob_err(e, d))?;
+                    return Ok((Source::Passthrough, total));
+                }
+                Err(e) => return Err(store_err(e)),
+            }
+        }
+        Err(Error::Transport {
+            registry: registry.to_owned(),
+            message: format!("download of {d} keeps failing"),
+        })
+    }
+
+    /// This agent fetches the blob from the registry itself (no swarm).
+    async fn lead_from_registry(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        mut writer: store::BlobWriter,
+        limit: Option<Arc<TokenBucket>>,
+    ) -> Result<(Source, u64), Error> {
+        let resp = match self
+            .upstream
+            .get_blob(registry, repo, d, writer.offset())
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                self.metrics.upstream_errors.inc();
+                writer.fail(&e.to_string());
+                return Err(blob_err(e, d));
+            }
+        };
+        let Some(total) = resp.total else {
+            writer.fail("upstream sent no length");
+            return Ok((
+                Source::Passthrough,
+                self.upstream
+                    .head_blob(registry, repo, d)
+                    .await
+                    .map_err(|e| blob_err(e, d))?,
+            ));
+        };
+        writer.set_total(total);
+        if let Err(e) = writer.reserve() {
+            warn!(digest = %d, error = %e, "cannot cache blob; streaming it without caching");
+            writer.fail(&e.to_string());
+            return Ok((Source::Passthrough, total));
+        }
+        let inf = writer.inflight();
+        let agent = self.clone();
+        tokio::spawn(agent.download(writer, resp.stream, limit));
+        Ok((Source::Inflight(inf), total))
+    }
+
+    fn recently_filled_the_disk(&self, d: &Digest) -> bool {
+        let mut m = self.uncacheable.lock();
+        let now = Instant::now();
+        m.retain(|_, until| *until > now);
+        m.contains_key(d)
+    }
+
+    /// Drives one upstream body into the store. Runs detached from any client, so a
+    /// client that disconnects does not waste what other clients are waiting for.
+    async fn download(
+        self,
+        mut writer: store::BlobWriter,
+        mut body: oci::upstream::ByteStream,
+        limit: Option<Arc<TokenBucket>>,
+    ) {
+        let d = writer.inflight().digest.clone();
+        let started = Instant::now();
+        let from = writer.offset();
+        loop {
+            let chunk = match tokio::time::timeout(QUIET_FLUSH, body.next()).await {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(_) => {
+                    // Quiet: publish what is buffered, then wait for the rest.
+                    if let Err(e) = writer.publish_buffered().await {
+                        self.writer_failed(&mut writer, &d, e);
+                        return;
+                    }
+                    match body.next().await {
+                        Some(c) => c,
+                        None => break,
+                    }
+                }
+            };
+            match chunk {
+                Ok(c) => {
+                    let n = c.len() as u64;
+                    if let Some(l) = &self.download_limit {
+                        l.acquire(n).await;
+                    }
+                    if let Some(l) = &limit {
+                        l.acquire(n).await;
+                    }
+                    self.metrics.upstream_bytes.inc_by(n);
+                    if let Err(e) = writer.write_bytes(c).await {
+                        self.writer_failed(&mut writer, &d, e);
+                        return;
+                    }
+                }
+                Err(e) => {
+                    self.metrics.upstream_errors.inc();
+                    warn!(digest = %d, error = %e, "upstream body failed; partial kept for resume");
+                    writer.fail(&e.to_string());
+                    return;
+                }
+            }
+        }
+        let bytes = writer.offset() - from;
+        match writer.finish().await {
+            Ok(size) => {
+                let secs = started.elapsed().as_secs_f64();
+                info!(digest = %d, bytes = size, fetched = bytes, seconds = format!("{secs:.3}"),
+                    mib_per_s = format!("{:.1}", bytes as f64 / secs.max(1e-6) / 1048576.0), "blob cached from upstream");
+                self.refresh_cache_gauges();
+            }
+            Err(e) if e.is_disk_full() => {
+                self.metrics.disk_full.inc();
+                self.uncacheable
+                    .lock()
+                    .insert(d.clone(), Instant::now() + UNCACHEABLE_FOR);
+                warn!(digest = %d, error = %e, "disk full at the end of a download: dropped it; streaming this blob uncached for a while");
+            }
+            Err(e) => warn!(digest = %d, error = %e, "downloaded blob rejected; discarded"),
+        }
+    }
+
+    fn writer_failed(&self, writer: &mut store::BlobWriter, d: &Digest, e: store::Error) {
+        if e.is_disk_full() {
+            self.metrics.disk_full.inc();
+            warn!(digest = %d, error = %e, "disk full: dropping the partial download; streaming this blob uncached for a while");
+            writer.abandon(&e.to_string());
+            self.uncacheable
+                .lock()
+                .insert(d.clone(), Instant::now() + UNCACHEABLE_FOR);
+        } else {
+            warn!(digest = %d, error = %e, "cannot write blob; partial kept for resume");
+            writer.fail(&e.to_string());
+        }
+    }
+
+    /// `[start, end)` straight from the registry, asking for exactly that range.
+    pub(crate) fn passthrough(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        start: u64,
+        end: u64,
+    ) -> std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, Error>> + Send>> {
+        let up = self.upstream.clone();
+        let metrics = self.metrics.clone();
+        let limit = self.download_limit.clone();
+        let (registry, repo, d) = (registry.to_owned(), repo.to_owned(), d.clone());
+        let fut = async move { up.get_blob_range(&registry, &repo, &d, start, Some(end)).await };
+        Box::pin(
+            futures::stream::once(fut)
+                .map(|r| match r {
+                    Ok(resp) => resp.stream,
+                    Err(e) => Box::pin(futures::stream::once(async move { Err(e) }))
+                        as oci::upstream::ByteStream,
+                })
+                .flatten()
+                .then(move |item| {
+                    let (metrics, limit) = (metrics.clone(), limit.clone());
+                    async move {
+                        if let Ok(b) = &item {
+                            if let Some(l) = &limit {
+                                l.acquire(b.len() as u64).await;
+                            }
+                            metrics.upstream_bytes.inc_by(b.len() as u64);
+                        }
+                        item
+                    }
+                }),
+        )
+    }
+}
+
+pub(crate) fn store_err(e: store::Error) -> Error {
+    match e {
+        store::Error::Content(c) => c,
+        store::Error::DownloadFailed {
+            digest,
+            reason,
+            retryable: false,
+        } => Error::ManifestInvalid(format!("blob {digest} failed verification: {reason}")),
+        other => Error::Transport {
+            registry: "cache".into(),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// Upstream 404 on a blob is BLOB_UNKNOWN, not the generic NAME_UNKNOWN.
+pub(crate) fn blob_err(e: Error, d: &Digest) -> Error {
+    match e.with_not_found_code(oci::ErrorCode::BlobUnknown) {
+        Error::Upstream {
+            registry,
+            status: 404,
+            code,
+            message,
+            retry_after,
+        } => Error::Upstream {
+            registry,
+            status: 404,
+            code,
+            message: format!("blob {d} unknown: {message}"),
+            retry_after,
+        },
+        other => other,
+    }
+}

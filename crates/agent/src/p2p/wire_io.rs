@@ -1,0 +1,153 @@
+//! Frames over a TCP stream: reading frames and the raw bytes after a `Data` header,
+//! writing frames, and sending file bytes with `sendfile(2)` (page cache to socket,
+//! no copy through user space).
+
+use std::fs::File;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use swarm::wire::Frame;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+
+use crate::Error;
+
+/// Bytes per `Data` frame: small enough that control frames (HAVE) wait at most this
+/// long behind a piece on the same connection, large enough that per-frame costs
+/// (a header, a token-bucket reservation, one `sendfile`) vanish.
+pub(crate) const DATA_CHUNK: u64 = 512 << 10;
+
+/// How long a handshake may take.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub(crate) fn peer_err(peer: &str, message: impl std::fmt::Display) -> Error {
+    Error::Peer {
+        peer: peer.to_owned(),
+        message: message.to_string(),
+    }
+}
+
+/// Reads frames from a stream, with a buffer for what arrives ahead of them.
+pub(crate) struct FrameReader<R> {
+    inner: R,
+    buf: BytesMut,
+    peer: String,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub(crate) fn new(inner: R, peer: &str) -> Self {
+        Self {
+            inner,
+            buf: BytesMut::with_capacity(64 << 10),
+            peer: peer.to_owned(),
+        }
+    }
+
+    pub(crate) fn set_peer(&mut self, peer: &str) {
+        self.peer = peer.to_owned();
+    }
+
+    /// The next frame; `None` at a clean end of stream between frames.
+    pub(crate) async fn next(&mut self) -> Result<Option<Frame>, Error> {
+        loop {
+            match Frame::decode(&mut self.buf) {
+                Ok(Some(f)) => return Ok(Some(f)),
+                Ok(None) => {}
+                Err(e) => return Err(peer_err(&self.peer, e)),
+            }
+            if self.buf.capacity() - self.buf.len() < 16 << 10 {
+                self.buf.reserve(64 << 10);
+            }
+            let n = self
+                .inner
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|e| peer_err(&self.peer, e))?;
+            if n == 0 {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(peer_err(&self.peer, "connection closed mid-frame"))
+                };
+            }
+        }
+    }
+
+    /// Fills `out` with the raw bytes that follow a `Data` header.
+    pub(crate) async fn read_payload(&mut self, out: &mut [u8]) -> Result<(), Error> {
+        let have = self.buf.len().min(out.len());
+        out[..have].copy_from_slice(&self.buf[..have]);
+        let _ = self.buf.split_to(have);
+        if have < out.len() {
+            self.inner
+                .read_exact(&mut out[have..])
+                .await
+                .map_err(|e| peer_err(&self.peer, e))?;
+        }
+        Ok(())
+    }
+
+    /// Reads and drops `n` payload bytes (a piece nobody wants any more).
+    pub(crate) async fn skip_payload(&mut self, mut n: usize) -> Result<(), Error> {
+        let have = self.buf.len().min(n);
+        let _ = self.buf.split_to(have);
+        n -= have;
+        let mut scratch = vec![0u8; n.min(64 << 10)];
+        while n > 0 {
+            let k = n.min(scratch.len());
+            self.inner
+                .read_exact(&mut scratch[..k])
+                .await
+                .map_err(|e| peer_err(&self.peer, e))?;
+            n -= k;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) async fn write_frames(
+    w: &mut OwnedWriteHalf,
+    frames: &[Frame],
+    peer: &str,
+) -> Result<(), Error> {
+    let mut out = BytesMut::new();
+    for f in frames {
+        f.encode(&mut out);
+    }
+    w.write_all(&out).await.map_err(|e| peer_err(peer, e))
+}
+
+/// Sends `len` bytes of `file` at `offset` on the socket behind `w`.
+pub(crate) async fn send_file(
+    w: &OwnedWriteHalf,
+    file: &Arc<File>,
+    mut offset: u64,
+    len: u64,
+    peer: &str,
+) -> Result<(), Error> {
+    let tcp: &TcpStream = w.as_ref();
+    let end = offset + len;
+    while offset < end {
+        tcp.writable().await.map_err(|e| peer_err(peer, e))?;
+        let want = (end - offset) as usize;
+        let sent = tcp.try_io(tokio::io::Interest::WRITABLE, || {
+            let mut at = offset;
+            rustix::fs::sendfile(tcp, &**file, Some(&mut at), want).map_err(io::Error::from)
+        });
+        match sent {
+            Ok(0) => {
+                return Err(peer_err(
+                    peer,
+                    "blob file ended before the bytes it must hold",
+                ))
+            }
+            Ok(n) => offset += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(peer_err(peer, e)),
+        }
+    }
+    Ok(())
+}

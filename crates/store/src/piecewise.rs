@@ -1,0 +1,610 @@
+//! The single writer of one blob in piece mode (P2P): pieces arrive in any order,
+//! from peers (received into the file by their connections, verified against their
+//! piece hash, then marked held here) and from registry runs (trusted bytes streamed
+//! in order, hashed into piece hashes as they pass). The blob's sha256 is computed in
+//! order on its own thread, from the run's buffers when they are next in line and from
+//! the page cache otherwise, so verifying the whole blob overlaps with receiving it.
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use oci::Verifier;
+use swarm::pieces::PieceHasher;
+use swarm::{Bitfield, PieceHash, PieceLayout};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::inflight::{Inflight, PieceState, Status};
+use crate::writer::{commit, fail_download, sidecar_path, Sidecar};
+use crate::{Error, Store};
+
+/// Registry-run bytes buffered before they are written (and published).
+const RUN_FLUSH_BYTES: usize = 1 << 20;
+/// The piece map is persisted at most this often (a restart keeps the pieces it lists).
+const SIDECAR_EVERY: Duration = Duration::from_millis(250);
+/// Feeds queued for the digest thread: bounds the memory held when the hash is slower
+/// than the network.
+const DIGEST_QUEUE: usize = 16;
+
+enum Feed {
+    Bytes(Bytes),
+    File { offset: u64, len: u64 },
+}
+
+/// The blob's sha256, computed in order on a blocking thread.
+struct OrderedDigest {
+    tx: Option<mpsc::Sender<Feed>>,
+    done: Option<tokio::task::JoinHandle<std::io::Result<Verifier>>>,
+}
+
+impl OrderedDigest {
+    fn start(mut verifier: Verifier, file: Arc<std::fs::File>) -> Self {
+        let (tx, mut rx) = mpsc::channel::<Feed>(DIGEST_QUEUE);
+        let done = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; 0];
+            while let Some(feed) = rx.blocking_recv() {
+                match feed {
+                    Feed::Bytes(b) => verifier.update(&b),
+                    Feed::File { offset, len } => {
+                        let mut pos = offset;
+                        let end = offset + len;
+                        while pos < end {
+                            let n = ((end - pos) as usize).min(1 << 20);
+                            if buf.len() < n {
+                                buf.resize(n, 0);
+                            }
+                            file.read_exact_at(&mut buf[..n], pos)?;
+                            verifier.update(&buf[..n]);
+                            pos += n as u64;
+                        }
+                    }
+                }
+            }
+            Ok(verifier)
+        });
+        Self {
+            tx: Some(tx),
+            done: Some(done),
+        }
+    }
+
+    async fn feed(&mut self, f: Feed) -> Result<(), Error> {
+        match &self.tx {
+            Some(tx) => tx
+                .send(f)
+                .await
+                .map_err(|_| Error::Db("digest thread stopped".into())),
+            None => Err(Error::Db("digest already finished".into())),
+        }
+    }
+
+    async fn finish(&mut self) -> Result<Verifier, Error> {
+        self.tx = None;
+        let done = self
+            .done
+            .take()
+            .ok_or_else(|| Error::Db("digest already finished".into()))?;
+        done.await
+            .map_err(|e| Error::Db(format!("digest task: {e}")))?
+            .map_err(|e| Error::Db(format!("digest read: {e}")))
+    }
+}
+
+struct PendingWrite {
+    start: u64,
+    len: u64,
+    done: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// A registry run: trusted bytes streamed in order from `pos`.
+struct Run {
+    /// The first byte not yet received.
+    pos: u64,
+    end: u64,
+    buf: Vec<u8>,
+    buf_start: u64,
+    /// The piece being hashed, and its hasher.
+    piece: u32,
+    hasher: PieceHasher,
+    /// Pieces hashed whose bytes are not all on disk yet.
+    hashed: Vec<(u32, PieceHash)>,
+    pending: Option<PendingWrite>,
+    /// Bytes of the run on disk: `[start, settled)`.
+    start: u64,
+    settled: u64,
+}
+
+/// What a registry run chunk changed.
+#[derive(Debug, Default)]
+pub struct RunChunkOutcome {
+    /// Pieces now held, with the hashes computed from the registry's bytes.
+    pub held: Vec<(u32, PieceHash)>,
+}
+
+pub struct PieceWriter {
+    store: Store,
+    inflight: Arc<Inflight>,
+    layout: PieceLayout,
+    /// Pieces `[0, prefix)` are held.
+    prefix: u32,
+    /// Bytes handed to the digest thread, in order from 0.
+    digested: u64,
+    digest: OrderedDigest,
+    run: Option<Run>,
+    source: String,
+    done: bool,
+    sidecar_written: Option<Instant>,
+}
+
+impl PieceWriter {
+    /// Piece mode for a download whose first `hashed` bytes are on disk and already
+    /// fed to `verifier` (a resumed prefix). Called by `BlobWriter::into_pieces`.
+    pub(crate) fn new(
+        store: Store,
+        inflight: Arc<Inflight>,
+        layout: PieceLayout,
+        verifier: Verifier,
+        source: String,
+    ) -> Self {
+        let hashed = verifier.len();
+        let mut held = Bitfield::new(layout.count());
+        let mut prefix = 0;
+        while prefix < layout.count() && layout.range(prefix).1 <= hashed {
+            held.set(prefix);
+            prefix += 1;
+        }
+        // A prefix ending mid-piece: the digest restarts at the last whole piece.
+        let (verifier, digested) = if layout.range(prefix).0 == hashed || prefix == layout.count()
+        {
+            (verifier, hashed)
+        } else {
+            let mut v = Verifier::new(inflight.digest.clone());
+            let whole = layout.range(prefix).0;
+            if whole > 0 {
+                // Rare (a sequential download resumed into piece mode): re-hash.
+                held = Bitfield::new(layout.count());
+                prefix = 0;
+            }
+            v = if whole > 0 { Verifier::new(inflight.digest.clone()) } else { v };
+            (v, 0)
+        };
+        let digest = OrderedDigest::start(verifier, inflight.file.clone());
+        let count = layout.count() as usize;
+        *inflight.pieces.lock() = Some(PieceState {
+            layout,
+            receiving: Bitfield::new(layout.count()),
+            hashes: vec![None; count],
+            held,
+        });
+        inflight.progress.send_modify(|p| {
+            p.total = Some(layout.blob_size);
+            p.written = layout.range(prefix).0;
+        });
+        Self {
+            store,
+            inflight,
+            layout,
+            prefix,
+            digested,
+            digest,
+            run: None,
+            source,
+            done: false,
+            sidecar_written: None,
+        }
+    }
+
+    pub fn layout(&self) -> PieceLayout {
+        self.layout
+    }
+
+    pub fn inflight(&self) -> Arc<Inflight> {
+        self.inflight.clone()
+    }
+
+    /// Held pieces now.
+    pub fn held(&self) -> Bitfield {
+        self.inflight
+            .pieces
+            .lock()
+            .as_ref()
+            .map(|s| s.held.clone())
+            .unwrap_or_else(|| Bitfield::new(self.layout.count()))
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.prefix >= self.layout.count()
+    }
+
+    pub fn set_source(&mut self, source: &str) {
+        self.source = source.to_owned();
+    }
+
+    /// A piece a peer connection received into the file and verified against `hash`.
+    /// Returns `false` if it was already held.
+    pub async fn mark_received(&mut self, piece: u32, hash: PieceHash) -> Result<bool, Error> {
+        let new = {
+            let mut g = self.inflight.pieces.lock();
+            let Some(st) = g.as_mut() else {
+                return Err(Error::Db("not in piece mode".into()));
+            };
+            st.receiving.clear(piece);
+            if piece >= self.layout.count() || st.held.get(piece) {
+                false
+            } else {
+                st.held.set(piece);
+                st.hashes[piece as usize] = Some(hash);
+                true
+            }
+        };
+        if new {
+            let _ = self.inflight.held_events.send(piece);
+            self.advance().await?;
+        }
+        Ok(new)
+    }
+
+    /// Reads a piece back from the file and keeps it if it matches `expected` (pieces a
+    /// previous run left on disk). Returns whether it was kept.
+    pub async fn verify_existing(&mut self, piece: u32, expected: PieceHash) -> Result<bool, Error> {
+        if piece >= self.layout.count() || self.held().get(piece) {
+            return Ok(false);
+        }
+        let (a, b) = self.layout.range(piece);
+        let file = self.inflight.file.clone();
+        let path = self.inflight.path.clone();
+        let got = tokio::task::spawn_blocking(move || -> Result<PieceHash, Error> {
+            let mut buf = vec![0u8; (b - a) as usize];
+            file.read_exact_at(&mut buf, a)
+                .map_err(|e| Error::io(&path, e))?;
+            Ok(PieceHash::of(&buf))
+        })
+        .await
+        .map_err(|e| Error::Db(format!("reader task: {e}")))??;
+        if got != expected {
+            return Ok(false);
+        }
+        if !self.inflight.claim_piece(piece) {
+            return Ok(false);
+        }
+        self.mark_received(piece, expected).await
+    }
+
+    /// Starts a registry run over pieces `[first, end)`: the caller streams the
+    /// registry's bytes from the first piece's start with [`PieceWriter::write_run`].
+    /// The pieces are claimed so no peer connection writes into them meanwhile; the
+    /// ones already being received from a peer are skipped by the caller.
+    pub fn start_run(&mut self, first: u32, end: u32) -> Result<(), Error> {
+        if self.run.is_some() {
+            return Err(Error::Db("a registry run is already going".into()));
+        }
+        let end = end.min(self.layout.count());
+        let start = self.layout.range(first).0;
+        let stop = self.layout.range(end.saturating_sub(1)).1;
+        {
+            let mut g = self.inflight.pieces.lock();
+            if let Some(st) = g.as_mut() {
+                for i in first..end {
+                    if !st.held.get(i) {
+                        st.receiving.set(i);
+                    }
+                }
+            }
+        }
+        self.run = Some(Run {
+            pos: start,
+            end: stop,
+            buf: Vec::with_capacity(RUN_FLUSH_BYTES),
+            buf_start: start,
+            piece: first,
+            hasher: PieceHasher::new(),
+            hashed: Vec::new(),
+            pending: None,
+            start,
+            settled: start,
+        });
+        Ok(())
+    }
+
+    pub fn run_position(&self) -> Option<u64> {
+        self.run.as_ref().map(|r| r.pos)
+    }
+
+    /// Registry bytes for the current run, in order. Returns the pieces that became
+    /// held (their bytes on disk) with their hashes.
+    pub async fn write_run(&mut self, chunk: Bytes) -> Result<RunChunkOutcome, Error> {
+        let layout = self.layout;
+        let mut out = RunChunkOutcome::default();
+        {
+            let Some(run) = self.run.as_mut() else {
+                return Err(Error::Db("no registry run".into()));
+            };
+            if run.pos + chunk.len() as u64 > run.end {
+                return Err(oci::Error::SizeMismatch {
+                    expected: run.end,
+                    actual: run.pos + chunk.len() as u64,
+                }
+                .into());
+            }
+            let mut rest: &[u8] = &chunk;
+            while !rest.is_empty() {
+                let piece_end = layout.range(run.piece).1;
+                let take = ((piece_end - run.pos) as usize).min(rest.len());
+                run.hasher.update(&rest[..take]);
+                run.buf.extend_from_slice(&rest[..take]);
+                run.pos += take as u64;
+                rest = &rest[take..];
+                if run.pos == piece_end {
+                    run.hashed.push((run.piece, run.hasher.finish()));
+                    run.hasher = PieceHasher::new();
+                    run.piece += 1;
+                }
+            }
+        }
+        let full = self
+            .run
+            .as_ref()
+            .is_some_and(|r| r.buf.len() >= RUN_FLUSH_BYTES || r.pos == r.end);
+        // Written pieces become held as soon as their write returns.
+        if self
+            .run
+            .as_ref()
+            .and_then(|r| r.pending.as_ref())
+            .is_some_and(|p| p.done.is_finished())
+        {
+            out.held.extend(self.settle_run().await?);
+        }
+        if full {
+            out.held.extend(self.flush_run().await?);
+        }
+        Ok(out)
+    }
+
+    /// Writes what the run has buffered (the registry stream went quiet, or the run
+    /// ended), returning pieces that became held.
+    pub async fn flush_run(&mut self) -> Result<Vec<(u32, PieceHash)>, Error> {
+        let mut held = self.settle_run().await?;
+        let Some(run) = self.run.as_mut() else {
+            return Ok(held);
+        };
+        if run.buf.is_empty() {
+            return Ok(held);
+        }
+        let bytes = Bytes::from(std::mem::replace(
+            &mut run.buf,
+            Vec::with_capacity(RUN_FLUSH_BYTES),
+        ));
+        let start = run.buf_start;
+        let len = bytes.len() as u64;
+        run.buf_start += len;
+        let file = self.inflight.file.clone();
+        let for_disk = bytes.clone();
+        run.pending = Some(PendingWrite {
+            start,
+            len,
+            done: tokio::task::spawn_blocking(move || file.write_all_at(&for_disk, start)),
+        });
+        // In order and next in line: the digest takes these bytes without a re-read.
+        // The digest only ever reads what is verified or trusted: these are registry
+        // bytes, and the blob's sha256 is what decides.
+        if start == self.digested {
+            self.digest.feed(Feed::Bytes(bytes)).await?;
+            self.digested = start + len;
+        }
+        if self.run.as_ref().is_some_and(|r| r.pos == r.end) {
+            held.extend(self.settle_run().await?);
+        }
+        Ok(held)
+    }
+
+    async fn settle_run(&mut self) -> Result<Vec<(u32, PieceHash)>, Error> {
+        let Some(run) = self.run.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let Some(p) = run.pending.take() else {
+            return Ok(Vec::new());
+        };
+        p.done
+            .await
+            .map_err(|e| Error::Db(format!("writer task: {e}")))?
+            .map_err(|e| Error::io(&self.inflight.path, e))?;
+        run.settled = p.start + p.len;
+        let settled = run.settled;
+        let mut held = Vec::new();
+        run.hashed.retain(|&(i, h)| {
+            if self.layout.range(i).1 <= settled {
+                held.push((i, h));
+                false
+            } else {
+                true
+            }
+        });
+        let finished = run.pos == run.end && run.buf.is_empty();
+        {
+            let mut g = self.inflight.pieces.lock();
+            if let Some(st) = g.as_mut() {
+                for &(i, h) in &held {
+                    st.receiving.clear(i);
+                    st.held.set(i);
+                    st.hashes[i as usize] = Some(h);
+                }
+            }
+        }
+        for &(i, _) in &held {
+            let _ = self.inflight.held_events.send(i);
+        }
+        self.advance().await?;
+        if finished {
+            self.run = None;
+        }
+        Ok(held)
+    }
+
+    /// Ends the current run early (the stream failed): whole pieces already received
+    /// are kept, the rest of the run is released for someone else to produce.
+    pub async fn abort_run(&mut self) -> Result<Vec<(u32, PieceHash)>, Error> {
+        let Some(run) = self.run.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let first_unproduced = run.piece;
+        let claimed_end = self.layout.piece_of(run.end.saturating_sub(1)) + 1;
+        // Bytes of the piece cut short are dropped (those already written stay on disk,
+        // unheld, and are overwritten by whoever produces the piece).
+        let whole_end = self.layout.range(run.piece).0.max(run.buf_start);
+        run.buf.truncate((whole_end - run.buf_start) as usize);
+        run.pos = whole_end;
+        run.end = whole_end;
+        let mut held = self.flush_run().await?;
+        held.extend(self.settle_run().await?);
+        self.run = None;
+        self.release_unproduced(first_unproduced, claimed_end);
+        Ok(held)
+    }
+
+    /// Releases run claims on pieces `[first, end)` that were not produced.
+    pub fn release_unproduced(&mut self, first: u32, end: u32) {
+        let mut g = self.inflight.pieces.lock();
+        if let Some(st) = g.as_mut() {
+            for i in first..end.min(self.layout.count()) {
+                if !st.held.get(i) {
+                    st.receiving.clear(i);
+                }
+            }
+        }
+    }
+
+    /// Moves the held prefix forward, feeds the digest what became contiguous, and
+    /// publishes how far readers may read: the held prefix, or further into a registry
+    /// run that continues it (the registry's bytes, readable as they reach the disk,
+    /// as on the plain mirror path; the blob's sha256 still decides at the end).
+    async fn advance(&mut self) -> Result<(), Error> {
+        let count = self.layout.count();
+        self.prefix = self.held().first_missing_from(self.prefix);
+        let prefix_bytes = if self.prefix >= count {
+            self.layout.blob_size
+        } else {
+            self.layout.range(self.prefix).0
+        };
+        if prefix_bytes > self.digested {
+            let from = self.digested;
+            self.digest
+                .feed(Feed::File {
+                    offset: from,
+                    len: prefix_bytes - from,
+                })
+                .await?;
+            self.digested = prefix_bytes;
+        }
+        let readable = match &self.run {
+            Some(run) if run.start <= prefix_bytes => prefix_bytes.max(run.settled),
+            _ => prefix_bytes,
+        };
+        self.inflight
+            .progress
+            .send_modify(|p| p.written = p.written.max(readable));
+        self.persist_pieces(false);
+        Ok(())
+    }
+
+    /// Writes the piece map so a restart keeps what is held (rate-limited).
+    fn persist_pieces(&mut self, force: bool) {
+        if !force
+            && self
+                .sidecar_written
+                .is_some_and(|t| t.elapsed() < SIDECAR_EVERY)
+        {
+            return;
+        }
+        self.sidecar_written = Some(Instant::now());
+        let sc = Sidecar {
+            layout: self.layout,
+            have: self.held(),
+        };
+        if let Ok(json) = serde_json::to_vec(&sc) {
+            if let Err(e) = std::fs::write(sidecar_path(&self.inflight.path), json) {
+                warn!(error = %e, "cannot persist piece map; a restart will refetch pieces past the prefix");
+            }
+        }
+    }
+
+    /// Verifies the whole blob's digest and moves it into the store. On mismatch the
+    /// partial file is deleted: those bytes can never become valid.
+    pub async fn finish(mut self) -> Result<u64, Error> {
+        if self.run.is_some() {
+            self.flush_run().await?;
+            self.settle_run().await?;
+        }
+        if !self.is_complete() {
+            return Err(Error::Db(format!(
+                "finish with {} of {} pieces",
+                self.prefix,
+                self.layout.count()
+            )));
+        }
+        let verifier = self.digest.finish().await?;
+        let size = verifier.len();
+        if size != self.layout.blob_size {
+            let e: Error = oci::Error::SizeMismatch {
+                expected: self.layout.blob_size,
+                actual: size,
+            }
+            .into();
+            self.discard(&e.to_string());
+            return Err(e);
+        }
+        if let Err(e) = verifier.finish() {
+            let e: Error = e.into();
+            self.discard(&e.to_string());
+            return Err(e);
+        }
+        self.done = true;
+        let r = commit(&self.store, &self.inflight, size, &self.source).await;
+        if let Err(e) = &r {
+            fail_download(&self.store, &self.inflight, &e.to_string(), true);
+        }
+        r
+    }
+
+    fn discard(&mut self, reason: &str) {
+        std::fs::remove_file(&self.inflight.path).ok();
+        std::fs::remove_file(sidecar_path(&self.inflight.path)).ok();
+        self.done = true;
+        fail_download(&self.store, &self.inflight, reason, false);
+    }
+
+    /// Marks the download failed; held pieces stay on disk (with their map) for a
+    /// restart or a later attempt.
+    pub fn fail(&mut self, reason: &str) {
+        if self.done {
+            return;
+        }
+        self.persist_pieces(true);
+        self.done = true;
+        fail_download(&self.store, &self.inflight, reason, true);
+    }
+
+    /// Marks the download failed and deletes what it wrote (the disk is full).
+    pub fn abandon(&mut self, reason: &str) {
+        if self.done {
+            return;
+        }
+        std::fs::remove_file(&self.inflight.path).ok();
+        std::fs::remove_file(sidecar_path(&self.inflight.path)).ok();
+        self.done = true;
+        fail_download(&self.store, &self.inflight, reason, true);
+    }
+
+    pub fn status(&self) -> Status {
+        self.inflight.progress().status
+    }
+}
+
+impl Drop for PieceWriter {
+    fn drop(&mut self) {
+        if !self.done {
+            self.fail("download abandoned");
+        }
+    }
+}

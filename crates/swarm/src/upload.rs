@@ -1,0 +1,312 @@
+//! The holder's upload line: which queued piece request to serve next. I/O-free and
+//! shared by the agent (one per agent, behind a lock) and the simulator.
+//!
+//! A holder serves at most `max_active` pieces at a time: few fast uploads beat many
+//! slow ones, because a piece is worth something to the swarm only once it is whole
+//! (it is verified, then announced and served onward), so splitting the uplink across
+//! many pieces delays all of them. Requests beyond that wait in line instead of being
+//! refused: on a persistent connection a queued request costs nothing, and the uplink
+//! goes to the next piece without a round trip. Only a line past its bounds answers
+//! "busy".
+//!
+//! Order: urgent requests (a reader waits on them) first; then the piece this holder
+//! has sent the fewest times, so its uplink goes to pieces the swarm does not have yet
+//! — when every downloader sees a fresh piece at the source at once and asks for it,
+//! the source sends it once and then other fresh pieces, and the copies spread from
+//! the first recipient (the downloaders move their requests there: `scheduler`);
+//! then connections in turn, so one downloader with a deep window cannot starve the
+//! others.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+
+use crate::wire::ChannelId;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    pub chan: ChannelId,
+    /// The blob, as the holder numbers them (for counting what it has sent).
+    pub blob: u64,
+    pub piece: u32,
+    pub urgent: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    Queued,
+    /// The line is full: the requester should ask someone else.
+    Busy,
+}
+
+#[derive(Clone, Debug)]
+pub struct UploadConfig {
+    pub max_active: usize,
+    /// Requests one connection may have waiting (above any downloader's window).
+    pub max_queued_per_conn: usize,
+    pub max_queued_total: usize,
+}
+
+impl Default for UploadConfig {
+    fn default() -> Self {
+        Self {
+            max_active: 4,
+            max_queued_per_conn: 64,
+            max_queued_total: 4096,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct UploadQueue<C> {
+    cfg: UploadConfig,
+    active: usize,
+    queued: usize,
+    lines: HashMap<C, VecDeque<Queued>>,
+    /// Connections with something waiting, in serving order.
+    turn: VecDeque<C>,
+    /// Times each (blob, piece) was sent.
+    sent: HashMap<(u64, u32), u32>,
+}
+
+/// Sent counts remembered (then forgotten all at once): bounds the holder's memory.
+const MAX_SENT_ENTRIES: usize = 1 << 20;
+
+impl<C: Copy + Eq + Hash> UploadQueue<C> {
+    pub fn new(cfg: UploadConfig) -> Self {
+        Self {
+            cfg,
+            active: 0,
+            queued: 0,
+            lines: HashMap::new(),
+            turn: VecDeque::new(),
+            sent: HashMap::new(),
+        }
+    }
+
+    /// Times this holder has sent a piece.
+    pub fn sent_count(&self, blob: u64, piece: u32) -> u32 {
+        self.sent.get(&(blob, piece)).copied().unwrap_or(0)
+    }
+
+    pub fn active(&self) -> usize {
+        self.active
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
+    pub fn push(&mut self, conn: C, q: Queued) -> Admit {
+        let line = self.lines.entry(conn).or_default();
+        if line.len() >= self.cfg.max_queued_per_conn || self.queued >= self.cfg.max_queued_total
+        {
+            return Admit::Busy;
+        }
+        if line.is_empty() {
+            self.turn.push_back(conn);
+        }
+        line.push_back(q);
+        self.queued += 1;
+        Admit::Queued
+    }
+
+    /// The next request to serve, if a slot is free (see the module's order). The
+    /// slot is taken; give it back with [`UploadQueue::done`].
+    pub fn next(&mut self) -> Option<(C, Queued)> {
+        if self.active >= self.cfg.max_active.max(1) || self.queued == 0 {
+            return None;
+        }
+        // (urgent first, fewest sent, connection's place in turn, place in its line)
+        let mut best: Option<((bool, u32, usize, usize), C)> = None;
+        for (t, conn) in self.turn.iter().enumerate() {
+            let Some(line) = self.lines.get(conn) else {
+                continue;
+            };
+            for (k, q) in line.iter().enumerate() {
+                let key = (!q.urgent, self.sent_count(q.blob, q.piece), t, k);
+                if best.is_none_or(|(b, _)| key < b) {
+                    best = Some((key, *conn));
+                }
+            }
+        }
+        let ((_, _, t, k), conn) = best?;
+        let line = self.lines.get_mut(&conn)?;
+        let q = line.remove(k)?;
+        self.turn.remove(t);
+        if !line.is_empty() {
+            self.turn.push_back(conn);
+        }
+        self.queued -= 1;
+        self.active += 1;
+        if self.sent.len() >= MAX_SENT_ENTRIES {
+            self.sent.clear();
+        }
+        *self.sent.entry((q.blob, q.piece)).or_insert(0) += 1;
+        Some((conn, q))
+    }
+
+    pub fn done(&mut self) {
+        self.active = self.active.saturating_sub(1);
+    }
+
+    /// Removes a waiting request; `false` if it is not waiting (being served, or gone).
+    pub fn cancel(&mut self, conn: C, chan: ChannelId, piece: u32) -> bool {
+        let Some(line) = self.lines.get_mut(&conn) else {
+            return false;
+        };
+        let Some(at) = line.iter().position(|q| q.chan == chan && q.piece == piece) else {
+            return false;
+        };
+        line.remove(at);
+        self.queued -= 1;
+        if line.is_empty() {
+            self.turn.retain(|c| *c != conn);
+        }
+        true
+    }
+
+    /// Drops everything a connection (or one of its channels) has waiting.
+    pub fn drop_waiting(&mut self, conn: C, chan: Option<ChannelId>) {
+        if let Some(line) = self.lines.get_mut(&conn) {
+            let before = line.len();
+            line.retain(|q| chan.is_some_and(|c| q.chan != c));
+            self.queued -= before - line.len();
+            if line.is_empty() {
+                self.lines.remove(&conn);
+                self.turn.retain(|c| *c != conn);
+            }
+        }
+    }
+}
+
+/// An agent-wide cap on piece requests in flight, shared by every blob's scheduler:
+/// a receiver's link split over many concurrent pieces makes each arrive later, and a
+/// piece is useful to the swarm only once whole.
+#[derive(Debug)]
+pub struct RequestBudget {
+    limit: u32,
+    used: std::sync::atomic::AtomicU32,
+}
+
+impl RequestBudget {
+    pub fn new(limit: u32) -> Self {
+        Self {
+            limit: limit.max(1),
+            used: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    pub fn available(&self) -> u32 {
+        self.limit
+            .saturating_sub(self.used.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Takes `n` (the caller learned they were available; a race may overshoot by a
+    /// few, which costs nothing but a slightly longer line).
+    pub fn take(&self, n: u32) {
+        self.used.fetch_add(n, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    pub fn give_back(&self, n: u32) {
+        let _ = self.used.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |u| Some(u.saturating_sub(n)),
+        );
+    }
+
+    pub fn used(&self) -> u32 {
+        self.used.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(piece: u32, urgent: bool) -> Queued {
+        Queued {
+            chan: 1,
+            blob: 7,
+            piece,
+            urgent,
+        }
+    }
+
+    #[test]
+    fn round_robin_with_urgent_first_and_bounded_slots() {
+        let mut u = UploadQueue::new(UploadConfig {
+            max_active: 2,
+            max_queued_per_conn: 3,
+            max_queued_total: 100,
+        });
+        for p in 0..3 {
+            assert_eq!(u.push('a', q(p, false)), Admit::Queued);
+        }
+        assert_eq!(u.push('a', q(9, false)), Admit::Busy, "a's line is full");
+        u.push('b', q(10, false));
+        u.push('c', q(20, false));
+        u.push('c', q(21, true));
+        let (c1, first) = u.next().unwrap();
+        assert_eq!((c1, first.piece), ('c', 21), "urgent first");
+        let (c2, second) = u.next().unwrap();
+        assert_eq!((c2, second.piece), ('a', 0));
+        assert!(u.next().is_none(), "two slots busy");
+        u.done();
+        assert_eq!(u.next().map(|(c, x)| (c, x.piece)), Some(('b', 10)));
+        u.done();
+        assert_eq!(u.next().map(|(c, x)| (c, x.piece)), Some(('c', 20)));
+        u.done();
+        assert_eq!(u.next().map(|(c, x)| (c, x.piece)), Some(('a', 1)));
+        assert!(u.cancel('a', 1, 2));
+        assert!(!u.cancel('a', 1, 2));
+        u.done();
+        u.done();
+        assert!(u.next().is_none());
+        assert_eq!(u.queued(), 0);
+    }
+
+    #[test]
+    fn dropping_a_connection_or_channel_forgets_its_line() {
+        let mut u = UploadQueue::new(UploadConfig::default());
+        u.push(1u32, Queued { chan: 1, blob: 1, piece: 0, urgent: false });
+        u.push(1u32, Queued { chan: 2, blob: 2, piece: 0, urgent: false });
+        u.push(2u32, Queued { chan: 1, blob: 1, piece: 5, urgent: false });
+        u.drop_waiting(1, Some(1));
+        assert_eq!(u.queued(), 2);
+        u.drop_waiting(1, None);
+        assert_eq!(u.queued(), 1);
+        assert_eq!(u.next().map(|(c, x)| (c, x.piece)), Some((2, 5)));
+    }
+
+    #[test]
+    fn pieces_sent_fewest_times_go_first() {
+        let mut u = UploadQueue::new(UploadConfig {
+            max_active: 1,
+            ..UploadConfig::default()
+        });
+        // Everyone asks for the fresh piece 9 at once, and two ask for piece 3.
+        for c in ['a', 'b', 'c'] {
+            u.push(c, q(9, false));
+        }
+        u.push('d', q(3, false));
+        let order: Vec<u32> = (0..4)
+            .map(|_| {
+                let (_, x) = u.next().unwrap();
+                u.done();
+                x.piece
+            })
+            .collect();
+        assert_eq!(order, vec![9, 3, 9, 9], "a fresh piece before a second copy");
+        assert_eq!(u.sent_count(7, 9), 3);
+    }
+
+    #[test]
+    fn the_budget_never_goes_negative() {
+        let b = RequestBudget::new(4);
+        b.take(3);
+        assert_eq!(b.available(), 1);
+        b.give_back(5);
+        assert_eq!(b.available(), 4);
+    }
+}

@@ -1,0 +1,653 @@
+//! The peer wire protocol: frames exchanged on one long-lived connection from a
+//! downloader to a holder. Encoding and decoding only, no I/O, so the codec can be
+//! fuzzed and the agent's connection tasks stay thin.
+//!
+//! Every frame is `u32 length (big endian) | u8 type | payload`, where the length
+//! counts the type byte and the payload. A [`Frame::Data`] frame is followed by
+//! `len` raw bytes that the length does not count: the holder sends them straight from
+//! its page cache (`sendfile`), and the receiver reads them straight into its buffer.
+//!
+//! A connection carries many blobs: the downloader opens a *channel* per blob (its own
+//! number), the holder answers with what it holds and then keeps it posted (`Have`)
+//! until the channel is closed. Only the downloader asks for pieces; a node that wants
+//! pieces from the other side opens its own connection.
+//!
+//! Everything here is hostile input: lengths, counts and indexes are bounded before
+//! anything is allocated, and a malformed frame is an error, never a panic.
+
+use bytes::{Buf, BufMut, BytesMut};
+
+use crate::pieces::{validate_geometry, PieceHash, MAX_PIECES};
+use crate::{Bitfield, Error};
+
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Largest control frame (a bitfield of [`MAX_PIECES`] is 8 KiB, a hash batch 128 KiB).
+pub const MAX_CONTROL_FRAME: usize = 256 << 10;
+/// Largest run of raw bytes after one `Data` header.
+pub const MAX_DATA_CHUNK: u32 = 1 << 20;
+/// Hashes per `Hashes` frame.
+pub const MAX_HASHES_PER_FRAME: usize = 4096;
+pub const MAX_NODE_NAME: usize = 253;
+
+pub type ChannelId = u32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The holder's upload line is full: ask someone else, or again shortly.
+    Busy,
+    /// The holder does not hold the piece (anymore).
+    NotHeld,
+    /// The request made no sense (unknown channel, piece out of range).
+    Invalid,
+    /// The downloader cancelled it before it was served.
+    Cancelled,
+}
+
+impl RejectReason {
+    fn code(self) -> u8 {
+        match self {
+            Self::Busy => 1,
+            Self::NotHeld => 2,
+            Self::Invalid => 3,
+            Self::Cancelled => 4,
+        }
+    }
+
+    fn from_code(c: u8) -> Result<Self, Error> {
+        Ok(match c {
+            1 => Self::Busy,
+            2 => Self::NotHeld,
+            3 => Self::Invalid,
+            4 => Self::Cancelled,
+            other => return Err(wire(format!("unknown reject reason {other}"))),
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// First frame each way. `nonce` is the challenge the other side must answer
+    /// in its proof; `proof` answers the other side's nonce (zeros from the dialer,
+    /// which has not seen the holder's nonce yet).
+    Hello {
+        version: u16,
+        node: String,
+        nonce: [u8; 16],
+        proof: [u8; 32],
+    },
+    /// The dialer's answer to the holder's nonce.
+    Auth { proof: [u8; 32] },
+    /// Downloader → holder: subscribe to a blob on channel `chan`.
+    Open {
+        chan: ChannelId,
+        digest: [u8; 32],
+        blob_size: u64,
+        piece_size: u64,
+    },
+    Close { chan: ChannelId },
+    /// Holder → downloader: the pieces held now (answer to `Open`).
+    Bitfield { chan: ChannelId, have: Bitfield },
+    /// Holder → downloader: every piece is held.
+    Complete { chan: ChannelId },
+    /// Holder → downloader: nothing of this blob here (or another geometry).
+    NotHeld { chan: ChannelId },
+    /// Holder → downloader: a piece became available. `hash` is the holder's record
+    /// of the piece's hash; a downloader only trusts it from the blob's source.
+    Have {
+        chan: ChannelId,
+        piece: u32,
+        hash: Option<PieceHash>,
+    },
+    /// Downloader → holder. `urgent`: a reader waits on this piece (read head).
+    Request {
+        chan: ChannelId,
+        piece: u32,
+        urgent: bool,
+    },
+    Cancel { chan: ChannelId, piece: u32 },
+    Reject {
+        chan: ChannelId,
+        piece: u32,
+        reason: RejectReason,
+    },
+    /// Holder → downloader: `len` raw bytes of `piece` from `offset` follow.
+    Data {
+        chan: ChannelId,
+        piece: u32,
+        offset: u32,
+        len: u32,
+    },
+    /// Downloader → holder: send the piece hashes of a complete blob.
+    HashesRequest { chan: ChannelId },
+    Hashes {
+        chan: ChannelId,
+        first: u32,
+        hashes: Vec<PieceHash>,
+    },
+    Ping { nonce: u64 },
+    Pong { nonce: u64 },
+    /// Either side, before closing: why.
+    Goodbye { reason: String },
+}
+
+mod code {
+    pub const HELLO: u8 = 1;
+    pub const AUTH: u8 = 2;
+    pub const OPEN: u8 = 3;
+    pub const CLOSE: u8 = 4;
+    pub const BITFIELD: u8 = 5;
+    pub const COMPLETE: u8 = 6;
+    pub const NOT_HELD: u8 = 7;
+    pub const HAVE: u8 = 8;
+    pub const REQUEST: u8 = 9;
+    pub const CANCEL: u8 = 10;
+    pub const REJECT: u8 = 11;
+    pub const DATA: u8 = 12;
+    pub const HASHES_REQUEST: u8 = 13;
+    pub const HASHES: u8 = 14;
+    pub const PING: u8 = 15;
+    pub const PONG: u8 = 16;
+    pub const GOODBYE: u8 = 17;
+}
+
+fn wire(msg: String) -> Error {
+    Error::Wire(msg)
+}
+
+impl Frame {
+    /// Appends the encoded frame to `out`. Never fails for frames built by this crate;
+    /// oversized contents (a name past [`MAX_NODE_NAME`], too many hashes) are cut to
+    /// the limits the decoder enforces.
+    pub fn encode(&self, out: &mut BytesMut) {
+        let at = out.len();
+        out.put_u32(0);
+        match self {
+            Frame::Hello {
+                version,
+                node,
+                nonce,
+                proof,
+            } => {
+                out.put_u8(code::HELLO);
+                out.put_u16(*version);
+                let name = &node.as_bytes()[..node.len().min(MAX_NODE_NAME)];
+                out.put_u8(name.len() as u8);
+                out.put_slice(name);
+                out.put_slice(nonce);
+                out.put_slice(proof);
+            }
+            Frame::Auth { proof } => {
+                out.put_u8(code::AUTH);
+                out.put_slice(proof);
+            }
+            Frame::Open {
+                chan,
+                digest,
+                blob_size,
+                piece_size,
+            } => {
+                out.put_u8(code::OPEN);
+                out.put_u32(*chan);
+                out.put_slice(digest);
+                out.put_u64(*blob_size);
+                out.put_u64(*piece_size);
+            }
+            Frame::Close { chan } => {
+                out.put_u8(code::CLOSE);
+                out.put_u32(*chan);
+            }
+            Frame::Bitfield { chan, have } => {
+                out.put_u8(code::BITFIELD);
+                out.put_u32(*chan);
+                out.put_u32(have.len());
+                out.put_slice(have.as_bytes());
+            }
+            Frame::Complete { chan } => {
+                out.put_u8(code::COMPLETE);
+                out.put_u32(*chan);
+            }
+            Frame::NotHeld { chan } => {
+                out.put_u8(code::NOT_HELD);
+                out.put_u32(*chan);
+            }
+            Frame::Have { chan, piece, hash } => {
+                out.put_u8(code::HAVE);
+                out.put_u32(*chan);
+                out.put_u32(*piece);
+                match hash {
+                    Some(h) => {
+                        out.put_u8(1);
+                        out.put_slice(&h.0);
+                    }
+                    None => out.put_u8(0),
+                }
+            }
+            Frame::Request {
+                chan,
+                piece,
+                urgent,
+            } => {
+                out.put_u8(code::REQUEST);
+                out.put_u32(*chan);
+                out.put_u32(*piece);
+                out.put_u8(u8::from(*urgent));
+            }
+            Frame::Cancel { chan, piece } => {
+                out.put_u8(code::CANCEL);
+                out.put_u32(*chan);
+                out.put_u32(*piece);
+            }
+            Frame::Reject {
+                chan,
+                piece,
+                reason,
+            } => {
+                out.put_u8(code::REJECT);
+                out.put_u32(*chan);
+                out.put_u32(*piece);
+                out.put_u8(reason.code());
+            }
+            Frame::Data {
+                chan,
+                piece,
+                offset,
+                len,
+            } => {
+                out.put_u8(code::DATA);
+                out.put_u32(*chan);
+                out.put_u32(*piece);
+                out.put_u32(*offset);
+                out.put_u32(*len);
+            }
+            Frame::HashesRequest { chan } => {
+                out.put_u8(code::HASHES_REQUEST);
+                out.put_u32(*chan);
+            }
+            Frame::Hashes {
+                chan,
+                first,
+                hashes,
+            } => {
+                out.put_u8(code::HASHES);
+                out.put_u32(*chan);
+                out.put_u32(*first);
+                let n = hashes.len().min(MAX_HASHES_PER_FRAME);
+                out.put_u16(n as u16);
+                for h in &hashes[..n] {
+                    out.put_slice(&h.0);
+                }
+            }
+            Frame::Ping { nonce } => {
+                out.put_u8(code::PING);
+                out.put_u64(*nonce);
+            }
+            Frame::Pong { nonce } => {
+                out.put_u8(code::PONG);
+                out.put_u64(*nonce);
+            }
+            Frame::Goodbye { reason } => {
+                out.put_u8(code::GOODBYE);
+                let r = &reason.as_bytes()[..reason.len().min(1024)];
+                out.put_u16(r.len() as u16);
+                out.put_slice(r);
+            }
+        }
+        let len = (out.len() - at - 4) as u32;
+        out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+    }
+
+    /// Decodes one frame from the front of `buf`, consuming it. `Ok(None)`: more bytes
+    /// are needed. For a `Data` frame only the header is consumed; the caller reads
+    /// the `len` raw bytes that follow (some may already be in `buf`).
+    pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, Error> {
+        if buf.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        if len == 0 || len > MAX_CONTROL_FRAME {
+            return Err(wire(format!("frame length {len} out of bounds")));
+        }
+        if buf.len() < 4 + len {
+            return Ok(None);
+        }
+        buf.advance(4);
+        let mut body = buf.split_to(len);
+        let frame = parse_body(&mut body)?;
+        if body.has_remaining() {
+            return Err(wire(format!(
+                "{} trailing bytes after a frame",
+                body.remaining()
+            )));
+        }
+        Ok(Some(frame))
+    }
+}
+
+struct Reader<'a>(&'a mut BytesMut);
+
+impl Reader<'_> {
+    fn need(&self, n: usize) -> Result<(), Error> {
+        if self.0.remaining() < n {
+            Err(wire(format!(
+                "frame truncated: need {n} bytes, have {}",
+                self.0.remaining()
+            )))
+        } else {
+            Ok(())
+        }
+    }
+    fn u8(&mut self) -> Result<u8, Error> {
+        self.need(1)?;
+        Ok(self.0.get_u8())
+    }
+    fn u16(&mut self) -> Result<u16, Error> {
+        self.need(2)?;
+        Ok(self.0.get_u16())
+    }
+    fn u32(&mut self) -> Result<u32, Error> {
+        self.need(4)?;
+        Ok(self.0.get_u32())
+    }
+    fn u64(&mut self) -> Result<u64, Error> {
+        self.need(8)?;
+        Ok(self.0.get_u64())
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], Error> {
+        self.need(N)?;
+        let mut a = [0u8; N];
+        self.0.copy_to_slice(&mut a);
+        Ok(a)
+    }
+    fn bytes(&mut self, n: usize) -> Result<Vec<u8>, Error> {
+        self.need(n)?;
+        Ok(self.0.split_to(n).to_vec())
+    }
+}
+
+fn parse_body(body: &mut BytesMut) -> Result<Frame, Error> {
+    let mut r = Reader(body);
+    let kind = r.u8()?;
+    Ok(match kind {
+        code::HELLO => {
+            let version = r.u16()?;
+            let n = r.u8()? as usize;
+            let name = r.bytes(n)?;
+            let node = String::from_utf8(name).map_err(|_| wire("node name is not UTF-8".into()))?;
+            Frame::Hello {
+                version,
+                node,
+                nonce: r.array()?,
+                proof: r.array()?,
+            }
+        }
+        code::AUTH => Frame::Auth { proof: r.array()? },
+        code::OPEN => {
+            let chan = r.u32()?;
+            let digest = r.array()?;
+            let blob_size = r.u64()?;
+            let piece_size = r.u64()?;
+            validate_geometry(blob_size, piece_size)?;
+            Frame::Open {
+                chan,
+                digest,
+                blob_size,
+                piece_size,
+            }
+        }
+        code::CLOSE => Frame::Close { chan: r.u32()? },
+        code::BITFIELD => {
+            let chan = r.u32()?;
+            let count = r.u32()?;
+            if count > MAX_PIECES {
+                return Err(wire(format!("bitfield of {count} pieces")));
+            }
+            let bits = r.bytes((count as usize).div_ceil(8))?;
+            Frame::Bitfield {
+                chan,
+                have: Bitfield::from_bytes(bits, count)?,
+            }
+        }
+        code::COMPLETE => Frame::Complete { chan: r.u32()? },
+        code::NOT_HELD => Frame::NotHeld { chan: r.u32()? },
+        code::HAVE => {
+            let chan = r.u32()?;
+            let piece = r.u32()?;
+            let hash = match r.u8()? {
+                0 => None,
+                1 => Some(PieceHash(r.array()?)),
+                other => return Err(wire(format!("HAVE hash flag {other}"))),
+            };
+            Frame::Have { chan, piece, hash }
+        }
+        code::REQUEST => {
+            let chan = r.u32()?;
+            let piece = r.u32()?;
+            let urgent = match r.u8()? {
+                0 => false,
+                1 => true,
+                other => return Err(wire(format!("request flag {other}"))),
+            };
+            Frame::Request {
+                chan,
+                piece,
+                urgent,
+            }
+        }
+        code::CANCEL => Frame::Cancel {
+            chan: r.u32()?,
+            piece: r.u32()?,
+        },
+        code::REJECT => Frame::Reject {
+            chan: r.u32()?,
+            piece: r.u32()?,
+            reason: RejectReason::from_code(r.u8()?)?,
+        },
+        code::DATA => {
+            let chan = r.u32()?;
+            let piece = r.u32()?;
+            let offset = r.u32()?;
+            let len = r.u32()?;
+            if len == 0 || len > MAX_DATA_CHUNK {
+                return Err(wire(format!("data chunk of {len} bytes")));
+            }
+            Frame::Data {
+                chan,
+                piece,
+                offset,
+                len,
+            }
+        }
+        code::HASHES_REQUEST => Frame::HashesRequest { chan: r.u32()? },
+        code::HASHES => {
+            let chan = r.u32()?;
+            let first = r.u32()?;
+            let n = r.u16()? as usize;
+            if n > MAX_HASHES_PER_FRAME || first as u64 + n as u64 > MAX_PIECES as u64 {
+                return Err(wire(format!("{n} hashes from {first}")));
+            }
+            let mut hashes = Vec::with_capacity(n);
+            for _ in 0..n {
+                hashes.push(PieceHash(r.array()?));
+            }
+            Frame::Hashes {
+                chan,
+                first,
+                hashes,
+            }
+        }
+        code::PING => Frame::Ping { nonce: r.u64()? },
+        code::PONG => Frame::Pong { nonce: r.u64()? },
+        code::GOODBYE => {
+            let n = r.u16()? as usize;
+            if n > 1024 {
+                return Err(wire(format!("goodbye reason of {n} bytes")));
+            }
+            let reason = String::from_utf8_lossy(&r.bytes(n)?).into_owned();
+            Frame::Goodbye { reason }
+        }
+        other => return Err(wire(format!("unknown frame type {other}"))),
+    })
+}
+
+/// The proof that answers a nonce: HMAC-SHA256 over (role, nonce, the prover's name)
+/// with the cluster token. The token itself never crosses the wire, so a peer address
+/// forged in the tracker only yields a failed handshake, not the token (issue 12,
+/// finding 11).
+pub fn handshake_proof(token: &[u8], role: u8, nonce: &[u8; 16], prover: &str) -> [u8; 32] {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token);
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    ctx.update(b"starling-peer-v1");
+    ctx.update(&[role]);
+    ctx.update(nonce);
+    ctx.update(prover.as_bytes());
+    let tag = ctx.sign();
+    let mut out = [0u8; 32];
+    out.copy_from_slice(tag.as_ref());
+    out
+}
+
+/// Constant-time comparison of proofs.
+pub fn proofs_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Role bytes for [`handshake_proof`]: the holder (accepting side) and the dialer.
+pub const ROLE_HOLDER: u8 = b'H';
+pub const ROLE_DIALER: u8 = b'D';
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip(f: Frame) {
+        let mut b = BytesMut::new();
+        f.encode(&mut b);
+        let mut partial = BytesMut::from(&b[..b.len() - 1]);
+        assert_eq!(Frame::decode(&mut partial).unwrap(), None, "{f:?} needs its last byte");
+        let got = Frame::decode(&mut b).unwrap().unwrap();
+        assert_eq!(got, f);
+        assert!(b.is_empty());
+    }
+
+    #[test]
+    fn every_frame_roundtrips() {
+        let mut bits = Bitfield::new(13);
+        bits.set(3);
+        bits.set(12);
+        for f in [
+            Frame::Hello {
+                version: 1,
+                node: "node-7".into(),
+                nonce: [7; 16],
+                proof: [9; 32],
+            },
+            Frame::Auth { proof: [1; 32] },
+            Frame::Open {
+                chan: 3,
+                digest: [5; 32],
+                blob_size: 10 << 20,
+                piece_size: 1 << 20,
+            },
+            Frame::Close { chan: 3 },
+            Frame::Bitfield {
+                chan: 3,
+                have: bits,
+            },
+            Frame::Complete { chan: 1 },
+            Frame::NotHeld { chan: 1 },
+            Frame::Have {
+                chan: 1,
+                piece: 9,
+                hash: Some(PieceHash::of(b"x")),
+            },
+            Frame::Have {
+                chan: 1,
+                piece: 9,
+                hash: None,
+            },
+            Frame::Request {
+                chan: 1,
+                piece: 2,
+                urgent: true,
+            },
+            Frame::Cancel { chan: 1, piece: 2 },
+            Frame::Reject {
+                chan: 1,
+                piece: 2,
+                reason: RejectReason::Busy,
+            },
+            Frame::Data {
+                chan: 1,
+                piece: 2,
+                offset: 4096,
+                len: 65536,
+            },
+            Frame::HashesRequest { chan: 4 },
+            Frame::Hashes {
+                chan: 4,
+                first: 10,
+                hashes: vec![PieceHash::of(b"a"), PieceHash::of(b"b")],
+            },
+            Frame::Ping { nonce: 42 },
+            Frame::Pong { nonce: 42 },
+            Frame::Goodbye {
+                reason: "bye".into(),
+            },
+        ] {
+            roundtrip(f);
+        }
+    }
+
+    #[test]
+    fn hostile_frames_are_errors_not_allocations() {
+        let mut huge = BytesMut::from(&[0xff, 0xff, 0xff, 0xff, code::DATA][..]);
+        assert!(Frame::decode(&mut huge).is_err(), "4 GiB frame");
+        let mut open = BytesMut::new();
+        Frame::Open {
+            chan: 1,
+            digest: [0; 32],
+            blob_size: 1 << 20,
+            piece_size: 1 << 40,
+        }
+        .encode(&mut open);
+        assert!(Frame::decode(&mut open).is_err(), "2^40-byte pieces");
+        let mut data = BytesMut::new();
+        Frame::Data {
+            chan: 1,
+            piece: 0,
+            offset: 0,
+            len: MAX_DATA_CHUNK + 1,
+        }
+        .encode(&mut data);
+        assert!(Frame::decode(&mut data).is_err(), "oversized chunk");
+        let mut bf = BytesMut::new();
+        bf.put_u32(9);
+        bf.put_u8(code::BITFIELD);
+        bf.put_u32(1);
+        bf.put_u32(u32::MAX);
+        assert!(Frame::decode(&mut bf).is_err(), "bitfield count");
+        let mut trailing = BytesMut::new();
+        trailing.put_u32(6);
+        trailing.put_u8(code::CLOSE);
+        trailing.put_u32(1);
+        trailing.put_u8(0);
+        assert!(Frame::decode(&mut trailing).is_err());
+        let mut unknown = BytesMut::from(&[0, 0, 0, 1, 200][..]);
+        assert!(Frame::decode(&mut unknown).is_err());
+    }
+
+    #[test]
+    fn proofs_bind_token_role_nonce_and_name() {
+        let p = handshake_proof(b"t", ROLE_DIALER, &[1; 16], "a");
+        assert!(proofs_equal(&p, &handshake_proof(b"t", ROLE_DIALER, &[1; 16], "a")));
+        for other in [
+            handshake_proof(b"u", ROLE_DIALER, &[1; 16], "a"),
+            handshake_proof(b"t", ROLE_HOLDER, &[1; 16], "a"),
+            handshake_proof(b"t", ROLE_DIALER, &[2; 16], "a"),
+            handshake_proof(b"t", ROLE_DIALER, &[1; 16], "b"),
+        ] {
+            assert!(!proofs_equal(&p, &other));
+        }
+    }
+}
