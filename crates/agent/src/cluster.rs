@@ -142,7 +142,7 @@ impl Agent {
             node: self.cfg.node_name.clone(),
             generation,
             labels,
-            agent_url: self.p2p.as_ref().map(|p| p.addr.clone()),
+            agent_url: self.p2p.as_ref().map(|_| format!("http://{}", self.cfg.listen)),
             blobs,
             images,
             pins,

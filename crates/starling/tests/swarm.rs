@@ -385,8 +385,36 @@ async fn restarted_agent_keeps_verified_pieces() {
     );
 }
 
+/// Asks the tracker who holds a blob, as a node that holds nothing: (name, address).
+async fn holders(tracker: &str, digest: &str) -> Vec<(String, String)> {
+    let body = serde_json::json!({"node": "probe", "addr": "127.0.0.1:1", "digest": digest, "leaving": true});
+    let r: serde_json::Value = reqwest::Client::new()
+        .post(format!("{tracker}/swarm/v1/announce"))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    r["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["node"].as_str().unwrap().to_owned(),
+                p["addr"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stale_peers_expire_from_handouts() {
+    use swarm::wire::Frame;
+    use testkit::peer::{raw_digest, PeerClient, Read};
     let dir = tempfile::tempdir().unwrap();
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let image = TestImage::push_multilayer(&registry, "swarm/stale", "1", &[8 << 20], 17).unwrap();
@@ -394,45 +422,49 @@ async fn stale_peers_expire_from_handouts() {
     let mut a = agent(dir.path(), "gone", &t.url(), &registry, &[]).await;
     pull_via(&a.url(), &image).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let ask = || async {
-        let body = serde_json::json!({"node": "probe", "addr": "http://127.0.0.1:1", "digest": image.layers[0].digest, "leaving": true});
-        let r: serde_json::Value = reqwest::Client::new()
-            .post(format!("{}/swarm/v1/announce", t.url()))
-            .bearer_auth(TOKEN)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
+    let layer = &image.layers[0];
+    let held = holders(&t.url(), &layer.digest).await;
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].0, "gone");
+    let addr = held[0].1.clone();
+    // Peers serve pieces only to holders of the cluster token, and the token itself
+    // never crosses the wire (challenge and answer).
+    let mut stranger = PeerClient::connect(&addr, "mallory", None).await.unwrap();
+    let open = Frame::Open {
+        chan: 1,
+        digest: raw_digest(&layer.digest),
+        blob_size: layer.size,
+        piece_size: 1 << 20,
+    };
+    let _ = stranger.send(&[open.clone(), Frame::Request { chan: 1, piece: 0, urgent: false }]).await;
+    match stranger.read().await {
+        Ok(Read::Frame(Frame::Goodbye { reason })) => assert!(reason.contains("token"), "{reason}"),
+        Err(_) => {}
+        other => panic!("a peer without the token got {other:?}"),
+    }
+    let mut member = PeerClient::connect(&addr, "member", Some(TOKEN)).await.unwrap();
+    assert_eq!(member.holder, "gone");
+    member.send(&[open]).await.unwrap();
+    match member.read().await.unwrap() {
+        Read::Frame(Frame::Complete { chan: 1 }) => {}
+        other => panic!("expected COMPLETE, got {other:?}"),
+    }
+    let pieces = layer.size.div_ceil(1 << 20) as u32;
+    let mut blob = Vec::new();
+    for piece in 0..pieces {
+        member
+            .send(&[Frame::Request { chan: 1, piece, urgent: false }])
             .await
             .unwrap();
-        r["peers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["node"].as_str().unwrap().to_owned())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(ask().await, vec!["gone".to_string()]);
-    // Peers serve pieces only to holders of the cluster token.
-    let piece = format!(
-        "{}/p2p/v1/blobs/{}/pieces/0?piece_size=4194304",
-        a.url(),
-        image.layers[0].digest
-    );
-    assert_eq!(reqwest::get(&piece).await.unwrap().status(), 401);
-    let ok = reqwest::Client::new()
-        .get(&piece)
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(ok.status(), 200);
-    assert_eq!(ok.bytes().await.unwrap().len(), 4 << 20);
+        let len = (layer.size - piece as u64 * (1 << 20)).min(1 << 20) as usize;
+        let (bytes, _) = member.read_piece(1, piece, len).await.unwrap();
+        blob.extend(bytes);
+    }
+    assert_eq!(oci::Digest::of(&blob).to_string(), layer.digest, "every piece, byte for byte");
     a.kill9();
     tokio::time::sleep(Duration::from_millis(1600)).await;
     assert!(
-        ask().await.is_empty(),
+        holders(&t.url(), &layer.digest).await.is_empty(),
         "a dead peer is not handed out after the TTL"
     );
     // Wrong token: refused.
@@ -483,119 +515,132 @@ async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn(
     panic!("timed out waiting until {what}");
 }
 
-/// Piece requests beyond the upload slots wait in a bounded line for a bounded time,
-/// if they ask to (`wait=1`, what agents send when the tracker calls the swarm large):
-/// a waiting request is served in full once a slot frees; a request beyond the line,
-/// one that waits too long, and one that did not ask to wait get 503.
+/// Piece requests beyond the upload slots wait in a bounded line on the holder: the
+/// one being sent goes on, a waiting one is served once the slot frees (or cancelled
+/// on request), and one beyond the line is told "busy" at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn piece_requests_wait_for_an_upload_slot_within_bounds() {
+async fn piece_requests_wait_in_a_bounded_upload_line() {
+    use swarm::wire::{Frame, RejectReason};
+    use testkit::peer::{raw_digest, PeerClient, Read};
     let dir = tempfile::tempdir().unwrap();
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let image = TestImage::push_multilayer(&registry, "swarm/line", "1", &[8 << 20], 19).unwrap();
-    // Separate swarms: neither agent serves the other's pull.
     let t = tracker(dir.path(), &[]).await;
-    let t2 = tracker(dir.path(), &[]).await;
-    // One slot, paced at 2 MiB/s: a 4 MiB piece holds it for about two seconds.
-    let patient = agent(
+    // One slot, a line of one per connection, paced at 2 MiB/s: a 1 MiB piece holds
+    // the slot for about half a second.
+    let holder = agent(
         dir.path(),
-        "patient",
+        "holder",
         &t.url(),
         &registry,
-        &[
-            "--max-uploads",
-            "1",
-            "--upload-queue",
-            "1",
-            "--upload-wait",
-            "60s",
-            "--upload-limit",
-            "2MiB",
-        ],
+        &["--max-uploads", "1", "--upload-queue", "1", "--upload-limit", "2MiB"],
     )
     .await;
-    // Same slot, but at 512 KiB/s the piece holds it for 8 s, far beyond a 200 ms wait.
-    let hasty = agent(
-        dir.path(),
-        "hasty",
-        &t2.url(),
-        &registry,
-        &[
-            "--max-uploads",
-            "1",
-            "--upload-queue",
-            "4",
-            "--upload-wait",
-            "200ms",
-            "--upload-limit",
-            "512KiB",
-        ],
-    )
-    .await;
-    pull_via(&patient.url(), &image).await.unwrap();
-    pull_via(&hasty.url(), &image).await.unwrap();
-    let digest = image.layers[0].digest.clone();
-    let get = |base: String, piece: u32, wait: u8| {
-        let digest = digest.clone();
-        async move {
-            let r = reqwest::Client::new()
-                .get(format!(
-                    "{base}/p2p/v1/blobs/{digest}/pieces/{piece}?piece_size=4194304&wait={wait}"
-                ))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .unwrap();
-            let status = r.status().as_u16();
-            (status, r.bytes().await.unwrap().len())
-        }
+    pull_via(&holder.url(), &image).await.unwrap();
+    let layer = &image.layers[0];
+    let addr = holders(&t.url(), &layer.digest)
+        .await
+        .into_iter()
+        .find(|(n, _)| n == "holder")
+        .expect("the holder is handed out")
+        .1;
+    let mut c = PeerClient::connect(&addr, "downloader", Some(TOKEN)).await.unwrap();
+    c.send(&[Frame::Open {
+        chan: 7,
+        digest: raw_digest(&layer.digest),
+        blob_size: layer.size,
+        piece_size: 1 << 20,
+    }])
+    .await
+    .unwrap();
+    assert!(matches!(c.read().await.unwrap(), Read::Frame(Frame::Complete { chan: 7 })));
+    let req = |piece| Frame::Request { chan: 7, piece, urgent: false };
+    c.send(&[req(0)]).await.unwrap();
+    // Piece 0 is on its way (its first bytes are here) before the others are asked.
+    let first = match c.read().await.unwrap() {
+        Read::Data { piece: 0, offset: 0, bytes, .. } => bytes,
+        other => panic!("expected piece 0's first bytes, got {other:?}"),
     };
-    let busy_metric = |a: &Proc| {
-        let url = a.url();
-        async move {
-            (
-                common::metric(&url, "starling_agent_p2p_uploads_queued_total").await,
-                common::metric(&url, "starling_agent_p2p_uploads_refused_total").await,
-            )
-        }
-    };
-
-    let active = |a: &Proc| {
-        let url = a.url();
-        async move { common::metric(&url, "starling_agent_p2p_uploads_active").await }
-    };
-
-    // Patient: the first request takes the slot; the next two arrive while it is held.
-    let first = tokio::spawn(get(patient.url(), 0, 1));
-    until("the first request holds the slot", || async {
-        active(&patient).await == 1
-    })
-    .await;
-    let unwilling = get(patient.url(), 1, 0).await;
-    assert_eq!(unwilling.0, 503, "did not ask to wait: refused at once");
-    let second = tokio::spawn(get(patient.url(), 1, 1));
-    until("the second request waits in line", || async {
-        busy_metric(&patient).await.0 == 1
-    })
-    .await;
-    let third = get(patient.url(), 1, 1).await;
-    assert_eq!(third.0, 503, "beyond the line: refused at once");
-    assert_eq!(first.await.unwrap(), (200, 4 << 20));
-    assert_eq!(
-        second.await.unwrap(),
-        (200, 4 << 20),
-        "served after waiting"
+    c.send(&[req(1), req(2)]).await.unwrap();
+    let (rest, others) = c.read_piece_from(7, 0, first.len(), (1 << 20) - first.len()).await.unwrap();
+    let mut all_others = others;
+    // Piece 2 was beyond the line of one: busy, at once (before piece 0 ended).
+    assert!(
+        all_others.contains(&Frame::Reject { chan: 7, piece: 2, reason: RejectReason::Busy }),
+        "the request beyond the line is refused while piece 0 is still being sent: {all_others:?}"
     );
-    assert_eq!(busy_metric(&patient).await, (1, 2));
-    assert_eq!(active(&patient).await, 0, "slots are given back");
-
-    // Hasty: the waiting request gives up long before the slot frees.
-    let first = tokio::spawn(get(hasty.url(), 0, 1));
-    until("the first request holds the slot", || async {
-        active(&hasty).await == 1
+    let mut piece0 = first;
+    piece0.extend(rest);
+    // Piece 1 waited in line and comes next, whole.
+    let (piece1, others) = c.read_piece(7, 1, 1 << 20).await.unwrap();
+    all_others.extend(others);
+    // Cancel a waiting request: ask for 2 and 3, cancel 3 while 2 is being sent.
+    c.send(&[req(2)]).await.unwrap();
+    let started = match c.read().await.unwrap() {
+        Read::Data { piece: 2, offset: 0, bytes, .. } => bytes,
+        other => panic!("expected piece 2, got {other:?}"),
+    };
+    c.send(&[req(3), Frame::Cancel { chan: 7, piece: 3 }]).await.unwrap();
+    let (rest2, others) = c.read_piece_from(7, 2, started.len(), (1 << 20) - started.len()).await.unwrap();
+    all_others.extend(others);
+    let mut tail = Vec::new();
+    while !all_others
+        .iter()
+        .chain(&tail)
+        .any(|f| *f == Frame::Reject { chan: 7, piece: 3, reason: RejectReason::Cancelled })
+    {
+        match c.read().await.unwrap() {
+            Read::Frame(f) => tail.push(f),
+            Read::Data { piece, .. } => panic!("a cancelled request was served: piece {piece}"),
+        }
+    }
+    let mut piece2 = started;
+    piece2.extend(rest2);
+    // The bytes are the blob's bytes.
+    let blob = blocking({
+        let registry_url = registry.url();
+        let (repo, digest) = (image.repo.clone(), layer.digest.clone());
+        move || testkit::http_get(&format!("{registry_url}/v2/{repo}/blobs/{digest}"), &[]).unwrap().body
     })
     .await;
-    let second = get(hasty.url(), 1, 1).await;
-    assert_eq!(second.0, 503, "waited too long: refused");
-    assert_eq!(first.await.unwrap(), (200, 4 << 20));
-    assert_eq!(busy_metric(&hasty).await, (1, 1));
+    assert_eq!(&piece0[..], &blob[..1 << 20]);
+    assert_eq!(&piece1[..], &blob[1 << 20..2 << 20]);
+    assert_eq!(&piece2[..], &blob[2 << 20..3 << 20]);
+    assert_eq!(metric(&holder, "starling_agent_p2p_uploads_refused_total").await, 1);
+    assert_eq!(metric(&holder, "starling_agent_p2p_uploads_active").await, 0, "slots are given back");
+}
+
+/// A holder that stops in the middle of sending (its process frozen, the connection
+/// open) is detected by its silence; the downloader drops it and finishes elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_that_stops_mid_stream_is_dropped_and_the_pull_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image = TestImage::push_multilayer(&registry, "swarm/frozen", "1", &[48 << 20], 23).unwrap();
+    let t = tracker(dir.path(), &["--peer-ttl", "2s"]).await;
+    let seed = agent(dir.path(), "seed", &t.url(), &registry, &["--upload-limit", "8MiB"]).await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let url = b.url();
+    let img = image.clone();
+    let pull = tokio::spawn(async move { pull_via(&url, &img).await });
+    until("b receives from the seed", || async {
+        metric(&b, "starling_agent_p2p_peer_bytes_total").await > 4 << 20
+    })
+    .await;
+    let pid = seed.child.id().to_string();
+    let stop = std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    assert!(stop.success());
+    let r = tokio::time::timeout(Duration::from_secs(90), pull).await;
+    let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
+    let r = r.expect("the pull finishes").unwrap().expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    assert!(
+        metric(&b, "starling_agent_p2p_peers_stalled_total").await >= 1,
+        "the frozen peer was detected"
+    );
+    assert!(
+        metric(&b, "starling_agent_p2p_registry_bytes_total").await > image.config.size,
+        "the rest came from the registry"
+    );
 }

@@ -32,6 +32,7 @@ mod registry;
 mod token;
 mod util;
 
+pub mod peer;
 pub use containerd::{write_hosts_toml, Containerd, CONTAINERD_NAMESPACE};
 pub use docker::DockerDaemon;
 pub use http::{http_get, HttpResponse};
