@@ -429,7 +429,7 @@ fn csr_public_key(der: &[u8]) -> Result<rcgen::SubjectPublicKeyInfo> {
         &rcgen::PKCS_ECDSA_P384_SHA384,
         &rcgen::PKCS_ED25519,
     ];
-    if !allowed.iter().any(|a| *a == alg) {
+    if !allowed.contains(&alg) {
         return Err(Error::bad(
             "CSR public key",
             "unsupported key type (ECDSA P-256/P-384 or Ed25519 required)",

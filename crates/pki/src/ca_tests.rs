@@ -205,6 +205,29 @@ fn csr_contributes_only_its_key() {
 }
 
 #[test]
+fn csr_extensions_are_ignored_not_copied() {
+    // A CSR asking for extra host names, code signing and an unknown extension: the
+    // signature is fine, so it is signed, but none of what it asks for is granted.
+    let ca = ca();
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params = CertificateParams::new(vec!["evil.example".to_owned()]).expect("params");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::CodeSigning];
+    params
+        .custom_extensions
+        .push(rcgen::CustomExtension::from_oid_content(&[1, 2, 3, 4], vec![0x05, 0x00]));
+    let csr = params.serialize_request(&key).expect("csr").pem().expect("pem");
+    let issued = ca
+        .sign_csr(&csr, &CertRequest::new(Identity::node("n1").expect("name")))
+        .expect("sign");
+    assert!(issued.info().dns_names.is_empty());
+    let cert = parse_cert(issued.cert_der()).expect("parse");
+    assert!(!cert.is_ca());
+    assert!(cert.extensions().iter().all(|e| e.oid.to_id_string() != "1.2.3.4"));
+    let eku = cert.extended_key_usage().expect("eku").expect("present").value;
+    assert!(!eku.code_signing && eku.server_auth && eku.client_auth);
+}
+
+#[test]
 fn csr_for_another_role_still_yields_the_callers_identity() {
     let ca = ca();
     let (_key, csr) = generate_csr(&Identity::operator("root").expect("name")).expect("csr");

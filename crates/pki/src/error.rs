@@ -102,13 +102,17 @@ pub enum Error {
     #[error("TLS: {0}")]
     Tls(rustls::Error),
 
-    /// Reading or writing a file (or a socket during a handshake when `path` is empty).
+    /// Reading or writing a file.
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
         #[source]
         source: Arc<io::Error>,
     },
+
+    /// The connection failed under TLS (reset, closed, timed out) during a handshake.
+    #[error("connection failed during the TLS handshake: {0}")]
+    Connection(Arc<io::Error>),
 
     /// A file this crate would write exists already (a CA is never overwritten).
     #[error("{} already exists; refusing to overwrite it", path.display())]
@@ -143,22 +147,15 @@ impl Error {
 
     /// Turns the `io::Error` that tokio-rustls returns from a failed handshake into the
     /// reason it failed: rustls errors are classified (expired, unknown CA, wrong
-    /// identity, ...), anything else stays an I/O error.
+    /// identity, ...), anything else is [`Error::Connection`].
     pub fn from_handshake(err: io::Error) -> Self {
-        let is_tls = err
+        match err
             .get_ref()
-            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
-        if is_tls {
-            if let Some(tls) = err
-                .into_inner()
-                .and_then(|inner| inner.downcast::<rustls::Error>().ok())
-            {
-                return Error::from(*tls);
-            }
-            // Unreachable in practice: the downcast was checked above.
-            return Error::Tls(rustls::Error::General("handshake failed".into()));
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            Some(tls) => Error::from(tls.clone()),
+            None => Error::Connection(Arc::new(err)),
         }
-        Error::io(PathBuf::new(), err)
     }
 
     /// The rustls error a verifier reports for this rejection; the original is kept inside

@@ -66,6 +66,36 @@
 //! the verified client identity of a connection from [`accept`] / [`peer_identity`]
 //! and decides what that role may do.
 //!
+//! # In code
+//!
+//! ```
+//! # fn main() -> Result<(), pki::Error> {
+//! use std::time::Duration;
+//! use pki::{BootstrapKey, CertRequest, CertSource, ClusterCa, NamePattern};
+//!
+//! // Operator (normally `init_pki_dir` once, then `ClusterCa::load` / `BootstrapKey::load`).
+//! let ca = ClusterCa::init("prod", pki::DEFAULT_CA_LIFETIME)?;
+//! let bootstrap = BootstrapKey::generate()?;
+//! let pin = ca.pin().to_string(); // sha256:…, printed for the join command
+//! let token = bootstrap.create_token(Duration::from_secs(3600), Some(&NamePattern::new("gpu-*")?))?;
+//!
+//! // Joining node: a key that never leaves it, and a CSR.
+//! let (key_pem, csr_pem) = pki::generate_node_csr("gpu-017")?;
+//!
+//! // Tracker: the token decides what the node may be called; the CSR gives only its key.
+//! let identity = bootstrap.verify(&token)?.authorize("gpu-017")?;
+//! let issued = ca.sign_csr(&csr_pem, &CertRequest::new(identity))?;
+//! assert_eq!(issued.info().identity.to_uri(), "starling:node:gpu-017");
+//!
+//! // Node: its certificate (reloadable) in the peer configurations.
+//! let me = CertSource::from_pem(&issued.chain_pem(), &key_pem)?;
+//! let trust = ca.trust()?;
+//! let listener = pki::peer_server_config(&me, &trust)?;
+//! let to_gpu_018 = pki::peer_client_config(&me, &trust, "gpu-018")?;
+//! # let _ = (pin, listener, to_gpu_018);
+//! # Ok(()) }
+//! ```
+//!
 //! Errors are one enum, [`Error`], whose variants say where a failure came from; handshake
 //! failures are classified back into it ([`Error::from_handshake`]): [`Error::Expired`],
 //! [`Error::UnknownCa`], [`Error::WrongIdentity`], [`Error::WrongRole`], ...
@@ -126,4 +156,28 @@ pub fn init_pki_dir(
     ca.save(dir)?;
     key.save(dir)?;
     Ok((ca, key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_pki_dir_creates_everything_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = dir.path().join("pki");
+        let (ca, key) = init_pki_dir(&pki, "prod", DEFAULT_CA_LIFETIME).expect("init");
+        assert_eq!(ClusterCa::load(&pki).expect("load").pin(), ca.pin());
+        let token = key
+            .create_token(std::time::Duration::from_secs(60), None)
+            .expect("token");
+        assert!(BootstrapKey::load(&pki).expect("load").verify(&token).is_ok());
+
+        let before = std::fs::read(pki.join(CA_KEY_FILE)).expect("read");
+        assert!(matches!(
+            init_pki_dir(&pki, "prod", DEFAULT_CA_LIFETIME),
+            Err(Error::AlreadyExists { .. })
+        ));
+        assert_eq!(std::fs::read(pki.join(CA_KEY_FILE)).expect("read"), before);
+    }
 }

@@ -94,7 +94,8 @@ async fn peer_server_refuses_bad_client_certificates() {
     let a = cluster.node("node-a");
     let mut server = Server::start(pki::peer_server_config(&a, &cluster.trust).expect("config")).await;
 
-    let cases: Vec<(&str, pki::CertSource, fn(&Error) -> bool)> = vec![
+    type Case = (&'static str, pki::CertSource, fn(&Error) -> bool);
+    let cases: Vec<Case> = vec![
         ("another CA", other.node("node-b"), |e| matches!(e, Error::UnknownCa)),
         ("expired", cluster.expired_node("node-b"), |e| matches!(e, Error::Expired)),
         (
@@ -304,7 +305,7 @@ async fn bootstrap_refusals() {
 }
 
 #[tokio::test]
-async fn transport_failures_are_io_errors() {
+async fn transport_failures_are_connection_errors() {
     // A "server" that closes the connection at once.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -316,7 +317,7 @@ async fn transport_failures_are_io_errors() {
     let connector = PeerConnector::new(cluster.node("n1"), cluster.trust.clone());
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let err = connector.connect("n2", tcp).await.expect_err("closed");
-    assert!(matches!(err, Error::Io { .. }), "{err:?}");
+    assert!(matches!(err, Error::Connection(_)), "{err:?}");
     closer.await.expect("join");
 }
 
