@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, KeyPair, KeyUsagePurpose, PublicKeyData, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, PublicKeyData, SanType, SerialNumber,
 };
 use ring::rand::SecureRandom;
 use rustls::pki_types::pem::PemObject;
@@ -142,12 +142,16 @@ impl CertRequest {
         let mut params = CertificateParams::default();
         let uri = self.identity.to_uri();
         let mut sans = vec![SanType::URI(
-            uri.clone().try_into().map_err(|e| Error::bad("identity", e))?,
+            uri.clone()
+                .try_into()
+                .map_err(|e| Error::bad("identity", e))?,
         )];
         for dns in &self.dns_names {
             crate::identity::validate_name(dns)?;
             sans.push(SanType::DnsName(
-                dns.clone().try_into().map_err(|e| Error::bad("DNS name", e))?,
+                dns.clone()
+                    .try_into()
+                    .map_err(|e| Error::bad("DNS name", e))?,
             ));
         }
         sans.extend(self.ip_addresses.iter().copied().map(SanType::IpAddress));
@@ -257,7 +261,10 @@ impl ClusterCa {
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, format!("starling cluster CA {cluster_name}"));
+        dn.push(
+            DnType::CommonName,
+            format!("starling cluster CA {cluster_name}"),
+        );
         dn.push(DnType::OrganizationName, "starling");
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -308,7 +315,10 @@ impl ClusterCa {
             )
         };
         if !spki_matches {
-            return Err(Error::bad("CA key", "does not belong to the CA certificate"));
+            return Err(Error::bad(
+                "CA key",
+                "does not belong to the CA certificate",
+            ));
         }
         let params = CertificateParams::from_ca_cert_der(&cert_der)?;
         // Re-signing produces a different DER, but signing only reads the subject name,
@@ -414,15 +424,15 @@ impl fmt::Debug for ClusterCa {
 
 /// Verifies a CSR's signature and returns its public key.
 fn csr_public_key(der: &[u8]) -> Result<rcgen::SubjectPublicKeyInfo> {
-    let (rest, csr) =
-        X509CertificationRequest::from_der(der).map_err(|e| Error::bad("CSR", e))?;
+    let (rest, csr) = X509CertificationRequest::from_der(der).map_err(|e| Error::bad("CSR", e))?;
     if !rest.is_empty() {
         return Err(Error::bad("CSR", "trailing bytes after the DER"));
     }
     csr.verify_signature()
         .map_err(|e| Error::bad("CSR", format!("signature does not verify: {e}")))?;
-    let spki = rcgen::SubjectPublicKeyInfo::from_der(csr.certification_request_info.subject_pki.raw)
-        .map_err(|e| Error::bad("CSR public key", e))?;
+    let spki =
+        rcgen::SubjectPublicKeyInfo::from_der(csr.certification_request_info.subject_pki.raw)
+            .map_err(|e| Error::bad("CSR public key", e))?;
     let alg = spki.algorithm();
     let allowed = [
         &rcgen::PKCS_ECDSA_P256_SHA256,
@@ -457,7 +467,9 @@ pub fn generate_csr(identity: &Identity) -> Result<(String, String)> {
     let mut params = CertificateParams::default();
     let uri = identity.to_uri();
     params.subject_alt_names = vec![SanType::URI(
-        uri.clone().try_into().map_err(|e| Error::bad("identity", e))?,
+        uri.clone()
+            .try_into()
+            .map_err(|e| Error::bad("identity", e))?,
     )];
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, uri);

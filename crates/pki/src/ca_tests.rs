@@ -60,7 +60,10 @@ fn save_never_overwrites_a_ca() {
         ca().save(dir.path()),
         Err(Error::AlreadyExists { .. })
     ));
-    assert_eq!(std::fs::read(dir.path().join(CA_KEY_FILE)).expect("read"), before);
+    assert_eq!(
+        std::fs::read(dir.path().join(CA_KEY_FILE)).expect("read"),
+        before
+    );
 }
 
 #[test]
@@ -86,7 +89,10 @@ fn from_pem_refuses_a_foreign_key_and_a_leaf() {
     let leaf_key = leaf.key_pem().expect("key");
     assert!(matches!(
         ClusterCa::from_pem(leaf.cert_pem(), leaf_key),
-        Err(Error::BadInput { what: "CA certificate", .. })
+        Err(Error::BadInput {
+            what: "CA certificate",
+            ..
+        })
     ));
     assert!(ClusterCa::from_pem("garbage", &b_key).is_err());
     assert!(ClusterCa::from_pem(a.cert_pem(), "garbage").is_err());
@@ -106,11 +112,15 @@ fn issued_node_certificate_carries_identity_sans_and_default_lifetime() {
     assert_eq!(info.ip_addresses, vec![ip]);
     let lifetime = info.lifetime();
     assert!(
-        lifetime >= DEFAULT_NODE_LIFETIME && lifetime <= DEFAULT_NODE_LIFETIME + CLOCK_SKEW_ALLOWANCE + Duration::from_secs(2),
+        lifetime >= DEFAULT_NODE_LIFETIME
+            && lifetime <= DEFAULT_NODE_LIFETIME + CLOCK_SKEW_ALLOWANCE + Duration::from_secs(2),
         "{lifetime:?}"
     );
     assert!(info.not_before <= SystemTime::now() - Duration::from_secs(60));
-    assert_eq!(Identity::from_cert_der(issued.cert_der()).expect("id"), info.identity);
+    assert_eq!(
+        Identity::from_cert_der(issued.cert_der()).expect("id"),
+        info.identity
+    );
     assert!(issued.key_pem().is_some_and(|k| k.contains("PRIVATE KEY")));
     assert!(issued.chain_pem().ends_with(ca.cert_pem()));
     chains_to(issued.cert_der(), &ca.trust().expect("trust")).expect("chains");
@@ -129,7 +139,8 @@ fn default_lifetimes_per_role() {
             .expect("issue");
         let lifetime = issued.info().lifetime();
         assert!(
-            lifetime >= expected && lifetime <= expected + CLOCK_SKEW_ALLOWANCE + Duration::from_secs(2),
+            lifetime >= expected
+                && lifetime <= expected + CLOCK_SKEW_ALLOWANCE + Duration::from_secs(2),
             "{role}: {lifetime:?}"
         );
     }
@@ -140,10 +151,15 @@ fn operator_certificates_cannot_serve_tls() {
     // EKU clientAuth only: the webpki server check refuses it even though the CA signed it.
     let ca = ca();
     let issued = ca
-        .issue(&CertRequest::new(Identity::operator("alice").expect("name")))
+        .issue(&CertRequest::new(
+            Identity::operator("alice").expect("name"),
+        ))
         .expect("issue");
     let err = chains_to(issued.cert_der(), &ca.trust().expect("trust")).expect_err("no serverAuth");
-    assert!(format!("{err:?}").contains("Usage") || format!("{err:?}").contains("Purpose"), "{err:?}");
+    assert!(
+        format!("{err:?}").contains("Usage") || format!("{err:?}").contains("Purpose"),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -165,9 +181,15 @@ fn validity_is_checked() {
     assert!(Validity::between(now, now).is_err());
     assert!(Validity::between(now, now - Duration::from_secs(1)).is_err());
     let ca = ca();
-    let too_long = CertRequest::new(Identity::node("n").expect("name"))
-        .lifetime(DEFAULT_CA_LIFETIME + DAY);
-    assert!(matches!(ca.issue(&too_long), Err(Error::BadInput { what: "validity", .. })));
+    let too_long =
+        CertRequest::new(Identity::node("n").expect("name")).lifetime(DEFAULT_CA_LIFETIME + DAY);
+    assert!(matches!(
+        ca.issue(&too_long),
+        Err(Error::BadInput {
+            what: "validity",
+            ..
+        })
+    ));
     // Expired certificates can be issued on purpose (tests of the refusal paths).
     let past = Validity::between(now - 3 * DAY, now - DAY).expect("valid range");
     let expired = ca
@@ -195,12 +217,18 @@ fn csr_contributes_only_its_key() {
     let (key_pem, csr_pem) = generate_node_csr("evil-wants-this-name").expect("csr");
     let request = CertRequest::new(Identity::node("gpu-3").expect("name"));
     let issued = ca.sign_csr(&csr_pem, &request).expect("sign");
-    assert_eq!(issued.info().identity, Identity::node("gpu-3").expect("name"));
+    assert_eq!(
+        issued.info().identity,
+        Identity::node("gpu-3").expect("name")
+    );
     assert!(issued.key_pem().is_none());
     // The certificate carries the requester's key.
     let key = KeyPair::from_pem(&key_pem).expect("key");
     let cert = parse_cert(issued.cert_der()).expect("parse");
-    assert_eq!(cert.tbs_certificate.subject_pki.raw, key.public_key_der().as_slice());
+    assert_eq!(
+        cert.tbs_certificate.subject_pki.raw,
+        key.public_key_der().as_slice()
+    );
     chains_to(issued.cert_der(), &ca.trust().expect("trust")).expect("chains");
 }
 
@@ -214,16 +242,30 @@ fn csr_extensions_are_ignored_not_copied() {
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::CodeSigning];
     params
         .custom_extensions
-        .push(rcgen::CustomExtension::from_oid_content(&[1, 2, 3, 4], vec![0x05, 0x00]));
-    let csr = params.serialize_request(&key).expect("csr").pem().expect("pem");
+        .push(rcgen::CustomExtension::from_oid_content(
+            &[1, 2, 3, 4],
+            vec![0x05, 0x00],
+        ));
+    let csr = params
+        .serialize_request(&key)
+        .expect("csr")
+        .pem()
+        .expect("pem");
     let issued = ca
         .sign_csr(&csr, &CertRequest::new(Identity::node("n1").expect("name")))
         .expect("sign");
     assert!(issued.info().dns_names.is_empty());
     let cert = parse_cert(issued.cert_der()).expect("parse");
     assert!(!cert.is_ca());
-    assert!(cert.extensions().iter().all(|e| e.oid.to_id_string() != "1.2.3.4"));
-    let eku = cert.extended_key_usage().expect("eku").expect("present").value;
+    assert!(cert
+        .extensions()
+        .iter()
+        .all(|e| e.oid.to_id_string() != "1.2.3.4"));
+    let eku = cert
+        .extended_key_usage()
+        .expect("eku")
+        .expect("present")
+        .value;
     assert!(!eku.code_signing && eku.server_auth && eku.client_auth);
 }
 
@@ -249,7 +291,10 @@ fn csr_with_a_bad_signature_is_refused() {
     der[last] ^= 0x01;
     let tampered = der_to_pem("CERTIFICATE REQUEST", &der);
     let err = ca
-        .sign_csr(&tampered, &CertRequest::new(Identity::node("n1").expect("name")))
+        .sign_csr(
+            &tampered,
+            &CertRequest::new(Identity::node("n1").expect("name")),
+        )
         .expect_err("tampered");
     assert!(
         matches!(&err, Error::BadInput { what: "CSR", reason } if reason.contains("signature")),
@@ -284,7 +329,10 @@ fn csr_with_a_bad_signature_is_refused() {
     swapped[pos..pos + mine.len()].copy_from_slice(&theirs);
     let swapped = der_to_pem("CERTIFICATE REQUEST", &swapped);
     let err = ca
-        .sign_csr(&swapped, &CertRequest::new(Identity::node("n1").expect("name")))
+        .sign_csr(
+            &swapped,
+            &CertRequest::new(Identity::node("n1").expect("name")),
+        )
         .expect_err("key swapped");
     assert!(
         matches!(&err, Error::BadInput { what: "CSR", reason } if reason.contains("signature")),
@@ -296,8 +344,15 @@ fn csr_with_a_bad_signature_is_refused() {
 fn csr_garbage_is_refused() {
     let ca = ca();
     let request = CertRequest::new(Identity::node("n1").expect("name"));
-    for input in ["", "hello", "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n"] {
-        assert!(matches!(ca.sign_csr(input, &request), Err(Error::BadInput { .. })), "{input:?}");
+    for input in [
+        "",
+        "hello",
+        "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n",
+    ] {
+        assert!(
+            matches!(ca.sign_csr(input, &request), Err(Error::BadInput { .. })),
+            "{input:?}"
+        );
     }
     // A certificate is not a CSR.
     assert!(ca.sign_csr(ca.cert_pem(), &request).is_err());
@@ -317,13 +372,19 @@ fn csr_keys_p384_and_ed25519_are_accepted() {
             .sign_csr(&csr, &CertRequest::new(Identity::node("n").expect("name")))
             .expect("sign");
         let cert = parse_cert(issued.cert_der()).expect("parse");
-        assert_eq!(cert.tbs_certificate.subject_pki.raw, key.public_key_der().as_slice());
+        assert_eq!(
+            cert.tbs_certificate.subject_pki.raw,
+            key.public_key_der().as_slice()
+        );
     }
 }
 
 #[test]
 fn generate_node_csr_validates_the_name() {
-    assert!(matches!(generate_node_csr("Bad Name"), Err(Error::InvalidName { .. })));
+    assert!(matches!(
+        generate_node_csr("Bad Name"),
+        Err(Error::InvalidName { .. })
+    ));
     let (key, csr) = generate_node_csr("ok").expect("csr");
     assert!(key.contains("PRIVATE KEY"));
     assert!(csr.contains("CERTIFICATE REQUEST"));
@@ -346,7 +407,10 @@ fn issued_cert_save_writes_chain_and_secret_key() {
         .issue(&CertRequest::new(Identity::node("n1").expect("name")))
         .expect("issue");
     renewed.save(dir.path(), "node").expect("save again");
-    assert_eq!(std::fs::read_to_string(&cert_path).expect("read"), renewed.chain_pem());
+    assert_eq!(
+        std::fs::read_to_string(&cert_path).expect("read"),
+        renewed.chain_pem()
+    );
 }
 
 /// A self-signed certificate with the given URI SANs, to test identity extraction.
@@ -356,7 +420,9 @@ fn cert_with_uris(uris: &[&str]) -> CertificateDer<'static> {
     params.subject_alt_names = uris
         .iter()
         .map(|u| SanType::URI((*u).to_owned().try_into().expect("ia5")))
-        .chain([SanType::DnsName("host.example".to_owned().try_into().expect("dns"))])
+        .chain([SanType::DnsName(
+            "host.example".to_owned().try_into().expect("dns"),
+        )])
         .collect();
     params.self_signed(&key).expect("cert").der().clone()
 }
@@ -364,8 +430,11 @@ fn cert_with_uris(uris: &[&str]) -> CertificateDer<'static> {
 #[test]
 fn identity_needs_exactly_one_starling_san() {
     assert_eq!(
-        Identity::from_cert_der(&cert_with_uris(&["starling:node:a", "https://example.com/"]))
-            .expect("one"),
+        Identity::from_cert_der(&cert_with_uris(&[
+            "starling:node:a",
+            "https://example.com/"
+        ]))
+        .expect("one"),
         Identity::node("a").expect("name")
     );
     assert!(matches!(

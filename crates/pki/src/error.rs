@@ -32,7 +32,9 @@ pub enum Error {
     BadInput { what: &'static str, reason: String },
 
     /// The certificate has no `starling:` URI SAN.
-    #[error("certificate carries no Starling identity (one URI SAN starling:<role>:<name> is required)")]
+    #[error(
+        "certificate carries no Starling identity (one URI SAN starling:<role>:<name> is required)"
+    )]
     NoIdentity,
 
     /// The certificate has more than one `starling:` URI SAN; which one is meant would be

@@ -100,7 +100,10 @@ mod tests {
     #[test]
     fn read_error_names_the_path() {
         let err = read_string(Path::new("/nonexistent/starling/ca.crt")).expect_err("missing");
-        assert!(err.to_string().contains("/nonexistent/starling/ca.crt"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/starling/ca.crt"),
+            "{err}"
+        );
         assert!(matches!(err, Error::Io { .. }));
     }
 }

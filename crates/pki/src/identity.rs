@@ -277,8 +277,7 @@ impl CertInfo {
 }
 
 pub(crate) fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>> {
-    let (rest, cert) =
-        X509Certificate::from_der(der).map_err(|e| Error::bad("certificate", e))?;
+    let (rest, cert) = X509Certificate::from_der(der).map_err(|e| Error::bad("certificate", e))?;
     if !rest.is_empty() {
         return Err(Error::bad("certificate", "trailing bytes after the DER"));
     }
@@ -338,7 +337,13 @@ mod tests {
             "10.0.0.5",
             "0",
             &"a".repeat(63),
-            &format!("{}.{}.{}.{}", "a".repeat(63), "b".repeat(63), "c".repeat(63), "d".repeat(61)),
+            &format!(
+                "{}.{}.{}.{}",
+                "a".repeat(63),
+                "b".repeat(63),
+                "c".repeat(63),
+                "d".repeat(61)
+            ),
         ] {
             assert!(validate_name(name).is_ok(), "{name:?} should be valid");
         }
@@ -405,7 +410,10 @@ mod tests {
             "starling:node:a:b",
             "starling::a",
         ] {
-            assert!(Identity::parse_uri(uri).is_err(), "{uri:?} should be refused");
+            assert!(
+                Identity::parse_uri(uri).is_err(),
+                "{uri:?} should be refused"
+            );
         }
     }
 

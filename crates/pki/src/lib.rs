@@ -121,14 +121,15 @@ pub use ca::{
 };
 pub use config::{
     bootstrap_client_config, identity_client_config, peer_client_config, peer_server_config,
-    provider, server_config, tracker_client_config, tracker_server_config, ClientAuth,
-    LearnedCa,
+    provider, server_config, tracker_client_config, tracker_server_config, ClientAuth, LearnedCa,
 };
 pub use error::{Error, Result};
 pub use identity::{
     validate_name, CertInfo, Identity, Role, IDENTITY_SCHEME, MAX_LABEL_LEN, MAX_NAME_LEN,
 };
-pub use net::{accept, acceptor, connect, connector, peer_identity, server_identity, PeerConnector};
+pub use net::{
+    accept, acceptor, connect, connector, peer_identity, server_identity, PeerConnector,
+};
 pub use reload::CertSource;
 pub use token::{BootstrapKey, NamePattern, TokenClaims, BOOTSTRAP_KEY_FILE, MAX_TOKEN_TTL};
 pub use trust::{CaPin, ClusterTrust};
@@ -171,7 +172,10 @@ mod tests {
         let token = key
             .create_token(std::time::Duration::from_secs(60), None)
             .expect("token");
-        assert!(BootstrapKey::load(&pki).expect("load").verify(&token).is_ok());
+        assert!(BootstrapKey::load(&pki)
+            .expect("load")
+            .verify(&token)
+            .is_ok());
 
         let before = std::fs::read(pki.join(CA_KEY_FILE)).expect("read");
         assert!(matches!(

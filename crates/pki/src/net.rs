@@ -50,7 +50,9 @@ pub fn server_identity<IO>(stream: &client::TlsStream<IO>) -> Result<Option<Iden
     identity_of(stream.get_ref().1.peer_certificates())
 }
 
-fn identity_of(certs: Option<&[rustls::pki_types::CertificateDer<'static>]>) -> Result<Option<Identity>> {
+fn identity_of(
+    certs: Option<&[rustls::pki_types::CertificateDer<'static>]>,
+) -> Result<Option<Identity>> {
     match certs.and_then(|chain| chain.first()) {
         Some(leaf) => Identity::from_cert_der(leaf).map(Some),
         None => Ok(None),
@@ -70,8 +72,8 @@ pub async fn connect<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    let name = ServerName::try_from(server_name.to_owned())
-        .map_err(|e| Error::bad("server name", e))?;
+    let name =
+        ServerName::try_from(server_name.to_owned()).map_err(|e| Error::bad("server name", e))?;
     connector
         .connect(name, io)
         .await
@@ -102,9 +104,9 @@ impl PeerConnector {
         // The verifier ignores the name and SNI is off; rustls still wants one. The node
         // name is one when it parses as a DNS name or address, which keeps rustls' logs
         // readable; otherwise any placeholder does.
-        let name = ServerName::try_from(expected_node.to_owned()).unwrap_or(
-            ServerName::IpAddress(std::net::IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED).into()),
-        );
+        let name = ServerName::try_from(expected_node.to_owned()).unwrap_or(ServerName::IpAddress(
+            std::net::IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED).into(),
+        ));
         connector(config)
             .connect(name, io)
             .await

@@ -70,7 +70,10 @@ impl CertSource {
     /// files —, another identity) the current certificate stays in place.
     pub fn reload_from_files(&self) -> Result<CertInfo> {
         let Some(paths) = &self.files else {
-            return Err(Error::bad("reload", "this certificate source was not loaded from files"));
+            return Err(Error::bad(
+                "reload",
+                "this certificate source was not loaded from files",
+            ));
         };
         let loaded = load_files(&paths.0, &paths.1)?;
         self.swap(loaded)
@@ -176,9 +179,12 @@ fn load(chain_pem: &str, key_pem: &str) -> Result<Loaded> {
         .load_private_key(key)
         .map_err(|e| Error::bad("private key", e))?;
     let certified = CertifiedKey::new(chain, signing_key);
-    certified
-        .keys_match()
-        .map_err(|e| Error::bad("private key", format!("does not match the certificate: {e}")))?;
+    certified.keys_match().map_err(|e| {
+        Error::bad(
+            "private key",
+            format!("does not match the certificate: {e}"),
+        )
+    })?;
     Ok(Loaded {
         key: Arc::new(certified),
         info,
@@ -217,8 +223,7 @@ mod tests {
         assert_eq!(info.serial, second.info().serial);
         // Clones share the slot: a config holding a clone sees the new certificate.
         assert_eq!(clone.certified_key().cert[0], *second.cert_der());
-        let from_resolver =
-            ResolvesClientCert::resolve(&clone, &[], &[]).expect("a certificate");
+        let from_resolver = ResolvesClientCert::resolve(&clone, &[], &[]).expect("a certificate");
         assert_eq!(from_resolver.cert[0], *second.cert_der());
     }
 
@@ -235,10 +240,17 @@ mod tests {
         let same_name = node(&ca, "n1");
         assert!(matches!(
             source.replace_pem(&same_name.chain_pem(), other.key_pem().expect("key")),
-            Err(Error::BadInput { what: "private key", .. })
+            Err(Error::BadInput {
+                what: "private key",
+                ..
+            })
         ));
         assert!(source.replace_pem("", "").is_err());
-        assert_eq!(source.info(), before, "a failed swap keeps the old certificate");
+        assert_eq!(
+            source.info(),
+            before,
+            "a failed swap keeps the old certificate"
+        );
     }
 
     #[test]
@@ -278,7 +290,13 @@ mod tests {
         assert!(!source.needs_renewal(SystemTime::now()));
         assert!(!source.needs_renewal(info.renew_at() - Duration::from_secs(1)));
         assert!(source.needs_renewal(info.renew_at()));
-        let expected = info.not_before + (info.not_after.duration_since(info.not_before).expect("order") * 2 / 3);
+        let expected = info.not_before
+            + (info
+                .not_after
+                .duration_since(info.not_before)
+                .expect("order")
+                * 2
+                / 3);
         assert_eq!(info.renew_at(), expected);
     }
 
@@ -287,7 +305,10 @@ mod tests {
         let ca = ca();
         let (key_pem, csr_pem) = crate::ca::generate_node_csr("n1").expect("csr");
         let issued = ca
-            .sign_csr(&csr_pem, &CertRequest::new(Identity::node("n1").expect("name")))
+            .sign_csr(
+                &csr_pem,
+                &CertRequest::new(Identity::node("n1").expect("name")),
+            )
             .expect("sign");
         assert!(CertSource::from_issued(&issued).is_err());
         let source = CertSource::from_pem(&issued.chain_pem(), &key_pem).expect("source");

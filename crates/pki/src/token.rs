@@ -83,9 +83,8 @@ impl BootstrapKey {
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join(BOOTSTRAP_KEY_FILE);
         let text = files::read_string(&path)?;
-        let bytes = hex::decode(text.trim()).map_err(|e| {
-            Error::bad("bootstrap key", format!("{}: {e}", path.display()))
-        })?;
+        let bytes = hex::decode(text.trim())
+            .map_err(|e| Error::bad("bootstrap key", format!("{}: {e}", path.display())))?;
         BootstrapKey::from_bytes(&bytes)
     }
 
@@ -93,7 +92,11 @@ impl BootstrapKey {
     pub fn save(&self, dir: &Path) -> Result<()> {
         files::ensure_dir(dir)?;
         let text = format!("{}\n", hex::encode(self.secret));
-        files::write_new(&dir.join(BOOTSTRAP_KEY_FILE), text.as_bytes(), files::SECRET_MODE)
+        files::write_new(
+            &dir.join(BOOTSTRAP_KEY_FILE),
+            text.as_bytes(),
+            files::SECRET_MODE,
+        )
     }
 
     /// A token valid for `ttl` from now, optionally bound to a node-name pattern.
@@ -205,9 +208,9 @@ impl<'a> ParsedToken<'a> {
         if token.len() > MAX_TOKEN_LEN {
             return Err(Error::MalformedToken("too long"));
         }
-        let (body, mac) = token
-            .rsplit_once('.')
-            .ok_or(Error::MalformedToken("expected stb1.<id>.<expiry>.<pattern>.<mac>"))?;
+        let (body, mac) = token.rsplit_once('.').ok_or(Error::MalformedToken(
+            "expected stb1.<id>.<expiry>.<pattern>.<mac>",
+        ))?;
         let mut fields = body.split('.');
         let (Some(version), Some(id), Some(expiry), Some(pattern), None) = (
             fields.next(),
@@ -216,12 +219,18 @@ impl<'a> ParsedToken<'a> {
             fields.next(),
             fields.next(),
         ) else {
-            return Err(Error::MalformedToken("expected stb1.<id>.<expiry>.<pattern>.<mac>"));
+            return Err(Error::MalformedToken(
+                "expected stb1.<id>.<expiry>.<pattern>.<mac>",
+            ));
         };
         if version != VERSION {
             return Err(Error::MalformedToken("unknown version (expected stb1)"));
         }
-        if id.len() != ID_LEN || !id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if id.len() != ID_LEN
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             return Err(Error::MalformedToken("id is not 12 lowercase hex digits"));
         }
         let canonical_number = !expiry.is_empty()

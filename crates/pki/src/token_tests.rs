@@ -30,7 +30,10 @@ fn round_trip() {
         claims.authorize("gpu-1").expect("allowed"),
         Identity::node("gpu-1").expect("name")
     );
-    assert!(matches!(claims.authorize("Bad"), Err(Error::InvalidName { .. })));
+    assert!(matches!(
+        claims.authorize("Bad"),
+        Err(Error::InvalidName { .. })
+    ));
 }
 
 #[test]
@@ -45,7 +48,10 @@ fn tokens_are_unique() {
 fn expired_tokens_are_refused() {
     let key = key();
     let token = key.create_token_at(t0(), HOUR, None).expect("token");
-    assert!(key.verify_at(&token, t0() + HOUR).is_ok(), "valid through its expiry second");
+    assert!(
+        key.verify_at(&token, t0() + HOUR).is_ok(),
+        "valid through its expiry second"
+    );
     let err = key
         .verify_at(&token, t0() + HOUR + Duration::from_secs(1))
         .expect_err("expired");
@@ -69,7 +75,10 @@ fn ttl_limits() {
     let future = key
         .create_token_at(t0() + 30 * 24 * HOUR, HOUR, None)
         .expect("token");
-    assert!(matches!(key.verify_at(&future, t0()), Err(Error::TtlTooLong { .. })));
+    assert!(matches!(
+        key.verify_at(&future, t0()),
+        Err(Error::TtlTooLong { .. })
+    ));
 }
 
 #[test]
@@ -77,25 +86,42 @@ fn token_of_another_cluster_is_refused() {
     let ours = key();
     let theirs = key();
     let token = theirs.create_token_at(t0(), HOUR, None).expect("token");
-    assert!(matches!(ours.verify_at(&token, t0()), Err(Error::TokenNotAuthentic)));
+    assert!(matches!(
+        ours.verify_at(&token, t0()),
+        Err(Error::TokenNotAuthentic)
+    ));
 }
 
 #[test]
 fn tampered_tokens_are_refused() {
     let key = key();
     let pattern = NamePattern::new("gpu-*").expect("pattern");
-    let token = key.create_token_at(t0(), HOUR, Some(&pattern)).expect("token");
+    let token = key
+        .create_token_at(t0(), HOUR, Some(&pattern))
+        .expect("token");
     let fields: Vec<&str> = token.split('.').collect();
     assert_eq!(fields.len(), 5);
 
     // Longer expiry.
-    let later = (t0() + 2 * HOUR).duration_since(UNIX_EPOCH).expect("t").as_secs();
-    let extended = format!("{}.{}.{later}.{}.{}", fields[0], fields[1], fields[3], fields[4]);
-    assert!(matches!(key.verify_at(&extended, t0()), Err(Error::TokenNotAuthentic)));
+    let later = (t0() + 2 * HOUR)
+        .duration_since(UNIX_EPOCH)
+        .expect("t")
+        .as_secs();
+    let extended = format!(
+        "{}.{}.{later}.{}.{}",
+        fields[0], fields[1], fields[3], fields[4]
+    );
+    assert!(matches!(
+        key.verify_at(&extended, t0()),
+        Err(Error::TokenNotAuthentic)
+    ));
 
     // Pattern removed or widened.
     let unbound = format!("{}.{}.{}..{}", fields[0], fields[1], fields[2], fields[4]);
-    assert!(matches!(key.verify_at(&unbound, t0()), Err(Error::TokenNotAuthentic)));
+    assert!(matches!(
+        key.verify_at(&unbound, t0()),
+        Err(Error::TokenNotAuthentic)
+    ));
     let wider = format!(
         "{}.{}.{}.{}.{}",
         fields[0],
@@ -104,11 +130,20 @@ fn tampered_tokens_are_refused() {
         URL_SAFE_NO_PAD.encode("*"),
         fields[4]
     );
-    assert!(matches!(key.verify_at(&wider, t0()), Err(Error::TokenNotAuthentic)));
+    assert!(matches!(
+        key.verify_at(&wider, t0()),
+        Err(Error::TokenNotAuthentic)
+    ));
 
     // Another id.
-    let other_id = format!("{}.000000000000.{}.{}.{}", fields[0], fields[2], fields[3], fields[4]);
-    assert!(matches!(key.verify_at(&other_id, t0()), Err(Error::TokenNotAuthentic)));
+    let other_id = format!(
+        "{}.000000000000.{}.{}.{}",
+        fields[0], fields[2], fields[3], fields[4]
+    );
+    assert!(matches!(
+        key.verify_at(&other_id, t0()),
+        Err(Error::TokenNotAuthentic)
+    ));
 
     // Every single-character change of the MAC.
     let mac_start = token.rfind('.').expect("dot") + 1;
@@ -119,7 +154,10 @@ fn tampered_tokens_are_refused() {
         if altered == token {
             continue;
         }
-        assert!(key.verify_at(&altered, t0()).is_err(), "altered at {i}: {altered}");
+        assert!(
+            key.verify_at(&altered, t0()).is_err(),
+            "altered at {i}: {altered}"
+        );
     }
 }
 
@@ -127,13 +165,24 @@ fn tampered_tokens_are_refused() {
 fn pattern_binding() {
     let key = key();
     let pattern = NamePattern::new("gpu-*.rack12").expect("pattern");
-    let token = key.create_token_at(t0(), HOUR, Some(&pattern)).expect("token");
+    let token = key
+        .create_token_at(t0(), HOUR, Some(&pattern))
+        .expect("token");
     let claims = key.verify_at(&token, t0()).expect("valid");
     assert_eq!(claims.name_pattern.as_ref(), Some(&pattern));
     assert!(claims.authorize("gpu-17.rack12").is_ok());
-    for refused in ["gpu-.rack12", "gpu-17.rack13", "cpu-1.rack12", "gpu-1.x.rack12", "gpu-17"] {
+    for refused in [
+        "gpu-.rack12",
+        "gpu-17.rack13",
+        "cpu-1.rack12",
+        "gpu-1.x.rack12",
+        "gpu-17",
+    ] {
         assert!(
-            matches!(claims.authorize(refused), Err(Error::NameNotAllowed { .. }) | Err(Error::InvalidName { .. })),
+            matches!(
+                claims.authorize(refused),
+                Err(Error::NameNotAllowed { .. }) | Err(Error::InvalidName { .. })
+            ),
             "{refused}"
         );
     }
@@ -194,7 +243,10 @@ fn malformed_tokens_are_errors_not_panics() {
         long,
     ] {
         assert!(
-            matches!(key.verify_at(&bad, t0()), Err(Error::MalformedToken(_)) | Err(Error::TokenNotAuthentic)),
+            matches!(
+                key.verify_at(&bad, t0()),
+                Err(Error::MalformedToken(_)) | Err(Error::TokenNotAuthentic)
+            ),
             "{bad:?}"
         );
     }
@@ -210,17 +262,29 @@ fn key_files() {
         std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777,
         0o600
     );
-    assert!(matches!(key.save(dir.path()), Err(Error::AlreadyExists { .. })));
+    assert!(matches!(
+        key.save(dir.path()),
+        Err(Error::AlreadyExists { .. })
+    ));
     let loaded = BootstrapKey::load(dir.path()).expect("load");
     let token = key.create_token_at(t0(), HOUR, None).expect("token");
     assert!(loaded.verify_at(&token, t0()).is_ok());
     assert_eq!(format!("{loaded:?}"), "BootstrapKey(<redacted>)");
 
     std::fs::write(&path, "not hex\n").expect("write");
-    assert!(matches!(BootstrapKey::load(dir.path()), Err(Error::BadInput { .. })));
+    assert!(matches!(
+        BootstrapKey::load(dir.path()),
+        Err(Error::BadInput { .. })
+    ));
     std::fs::write(&path, "abcd\n").expect("write");
-    assert!(matches!(BootstrapKey::load(dir.path()), Err(Error::BadInput { .. })));
+    assert!(matches!(
+        BootstrapKey::load(dir.path()),
+        Err(Error::BadInput { .. })
+    ));
     assert!(BootstrapKey::from_bytes(&[0u8; 31]).is_err());
     let empty = tempfile::tempdir().expect("tempdir");
-    assert!(matches!(BootstrapKey::load(empty.path()), Err(Error::Io { .. })));
+    assert!(matches!(
+        BootstrapKey::load(empty.path()),
+        Err(Error::Io { .. })
+    ));
 }

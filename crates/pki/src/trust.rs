@@ -158,7 +158,10 @@ impl ClusterTrust {
 
     /// The bundle as PEM, e.g. to save the CA learned during a pinned bootstrap.
     pub fn to_pem(&self) -> String {
-        self.certs.iter().map(|der| der_to_pem("CERTIFICATE", der)).collect()
+        self.certs
+            .iter()
+            .map(|der| der_to_pem("CERTIFICATE", der))
+            .collect()
     }
 }
 
@@ -194,7 +197,13 @@ mod tests {
         assert!(text.starts_with("sha256:"));
         assert_eq!(text.len(), 7 + 64);
         assert_eq!(text.parse::<CaPin>().expect("parses"), pin);
-        assert_eq!(text.to_uppercase().replace("SHA256", "sha256").parse::<CaPin>().expect("upper hex"), pin);
+        assert_eq!(
+            text.to_uppercase()
+                .replace("SHA256", "sha256")
+                .parse::<CaPin>()
+                .expect("upper hex"),
+            pin
+        );
     }
 
     #[test]
@@ -219,7 +228,10 @@ mod tests {
     #[test]
     fn empty_or_garbage_bundles_are_refused() {
         assert!(ClusterTrust::from_pem("").is_err());
-        assert!(ClusterTrust::from_pem("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n").is_err());
+        assert!(ClusterTrust::from_pem(
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+        )
+        .is_err());
         assert!(ClusterTrust::from_der(vec![]).is_err());
         assert!(CaPin::of_cert_pem("nothing here").is_err());
     }

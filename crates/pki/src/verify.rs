@@ -162,7 +162,9 @@ impl ServerCertVerifier for PinnedCaVerifier {
             .find(|der| self.pin.matches_cert_der(der))
             .ok_or_else(pin_mismatch)?;
         let mut roots = RootCertStore::empty();
-        roots.add(ca.clone().into_owned()).map_err(|_| pin_mismatch())?;
+        roots
+            .add(ca.clone().into_owned())
+            .map_err(|_| pin_mismatch())?;
         let others: Vec<CertificateDer<'_>> = intermediates
             .iter()
             .filter(|der| !self.pin.matches_cert_der(der))
@@ -320,5 +322,177 @@ impl ClientCertVerifier for RoleClientVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ca::{CertRequest, ClusterCa, IssuedCert, DEFAULT_CA_LIFETIME};
+    use crate::config::provider;
+
+    fn ca() -> ClusterCa {
+        ClusterCa::init("test", DEFAULT_CA_LIFETIME).expect("CA")
+    }
+
+    fn issue(ca: &ClusterCa, request: CertRequest) -> IssuedCert {
+        ca.issue(&request).expect("issue")
+    }
+
+    fn node(ca: &ClusterCa, name: &str) -> IssuedCert {
+        issue(ca, CertRequest::new(Identity::node(name).expect("name")))
+    }
+
+    fn later(days: u64) -> UnixTime {
+        UnixTime::since_unix_epoch(Duration::from_secs(
+            UnixTime::now().as_secs() + days * 24 * 3600,
+        ))
+    }
+
+    fn any_name() -> ServerName<'static> {
+        ServerName::try_from("ignored.example").expect("name")
+    }
+
+    fn classify<T>(result: Result<T, rustls::Error>) -> Error {
+        match result {
+            Ok(_) => panic!("expected a refusal"),
+            Err(e) => Error::from(e),
+        }
+    }
+
+    #[test]
+    fn identity_server_verifier() {
+        let ca = ca();
+        let other = super::tests::ca();
+        let roots = ca.trust().expect("trust").roots();
+        let verifier =
+            IdentityServerVerifier::new(roots, Identity::node("a").expect("name"), provider());
+        let a = node(&ca, "a");
+        let verify = |cert: &IssuedCert, now| {
+            verifier.verify_server_cert(cert.cert_der(), &[], &any_name(), &[], now)
+        };
+        assert!(verify(&a, UnixTime::now()).is_ok());
+        assert!(matches!(
+            classify(verify(&node(&ca, "b"), UnixTime::now())),
+            Error::WrongIdentity { .. }
+        ));
+        assert!(matches!(
+            classify(verify(&node(&other, "a"), UnixTime::now())),
+            Error::UnknownCa
+        ));
+        // Past its 24 h.
+        assert!(matches!(classify(verify(&a, later(2))), Error::Expired));
+        // Same name, wrong role.
+        let tracker_a = issue(&ca, CertRequest::new(Identity::tracker("a").expect("name")));
+        assert!(matches!(
+            classify(verify(&tracker_a, UnixTime::now())),
+            Error::WrongIdentity { .. }
+        ));
+        // An operator certificate cannot act as a server at all (EKU).
+        let operator_a = issue(
+            &ca,
+            CertRequest::new(Identity::operator("a").expect("name")),
+        );
+        assert!(verify(&operator_a, UnixTime::now()).is_err());
+    }
+
+    #[test]
+    fn role_client_verifier() {
+        let ca = ca();
+        let roots = ca.trust().expect("trust").roots();
+        let nodes_only =
+            RoleClientVerifier::new(Arc::clone(&roots), &[Role::Node], true, provider())
+                .expect("verifier");
+        assert!(nodes_only.client_auth_mandatory() && nodes_only.offer_client_auth());
+        let verify = |v: &RoleClientVerifier, cert: &IssuedCert, now| {
+            v.verify_client_cert(cert.cert_der(), &[], now)
+        };
+        assert!(verify(&nodes_only, &node(&ca, "a"), UnixTime::now()).is_ok());
+        let viewer = issue(&ca, CertRequest::new(Identity::viewer("v").expect("name")));
+        assert!(matches!(
+            classify(verify(&nodes_only, &viewer, UnixTime::now())),
+            Error::WrongRole {
+                found: Role::Viewer,
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(verify(&nodes_only, &node(&ca, "a"), later(2))),
+            Error::Expired
+        ));
+        assert!(matches!(
+            classify(verify(
+                &nodes_only,
+                &node(&super::tests::ca(), "a"),
+                UnixTime::now()
+            )),
+            Error::UnknownCa
+        ));
+
+        let optional =
+            RoleClientVerifier::new(roots, &[Role::Node, Role::Viewer], false, provider())
+                .expect("verifier");
+        assert!(!optional.client_auth_mandatory() && optional.offer_client_auth());
+        assert!(verify(&optional, &viewer, UnixTime::now()).is_ok());
+    }
+
+    #[test]
+    fn pinned_ca_verifier() {
+        let ca = ca();
+        let tracker = issue(
+            &ca,
+            CertRequest::new(Identity::tracker("t").expect("name")).dns_name("tracker.test"),
+        );
+        let chain = [ca.cert_der().clone()];
+        let name = ServerName::try_from("tracker.test").expect("name");
+
+        let learned = Arc::new(Mutex::new(None));
+        let verifier = PinnedCaVerifier::new(ca.pin(), provider(), Arc::clone(&learned));
+        assert!(verifier
+            .verify_server_cert(tracker.cert_der(), &chain, &name, &[], UnixTime::now())
+            .is_ok());
+        assert_eq!(learned.lock().expect("lock").as_ref(), Some(ca.cert_der()));
+
+        let fresh = Arc::new(Mutex::new(None));
+        let wrong_pin =
+            PinnedCaVerifier::new(super::tests::ca().pin(), provider(), Arc::clone(&fresh));
+        assert!(matches!(
+            classify(wrong_pin.verify_server_cert(
+                tracker.cert_der(),
+                &chain,
+                &name,
+                &[],
+                UnixTime::now()
+            )),
+            Error::PinMismatch { .. }
+        ));
+        let other_name = ServerName::try_from("other.test").expect("name");
+        let verifier = PinnedCaVerifier::new(ca.pin(), provider(), Arc::clone(&fresh));
+        assert!(matches!(
+            classify(verifier.verify_server_cert(
+                tracker.cert_der(),
+                &chain,
+                &other_name,
+                &[],
+                UnixTime::now()
+            )),
+            Error::WrongName(_)
+        ));
+        assert!(matches!(
+            classify(verifier.verify_server_cert(
+                tracker.cert_der(),
+                &chain,
+                &name,
+                &[],
+                later(400)
+            )),
+            Error::Expired
+        ));
+        assert!(
+            fresh.lock().expect("lock").is_none(),
+            "nothing learned from refusals"
+        );
     }
 }

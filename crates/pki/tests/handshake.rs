@@ -16,7 +16,8 @@ async fn mutual_tls_between_two_nodes() {
     let cluster = Cluster::new("c1");
     let a = cluster.node("node-a");
     let b = cluster.node("node-b");
-    let mut server = Server::start(pki::peer_server_config(&a, &cluster.trust).expect("config")).await;
+    let mut server =
+        Server::start(pki::peer_server_config(&a, &cluster.trust).expect("config")).await;
 
     let connector = PeerConnector::new(b.clone(), cluster.trust.clone());
     let tls = full(connector.connect("node-a", server.tcp().await))
@@ -42,7 +43,8 @@ async fn mutual_tls_between_two_nodes() {
 async fn peer_answering_for_another_name_is_refused() {
     let cluster = Cluster::new("c1");
     let a = cluster.node("node-a");
-    let mut server = Server::start(pki::peer_server_config(&a, &cluster.trust).expect("config")).await;
+    let mut server =
+        Server::start(pki::peer_server_config(&a, &cluster.trust).expect("config")).await;
     let connector = PeerConnector::new(cluster.node("node-b"), cluster.trust.clone());
 
     let err = full(connector.connect("node-c", server.tcp().await))
@@ -55,7 +57,10 @@ async fn peer_answering_for_another_name_is_refused() {
         }
         other => panic!("expected WrongIdentity, got {other:?}"),
     }
-    assert!(server.next().await.is_err(), "the server saw the handshake fail too");
+    assert!(
+        server.next().await.is_err(),
+        "the server saw the handshake fail too"
+    );
 }
 
 #[tokio::test]
@@ -78,7 +83,8 @@ async fn peer_server_from_another_ca_is_refused() {
 async fn expired_peer_server_is_refused() {
     let cluster = Cluster::new("c1");
     let stale = cluster.expired_node("node-a");
-    let mut server = Server::start(pki::peer_server_config(&stale, &cluster.trust).expect("config")).await;
+    let mut server =
+        Server::start(pki::peer_server_config(&stale, &cluster.trust).expect("config")).await;
     let connector = PeerConnector::new(cluster.node("node-b"), cluster.trust.clone());
     let err = full(connector.connect("node-a", server.tcp().await))
         .await
@@ -92,24 +98,53 @@ async fn peer_server_refuses_bad_client_certificates() {
     let cluster = Cluster::new("c1");
     let other = Cluster::new("other");
     let a = cluster.node("node-a");
-    let mut server = Server::start(pki::peer_server_config(&a, &cluster.trust).expect("config")).await;
+    let mut server =
+        Server::start(pki::peer_server_config(&a, &cluster.trust).expect("config")).await;
 
     type Case = (&'static str, pki::CertSource, fn(&Error) -> bool);
     let cases: Vec<Case> = vec![
-        ("another CA", other.node("node-b"), |e| matches!(e, Error::UnknownCa)),
-        ("expired", cluster.expired_node("node-b"), |e| matches!(e, Error::Expired)),
+        ("another CA", other.node("node-b"), |e| {
+            matches!(e, Error::UnknownCa)
+        }),
+        ("expired", cluster.expired_node("node-b"), |e| {
+            matches!(e, Error::Expired)
+        }),
         (
             "viewer",
             cluster.source(&CertRequest::new(Identity::viewer("bob").expect("name"))),
-            |e| matches!(e, Error::WrongRole { found: Role::Viewer, .. }),
+            |e| {
+                matches!(
+                    e,
+                    Error::WrongRole {
+                        found: Role::Viewer,
+                        ..
+                    }
+                )
+            },
         ),
         (
             "operator",
-            cluster.source(&CertRequest::new(Identity::operator("alice").expect("name"))),
-            |e| matches!(e, Error::WrongRole { found: Role::Operator, .. }),
+            cluster.source(&CertRequest::new(
+                Identity::operator("alice").expect("name"),
+            )),
+            |e| {
+                matches!(
+                    e,
+                    Error::WrongRole {
+                        found: Role::Operator,
+                        ..
+                    }
+                )
+            },
         ),
         ("tracker", cluster.tracker(), |e| {
-            matches!(e, Error::WrongRole { found: Role::Tracker, .. })
+            matches!(
+                e,
+                Error::WrongRole {
+                    found: Role::Tracker,
+                    ..
+                }
+            )
         }),
     ];
     for (case, client_cert, server_error) in cases {
@@ -130,7 +165,8 @@ async fn peer_server_refuses_bad_client_certificates() {
 async fn peer_server_requires_a_client_certificate() {
     let cluster = Cluster::new("c1");
     let a = cluster.source(&CertRequest::new(node("node-a")).dns_name("node-a.test"));
-    let mut server = Server::start(pki::peer_server_config(&a, &cluster.trust).expect("config")).await;
+    let mut server =
+        Server::start(pki::peer_server_config(&a, &cluster.trust).expect("config")).await;
     let anonymous = ClientConfig::builder_with_provider(pki::provider())
         .with_safe_default_protocol_versions()
         .expect("versions")
@@ -156,7 +192,9 @@ async fn tracker_accepts_nodes_operators_and_anonymous_clients() {
         Server::start(pki::tracker_server_config(&tracker, &cluster.trust).expect("config")).await;
 
     let n1 = cluster.node("n1");
-    let op = cluster.source(&CertRequest::new(Identity::operator("alice").expect("name")));
+    let op = cluster.source(&CertRequest::new(
+        Identity::operator("alice").expect("name"),
+    ));
     let viewer = cluster.source(&CertRequest::new(Identity::viewer("bob").expect("name")));
     for (client, expected) in [
         (Some(&n1), Some(node("n1"))),
@@ -190,10 +228,15 @@ async fn tracker_client_refusals() {
         Server::start(pki::tracker_server_config(&tracker, &cluster.trust).expect("config")).await;
 
     // Host name not in the tracker certificate.
-    let connector = pki::connector(pki::tracker_client_config(&cluster.trust, None).expect("config"));
-    let err = full(pki::connect(&connector, "elsewhere.test", server.tcp().await))
-        .await
-        .expect_err("wrong host");
+    let connector =
+        pki::connector(pki::tracker_client_config(&cluster.trust, None).expect("config"));
+    let err = full(pki::connect(
+        &connector,
+        "elsewhere.test",
+        server.tcp().await,
+    ))
+    .await
+    .expect_err("wrong host");
     assert!(matches!(err, Error::WrongName(_)), "{err:?}");
     let _ = server.next().await;
 
@@ -235,9 +278,13 @@ async fn bootstrap_with_a_pin_learns_the_ca() {
     let pin: pki::CaPin = cluster.ca.pin().to_string().parse().expect("pin text");
     let (config, learned) = pki::bootstrap_client_config(pin).expect("config");
     assert!(learned.cert().is_none());
-    full(pki::connect(&pki::connector(config), "tracker.test", server.tcp().await))
-        .await
-        .expect("pinned bootstrap");
+    full(pki::connect(
+        &pki::connector(config),
+        "tracker.test",
+        server.tcp().await,
+    ))
+    .await
+    .expect("pinned bootstrap");
     assert_eq!(server.next().await.expect("accepted").identity, None);
     assert_eq!(learned.cert().as_ref(), Some(cluster.ca.cert_der()));
     let trust = learned.trust().expect("learned").expect("trust");
@@ -254,18 +301,29 @@ async fn bootstrap_refusals() {
 
     // The pin of another CA.
     let (config, learned) = pki::bootstrap_client_config(attacker.ca.pin()).expect("config");
-    let err = full(pki::connect(&pki::connector(config), "tracker.test", server.tcp().await))
-        .await
-        .expect_err("wrong pin");
+    let err = full(pki::connect(
+        &pki::connector(config),
+        "tracker.test",
+        server.tcp().await,
+    ))
+    .await
+    .expect_err("wrong pin");
     assert!(matches!(err, Error::PinMismatch { .. }), "{err:?}");
-    assert!(learned.cert().is_none(), "nothing learned from a failed handshake");
+    assert!(
+        learned.cert().is_none(),
+        "nothing learned from a failed handshake"
+    );
     let _ = server.next().await;
 
     // Right pin, wrong host name.
     let (config, _) = pki::bootstrap_client_config(cluster.ca.pin()).expect("config");
-    let err = full(pki::connect(&pki::connector(config), "elsewhere.test", server.tcp().await))
-        .await
-        .expect_err("wrong host");
+    let err = full(pki::connect(
+        &pki::connector(config),
+        "elsewhere.test",
+        server.tcp().await,
+    ))
+    .await
+    .expect_err("wrong host");
     assert!(matches!(err, Error::WrongName(_)), "{err:?}");
     let _ = server.next().await;
 
@@ -274,14 +332,19 @@ async fn bootstrap_refusals() {
         .ca
         .issue(&CertRequest::new(Identity::tracker("t").expect("name")).dns_name("tracker.test"))
         .expect("issue");
-    let leaf_only =
-        pki::CertSource::from_pem(issued.cert_pem(), issued.key_pem().expect("key")).expect("source");
+    let leaf_only = pki::CertSource::from_pem(issued.cert_pem(), issued.key_pem().expect("key"))
+        .expect("source");
     let mut bare =
-        Server::start(pki::tracker_server_config(&leaf_only, &cluster.trust).expect("config")).await;
+        Server::start(pki::tracker_server_config(&leaf_only, &cluster.trust).expect("config"))
+            .await;
     let (config, _) = pki::bootstrap_client_config(cluster.ca.pin()).expect("config");
-    let err = full(pki::connect(&pki::connector(config), "tracker.test", bare.tcp().await))
-        .await
-        .expect_err("no CA in chain");
+    let err = full(pki::connect(
+        &pki::connector(config),
+        "tracker.test",
+        bare.tcp().await,
+    ))
+    .await
+    .expect_err("no CA in chain");
     assert!(matches!(err, Error::PinMismatch { .. }), "{err:?}");
     let _ = bare.next().await;
 
@@ -292,13 +355,18 @@ async fn bootstrap_refusals() {
         .issue(&CertRequest::new(Identity::tracker("t").expect("name")).dns_name("tracker.test"))
         .expect("issue");
     let mitm_chain = format!("{}{}", fake.cert_pem(), cluster.ca.cert_pem());
-    let mitm = pki::CertSource::from_pem(&mitm_chain, fake.key_pem().expect("key")).expect("source");
+    let mitm =
+        pki::CertSource::from_pem(&mitm_chain, fake.key_pem().expect("key")).expect("source");
     let mut mitm_server =
         Server::start(pki::tracker_server_config(&mitm, &attacker.trust).expect("config")).await;
     let (config, learned) = pki::bootstrap_client_config(cluster.ca.pin()).expect("config");
-    let err = full(pki::connect(&pki::connector(config), "tracker.test", mitm_server.tcp().await))
-        .await
-        .expect_err("mitm");
+    let err = full(pki::connect(
+        &pki::connector(config),
+        "tracker.test",
+        mitm_server.tcp().await,
+    ))
+    .await
+    .expect_err("mitm");
     assert!(matches!(err, Error::UnknownCa), "{err:?}");
     assert!(learned.cert().is_none());
     let _ = mitm_server.next().await;
@@ -307,7 +375,9 @@ async fn bootstrap_refusals() {
 #[tokio::test]
 async fn transport_failures_are_connection_errors() {
     // A "server" that closes the connection at once.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let closer = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.expect("accept");
@@ -326,6 +396,9 @@ async fn invalid_expected_node_name_fails_before_connecting() {
     let cluster = Cluster::new("c1");
     let connector = PeerConnector::new(cluster.node("n1"), cluster.trust.clone());
     let (client, _server) = tokio::io::duplex(1024);
-    let err = connector.connect("Not A Name", client).await.expect_err("invalid");
+    let err = connector
+        .connect("Not A Name", client)
+        .await
+        .expect_err("invalid");
     assert!(matches!(err, Error::InvalidName { .. }), "{err:?}");
 }

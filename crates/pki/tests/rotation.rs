@@ -46,7 +46,13 @@ async fn swapped_certificates_are_used_by_new_handshakes_only() {
     let old_client = client_cert.info();
     assert_eq!(server_cert_of(&before).serial, old_server.serial);
     assert_eq!(
-        server.next().await.expect("accepted").client_cert.expect("cert").serial,
+        server
+            .next()
+            .await
+            .expect("accepted")
+            .client_cert
+            .expect("cert")
+            .serial,
         old_client.serial
     );
 
@@ -115,7 +121,10 @@ async fn reload_from_files_rotates_a_running_server() {
     let (key_pem, csr_pem) = pki::generate_node_csr("node-a").expect("csr");
     let renewed = cluster
         .ca
-        .sign_csr(&csr_pem, &CertRequest::new(Identity::node("node-a").expect("name")))
+        .sign_csr(
+            &csr_pem,
+            &CertRequest::new(Identity::node("node-a").expect("name")),
+        )
         .expect("sign");
     std::fs::write(&key_path, key_pem).expect("key");
     std::fs::write(&cert_path, renewed.chain_pem()).expect("cert");

@@ -37,8 +37,11 @@ impl Cluster {
 
     pub fn expired_node(&self, name: &str) -> CertSource {
         let now = SystemTime::now();
-        let past = Validity::between(now - Duration::from_secs(48 * 3600), now - Duration::from_secs(3600))
-            .expect("range");
+        let past = Validity::between(
+            now - Duration::from_secs(48 * 3600),
+            now - Duration::from_secs(3600),
+        )
+        .expect("range");
         self.source(&CertRequest::new(Identity::node(name).expect("name")).validity(past))
     }
 
