@@ -45,6 +45,17 @@ async fn start_agent(
     start_with_env(a, envs, port, dir.join(format!("{name}.log")), cache).await
 }
 
+/// GETs a manifest the way runtimes do (the registry hides OCI manifests from a bare
+/// `Accept: */*`).
+async fn manifest(url: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(url)
+        .header("Accept", oci::media::DEFAULT_ACCEPT)
+        .send()
+        .await
+        .expect("manifest request")
+}
+
 async fn registry() -> Registry {
     tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
         .await
@@ -53,29 +64,40 @@ async fn registry() -> Registry {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ns_pointing_at_unconfigured_or_internal_hosts_is_denied_without_connecting() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let registry = registry().await;
-    let img = TestImage::push_multilayer(&registry, "ok/img", "v1", &[64 << 10], 31).unwrap();
+    let img =
+        TestImage::push_multilayer(&registry, "ok/img", "v1", &[64 << 10], 31).expect("push image");
     let (forbidden, accepts) = counting_listener().await;
     let layer = img.layers[0].digest.clone();
     for (round, envs) in [
         ("default", vec![]),
         // Even "any registry" does not open internal addresses nobody configured.
-        ("allowed_registries=*", vec![("STARLING_ALLOWED_REGISTRIES", "*")]),
+        (
+            "allowed_registries=*",
+            vec![("STARLING_ALLOWED_REGISTRIES", "*")],
+        ),
     ] {
         let agent = start_agent(dir.path(), "n-ssrf", &registry, &[], &envs).await;
         let base = agent.url();
-        let ok = reqwest::get(format!("{base}/v2/ok/img/manifests/v1"))
-            .await
-            .unwrap();
-        assert_eq!(ok.status(), 200, "{round}: the configured registry works");
-        let ok = reqwest::get(format!(
+        let ok = manifest(&format!("{base}/v2/ok/img/manifests/v1")).await;
+        assert_eq!(
+            ok.status(),
+            200,
+            "{round}: the configured registry works: {}\n{}",
+            ok.text().await.unwrap_or_default(),
+            agent.log_text()
+        );
+        let ok = manifest(&format!(
             "{base}/v2/ok/img/manifests/v1?ns={}",
             registry.host().replace(':', "%3A")
         ))
-        .await
-        .unwrap();
-        assert_eq!(ok.status(), 200, "{round}: ns= the configured registry works");
+        .await;
+        assert_eq!(
+            ok.status(),
+            200,
+            "{round}: ns= the configured registry works"
+        );
         let mut targets = vec![
             forbidden.to_string().replace(':', "%3A"),
             format!("localhost%3A{}", forbidden.port()),
@@ -95,7 +117,7 @@ async fn ns_pointing_at_unconfigured_or_internal_hosts_is_denied_without_connect
                 let r = tokio::time::timeout(Duration::from_secs(20), reqwest::get(&url))
                     .await
                     .unwrap_or_else(|_| panic!("{round}: {url} did not answer in 20 s"))
-                    .unwrap();
+                    .expect("answer");
                 let status = r.status();
                 let body: serde_json::Value = r.json().await.unwrap_or_default();
                 assert_eq!(status, 403, "{round}: {path}?ns={ns}: {body}");
@@ -113,7 +135,7 @@ async fn ns_pointing_at_unconfigured_or_internal_hosts_is_denied_without_connect
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn agent_drops_slow_header_clients_and_caps_connections() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let registry = registry().await;
     let agent = start_agent(
         dir.path(),
@@ -137,7 +159,7 @@ async fn agent_drops_slow_header_clients_and_caps_connections() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_agent_warns_when_the_tracker_refuses_its_report() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let registry = registry().await;
     let tracker = start_tracker(dir.path(), &["--cluster-token", TOKEN], &[]).await;
     // A report under the agent's name from far in the future: the agent's own reports
@@ -147,18 +169,13 @@ async fn the_agent_warns_when_the_tracker_refuses_its_report() {
         .json(&forged_report("n-stale", u64::MAX / 2, 3, 1))
         .send()
         .await
-        .unwrap();
+        .expect("forged report answered");
     assert_eq!(r.status(), 200);
     let agent = start_agent(
         dir.path(),
         "n-stale",
         &registry,
-        &[
-            "--tracker",
-            &tracker.url(),
-            "--cluster-token",
-            TOKEN,
-        ],
+        &["--tracker", &tracker.url(), "--cluster-token", TOKEN],
         &[],
     )
     .await;
@@ -206,19 +223,14 @@ fn assignment(node: &str, pin_until: u64, deadline_at: Option<u64>) -> serde_jso
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prewarm_assignments_check_the_token_first_and_bound_pins_and_deadlines() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let registry = registry().await;
     let tracker = start_tracker(dir.path(), &["--cluster-token", TOKEN], &[]).await;
     let agent = start_agent(
         dir.path(),
         "n-pre",
         &registry,
-        &[
-            "--tracker",
-            &tracker.url(),
-            "--cluster-token",
-            TOKEN,
-        ],
+        &["--tracker", &tracker.url(), "--cluster-token", TOKEN],
         &[],
     )
     .await;
@@ -226,7 +238,7 @@ async fn prewarm_assignments_check_the_token_first_and_bound_pins_and_deadlines(
     let http = reqwest::Client::new();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
+        .expect("clock after 1970")
         .as_secs();
 
     // Without the token nothing about the body matters: malformed or valid, it is
@@ -235,7 +247,7 @@ async fn prewarm_assignments_check_the_token_first_and_bound_pins_and_deadlines(
         ("malformed", b"{\"job_id\": ".to_vec()),
         (
             "valid",
-            serde_json::to_vec(&assignment("n-pre", now + 60, None)).unwrap(),
+            serde_json::to_vec(&assignment("n-pre", now + 60, None)).expect("JSON"),
         ),
     ] {
         for auth in [None, Some("Bearer wrong-token")] {
@@ -271,8 +283,14 @@ async fn prewarm_assignments_check_the_token_first_and_bound_pins_and_deadlines(
     for (what, a) in [
         ("pin 95 years", assignment("n-pre", now + 95 * year, None)),
         ("pin u64::MAX", assignment("n-pre", u64::MAX, None)),
-        ("deadline u64::MAX", assignment("n-pre", now + 60, Some(u64::MAX))),
-        ("deadline 1 year", assignment("n-pre", now + 60, Some(now + year))),
+        (
+            "deadline u64::MAX",
+            assignment("n-pre", now + 60, Some(u64::MAX)),
+        ),
+        (
+            "deadline 1 year",
+            assignment("n-pre", now + 60, Some(now + year)),
+        ),
     ] {
         let r = http
             .post(&url)
@@ -295,19 +313,19 @@ async fn prewarm_assignments_check_the_token_first_and_bound_pins_and_deadlines(
         .json(&assignment("n-pre", now + 3600, Some(now + 600)))
         .send()
         .await
-        .unwrap();
+        .expect("assignment answered");
     assert_eq!(r.status(), 202, "a sane assignment is taken");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn print_config_and_logs_never_show_secrets() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let cfg = dir.path().join("agent.toml");
     std::fs::write(
         &cfg,
         "[registries.\"reg.example.com\"]\nusername = \"puller\"\npassword = \"file-secret-Pw1\"\n",
     )
-    .unwrap();
+    .expect("write config");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_starling"))
         .args(["agent", "--config"])
         .arg(&cfg)
@@ -321,9 +339,13 @@ async fn print_config_and_logs_never_show_secrets() {
         .env("STARLING_LOG", "debug")
         .output()
         .expect("run starling");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     for secret in ["file-secret-Pw1", "flag-secret-Tok2", "flag-secret-Pw3"] {
         assert!(
             !text.contains(secret),
@@ -341,8 +363,9 @@ async fn print_config_and_logs_never_show_secrets() {
         Registry::start(RegistryAuth::htpasswd("puller", "log-secret-Pw4"))
     })
     .await
-    .unwrap();
-    let img = TestImage::push_multilayer(&registry, "priv/img", "v1", &[128 << 10], 32).unwrap();
+    .expect("registry");
+    let img = TestImage::push_multilayer(&registry, "priv/img", "v1", &[128 << 10], 32)
+        .expect("push image");
     let tracker = start_tracker(dir.path(), &["--cluster-token", "log-secret-Tok5"], &[]).await;
     let agent = start_agent(
         dir.path(),
@@ -359,9 +382,7 @@ async fn print_config_and_logs_never_show_secrets() {
         &[("STARLING_LOG", "debug")],
     )
     .await;
-    let r = reqwest::get(format!("{}/v2/priv/img/manifests/v1", agent.url()))
-        .await
-        .unwrap();
+    let r = manifest(&format!("{}/v2/priv/img/manifests/v1", agent.url())).await;
     assert_eq!(r.status(), 200);
     let r = reqwest::get(format!(
         "{}/v2/priv/img/blobs/{}",
@@ -369,7 +390,7 @@ async fn print_config_and_logs_never_show_secrets() {
         img.layers[0].digest
     ))
     .await
-    .unwrap();
+    .expect("blob answered");
     assert_eq!(r.status(), 200);
     tokio::time::sleep(Duration::from_secs(4)).await;
     for log in [agent.log_text(), tracker.log_text()] {

@@ -27,7 +27,7 @@ async fn post(url: &str, body: &serde_json::Value) -> reqwest::Response {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tracker_drops_slow_header_clients_and_caps_connections() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let tracker = start_tracker(
         dir.path(),
         &[],
@@ -48,7 +48,7 @@ async fn tracker_drops_slow_header_clients_and_caps_connections() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tracker_catalog_never_connects_to_unconfigured_or_internal_registries() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let (forbidden, accepts) = counting_listener().await;
     let tracker = start_tracker(dir.path(), &[], &[]).await;
     let t = tracker.url();
@@ -97,7 +97,7 @@ async fn tracker_catalog_never_connects_to_unconfigured_or_internal_registries()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forged_reports_cannot_grow_nodes_digests_or_metric_labels_without_bound() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let tracker = start_tracker(
         dir.path(),
         &["--node-timeout", "1s"],
@@ -123,17 +123,20 @@ async fn forged_reports_cannot_grow_nodes_digests_or_metric_labels_without_bound
     }
     let nodes = reqwest::get(format!("{t}/api/v1/nodes"))
         .await
-        .unwrap()
+        .expect("nodes answered")
         .json::<serde_json::Value>()
         .await
-        .unwrap()["nodes"]
+        .expect("nodes JSON")["nodes"]
         .as_array()
         .map_or(0, Vec::len);
     assert!(
         nodes <= 20,
         "50 forged node names grew the node table to {nodes} with a cap of 20"
     );
-    assert_eq!(refused, 30, "reports from new nodes beyond the cap are refused");
+    assert_eq!(
+        refused, 30,
+        "reports from new nodes beyond the cap are refused"
+    );
 
     // Too many digests in one report.
     let r = post(
@@ -162,7 +165,13 @@ async fn forged_reports_cannot_grow_nodes_digests_or_metric_labels_without_bound
     let routes: BTreeSet<String> = metric_lines(&t, "starling_tracker_requests_total")
         .await
         .iter()
-        .filter_map(|l| l.split("route=\"").nth(1)?.split('"').next().map(str::to_owned))
+        .filter_map(|l| {
+            l.split("route=\"")
+                .nth(1)?
+                .split('"')
+                .next()
+                .map(str::to_owned)
+        })
         .collect();
     assert!(
         routes.len() <= 8,
@@ -174,10 +183,10 @@ async fn forged_reports_cannot_grow_nodes_digests_or_metric_labels_without_bound
     loop {
         let v: serde_json::Value = reqwest::get(format!("{t}/api/v1/nodes"))
             .await
-            .unwrap()
+            .expect("nodes answered")
             .json()
             .await
-            .unwrap();
+            .expect("nodes JSON");
         if v["nodes"].as_array().is_some_and(Vec::is_empty) {
             break;
         }
@@ -236,11 +245,11 @@ fn large_report(node: &str, blobs: usize) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_real_100k_blob_report_is_taken_and_an_oversized_one_is_refused_loudly() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let tracker = start_tracker(dir.path(), &[], &[]).await;
     let t = tracker.url();
     let report = large_report("big-node", 100_000);
-    let bytes = serde_json::to_vec(&report).unwrap();
+    let bytes = serde_json::to_vec(&report).expect("JSON");
     let r = reqwest::Client::new()
         .post(format!("{t}/api/v1/reports"))
         .header("content-type", "application/json")
@@ -256,10 +265,10 @@ async fn a_real_100k_blob_report_is_taken_and_an_oversized_one_is_refused_loudly
     );
     let v: serde_json::Value = reqwest::get(format!("{t}/api/v1/nodes"))
         .await
-        .unwrap()
+        .expect("nodes answered")
         .json()
         .await
-        .unwrap();
+        .expect("nodes JSON");
     assert_eq!(v["nodes"][0]["blobs"], 100_000);
 
     // Three such reports in one body is over any real node: refused, and the tracker
@@ -277,22 +286,26 @@ async fn a_real_100k_blob_report_is_taken_and_an_oversized_one_is_refused_loudly
     tokio::time::sleep(Duration::from_millis(300)).await;
     let log = tracker.log_text();
     assert!(
-        log.lines().any(|l| l.contains("WARN") && l.contains("report")),
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("report")),
         "an oversized report is logged at warn on the tracker:\n{log}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prewarm_ttls_and_deadlines_are_bounded_and_never_overflow() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let tracker = start_tracker(dir.path(), &[], &[]).await;
     let t = tracker.url();
     let report = forged_report("n0", 1, 5, 2);
     let digest = report["images"][0]["manifest_digest"]
         .as_str()
-        .unwrap()
+        .expect("manifest digest")
         .to_owned();
-    assert_eq!(post(&format!("{t}/api/v1/reports"), &report).await.status(), 200);
+    assert_eq!(
+        post(&format!("{t}/api/v1/reports"), &report).await.status(),
+        200
+    );
     let image = format!("registry.test/forged/n0@{digest}");
     let cases = [
         ("pin_ttl_seconds", u64::MAX, "pin_ttl_seconds"),
@@ -302,7 +315,8 @@ async fn prewarm_ttls_and_deadlines_are_bounded_and_never_overflow() {
         ("pin_ttl_seconds", 0, "pin_ttl_seconds"),
     ];
     for (field, value, mention) in cases {
-        let body = serde_json::json!({"images": [image], "targets": {"nodes": ["n0"]}, field: value});
+        let body =
+            serde_json::json!({"images": [image], "targets": {"nodes": ["n0"]}, field: value});
         let r = reqwest::Client::new()
             .post(format!("{t}/api/v1/prewarm"))
             .json(&body)
@@ -314,7 +328,10 @@ async fn prewarm_ttls_and_deadlines_are_bounded_and_never_overflow() {
         let status = r.status();
         let text = r.text().await.unwrap_or_default();
         assert_eq!(status, 400, "{field}={value} accepted: {text}");
-        assert!(text.contains(mention), "{field}={value}: unclear error {text}");
+        assert!(
+            text.contains(mention),
+            "{field}={value}: unclear error {text}"
+        );
     }
     let ok = post(
         &format!("{t}/api/v1/prewarm"),
@@ -336,7 +353,7 @@ fn extender_deadline() -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hung_registry_never_stalls_reports_the_extender_or_shutdown() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("temp dir");
     let hung = hanging_listener().await;
     let mut tracker = start_tracker(
         dir.path(),
@@ -361,7 +378,10 @@ async fn a_hung_registry_never_stalls_reports_the_extender_or_shutdown() {
     // ...does not hold up reports (the write side of the inventory)...
     let r = tokio::time::timeout(
         Duration::from_secs(5),
-        post(&format!("{t}/api/v1/reports"), &forged_report("n0", 2, 9, 2)),
+        post(
+            &format!("{t}/api/v1/reports"),
+            &forged_report("n0", 2, 9, 2),
+        ),
     )
     .await
     .expect("a report waited behind a hung registry lookup for 5 s");
@@ -392,14 +412,18 @@ async fn a_hung_registry_never_stalls_reports_the_extender_or_shutdown() {
         })
         .expect("extender answers");
         assert_eq!(r.status(), 200, "{verb}");
-        let v: serde_json::Value = r.json().await.unwrap();
+        let v: serde_json::Value = r.json().await.expect("JSON");
         match (verb, warm) {
             ("prioritize", _) => assert!(
                 v.as_array()
                     .is_some_and(|a| a.len() == 2 && a.iter().all(|h| h["Score"] == 0)),
                 "unknown image: neutral scores {v}"
             ),
-            (_, true) => assert_eq!(v["FailedNodes"].as_object().map(|m| m.len()), Some(2), "{v}"),
+            (_, true) => assert_eq!(
+                v["FailedNodes"].as_object().map(|m| m.len()),
+                Some(2),
+                "{v}"
+            ),
             _ => assert_eq!(v["NodeNames"].as_array().map(Vec::len), Some(2), "{v}"),
         }
         assert!(started.elapsed() < deadline);
@@ -412,7 +436,8 @@ async fn a_hung_registry_never_stalls_reports_the_extender_or_shutdown() {
     )));
     tokio::time::sleep(Duration::from_millis(500)).await;
     sigterm(&tracker.child);
-    let took = tokio::task::block_in_place(|| wait_exit(&mut tracker.child, Duration::from_secs(10)));
+    let took =
+        tokio::task::block_in_place(|| wait_exit(&mut tracker.child, Duration::from_secs(10)));
     stuck2.abort();
     assert!(
         took.is_some(),
