@@ -88,6 +88,7 @@ pub(crate) struct Inner {
     pub scrape: Mutex<()>,
     /// Bytes of report bodies being read and parsed at once: the memory they may take.
     pub report_budget: Arc<tokio::sync::Semaphore>,
+    pub report_budget_bytes: usize,
     /// Unix seconds of the last warning about a refused report.
     pub last_refusal_warning: AtomicU64,
 }
@@ -146,6 +147,7 @@ impl ClusterState {
                 last_tick: Mutex::new(None),
                 scrape: Mutex::new(()),
                 report_budget: Arc::new(tokio::sync::Semaphore::new(budget)),
+                report_budget_bytes: budget,
                 last_refusal_warning: AtomicU64::new(0),
             }),
         }
@@ -242,7 +244,9 @@ impl ClusterState {
             self.refused(&e);
             return Err(e);
         }
-        let want = declared.map_or(limit, |n| n as usize).max(1);
+        let want = declared
+            .map_or(limit, |n| n as usize)
+            .clamp(1, self.inner.report_budget_bytes.max(1));
         let permits = u32::try_from(want).unwrap_or(u32::MAX);
         let budget = self.inner.report_budget.clone();
         let _room = match tokio::time::timeout(
