@@ -284,3 +284,114 @@ mod tests {
         assert!(internal_host(&url).is_none());
     }
 }
+
+#[cfg(test)]
+mod client_tests {
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use crate::upstream::{RegistryPolicy, Upstream, UpstreamConfig};
+    use crate::Error;
+
+    /// A listener that counts connections and closes them.
+    async fn counting() -> (SocketAddr, Arc<AtomicUsize>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let n = Arc::new(AtomicUsize::new(0));
+        let c = n.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+                drop(s);
+            }
+        });
+        (addr, n)
+    }
+
+    /// A configured "registry" on loopback that answers every request with `resp`.
+    async fn registry(resp: axum::response::Response) -> SocketAddr {
+        let resp = Arc::new(parking_lot::Mutex::new(Some(resp)));
+        let app = axum::Router::new().fallback(move || {
+            let resp = resp.clone();
+            async move { resp.lock().take().unwrap_or_default() }
+        });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(l, app).await });
+        addr
+    }
+
+    fn client(reg: SocketAddr, patterns: &[&str]) -> Upstream {
+        let name = reg.to_string();
+        Upstream::new(UpstreamConfig {
+            endpoints: [(name.clone(), format!("http://{reg}"))].into(),
+            policy: Some(RegistryPolicy::new(
+                [name],
+                patterns.iter().map(|p| (*p).to_owned()),
+            )),
+            ..Default::default()
+        })
+        .expect("client")
+    }
+
+    #[tokio::test]
+    async fn redirects_realms_and_names_never_lead_inside() {
+        let (inside, accepts) = counting().await;
+        // A configured registry redirecting to another loopback port.
+        let redirect = axum::response::Response::builder()
+            .status(307)
+            .header("location", format!("http://{inside}/blob"))
+            .body(axum::body::Body::empty())
+            .expect("response");
+        let reg = registry(redirect).await;
+        let up = client(reg, &["*"]);
+        let d = crate::Digest::of(b"x");
+        let e = up
+            .head_blob(&reg.to_string(), "a/b", &d)
+            .await
+            .expect_err("redirect");
+        assert!(matches!(e, Error::Denied { .. }), "{e}");
+        // A token realm on a link-local address.
+        let challenge = axum::response::Response::builder()
+            .status(401)
+            .header(
+                "www-authenticate",
+                "Bearer realm=\"http://169.254.169.254/token\",service=\"x\"",
+            )
+            .body(axum::body::Body::empty())
+            .expect("response");
+        let reg2 = registry(challenge).await;
+        let up2 = client(reg2, &[]);
+        let e = up2
+            .head_blob(&reg2.to_string(), "a/b", &d)
+            .await
+            .expect_err("realm");
+        assert!(matches!(e, Error::Denied { .. }), "{e}");
+        // Names: not configured; "*" still does not open loopback or a name for it.
+        for (patterns, name) in [
+            (&[][..], inside.to_string()),
+            (&["*"][..], inside.to_string()),
+            (&["*"][..], format!("localhost:{}", inside.port())),
+        ] {
+            let e = client(reg, patterns)
+                .head_blob(&name, "a/b", &d)
+                .await
+                .expect_err("denied");
+            assert!(
+                matches!(e, Error::Denied { .. }),
+                "{patterns:?} {name}: {e}"
+            );
+            assert_eq!(e.oci_status().0, 403);
+        }
+        assert_eq!(
+            accepts.load(Ordering::SeqCst),
+            0,
+            "nothing connected inside"
+        );
+    }
+}
