@@ -345,14 +345,17 @@ impl Upstream {
         cap: usize,
     ) -> Result<Bytes, Error> {
         let stall = self.inner.cfg.stall_timeout;
+        // A body that trickles (a byte just before each stall timeout) must end too.
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.response_timeout * 4;
         let mut stream = resp.bytes_stream();
         let mut buf = Vec::new();
         loop {
-            match tokio::time::timeout(stall, stream.next()).await {
+            let wait = stall.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            match tokio::time::timeout(wait, stream.next()).await {
                 Err(_) => {
                     return Err(Error::Timeout {
                         registry: registry.to_owned(),
-                        message: "body stalled".into(),
+                        message: "body stalled or too slow".into(),
                     })
                 }
                 Ok(None) => break,
@@ -845,20 +848,23 @@ impl Upstream {
         Err(error_from_body(registry, status, retry, &body))
     }
 
-    /// Up to `cap` bytes of a body; the rest is never read.
+    /// Up to `cap` bytes of a body, whatever arrived within the stall timeout; the
+    /// rest is never read.
     async fn read_prefix(&self, resp: reqwest::Response, cap: usize) -> Vec<u8> {
-        let stall = self.inner.cfg.stall_timeout;
         let mut stream = resp.bytes_stream();
         let mut buf = Vec::new();
-        while buf.len() < cap {
-            match tokio::time::timeout(stall, stream.next()).await {
-                Ok(Some(Ok(chunk))) => {
-                    let take = chunk.len().min(cap - buf.len());
-                    buf.extend_from_slice(&chunk[..take]);
+        let _ = tokio::time::timeout(self.inner.cfg.stall_timeout, async {
+            while buf.len() < cap {
+                match stream.next().await {
+                    Some(Ok(chunk)) => {
+                        let take = chunk.len().min(cap - buf.len());
+                        buf.extend_from_slice(&chunk[..take]);
+                    }
+                    _ => break,
                 }
-                _ => break,
             }
-        }
+        })
+        .await;
         buf
     }
 }
