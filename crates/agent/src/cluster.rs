@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use cluster::inventory::{BlobHolding, BlobRef, Download, ImageRecord, Pin, SourceBytes};
 use cluster::prewarm::NodeUpdate;
 use cluster::{Assignment, NodeReport};
@@ -19,6 +18,24 @@ use tracing::{debug, info, warn};
 use crate::Agent;
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Unix seconds of the last warning about a refused report (0: none yet).
+static LAST_REFUSAL_WARNING: AtomicU64 = AtomicU64::new(0);
+
+/// Largest prewarm assignment body taken (a job of ~50k blobs); checked after the
+/// token, so only the tracker can make the agent read this much.
+const MAX_ASSIGNMENT_BYTES: usize = 8 << 20;
+
+/// Clock difference between tracker and agent tolerated when checking an assignment's
+/// pin and deadline against their maxima.
+const CLOCK_SKEW_SECONDS: u64 = 3600;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
 
 impl Agent {
     /// What this node holds, for the tracker's inventory.
@@ -184,7 +201,23 @@ impl Agent {
             .await
         {
             Ok(r) if r.status().is_success() => {}
-            Ok(r) => debug!(status = %r.status(), "tracker refused the inventory report"),
+            Ok(r) => {
+                // A refused report leaves this node stale in the tracker's inventory
+                // (prewarm and the scheduler see old contents): say so, once a minute.
+                let now = unix_now();
+                let last = LAST_REFUSAL_WARNING.load(Ordering::Relaxed);
+                if now.saturating_sub(last) >= 60
+                    && LAST_REFUSAL_WARNING
+                        .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    let status = r.status();
+                    let reason = read_prefix(r, 1024).await;
+                    warn!(%status, %reason, blobs = report.blobs.len(), "tracker refused the inventory report; the cluster sees stale contents for this node");
+                } else {
+                    debug!(status = %r.status(), "tracker refused the inventory report");
+                }
+            }
             Err(e) => debug!(error = %e, "cannot send the inventory report"),
         }
     }
@@ -424,21 +457,97 @@ impl Agent {
     }
 }
 
-/// `POST /api/v1/prewarm` on the agent: the tracker hands over an assignment.
-pub(crate) async fn prewarm_handler(
-    State(agent): State<Agent>,
-    headers: HeaderMap,
-    Json(a): Json<Assignment>,
-) -> Response {
+/// At most `cap` bytes of a response body, as text (for log lines).
+async fn read_prefix(r: reqwest::Response, cap: usize) -> String {
+    let mut out = Vec::new();
+    let mut stream = r.bytes_stream();
+    while out.len() < cap {
+        match tokio::time::timeout(
+            Duration::from_secs(2),
+            futures::StreamExt::next(&mut stream),
+        )
+        .await
+        {
+            Ok(Some(Ok(c))) => out.extend_from_slice(&c[..c.len().min(cap - out.len())]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Why an assignment's times are refused: a pin or deadline beyond the maxima the
+/// tracker enforces (plus clock skew), which could only come from a broken or forged
+/// tracker and would keep content pinned for decades.
+fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), String> {
+    let max_pin = now
+        .saturating_add(cluster::prewarm::MAX_PIN_TTL_SECONDS)
+        .saturating_add(CLOCK_SKEW_SECONDS);
+    if a.pin_until > max_pin {
+        return Err(format!(
+            "pin_until {} is more than {} s (the maximum pin TTL) from now ({now})",
+            a.pin_until,
+            cluster::prewarm::MAX_PIN_TTL_SECONDS
+        ));
+    }
+    if let Some(d) = a.deadline_at {
+        let max_deadline = now
+            .saturating_add(cluster::prewarm::MAX_DEADLINE_SECONDS)
+            .saturating_add(CLOCK_SKEW_SECONDS);
+        if d > max_deadline {
+            return Err(format!(
+                "deadline_at {d} is more than {} s (the maximum deadline) from now ({now})",
+                cluster::prewarm::MAX_DEADLINE_SECONDS
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `POST /api/v1/prewarm` on the agent: the tracker hands over an assignment. The
+/// token is checked before a byte of the body is read.
+pub(crate) async fn prewarm_handler(State(agent): State<Agent>, req: Request) -> Response {
     let Some(p2p) = &agent.p2p else {
         return (StatusCode::CONFLICT, "agent has no tracker").into_response();
     };
+    let headers: &HeaderMap = req.headers();
     if !p2p.token_ok(
         headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok()),
     ) {
         return (StatusCode::UNAUTHORIZED, "missing or wrong cluster token").into_response();
+    }
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("assignment larger than {MAX_ASSIGNMENT_BYTES} bytes"),
+        )
+            .into_response()
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_ASSIGNMENT_BYTES as u64) {
+        return too_large();
+    }
+    let body = match axum::body::to_bytes(req.into_body(), MAX_ASSIGNMENT_BYTES).await {
+        Ok(b) => b,
+        Err(_) => return too_large(),
+    };
+    let a: Assignment = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            return (StatusCode::BAD_REQUEST, format!("invalid assignment: {e}")).into_response()
+        }
+    };
+    if let Err(why) = check_assignment_times(&a, unix_now()) {
+        warn!(job = a.job_id, %why, "prewarm assignment refused");
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("invalid assignment: {why}"),
+        )
+            .into_response();
     }
     if a.node != agent.cfg.node_name {
         return (

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
     /// Address the mirror listens on (containerd's hosts.toml points here).
@@ -32,6 +32,21 @@ pub struct AgentConfig {
     pub pin: Vec<String>,
     /// Per-registry settings, keyed by registry host ("docker.io", "ghcr.io", ...).
     pub registries: HashMap<String, RegistryConfig>,
+    /// Registries requests may name (`?ns=`, prewarm assignments) beyond the configured
+    /// ones (`registries`, `default_registry`, `pin`): exact hosts, `*.example.com`, or
+    /// `*` for any registry at all. `*` lets whoever reaches the agent make it connect
+    /// to any host on the internet; loopback, link-local and metadata addresses stay
+    /// refused unless configured.
+    pub allowed_registries: Vec<String>,
+    /// Client connections served at once; further ones are closed as they arrive.
+    pub max_connections: usize,
+    /// A connection must send a complete request head within this, and may stay idle
+    /// between requests no longer than this.
+    #[serde(with = "humantime_serde_compat")]
+    pub header_read_timeout: Duration,
+    /// On shutdown, how long responses in flight may still run before connections close.
+    #[serde(with = "humantime_serde_compat")]
+    pub shutdown_grace: Duration,
     /// A docker `config.json` to read registry credentials from.
     pub docker_config: Option<PathBuf>,
     #[serde(with = "humantime_serde_compat")]
@@ -86,7 +101,7 @@ pub struct AgentConfig {
     pub corrupt_pieces: bool,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RegistryConfig {
     /// Endpoint override, e.g. "http://127.0.0.1:5000" for an air-gapped origin.
@@ -109,6 +124,10 @@ impl Default for AgentConfig {
             serve_stale_tags: true,
             pin: Vec::new(),
             registries: HashMap::new(),
+            allowed_registries: Vec::new(),
+            max_connections: 4096,
+            header_read_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(10),
             docker_config: None,
             connect_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(20),
@@ -136,6 +155,83 @@ impl Default for AgentConfig {
             containerd_namespace: "k8s.io".into(),
             containerd_snapshotter: None,
         }
+    }
+}
+
+/// The registries this agent may contact: those named in its configuration
+/// (`registries`, `default_registry`, `pin`) and those matching `allowed_registries`.
+pub fn registry_policy(cfg: &AgentConfig) -> Result<oci::upstream::RegistryPolicy, crate::Error> {
+    for p in &cfg.allowed_registries {
+        let host = p.trim().strip_prefix("*.").unwrap_or(p.trim());
+        if p.trim() != "*" && oci::reference::validate_registry(host).is_err() {
+            return Err(crate::Error::Config(format!(
+                "allowed_registries: {p:?} is not a registry host, \"*.domain\" or \"*\""
+            )));
+        }
+    }
+    let pins = cfg
+        .pin
+        .iter()
+        .filter_map(|r| oci::ImageReference::parse(r).ok().map(|r| r.registry));
+    let configured = cfg
+        .registries
+        .keys()
+        .cloned()
+        .chain(std::iter::once(cfg.default_registry.clone()))
+        .chain(pins);
+    Ok(oci::upstream::RegistryPolicy::new(
+        configured,
+        cfg.allowed_registries.clone(),
+    ))
+}
+
+/// What `--print-config` and logs show in place of a secret.
+pub const REDACTED: &str = "<redacted>";
+
+impl AgentConfig {
+    /// A copy with every secret (registry passwords, the cluster token) replaced by
+    /// [`REDACTED`], for printing.
+    pub fn redacted(&self) -> Self {
+        let mut c = self.clone();
+        for r in c.registries.values_mut() {
+            *r = r.redacted();
+        }
+        if c.cluster_token.is_some() {
+            c.cluster_token = Some(REDACTED.into());
+        }
+        c
+    }
+}
+
+impl RegistryConfig {
+    pub fn redacted(&self) -> Self {
+        Self {
+            endpoint: self.endpoint.clone(),
+            username: self.username.clone(),
+            password: self.password.as_ref().map(|_| REDACTED.into()),
+        }
+    }
+}
+
+// Debug goes through the redacted copy, so a secret cannot reach a log line by `?cfg`,
+// and a field added later is covered without touching this.
+impl std::fmt::Debug for AgentConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match toml::to_string(&self.redacted()) {
+            Ok(text) => write!(f, "AgentConfig {{ {} }}", text.trim().replace('\n', ", ")),
+            Err(_) => f.write_str("AgentConfig { .. }"),
+        }
+    }
+}
+
+impl std::fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self.redacted();
+        f.debug_struct("RegistryConfig")
+            .field("endpoint", &r.endpoint)
+            .field("username", &r.username)
+            .field("password", &r.password)
+            .finish()
     }
 }
 
@@ -206,5 +302,27 @@ mod tests {
             Some("http://127.0.0.1:5000")
         );
         assert!(toml::from_str::<AgentConfig>("bogus_key = 1").is_err());
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let text = r#"
+            cluster_token = "tok-SECRET-1"
+            [registries."docker.io"]
+            username = "puller"
+            password = "pw-SECRET-2"
+        "#;
+        let c: AgentConfig = toml::from_str(text).expect("config");
+        let shown = [
+            format!("{c:?}"),
+            format!("{:?}", c.registries["docker.io"]),
+            toml::to_string(&c.redacted()).expect("TOML"),
+        ];
+        for s in shown {
+            assert!(!s.contains("SECRET"), "{s}");
+            assert!(s.contains("puller") && s.contains(REDACTED), "{s}");
+        }
+        // The real values are still there for the agent itself.
+        assert_eq!(c.cluster_token.as_deref(), Some("tok-SECRET-1"));
     }
 }

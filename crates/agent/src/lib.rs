@@ -144,6 +144,7 @@ impl Agent {
                 );
             }
         }
+        up.policy = Some(config::registry_policy(&cfg)?);
         let store = Store::open(store_cfg)?;
         let upstream = Upstream::new(up)?;
         let mut metrics = metrics::Metrics::default();
@@ -211,7 +212,14 @@ impl Agent {
             p2p.spawn_server(self.clone(), l);
         }
         self.spawn_background();
-        server::serve(listener, self.router(), shutdown).await;
+        let limits = server::Limits {
+            max_connections: self.cfg.max_connections,
+            header_read_timeout: self.cfg.header_read_timeout,
+            shutdown_grace: self.cfg.shutdown_grace,
+            refused: self.metrics.connections_refused.clone(),
+            open: self.metrics.connections_open.clone(),
+        };
+        server::serve(listener, self.router(), shutdown, limits).await;
         Ok(())
     }
 
@@ -336,6 +344,8 @@ impl Agent {
     fn registry_for(&self, ns: Option<&str>) -> Result<String, oci::Error> {
         let r = canonical_registry(ns.unwrap_or(&self.cfg.default_registry));
         validate_registry(&r)?;
+        // Before the cache too: a refused registry is refused the same way every time.
+        self.upstream.check_registry(&r)?;
         Ok(r)
     }
 }

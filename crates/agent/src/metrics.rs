@@ -34,6 +34,9 @@ pub struct Metrics {
     pub stale_tags_served: Counter,
     pub upstream_errors: Counter,
     pub disk_full: Counter,
+    /// Connections closed at accept because `max_connections` were open.
+    pub connections_refused: Counter,
+    pub connections_open: Gauge,
 }
 
 impl Default for Metrics {
@@ -53,6 +56,18 @@ impl Default for Metrics {
         let stale_tags_served = Counter::default();
         let upstream_errors = Counter::default();
         let disk_full = Counter::default();
+        let connections_refused = Counter::default();
+        let connections_open = Gauge::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed as they arrived because max_connections were open",
+            connections_refused.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Client connections being served",
+            connections_open.clone(),
+        );
         registry.register(
             "disk_full",
             "Downloads stopped by a full disk (the blob is then streamed uncached)",
@@ -123,6 +138,8 @@ impl Default for Metrics {
             stale_tags_served,
             upstream_errors,
             disk_full,
+            connections_refused,
+            connections_open,
         }
     }
 }

@@ -3,28 +3,52 @@
 //! connection's [`Sink`], so handlers can answer with file spans instead of bytes.
 //! Container runtimes and the agent's own peers speak HTTP/1.1 to a mirror; HTTP/2 is
 //! not offered because it would copy placeholder chunks into frames.
+//!
+//! Limits: at most `max_connections` connections are served; one over is closed as it
+//! is accepted (clients retry, and a mirror that accepted without bound would run out
+//! of descriptors for everyone). A connection must deliver each request head within
+//! `header_read_timeout`, which also bounds idle keep-alive time. On shutdown responses
+//! in flight get `shutdown_grace`, then connections are dropped.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
 use crate::zerocopy::{Sink, ZeroCopyIo};
 
-/// Accepts connections until `shutdown` resolves, then lets in-flight responses finish.
+#[derive(Clone, Debug)]
+pub(crate) struct Limits {
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub shutdown_grace: Duration,
+    /// Connections closed at accept because the cap was reached.
+    pub refused: Counter,
+    pub open: Gauge,
+}
+
+/// Accepts connections until `shutdown` resolves, then lets in-flight responses finish
+/// for at most the grace period.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: Limits,
 ) {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut connections = JoinSet::new();
+    let mut last_refusal_warning: Option<std::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -40,20 +64,49 @@ pub(crate) async fn serve(
                         continue;
                     }
                 };
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    limits.refused.inc();
+                    if last_refusal_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                        last_refusal_warning = Some(std::time::Instant::now());
+                        warn!(max_connections = limits.max_connections, "connection cap reached; closing new connections");
+                    }
+                    drop(tcp);
+                    continue;
+                };
                 let _ = tcp.set_nodelay(true);
-                connections.spawn(serve_connection(tcp, router.clone(), stop_rx.clone()));
+                connections.spawn(serve_connection(
+                    tcp,
+                    router.clone(),
+                    stop_rx.clone(),
+                    limits.clone(),
+                    permit,
+                ));
             }
         }
     }
     let _ = stop_tx.send(true);
-    while connections.join_next().await.is_some() {}
+    let drained = tokio::time::timeout(limits.shutdown_grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            connections = connections.len(),
+            grace = ?limits.shutdown_grace,
+            "shutdown grace period over; closing connections still in use"
+        );
+        connections.shutdown().await;
+    }
 }
 
 async fn serve_connection(
     tcp: tokio::net::TcpStream,
     router: Router,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    limits: Limits,
+    _slot: OwnedSemaphorePermit,
 ) {
+    let _open = OpenGuard::new(limits.open.clone());
     let sink = Sink::default();
     let io = TokioIo::new(ZeroCopyIo::new(tcp, sink.clone()));
     let service = hyper::service::service_fn(
@@ -66,6 +119,7 @@ async fn serve_connection(
     );
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
         .serve_connection(io, service);
     tokio::pin!(conn);
     tokio::select! {
@@ -78,5 +132,21 @@ async fn serve_connection(
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
         }
+    }
+}
+
+/// Counts a connection as open for as long as its task lives (aborted ones too).
+struct OpenGuard(Gauge);
+
+impl OpenGuard {
+    fn new(g: Gauge) -> Self {
+        g.inc();
+        Self(g)
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

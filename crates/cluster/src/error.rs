@@ -38,6 +38,16 @@ pub enum Error {
     /// The job is already finished and cannot change.
     #[error("prewarm job {0} is already finished")]
     JobFinished(u64),
+    /// An agent report over a size limit (too many blobs, images, ... or bytes).
+    #[error("report too large: {0}")]
+    ReportTooLarge(String),
+    /// The inventory cannot take more (nodes or entries at their maximum).
+    #[error("inventory full: {0}")]
+    Capacity(String),
+    /// An image in a registry the tracker may not contact (not configured, not allowed,
+    /// or on an internal address); nothing was sent to it.
+    #[error("{reference}: {message}")]
+    RegistryDenied { reference: String, message: String },
     /// The embedded job store failed.
     #[error("job store: {0}")]
     Store(String),

@@ -12,6 +12,8 @@
 //! does not know, or whose agent stopped reporting, score 0 and are not failed.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
 
 use oci::ImageReference;
 use serde::{Deserialize, Serialize};
@@ -22,10 +24,41 @@ use crate::inventory::{union_blobs, BlobRef, Inventory, NodeStatus, ResolvedImag
 /// Pod annotation: `"true"` makes `filter` fail nodes that miss any byte of the pod's images.
 pub const REQUIRE_WARM_ANNOTATION: &str = "starling.io/require-warm";
 
-/// Resolves image references to their blobs from memory. The tracker may implement
-/// it (manifests it has seen); [`Inventory`] implements it from agent reports.
+/// What a catalog lookup at the source found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Found(ResolvedImage),
+    NotFound,
+    /// The registry may not be contacted (not configured or not allowed); the message
+    /// says why. Nothing was sent to it.
+    Denied(String),
+    /// The registry failed or did not answer in time.
+    Failed(String),
+}
+
+/// A lookup in flight.
+pub type LookupFuture<'a> = Pin<Box<dyn Future<Output = Lookup> + Send + 'a>>;
+
+/// Resolves image references to their blobs. The tracker implements it over the
+/// registry (with a cache); [`Inventory`] implements it from agent reports.
 pub trait ImageCatalog: Send + Sync {
+    /// From memory only. Must not block or wait on I/O: the scheduler extender calls
+    /// it with the inventory locked, within the scheduler's deadline.
     fn resolve(&self, image: &ImageReference) -> Option<ResolvedImage>;
+
+    /// Called after a `resolve` miss: start looking the image up in the background
+    /// so a later `resolve` finds it. Must not block. Default: nothing.
+    fn prefetch(&self, _image: &ImageReference) {}
+
+    /// Looks the image up at its source, within a bounded time. Called with no lock
+    /// held. Default: the in-memory answer.
+    fn fetch<'a>(&'a self, image: &'a ImageReference) -> LookupFuture<'a> {
+        let found = self.resolve(image);
+        Box::pin(std::future::ready(match found {
+            Some(x) => Lookup::Found(x),
+            None => Lookup::NotFound,
+        }))
+    }
 }
 
 impl ImageCatalog for Inventory {
@@ -206,7 +239,7 @@ impl Workload {
             }
         }
         let blobs = union_blobs(&resolved);
-        let total_bytes = blobs.iter().map(|b| b.size).sum();
+        let total_bytes = blobs.iter().map(|b| b.size).fold(0, u64::saturating_add);
         Self {
             images: images.to_vec(),
             resolved,
@@ -269,13 +302,13 @@ pub fn estimate(
                 .filter(|t| *t > 0.0 && t.is_finite())
                 .unwrap_or(cfg.default_throughput_bytes_per_sec);
             reference = reference.max(w.total_bytes as f64 / t);
-            (w.total_bytes - held) as f64 / t
+            w.total_bytes.saturating_sub(held) as f64 / t
         });
         out.push(NodeEstimate {
             node: name.clone(),
             presence,
             bytes_held: held,
-            missing_bytes: w.total_bytes - held,
+            missing_bytes: w.total_bytes.saturating_sub(held),
             throughput_bytes_per_sec: tp,
             expected_pull_seconds: pull,
             seconds_saved: 0.0,

@@ -1,13 +1,24 @@
 //! What every node holds: agent reports in, queries out. Pure state; the tracker
 //! feeds it reports (`apply`) and heartbeats and passes `now` (unix seconds).
+//!
+//! Everything kept is bounded ([`InventoryLimits`]): nodes, what one report may carry,
+//! list entries over all nodes, and the catalog of reported images; nodes silent for
+//! longer than the expiry are forgotten with their digests.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+mod catalog;
+mod intern;
+mod limits;
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use oci::{Digest, ImageReference};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use catalog::{tag_key, ReportedImages};
+pub use intern::{BlobId, FxHasher};
+use intern::{IdMap, Interner};
+pub use limits::InventoryLimits;
 
 /// Bytes by where they came from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,10 +34,10 @@ pub struct SourceBytes {
 impl SourceBytes {
     /// Bytes the registry did not have to send.
     pub fn saved(&self) -> u64 {
-        self.cache + self.peer
+        self.cache.saturating_add(self.peer)
     }
     pub fn total(&self) -> u64 {
-        self.cache + self.peer + self.registry
+        self.saved().saturating_add(self.registry)
     }
 }
 
@@ -130,50 +141,6 @@ pub enum NodeStatus {
     Unknown,
 }
 
-/// A fast non-cryptographic hasher (the Fx algorithm) for digest-keyed maps: the
-/// keys are sha256 hex, so there is nothing to defend against, and the extender's
-/// latency is dominated by these lookups.
-#[derive(Default, Clone, Copy)]
-pub struct FxHasher(u64);
-
-const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FxHasher {
-    fn add(&mut self, w: u64) {
-        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(FX_SEED);
-    }
-}
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-        for b in chunks.remainder() {
-            self.add(u64::from(*b));
-        }
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type DigestMap<V> = HashMap<Digest, V, BuildHasherDefault<FxHasher>>;
-type IdMap<V> = HashMap<BlobId, V, BuildHasherDefault<FxHasher>>;
-
-/// A digest interned by the inventory (per-node maps are keyed by these, so the
-/// extender's 20 × 1,000 lookups hash a u32, not 71 bytes).
-pub type BlobId = u32;
-
 /// A node as the inventory keeps it.
 #[derive(Clone, Debug)]
 pub struct NodeEntry {
@@ -199,7 +166,7 @@ impl NodeEntry {
         blobs
             .iter()
             .map(|&(id, size)| self.held_id(id).min(size))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 }
 
@@ -253,7 +220,10 @@ pub struct ResolvedImage {
 
 impl ResolvedImage {
     pub fn total_bytes(&self) -> u64 {
-        self.blobs.iter().map(|b| b.size).sum()
+        self.blobs
+            .iter()
+            .map(|b| b.size)
+            .fold(0, u64::saturating_add)
     }
 }
 
@@ -276,32 +246,45 @@ pub fn union_blobs<'a>(images: impl IntoIterator<Item = &'a ResolvedImage>) -> V
 pub struct Inventory {
     nodes: BTreeMap<String, NodeEntry>,
     timeout_s: u64,
-    /// "registry/repository:tag" → manifest digests seen for it (a tag seen moving has
-    /// more than one).
-    tag_history: HashMap<String, BTreeSet<Digest>>,
-    /// "tag:<registry/repo:tag>" or "digest:<digest>" → the most recently pulled
-    /// image reported under it (an in-memory catalog, so lookups do not scan nodes).
-    images: HashMap<String, (u64, ResolvedImage)>,
-    /// Interned digests of every blob any node has reported.
-    ids: DigestMap<BlobId>,
-}
-
-fn tag_key(r: &ImageReference) -> Option<String> {
-    r.tag
-        .as_ref()
-        .map(|t| format!("{}/{}:{t}", r.registry, r.repository))
+    limits: InventoryLimits,
+    /// Reported images by tag and digest (an in-memory catalog, so lookups do not scan
+    /// nodes), and the digests each tag was seen with.
+    catalog: ReportedImages,
+    /// Interned digests of the blobs nodes hold.
+    ids: Interner,
+    /// List entries over all kept reports (see [`InventoryLimits::max_total_entries`]).
+    entries: usize,
 }
 
 impl Inventory {
     /// `timeout_s`: a node silent for longer than this becomes Unknown.
     pub fn new(timeout_s: u64) -> Self {
+        Self::with_limits(timeout_s, InventoryLimits::default())
+    }
+
+    pub fn with_limits(timeout_s: u64, limits: InventoryLimits) -> Self {
         Self {
             nodes: BTreeMap::new(),
             timeout_s,
-            tag_history: HashMap::new(),
-            images: HashMap::new(),
-            ids: DigestMap::default(),
+            catalog: ReportedImages::new(limits.max_catalog_keys),
+            limits,
+            ids: Interner::default(),
+            entries: 0,
         }
+    }
+
+    pub fn limits(&self) -> &InventoryLimits {
+        &self.limits
+    }
+
+    /// Distinct digests some node holds.
+    pub fn digests(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Keys of the reported-image catalog.
+    pub fn catalog_keys(&self) -> usize {
+        self.catalog.len()
     }
 
     pub fn timeout_s(&self) -> u64 {
@@ -309,11 +292,10 @@ impl Inventory {
     }
 
     /// Takes a full report. Older generations are refused; the same generation again
-    /// is a heartbeat.
+    /// is a heartbeat. Reports over the limits are refused, and so are new nodes when
+    /// the node table or the inventory is full (after expiring long-silent nodes).
     pub fn apply(&mut self, report: NodeReport, now: u64) -> Result<Applied> {
-        if report.node.is_empty() {
-            return Err(Error::InvalidRequest("report without a node name".into()));
-        }
+        self.limits.check(&report)?;
         if let Some(e) = self.nodes.get_mut(&report.node) {
             if report.generation < e.report.generation {
                 return Err(Error::StaleGeneration {
@@ -327,52 +309,51 @@ impl Inventory {
                 return Ok(Applied::Heartbeat);
             }
         }
-        for img in &report.images {
-            let t = img.last_pull.unwrap_or(0);
-            let mut keys = vec![format!("digest:{}", img.manifest_digest)];
-            if let Some(i) = &img.index_digest {
-                keys.push(format!("digest:{i}"));
+        let is_new = !self.nodes.contains_key(&report.node);
+        if is_new && self.nodes.len() >= self.limits.max_nodes {
+            self.expire(now);
+            if self.nodes.len() >= self.limits.max_nodes {
+                return Err(Error::Capacity(format!(
+                    "the inventory holds {} nodes, its maximum; a new node is taken when one has been silent for {} s",
+                    self.nodes.len(),
+                    self.limits.node_expiry_s
+                )));
             }
-            for r in &img.references {
-                if let Ok(parsed) = ImageReference::parse(r) {
-                    if let Some(k) = tag_key(&parsed) {
-                        self.tag_history
-                            .entry(k.clone())
-                            .or_default()
-                            .insert(img.manifest_digest.clone());
-                        keys.push(format!("tag:{k}"));
-                    }
-                }
-            }
-            for k in keys {
-                let newer = self.images.get(&k).is_none_or(|(bt, _)| t >= *bt);
-                if newer {
-                    let resolved = ResolvedImage {
-                        reference: k.clone(),
-                        manifest_digest: img.manifest_digest.clone(),
-                        blobs: img.blobs.clone(),
-                    };
-                    self.images.insert(k, (t, resolved));
-                }
-            }
+        }
+        let old_entries = self
+            .nodes
+            .get(&report.node)
+            .map_or(0, |e| limits::entries(&e.report));
+        let new_entries = limits::entries(&report);
+        let total = self.entries.saturating_sub(old_entries) + new_entries;
+        if total > self.limits.max_total_entries {
+            return Err(Error::Capacity(format!(
+                "the inventory is full ({} of {} list entries); report from {} with {new_entries} refused",
+                self.entries, self.limits.max_total_entries, report.node
+            )));
         }
         let mut held = IdMap::default();
         for b in &report.blobs {
-            let next = BlobId::try_from(self.ids.len()).unwrap_or(BlobId::MAX);
-            let id = *self.ids.entry(b.digest.clone()).or_insert(next);
+            let id = self.ids.intern(&b.digest);
             held.insert(id, b.bytes_held.min(b.size));
         }
-        match self.nodes.get_mut(&report.node) {
+        // Hold the new set before releasing the old one, so shared digests keep their ids.
+        self.ids.hold(held.keys().copied());
+        self.entries = total;
+        let node = report.node.clone();
+        let applied = match self.nodes.get_mut(&node) {
             Some(e) => {
-                e.report = report;
-                e.held = held;
+                let old = std::mem::replace(&mut e.held, held);
+                let old_report = std::mem::replace(&mut e.report, report);
                 e.last_report = now;
                 e.last_heartbeat = now;
-                Ok(Applied::Updated)
+                self.ids.release(old.into_keys());
+                self.catalog.remove_node(&node, &old_report.images);
+                Applied::Updated
             }
             None => {
                 self.nodes.insert(
-                    report.node.clone(),
+                    node.clone(),
                     NodeEntry {
                         report,
                         first_seen: now,
@@ -381,9 +362,28 @@ impl Inventory {
                         held,
                     },
                 );
-                Ok(Applied::New)
+                Applied::New
             }
+        };
+        if let Some(e) = self.nodes.get(&node) {
+            self.catalog.add_node(&node, &e.report.images, now);
         }
+        Ok(applied)
+    }
+
+    /// Forgets nodes silent for longer than the expiry; returns their names.
+    pub fn expire(&mut self, now: u64) -> Vec<String> {
+        let expiry = self.limits.node_expiry_s.max(self.timeout_s);
+        let gone: Vec<String> = self
+            .nodes
+            .values()
+            .filter(|e| now.saturating_sub(e.last_heartbeat) > expiry)
+            .map(|e| e.report.node.clone())
+            .collect();
+        for n in &gone {
+            self.forget(n);
+        }
+        gone
     }
 
     /// A liveness ping between full reports. A generation other than the stored one
@@ -410,9 +410,15 @@ impl Inventory {
         Ok(())
     }
 
-    /// Removes a node (decommissioned).
+    /// Removes a node (decommissioned, or silent past the expiry) with what only it held.
     pub fn forget(&mut self, node: &str) -> bool {
-        self.nodes.remove(node).is_some()
+        let Some(e) = self.nodes.remove(node) else {
+            return false;
+        };
+        self.entries = self.entries.saturating_sub(limits::entries(&e.report));
+        self.ids.release(e.held.into_keys());
+        self.catalog.remove_node(node, &e.report.images);
+        true
     }
 
     pub fn status(&self, node: &str, now: u64) -> Option<NodeStatus> {
@@ -456,7 +462,7 @@ impl Inventory {
             cache_used: r.cache_used,
             cache_free: r.cache_free,
             blobs: r.blobs.len(),
-            bytes_held: e.held.values().sum(),
+            bytes_held: e.held.values().fold(0, |a, b| a.saturating_add(*b)),
             images: r.images.len(),
             pins: r.pins.len(),
             downloads_in_flight: r.downloads_in_flight.len(),
@@ -476,13 +482,13 @@ impl Inventory {
             .map(|e| (self.summary(e, now), &e.report))
     }
 
-    /// The interned id of a digest, if any node ever reported it.
+    /// The interned id of a digest, if some node holds it.
     pub fn blob_id(&self, d: &Digest) -> Option<BlobId> {
-        self.ids.get(d).copied()
+        self.ids.get(d)
     }
 
-    /// `(id, size)` of each distinct blob some node has reported (blobs nobody ever
-    /// reported are held by nobody and left out; duplicates counted once).
+    /// `(id, size)` of each distinct blob some node holds (blobs nobody holds are left
+    /// out; duplicates counted once).
     pub fn intern_blobs(&self, blobs: &[BlobRef]) -> Vec<(BlobId, u64)> {
         let mut seen = BTreeSet::new();
         blobs
@@ -507,7 +513,10 @@ impl Inventory {
     /// layers counted once). Nodes holding nothing are left out. Sorted by bytes held,
     /// descending, then name.
     pub fn holders(&self, blobs: &[BlobRef], now: u64) -> Vec<Holding> {
-        let total: u64 = dedup(blobs).iter().map(|b| b.size).sum();
+        let total: u64 = dedup(blobs)
+            .iter()
+            .map(|b| b.size)
+            .fold(0, u64::saturating_add);
         let ids = self.intern_blobs(blobs);
         let mut out: Vec<Holding> = self
             .nodes
@@ -528,9 +537,7 @@ impl Inventory {
 
     /// Whether a tag has been reported with more than one manifest digest.
     pub fn tag_seen_moving(&self, r: &ImageReference) -> bool {
-        tag_key(r)
-            .and_then(|k| self.tag_history.get(&k))
-            .is_some_and(|s| s.len() > 1)
+        tag_key(r).is_some_and(|k| self.catalog.seen_moving(&k))
     }
 
     /// Resolves a reference from what agents reported: by digest (manifest or index),
@@ -541,9 +548,17 @@ impl Inventory {
             (None, Some(t)) => format!("tag:{t}"),
             (None, None) => return None,
         };
-        self.images.get(&key).map(|(_, img)| ResolvedImage {
+        let p = self.catalog.lookup(&key)?;
+        let img = self
+            .nodes
+            .get(&p.node)?
+            .report
+            .images
+            .iter()
+            .find(|i| i.manifest_digest == p.manifest)?;
+        Some(ResolvedImage {
             reference: r.to_string(),
-            manifest_digest: img.manifest_digest.clone(),
+            manifest_digest: p.manifest.clone(),
             blobs: img.blobs.clone(),
         })
     }
@@ -559,197 +574,4 @@ fn dedup(blobs: &[BlobRef]) -> Vec<BlobRef> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    pub(crate) fn d(n: u8) -> Digest {
-        Digest::from_sha256([n; 32])
-    }
-
-    fn report(node: &str, generation: u64, blobs: &[(u8, u64, u64)]) -> NodeReport {
-        NodeReport {
-            node: node.into(),
-            generation,
-            labels: BTreeMap::new(),
-            agent_url: None,
-            blobs: blobs
-                .iter()
-                .map(|&(n, size, held)| BlobHolding {
-                    digest: d(n),
-                    size,
-                    bytes_held: held,
-                    complete: held == size,
-                })
-                .collect(),
-            images: vec![],
-            pins: vec![],
-            cache_budget: 1000,
-            cache_used: 0,
-            cache_free: 1000,
-            downloads_in_flight: vec![],
-            throughput_bytes_per_sec: None,
-        }
-    }
-
-    #[test]
-    fn stale_generations_are_refused_and_same_generation_is_a_heartbeat() {
-        let mut inv = Inventory::new(30);
-        assert_eq!(
-            inv.apply(report("n1", 5, &[(1, 100, 100)]), 1000).ok(),
-            Some(Applied::New)
-        );
-        let err = inv.apply(report("n1", 4, &[]), 1001).expect_err("stale");
-        assert_eq!(
-            err.to_string(),
-            "stale report from n1: generation 4 < current 5"
-        );
-        assert_eq!(
-            inv.entry("n1").map(|e| e.report.blobs.len()),
-            Some(1),
-            "stale report did not replace"
-        );
-        assert_eq!(
-            inv.apply(report("n1", 5, &[]), 1010).ok(),
-            Some(Applied::Heartbeat)
-        );
-        assert_eq!(
-            inv.entry("n1")
-                .map(|e| (e.report.blobs.len(), e.last_heartbeat)),
-            Some((1, 1010))
-        );
-        let mut stale = report("n1", 3, &[]);
-        stale.images = vec![ImageRecord {
-            manifest_digest: d(50),
-            index_digest: None,
-            references: vec!["python:3.12".into()],
-            blobs: vec![],
-            last_pull: Some(1),
-            last_use: None,
-            bytes_by_source: SourceBytes::default(),
-            pull_seconds: None,
-        }];
-        assert!(inv.apply(stale, 1015).is_err());
-        let py = ImageReference::parse("python:3.12").expect("ref");
-        assert_eq!(
-            inv.resolve(&py),
-            None,
-            "a refused report does not feed the catalog"
-        );
-        assert_eq!(
-            inv.apply(report("n1", 6, &[]), 1020).ok(),
-            Some(Applied::Updated)
-        );
-        assert_eq!(inv.entry("n1").map(|e| e.report.blobs.len()), Some(0));
-    }
-
-    #[test]
-    fn silent_nodes_become_unknown_not_empty() {
-        let mut inv = Inventory::new(30);
-        inv.apply(report("n1", 1, &[(1, 100, 100)]), 1000)
-            .expect("apply");
-        assert_eq!(inv.status("n1", 1030), Some(NodeStatus::Known));
-        assert_eq!(inv.status("n1", 1031), Some(NodeStatus::Unknown));
-        let h = inv.holders(
-            &[BlobRef {
-                digest: d(1),
-                size: 100,
-            }],
-            1031,
-        );
-        assert_eq!(
-            h,
-            vec![Holding {
-                node: "n1".into(),
-                status: NodeStatus::Unknown,
-                bytes_held: 100,
-                total_bytes: 100
-            }]
-        );
-        inv.heartbeat("n1", 1, 1040).expect("heartbeat");
-        assert_eq!(inv.status("n1", 1041), Some(NodeStatus::Known));
-        assert!(matches!(inv.heartbeat("nope", 1, 1), Err(Error::UnknownNode(n)) if n == "nope"));
-        assert!(matches!(
-            inv.heartbeat("n1", 2, 1),
-            Err(Error::InvalidRequest(_))
-        ));
-        assert_eq!(inv.status("nope", 0), None);
-    }
-
-    #[test]
-    fn holders_count_shared_layers_once_and_partials_by_bytes() {
-        let mut inv = Inventory::new(30);
-        inv.apply(report("a", 1, &[(1, 100, 100), (2, 50, 20)]), 0)
-            .expect("a");
-        inv.apply(report("b", 1, &[(2, 50, 50)]), 0).expect("b");
-        inv.apply(report("c", 1, &[(9, 10, 10)]), 0).expect("c");
-        let blobs = [
-            BlobRef {
-                digest: d(1),
-                size: 100,
-            },
-            BlobRef {
-                digest: d(2),
-                size: 50,
-            },
-            BlobRef {
-                digest: d(1),
-                size: 100,
-            }, // shared layer listed twice
-            BlobRef {
-                digest: d(3),
-                size: 7,
-            },
-        ];
-        let h = inv.holders(&blobs, 0);
-        assert_eq!(
-            h.iter()
-                .map(|h| (h.node.as_str(), h.bytes_held, h.total_bytes))
-                .collect::<Vec<_>>(),
-            vec![("a", 120, 157), ("b", 50, 157)]
-        );
-        assert_eq!(inv.bytes_held("c", &blobs), Some(0));
-        assert_eq!(inv.bytes_held("zz", &blobs), None);
-    }
-
-    #[test]
-    fn resolves_tags_digests_and_detects_moving_tags() {
-        let mut inv = Inventory::new(30);
-        let img = |m: u8, t: u64| ImageRecord {
-            manifest_digest: d(m),
-            index_digest: Some(d(200)),
-            references: vec!["python:3.12".into()],
-            blobs: vec![BlobRef {
-                digest: d(m + 1),
-                size: 10,
-            }],
-            last_pull: Some(t),
-            last_use: None,
-            bytes_by_source: SourceBytes::default(),
-            pull_seconds: None,
-        };
-        let mut r1 = report("a", 1, &[]);
-        r1.images = vec![img(10, 100)];
-        inv.apply(r1, 0).expect("a");
-        let py = ImageReference::parse("docker.io/library/python:3.12").expect("ref");
-        assert!(!inv.tag_seen_moving(&py));
-        assert_eq!(inv.resolve(&py).map(|r| r.manifest_digest), Some(d(10)));
-        let mut r2 = report("b", 1, &[]);
-        r2.images = vec![img(20, 200)];
-        inv.apply(r2, 0).expect("b");
-        assert!(inv.tag_seen_moving(&py));
-        assert_eq!(
-            inv.resolve(&py).map(|r| r.manifest_digest),
-            Some(d(20)),
-            "latest pull wins"
-        );
-        let by_digest = ImageReference::parse(&format!("python@{}", d(10))).expect("ref");
-        assert_eq!(
-            inv.resolve(&by_digest).map(|r| r.blobs[0].digest.clone()),
-            Some(d(11))
-        );
-        let by_index = ImageReference::parse(&format!("python@{}", d(200))).expect("ref");
-        assert!(inv.resolve(&by_index).is_some());
-        let other = ImageReference::parse("python:3.13").expect("ref");
-        assert_eq!(inv.resolve(&other), None);
-    }
-}
+mod tests;

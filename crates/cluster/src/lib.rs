@@ -4,6 +4,7 @@
 //! sockets, the clock loop and talking to agents. Endpoints: `API.md`.
 #![forbid(unsafe_code)]
 
+mod dashboard;
 pub mod error;
 pub mod extender;
 pub mod http;
@@ -11,12 +12,13 @@ pub mod inventory;
 pub mod metrics;
 pub mod prewarm;
 pub mod selector;
+mod state;
 pub mod text;
 
 pub use error::{Error, Result};
-pub use extender::{ImageCatalog, ScoreConfig};
+pub use extender::{ImageCatalog, Lookup, LookupFuture, ScoreConfig};
 pub use http::{metrics_router, router, ClusterConfig, ClusterState};
-pub use inventory::{Inventory, NodeReport, NodeStatus, ResolvedImage};
+pub use inventory::{Inventory, InventoryLimits, NodeReport, NodeStatus, ResolvedImage};
 pub use metrics::ClusterMetrics;
 pub use prewarm::{Assignment, JobStore, PrewarmRequest};
 pub use selector::Selector;

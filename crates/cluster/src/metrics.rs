@@ -31,10 +31,16 @@ pub struct VerbLabels {
     pub verb: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
 /// Every metric the cluster layer exports. Cloning shares the values.
 #[derive(Clone)]
 pub struct ClusterMetrics {
-    /// `starling_cluster_pull_seconds{image,node}`: last pull's wall time.
+    /// `starling_cluster_pull_seconds{image,node}`: last pull's wall time (at most
+    /// `metric_node_labels` series; the rest as `{image="other",node="other"}`, their max).
     pub pull_seconds: Family<PullLabels, Gauge<f64, AtomicU64>>,
     /// `starling_cluster_registry_bytes_saved_total`: pulled bytes served from a cache or a peer.
     pub registry_bytes_saved: Counter,
@@ -54,6 +60,10 @@ pub struct ClusterMetrics {
     pub prewarm_nodes: Family<StatusLabels, Gauge>,
     /// `starling_cluster_extender_seconds{verb}`: filter / prioritize / rank compute time.
     pub extender_seconds: Family<VerbLabels, Histogram>,
+    /// `starling_cluster_reports_refused_total{reason}`: too_large, capacity, stale, invalid.
+    pub reports_refused: Family<ReasonLabels, Counter>,
+    /// `starling_cluster_inventory_digests`: distinct digests held by the nodes kept.
+    pub inventory_digests: Gauge,
 }
 
 impl Default for ClusterMetrics {
@@ -71,6 +81,8 @@ impl Default for ClusterMetrics {
             extender_seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.0001, 2.0, 16))
             }),
+            reports_refused: Family::default(),
+            inventory_digests: Gauge::default(),
         }
     }
 }
@@ -87,6 +99,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "starling_cluster_prewarm_jobs",
     "starling_cluster_prewarm_nodes",
     "starling_cluster_extender_seconds",
+    "starling_cluster_reports_refused_total",
+    "starling_cluster_inventory_digests",
 ];
 
 impl ClusterMetrics {
@@ -139,6 +153,16 @@ impl ClusterMetrics {
             "extender_seconds",
             "Compute time of scheduler extender and rank requests",
             self.extender_seconds.clone(),
+        );
+        r.register(
+            "reports_refused",
+            "Agent reports refused, by reason (too_large, capacity, stale, invalid)",
+            self.reports_refused.clone(),
+        );
+        r.register(
+            "inventory_digests",
+            "Distinct blob digests held by the nodes in the inventory",
+            self.inventory_digests.clone(),
         );
     }
 }

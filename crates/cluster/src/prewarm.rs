@@ -6,21 +6,27 @@
 //! the job and no target has finished, only one target (the seed) runs; the rest fan
 //! out from peers afterwards, `parallelism` at a time.
 
+mod store;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use oci::ImageReference;
-use redb::{ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::inventory::{union_blobs, BlobRef, Inventory, NodeStatus, ResolvedImage};
 use crate::selector::Selector;
+pub use store::JobStore;
 
 /// Default label that names a node's pool.
 pub const DEFAULT_POOL_LABEL: &str = "starling.io/pool";
 /// Pin TTL when the request gives none.
 pub const DEFAULT_PIN_TTL_SECONDS: u64 = 24 * 3600;
+/// Longest pin: content a prewarm pins is beyond GC's reach until then, so a typo (or
+/// a forged request) must not pin for decades. Agents refuse longer pins too.
+pub const MAX_PIN_TTL_SECONDS: u64 = 30 * 24 * 3600;
+/// Longest deadline: a prewarm is for a job about to start.
+pub const MAX_DEADLINE_SECONDS: u64 = 7 * 24 * 3600;
 
 /// Which nodes to warm: explicit `nodes`, or a population (nodes matching
 /// `selector` and/or `pool`, all nodes when neither) of which `count` or
@@ -123,6 +129,20 @@ pub fn validate(req: &PrewarmRequest, inv: &Inventory) -> Result<Vec<ImageRefere
         return Err(Error::InvalidRequest(
             "bandwidth limits must be positive (omit them for no limit)".into(),
         ));
+    }
+    if let Some(t) = req.pin_ttl_seconds {
+        if !(1..=MAX_PIN_TTL_SECONDS).contains(&t) {
+            return Err(Error::InvalidRequest(format!(
+                "pin_ttl_seconds must be between 1 and {MAX_PIN_TTL_SECONDS} (30 days), got {t}"
+            )));
+        }
+    }
+    if let Some(d) = req.deadline_seconds {
+        if !(1..=MAX_DEADLINE_SECONDS).contains(&d) {
+            return Err(Error::InvalidRequest(format!(
+                "deadline_seconds must be between 1 and {MAX_DEADLINE_SECONDS} (7 days), got {d}"
+            )));
+        }
     }
     let moving: BTreeSet<String> = req
         .moving_tags
@@ -344,7 +364,8 @@ fn state_name(s: &NodeJobState) -> &'static str {
 impl Job {
     /// Builds a job from a validated request, the images resolved at submit time and
     /// the chosen targets. Nodes already warm start Done; nodes whose cache budget is
-    /// smaller than the job start DoesNotFit; silent nodes start Unknown.
+    /// smaller than the job start DoesNotFit; silent nodes start Unknown. Times past
+    /// the end of the clock are refused (validation bounds them far below that).
     pub fn plan(
         id: u64,
         request: PrewarmRequest,
@@ -352,9 +373,22 @@ impl Job {
         targets: &[String],
         inv: &Inventory,
         now: u64,
-    ) -> Self {
+    ) -> Result<Self> {
+        let after = |secs: u64, what: &str| {
+            now.checked_add(secs).ok_or_else(|| {
+                Error::InvalidRequest(format!("{what} of {secs} s runs past the end of time"))
+            })
+        };
+        let deadline_at = request
+            .deadline_seconds
+            .map(|d| after(d, "deadline_seconds"))
+            .transpose()?;
+        let pin_until = after(
+            request.pin_ttl_seconds.unwrap_or(DEFAULT_PIN_TTL_SECONDS),
+            "pin_ttl_seconds",
+        )?;
         let blobs = union_blobs(&images);
-        let total: u64 = blobs.iter().map(|b| b.size).sum();
+        let total: u64 = blobs.iter().map(|b| b.size).fold(0, u64::saturating_add);
         let mut nodes = BTreeMap::new();
         for n in targets {
             let held = inv.bytes_held(n, &blobs).unwrap_or(0);
@@ -388,10 +422,10 @@ impl Job {
                 },
             );
         }
-        Self {
+        Ok(Self {
             id,
-            deadline_at: request.deadline_seconds.map(|d| now + d),
-            pin_until: now + request.pin_ttl_seconds.unwrap_or(DEFAULT_PIN_TTL_SECONDS),
+            deadline_at,
+            pin_until,
             request,
             images,
             blobs,
@@ -399,7 +433,7 @@ impl Job {
             created_at: now,
             cancelled_at: None,
             nodes,
-        }
+        })
     }
 
     pub fn status(&self) -> JobStatus {
@@ -427,8 +461,16 @@ impl Job {
             status: self.status(),
             nodes_total: self.nodes.len(),
             nodes_by_state: by,
-            bytes_done: self.nodes.values().map(|n| n.bytes_done).sum(),
-            bytes_total: self.nodes.values().map(|n| n.bytes_total).sum(),
+            bytes_done: self
+                .nodes
+                .values()
+                .map(|n| n.bytes_done)
+                .fold(0, u64::saturating_add),
+            bytes_total: self
+                .nodes
+                .values()
+                .map(|n| n.bytes_total)
+                .fold(0, u64::saturating_add),
             eta_seconds: self
                 .nodes
                 .values()
@@ -486,7 +528,8 @@ impl Job {
                         } else {
                             nj.rate_bytes_per_sec.map(|r| r as f64)
                         };
-                        nj.eta_seconds = rate.map(|r| (nj.bytes_total - held) as f64 / r);
+                        nj.eta_seconds =
+                            rate.map(|r| nj.bytes_total.saturating_sub(held) as f64 / r);
                     }
                 }
             }
@@ -535,290 +578,4 @@ pub struct Assignment {
     /// Pull into containerd and pin there too.
     #[serde(default)]
     pub into_runtime: bool,
-}
-
-const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("prewarm_jobs");
-
-/// Prewarm jobs, in memory and in a redb file (one JSON record per job).
-pub struct JobStore {
-    db: redb::Database,
-    jobs: BTreeMap<u64, Job>,
-}
-
-impl JobStore {
-    /// Opens (or creates) the store. Nodes that were Running when the tracker stopped
-    /// go back to Pending so their assignment is sent again; Done stays Done.
-    pub fn open(path: &Path) -> Result<Self> {
-        let db = redb::Database::create(path)?;
-        Self::load(db)
-    }
-
-    /// A store that lives in memory only (tests, `--ephemeral` trackers).
-    pub fn in_memory() -> Result<Self> {
-        let db =
-            redb::Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
-        Self::load(db)
-    }
-
-    fn load(db: redb::Database) -> Result<Self> {
-        let tx = db.begin_write()?;
-        tx.open_table(JOBS)?;
-        tx.commit()?;
-        let mut jobs = BTreeMap::new();
-        {
-            let tx = db.begin_read()?;
-            let t = tx.open_table(JOBS)?;
-            for row in t.iter()? {
-                let (k, v) = row?;
-                let mut job: Job = serde_json::from_slice(v.value())?;
-                for nj in job.nodes.values_mut() {
-                    if nj.state == NodeJobState::Running {
-                        nj.state = NodeJobState::Pending;
-                    }
-                }
-                jobs.insert(k.value(), job);
-            }
-        }
-        Ok(Self { db, jobs })
-    }
-
-    fn save(&self, id: u64) -> Result<()> {
-        let Some(job) = self.jobs.get(&id) else {
-            return Ok(());
-        };
-        let bytes = serde_json::to_vec(job)?;
-        let tx = self.db.begin_write()?;
-        {
-            let mut t = tx.open_table(JOBS)?;
-            t.insert(id, bytes.as_slice())?;
-        }
-        tx.commit()?;
-        Ok(())
-    }
-
-    pub fn next_id(&self) -> u64 {
-        self.jobs.keys().next_back().map_or(1, |k| k + 1)
-    }
-
-    /// Validates, resolves targets, plans and persists a job. `images` are the
-    /// request's references resolved (by the caller's catalog) at submit time.
-    pub fn submit(
-        &mut self,
-        req: PrewarmRequest,
-        images: Vec<ResolvedImage>,
-        inv: &Inventory,
-        now: u64,
-    ) -> Result<&Job> {
-        validate(&req, inv)?;
-        let blobs = union_blobs(&images);
-        let targets = resolve_targets(&req.targets, inv, &blobs, now)?;
-        let id = self.next_id();
-        let job = Job::plan(id, req, images, &targets, inv, now);
-        self.jobs.insert(id, job);
-        self.save(id)?;
-        self.get(id).ok_or(Error::UnknownJob(id))
-    }
-
-    pub fn get(&self, id: u64) -> Option<&Job> {
-        self.jobs.get(&id)
-    }
-
-    pub fn list(&self) -> impl Iterator<Item = &Job> {
-        self.jobs.values()
-    }
-
-    /// Cancels the unfinished nodes; Done nodes keep their pinned content.
-    pub fn cancel(&mut self, id: u64, now: u64) -> Result<&Job> {
-        let job = self.jobs.get_mut(&id).ok_or(Error::UnknownJob(id))?;
-        if !job.is_active() {
-            return Err(Error::JobFinished(id));
-        }
-        job.cancelled_at = Some(now);
-        for nj in job.nodes.values_mut() {
-            if !nj.state.is_terminal() {
-                nj.state = NodeJobState::Cancelled;
-                nj.eta_seconds = None;
-                nj.updated_at = now;
-            }
-        }
-        self.save(id)?;
-        self.get(id).ok_or(Error::UnknownJob(id))
-    }
-
-    /// Applies the inventory to every active job; persists what changed.
-    pub fn observe(&mut self, inv: &Inventory, now: u64) -> Result<()> {
-        let changed: Vec<u64> = self
-            .jobs
-            .values_mut()
-            .filter_map(|j| j.observe(inv, now).then_some(j.id))
-            .collect();
-        for id in changed {
-            self.save(id)?;
-        }
-        Ok(())
-    }
-
-    /// An agent's word about its part of a job.
-    pub fn update_node(&mut self, id: u64, node: &str, update: NodeUpdate, now: u64) -> Result<()> {
-        let job = self.jobs.get_mut(&id).ok_or(Error::UnknownJob(id))?;
-        let nj = job
-            .nodes
-            .get_mut(node)
-            .ok_or_else(|| Error::UnknownNode(node.to_owned()))?;
-        if nj.state.is_terminal() {
-            return Ok(());
-        }
-        match update {
-            NodeUpdate::Progress { bytes_done } => {
-                nj.bytes_done = bytes_done.min(nj.bytes_total);
-                if nj.state != NodeJobState::Running {
-                    nj.state = NodeJobState::Running;
-                }
-            }
-            NodeUpdate::Done => {
-                nj.state = NodeJobState::Done;
-                nj.bytes_done = nj.bytes_total;
-                nj.eta_seconds = Some(0.0);
-                nj.finished_at = Some(now);
-            }
-            NodeUpdate::Failed { reason } => {
-                nj.state = NodeJobState::Failed { reason };
-                nj.eta_seconds = None;
-            }
-        }
-        nj.updated_at = now;
-        self.save(id)
-    }
-
-    /// Moves Pending nodes to Running within each job's parallelism (higher priority
-    /// first) and returns what each should fetch. A job that nobody in the cluster
-    /// holds yet runs one seed node first.
-    pub fn next_assignments(&mut self, inv: &Inventory, now: u64) -> Result<Vec<Assignment>> {
-        let mut order: Vec<(i32, u64)> = self
-            .jobs
-            .values()
-            .filter(|j| j.is_active())
-            .map(|j| (j.request.priority, j.id))
-            .collect();
-        order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let mut out = Vec::new();
-        for (_, id) in order {
-            let Some(job) = self.jobs.get_mut(&id) else {
-                continue;
-            };
-            let someone_done = job.nodes.values().any(|n| n.state == NodeJobState::Done);
-            let cluster_has_all = inv.entries().any(|e| {
-                inv.status_of(e, now) == NodeStatus::Known
-                    && job.blobs.iter().all(|b| inv.held(e, &b.digest) >= b.size)
-            });
-            let seeded = someone_done || cluster_has_all;
-            let parallelism = job.request.parallelism.map_or(usize::MAX, |p| p as usize);
-            let limit = if seeded { parallelism } else { 1 };
-            let running = job
-                .nodes
-                .values()
-                .filter(|n| n.state == NodeJobState::Running)
-                .count();
-            if running >= limit {
-                continue;
-            }
-            let slots = job
-                .request
-                .parallelism
-                .map_or(job.nodes.len().max(1), |p| p as usize);
-            let share = job.request.total_bytes_per_sec.map(|t| {
-                if seeded {
-                    (t / slots as u64).max(1)
-                } else {
-                    t
-                }
-            });
-            let rate = match (job.request.per_node_bytes_per_sec, share) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let pending: Vec<String> = job
-                .nodes
-                .iter()
-                .filter(|(_, n)| n.state == NodeJobState::Pending)
-                .map(|(k, _)| k.clone())
-                .take(limit - running)
-                .collect();
-            if pending.is_empty() {
-                continue;
-            }
-            for name in pending {
-                let held = inv.bytes_held(&name, &job.blobs).unwrap_or(0);
-                if let Some(nj) = job.nodes.get_mut(&name) {
-                    nj.state = NodeJobState::Running;
-                    nj.started_at = Some(now);
-                    nj.bytes_at_start = held;
-                    nj.bytes_done = held;
-                    nj.rate_bytes_per_sec = rate;
-                    nj.eta_seconds = rate.map(|r| (nj.bytes_total - held) as f64 / r as f64);
-                    nj.seed = !seeded;
-                    nj.updated_at = now;
-                }
-                out.push(Assignment {
-                    job_id: id,
-                    agent_url: inv.entry(&name).and_then(|e| e.report.agent_url.clone()),
-                    node: name,
-                    images: job
-                        .images
-                        .iter()
-                        .map(|i| (i.reference.clone(), i.manifest_digest.to_string()))
-                        .collect(),
-                    blobs: job.blobs.clone(),
-                    bytes_per_sec: rate,
-                    pin_until: job.pin_until,
-                    deadline_at: job.deadline_at,
-                    priority: job.request.priority,
-                    seed: !seeded,
-                    into_runtime: job.request.into_runtime,
-                });
-            }
-            self.save(id)?;
-        }
-        Ok(out)
-    }
-
-    /// Prewarm lead times (first use after the node finished warming − finish time)
-    /// not measured before; each (job, node) is measured once.
-    pub fn take_lead_times(&mut self, inv: &Inventory) -> Result<Vec<f64>> {
-        let mut out = Vec::new();
-        let mut changed = Vec::new();
-        for job in self.jobs.values_mut() {
-            let digests: BTreeSet<_> = job
-                .images
-                .iter()
-                .map(|i| i.manifest_digest.clone())
-                .collect();
-            for (name, nj) in job.nodes.iter_mut() {
-                let (NodeJobState::Done, Some(done), false) =
-                    (&nj.state, nj.finished_at, nj.lead_measured)
-                else {
-                    continue;
-                };
-                let Some(e) = inv.entry(name) else { continue };
-                let first_use = e
-                    .report
-                    .images
-                    .iter()
-                    .filter(|i| digests.contains(&i.manifest_digest))
-                    .filter_map(|i| i.last_use)
-                    .filter(|u| *u >= done)
-                    .min();
-                if let Some(u) = first_use {
-                    out.push((u - done) as f64);
-                    nj.lead_measured = true;
-                    changed.push(job.id);
-                }
-            }
-        }
-        changed.dedup();
-        for id in changed {
-            self.save(id)?;
-        }
-        Ok(out)
-    }
 }

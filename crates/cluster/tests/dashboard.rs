@@ -82,6 +82,7 @@ async fn dashboard_renders_in_headless_chromium() {
             },
             ..Default::default()
         })
+        .await
         .expect("prewarm");
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

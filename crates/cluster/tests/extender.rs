@@ -270,3 +270,63 @@ fn rank_errors() {
         other => panic!("expected UnknownImage, got {other:?}"),
     }
 }
+
+/// A catalog whose registry never answers: `fetch` waits forever. It records the
+/// lookups asked for in the background.
+#[derive(Default)]
+struct HungCatalog {
+    known: MapCatalog,
+    prefetched: std::sync::Mutex<Vec<String>>,
+}
+
+impl cluster::ImageCatalog for HungCatalog {
+    fn resolve(&self, image: &oci::ImageReference) -> Option<cluster::ResolvedImage> {
+        self.known.resolve(image)
+    }
+    fn prefetch(&self, image: &oci::ImageReference) {
+        if let Ok(mut p) = self.prefetched.lock() {
+            p.push(image.to_string());
+        }
+    }
+    fn fetch<'a>(&'a self, _image: &'a oci::ImageReference) -> cluster::LookupFuture<'a> {
+        Box::pin(std::future::pending())
+    }
+}
+
+#[test]
+fn the_extender_answers_from_memory_and_asks_for_unknown_images_in_the_background() {
+    let catalog = std::sync::Arc::new(HungCatalog {
+        known: MapCatalog::with(&[train()]),
+        ..Default::default()
+    });
+    let state = cluster::ClusterState::with_options(
+        cluster::ClusterConfig::default(),
+        cluster::JobStore::in_memory().expect("store"),
+        Some(catalog.clone()),
+        std::sync::Arc::new(|| NOW),
+    );
+    state
+        .ingest(report("gpu-a", 1, &full(&train())))
+        .expect("report");
+    let args: ExtenderArgs = serde_json::from_value(serde_json::json!({
+        "Pod": {"metadata": {"name": "p", "annotations": {"starling.io/require-warm": "true"}},
+                "spec": {"containers": [{"name": "a", "image": "registry.example.com/ml/train:v1.4.2"},
+                                        {"name": "b", "image": "registry.example.com/ml/new:v9"}]}},
+        "NodeNames": ["gpu-a"]
+    }))
+    .expect("args");
+    // Neither verb touches `fetch` (which would never return).
+    let scores = state.prioritize(&args);
+    assert_eq!(scores.len(), 1);
+    let filtered = state.filter(&args);
+    assert!(
+        filtered.failed_nodes["gpu-a"].contains("registry.example.com/ml/new:v9"),
+        "{filtered:?}"
+    );
+    let asked = catalog.prefetched.lock().expect("lock").clone();
+    assert!(
+        asked.contains(&"registry.example.com/ml/new:v9".to_owned())
+            && !asked.contains(&"registry.example.com/ml/train:v1.4.2".to_owned()),
+        "only the unknown image is looked up in the background: {asked:?}"
+    );
+}

@@ -137,6 +137,45 @@ fn malformed_requests_have_clear_errors() {
     let mut par = req(&["a:1"], nodes(&["n1"]));
     par.parallelism = Some(0);
     assert_eq!(e(par), "invalid request: parallelism must be at least 1");
+    // TTLs and deadlines have documented maxima and never overflow the clock.
+    for (ttl, deadline, msg) in [
+        (
+            Some(u64::MAX),
+            None,
+            "pin_ttl_seconds must be between 1 and 2592000 (30 days), got 18446744073709551615",
+        ),
+        (
+            Some(0),
+            None,
+            "pin_ttl_seconds must be between 1 and 2592000 (30 days), got 0",
+        ),
+        (
+            None,
+            Some(u64::MAX),
+            "deadline_seconds must be between 1 and 604800 (7 days), got 18446744073709551615",
+        ),
+        (
+            None,
+            Some(604_801),
+            "deadline_seconds must be between 1 and 604800 (7 days), got 604801",
+        ),
+    ] {
+        let mut r = req(&["a:1"], nodes(&["n1"]));
+        r.pin_ttl_seconds = ttl;
+        r.deadline_seconds = deadline;
+        assert_eq!(e(r), format!("invalid request: {msg}"));
+    }
+    let mut fine = req(&["a:1"], nodes(&["n1"]));
+    fine.pin_ttl_seconds = Some(cluster::prewarm::MAX_PIN_TTL_SECONDS);
+    fine.deadline_seconds = Some(cluster::prewarm::MAX_DEADLINE_SECONDS);
+    assert!(validate(&fine, &inv).is_ok());
+    // Even unvalidated, planning refuses what would run past the end of the clock.
+    let mut huge = req(&["a:1"], nodes(&["n1"]));
+    huge.pin_ttl_seconds = Some(u64::MAX);
+    assert!(matches!(
+        cluster::prewarm::Job::plan(1, huge, vec![], &["n1".into()], &inv, NOW),
+        Err(Error::InvalidRequest(_))
+    ));
     assert!(matches!(
         validate(&req(&["Bad Ref"], nodes(&["n1"])), &inv),
         Err(Error::BadReference { .. })
@@ -217,7 +256,8 @@ fn plan_marks_warm_small_and_silent_nodes() {
         &["n1".into(), "tiny".into(), "warm".into(), "gone".into()],
         &inv,
         NOW,
-    );
+    )
+    .expect("plan");
     let states: Vec<(&str, NodeJobState)> = job
         .nodes
         .iter()

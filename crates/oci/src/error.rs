@@ -120,6 +120,17 @@ pub enum Error {
     Timeout { registry: String, message: String },
     #[error("authentication with {registry} failed: {message}")]
     Auth { registry: String, message: String },
+    /// The registry (or an address it leads to) is outside what this client may reach;
+    /// nothing was sent to it.
+    #[error("registry {registry} is not allowed: {message}")]
+    Denied { registry: String, message: String },
+    /// A reply from the registry was larger than the client takes for its kind.
+    #[error("upstream {registry} sent a {what} larger than {limit} bytes")]
+    TooLarge {
+        registry: String,
+        what: &'static str,
+        limit: usize,
+    },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -160,6 +171,8 @@ impl Error {
             Self::Transport { .. } => (502, ErrorCode::Unavailable),
             Self::Timeout { .. } => (504, ErrorCode::Unavailable),
             Self::Auth { .. } => (401, ErrorCode::Unauthorized),
+            Self::Denied { .. } => (403, ErrorCode::Denied),
+            Self::TooLarge { .. } => (502, ErrorCode::Unavailable),
             Self::Io(_) => (500, ErrorCode::Unavailable),
         }
     }

@@ -1,10 +1,31 @@
 //! HTTP `Range: bytes=` parsing and resolution against a known length (RFC 9110 §14).
 //! Pure logic: the mirror decides 206, 416 or multipart from the result.
+//!
+//! A response body is never larger than the blob: [`resolve`] sorts and coalesces
+//! overlapping and adjacent ranges, and answers with the whole blob as one range when
+//! what is left would be more than [`MAX_RANGES`] parts or a multipart body no smaller
+//! than the blob itself. RFC 9110 §14.2 lets a server coalesce ranges and ignore a
+//! Range it does not want to honour; answering the whole representation is always
+//! correct for the client, where a 416 would make a client that asked for real bytes
+//! fail.
 
 use crate::Error;
 
-/// At most this many ranges in one request; more is treated as abuse (400).
-pub const MAX_RANGES: usize = 64;
+/// More range specs than this in one header is treated as abuse (400): no client
+/// needs them, and each costs parsing and sorting.
+pub const MAX_RANGE_SPECS: usize = 64;
+
+/// At most this many parts in a multipart answer, after coalescing; more and the
+/// whole blob is sent instead.
+pub const MAX_RANGES: usize = 16;
+
+/// An upper bound of the bytes a multipart answer adds per part: boundary line,
+/// `Content-Type` and a `Content-Range` with three 20-digit numbers. [`resolve`]
+/// budgets this much per part when it checks a multipart body against the blob size.
+pub const MULTIPART_PART_OVERHEAD: u64 = 192;
+
+/// The multipart body's closing boundary line, bounded the same way.
+pub const MULTIPART_CLOSE_OVERHEAD: u64 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RangeSpec {
@@ -34,7 +55,8 @@ impl ByteRange {
 }
 
 /// Parses the header value. Anything that is not `bytes=` with well-formed specs is an
-/// error (the mirror answers 400 rather than silently ignoring a Range it cannot read).
+/// error (the mirror answers 400 rather than silently ignoring a Range it cannot read),
+/// and so are more than [`MAX_RANGE_SPECS`] specs.
 pub fn parse(header: &str) -> Result<Vec<RangeSpec>, Error> {
     let header = header.trim();
     if header.len() > 4096 {
@@ -81,9 +103,9 @@ pub fn parse(header: &str) -> Result<Vec<RangeSpec>, Error> {
             }
         };
         out.push(spec);
-        if out.len() > MAX_RANGES {
+        if out.len() > MAX_RANGE_SPECS {
             return Err(Error::RangeInvalid(format!(
-                "more than {MAX_RANGES} ranges"
+                "more than {MAX_RANGE_SPECS} ranges"
             )));
         }
     }
@@ -93,10 +115,13 @@ pub fn parse(header: &str) -> Result<Vec<RangeSpec>, Error> {
     Ok(out)
 }
 
-/// Resolves specs against a representation of `total` bytes, clamping ends; specs that
-/// cannot be satisfied are dropped. An empty result means 416.
+/// Resolves specs against a representation of `total` bytes: ends are clamped, specs
+/// that cannot be satisfied are dropped, and the rest are sorted and coalesced (see the
+/// module doc). An empty result means 416. Otherwise the ranges are disjoint, ascending,
+/// at most [`MAX_RANGES`], cover every satisfiable byte asked for, and their bytes plus
+/// the multipart overhead of more than one part never exceed `total`.
 pub fn resolve(specs: &[RangeSpec], total: u64) -> Vec<ByteRange> {
-    specs
+    let mut ranges: Vec<ByteRange> = specs
         .iter()
         .filter_map(|s| match *s {
             RangeSpec::From { start, end } => {
@@ -116,12 +141,38 @@ pub fn resolve(specs: &[RangeSpec], total: u64) -> Vec<ByteRange> {
                 })
             }
         })
-        .collect()
+        .collect();
+    if ranges.len() <= 1 {
+        return ranges;
+    }
+    ranges.sort_by_key(|r| (r.start, r.end));
+    let mut merged: Vec<ByteRange> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end.saturating_add(1) => {
+                last.end = last.end.max(r.end);
+            }
+            _ => merged.push(r),
+        }
+    }
+    if merged.len() > 1 {
+        let parts = merged.len() as u64;
+        let payload: u64 = merged.iter().map(ByteRange::len).sum();
+        let overhead = parts * MULTIPART_PART_OVERHEAD + MULTIPART_CLOSE_OVERHEAD;
+        if merged.len() > MAX_RANGES || payload.saturating_add(overhead) >= total {
+            return vec![ByteRange {
+                start: 0,
+                end: total - 1,
+            }];
+        }
+    }
+    merged
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn r(h: &str, total: u64) -> Vec<(u64, u64)> {
         resolve(&parse(h).unwrap(), total)
@@ -139,8 +190,34 @@ mod tests {
         assert_eq!(r("bytes=-5000", 4000), vec![(0, 3999)]);
         assert!(r("bytes=4000-", 4000).is_empty());
         assert!(r("bytes=-0", 4000).is_empty());
-        assert_eq!(r("bytes=0-1, 10-19", 4000), vec![(0, 1), (10, 19)]);
+        assert_eq!(r("bytes=0-1, 1000-1019", 4000), vec![(0, 1), (1000, 1019)]);
         assert_eq!(r("bytes=0-0", 1), vec![(0, 0)]);
+    }
+
+    #[test]
+    fn overlapping_adjacent_and_near_ranges_coalesce() {
+        let whole = format!("bytes={}", vec!["0-4194303"; 64].join(","));
+        assert_eq!(r(&whole, 4 << 20), vec![(0, (4 << 20) - 1)]);
+        assert_eq!(
+            r("bytes=1000-1999,1500-2999,0-9", 10_000),
+            vec![(0, 9), (1000, 2999)]
+        );
+        assert_eq!(r("bytes=0-9,10-19", 10_000), vec![(0, 19)]);
+        assert_eq!(r("bytes=0-9,100-109", 10_000), vec![(0, 9), (100, 109)]);
+        assert_eq!(r("bytes=1000-1009,0-9", 10_000), vec![(0, 9), (1000, 1009)]);
+    }
+
+    #[test]
+    fn too_many_parts_or_no_saving_means_the_whole_blob() {
+        let many: Vec<String> = (0..17)
+            .map(|i| format!("{}-{}", i * 1000, i * 1000 + 9))
+            .collect();
+        let h = format!("bytes={}", many.join(","));
+        assert_eq!(r(&h, 1_000_000), vec![(0, 999_999)]);
+        let sixteen = format!("bytes={}", many[..16].join(","));
+        assert_eq!(r(&sixteen, 1_000_000).len(), 16);
+        // Two parts on a small blob would cost more than the blob itself.
+        assert_eq!(r("bytes=0-0,300-300", 400), vec![(0, 399)]);
     }
 
     #[test]
@@ -157,7 +234,82 @@ mod tests {
         ] {
             assert!(parse(h).is_err(), "{h}");
         }
-        let many = format!("bytes={}", vec!["0-1"; 100].join(","));
+        let many = format!("bytes={}", vec!["0-1"; MAX_RANGE_SPECS + 1].join(","));
         assert!(parse(&many).is_err());
+        let ok = format!("bytes={}", vec!["0-1"; MAX_RANGE_SPECS].join(","));
+        assert!(parse(&ok).is_ok());
+    }
+
+    fn spec() -> impl Strategy<Value = RangeSpec> {
+        prop_oneof![
+            (0u64..5000, proptest::option::of(0u64..5000)).prop_map(|(a, b)| RangeSpec::From {
+                start: a,
+                end: b.map(|b| a + b),
+            }),
+            (0u64..6000).prop_map(RangeSpec::Suffix),
+            // Values near the top of u64 must not overflow anything.
+            (u64::MAX - 10..=u64::MAX).prop_map(|a| RangeSpec::From {
+                start: a,
+                end: None
+            }),
+            (0u64..10).prop_map(|a| RangeSpec::From {
+                start: a,
+                end: Some(u64::MAX)
+            }),
+        ]
+    }
+
+    /// The bytes each satisfiable spec asks for, as the RFC defines them.
+    fn wanted(s: &RangeSpec, total: u64) -> Option<(u64, u64)> {
+        match *s {
+            RangeSpec::From { start, .. } if start >= total => None,
+            RangeSpec::From { start, end } => {
+                Some((start, end.map_or(total - 1, |e| e.min(total - 1))))
+            }
+            RangeSpec::Suffix(0) => None,
+            RangeSpec::Suffix(_) if total == 0 => None,
+            RangeSpec::Suffix(n) => Some((total.saturating_sub(n), total - 1)),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn resolved_ranges_are_bounded_disjoint_and_cover_the_request(
+            specs in proptest::collection::vec(spec(), 1..=MAX_RANGE_SPECS),
+            total in 0u64..8000,
+        ) {
+            let out = resolve(&specs, total);
+            let asked: Vec<(u64, u64)> = specs.iter().filter_map(|s| wanted(s, total)).collect();
+            // 416 exactly when nothing asked for exists.
+            prop_assert_eq!(out.is_empty(), asked.is_empty());
+            prop_assert!(out.len() <= MAX_RANGES);
+            for r in &out {
+                prop_assert!(r.start <= r.end && r.end < total);
+            }
+            for w in out.windows(2) {
+                prop_assert!(w[0].end + 1 < w[1].start, "disjoint, ascending, not adjacent");
+            }
+            let payload: u64 = out.iter().map(ByteRange::len).sum();
+            prop_assert!(payload <= total, "payload {} > blob {}", payload, total);
+            if out.len() > 1 {
+                let overhead = out.len() as u64 * MULTIPART_PART_OVERHEAD + MULTIPART_CLOSE_OVERHEAD;
+                prop_assert!(payload + overhead < total, "a multipart body is smaller than the blob");
+            }
+            for (a, b) in asked {
+                prop_assert!(
+                    out.iter().any(|r| r.start <= a && b <= r.end),
+                    "bytes {}-{} asked for are covered by {:?}", a, b, out
+                );
+            }
+        }
+
+        #[test]
+        fn parse_never_panics_and_bounds_the_spec_count(h in "bytes=[0-9,\\- ]{0,600}") {
+            if let Ok(specs) = parse(&h) {
+                prop_assert!(!specs.is_empty() && specs.len() <= MAX_RANGE_SPECS);
+            }
+        }
     }
 }

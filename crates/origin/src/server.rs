@@ -579,9 +579,15 @@ async fn blob(
                 ));
                 return Err(r);
             }
-            // Overlapping ranges that add up to more than the blob would let one request
-            // multiply egress (RFC 9110 §14.2 allows ignoring such a Range): send it whole.
-            if resolved.iter().map(|r| r.len()).sum::<u64>() > total {
+            // Overlapping ranges that add up to more than the blob (as asked, before
+            // `resolve` coalesces them) would multiply egress: send the blob whole, as a
+            // plain 200 (RFC 9110 §14.2 allows ignoring such a Range).
+            let asked: u64 = specs
+                .iter()
+                .flat_map(|s| range::resolve(std::slice::from_ref(s), total))
+                .map(|r| r.len())
+                .fold(0, u64::saturating_add);
+            if asked > total {
                 None
             } else {
                 Some(resolved)

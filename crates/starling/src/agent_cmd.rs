@@ -120,7 +120,25 @@ pub struct AgentArgs {
     /// Test mode: serve corrupted pieces to peers.
     #[arg(long, hide = true)]
     corrupt_pieces: bool,
-    /// Print the effective configuration as TOML and exit.
+    /// Registry beyond the configured ones that requests (?ns=, prewarm) may name:
+    /// HOST, *.DOMAIN, or * for any (dangerous: see README). Repeatable.
+    #[arg(
+        long = "allowed-registry",
+        value_name = "PATTERN",
+        env = "STARLING_ALLOWED_REGISTRIES",
+        value_delimiter = ','
+    )]
+    allowed_registries: Vec<String>,
+    /// Client connections served at once; more are closed as they arrive (default 4096).
+    #[arg(long, env = "STARLING_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Time a connection has to send a request head, and the longest idle keep-alive (default 10s).
+    #[arg(long, env = "STARLING_HEADER_READ_TIMEOUT")]
+    header_read_timeout: Option<humantime::Duration>,
+    /// On shutdown, how long responses in flight may still run (default 10s).
+    #[arg(long, env = "STARLING_SHUTDOWN_GRACE")]
+    shutdown_grace: Option<humantime::Duration>,
+    /// Print the effective configuration as TOML (secrets redacted) and exit.
     #[arg(long)]
     print_config: bool,
 }
@@ -234,13 +252,24 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
         };
         cfg.labels.insert(k.to_owned(), v.to_owned());
     }
+    cfg.allowed_registries
+        .extend(a.allowed_registries.iter().cloned());
+    if let Some(v) = a.max_connections {
+        cfg.max_connections = v;
+    }
+    if let Some(v) = a.header_read_timeout {
+        cfg.header_read_timeout = v.into();
+    }
+    if let Some(v) = a.shutdown_grace {
+        cfg.shutdown_grace = v.into();
+    }
     Ok(cfg)
 }
 
 pub async fn run_agent(a: AgentArgs) -> Result<()> {
     let cfg = build_config(&a)?;
     if a.print_config {
-        print!("{}", toml::to_string_pretty(&cfg)?);
+        print!("{}", toml::to_string_pretty(&cfg.redacted())?);
         return Ok(());
     }
     let listen = cfg.listen;
@@ -410,6 +439,66 @@ pub struct TrackerArgs {
         env = "STARLING_TRACKER_REGISTRY_CREDENTIALS"
     )]
     registry_credentials: Vec<String>,
+    /// Registry beyond those given an endpoint or credentials that prewarm and
+    /// scheduler queries may resolve images in: HOST, *.DOMAIN, or * for any
+    /// (dangerous: see README). Repeatable.
+    #[arg(
+        long = "allowed-registry",
+        value_name = "PATTERN",
+        env = "STARLING_TRACKER_ALLOWED_REGISTRIES",
+        value_delimiter = ','
+    )]
+    allowed_registries: Vec<String>,
+    /// Longest time one image lookup in a registry may take.
+    #[arg(long, default_value = "10s", env = "STARLING_TRACKER_REGISTRY_TIMEOUT")]
+    registry_timeout: humantime::Duration,
+    /// Client connections served at once; more are closed as they arrive.
+    #[arg(
+        long,
+        default_value_t = 16_384,
+        env = "STARLING_TRACKER_MAX_CONNECTIONS"
+    )]
+    max_connections: usize,
+    /// Time a connection has to send a request head, and the longest idle keep-alive.
+    #[arg(
+        long,
+        default_value = "10s",
+        env = "STARLING_TRACKER_HEADER_READ_TIMEOUT"
+    )]
+    header_read_timeout: humantime::Duration,
+    /// A request (body included) taking longer is answered 408 and dropped.
+    #[arg(long, default_value = "60s", env = "STARLING_TRACKER_REQUEST_TIMEOUT")]
+    request_timeout: humantime::Duration,
+    /// On SIGTERM, how long requests in flight may still run before the tracker exits.
+    #[arg(long, default_value = "5s", env = "STARLING_TRACKER_SHUTDOWN_GRACE")]
+    shutdown_grace: humantime::Duration,
+    /// Nodes kept in the inventory; reports from new nodes beyond are refused (503).
+    #[arg(long, default_value_t = 20_000, env = "STARLING_TRACKER_MAX_NODES")]
+    max_nodes: usize,
+    /// A node silent for this long is forgotten.
+    #[arg(long, default_value = "24h", env = "STARLING_TRACKER_NODE_EXPIRY")]
+    node_expiry: humantime::Duration,
+    /// Largest inventory report body taken (413 beyond, logged at warn).
+    #[arg(
+        long,
+        default_value = "64MiB",
+        env = "STARLING_TRACKER_MAX_REPORT_SIZE"
+    )]
+    max_report_size: String,
+    /// Blobs one inventory report may list (413 beyond).
+    #[arg(
+        long,
+        default_value_t = 200_000,
+        env = "STARLING_TRACKER_MAX_REPORT_BLOBS"
+    )]
+    max_report_blobs: usize,
+    /// Per-node series in per-node metric families; other nodes are folded into node="other".
+    #[arg(
+        long,
+        default_value_t = 1000,
+        env = "STARLING_TRACKER_METRIC_NODE_LABELS"
+    )]
+    metric_node_labels: usize,
 }
 
 pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
@@ -428,12 +517,14 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
     let jobs = cluster::JobStore::open(&a.data_dir.join("jobs.redb"))
         .context("opening the prewarm job store")?;
     let mut ucfg = oci::UpstreamConfig::default();
+    let mut configured = Vec::new();
     for e in &a.registry_endpoints {
         let Some((reg, url)) = e.split_once('=') else {
             bail!("--registry-endpoint wants REGISTRY=URL")
         };
         ucfg.endpoints
             .insert(oci::reference::canonical_registry(reg), url.to_owned());
+        configured.push(reg.to_owned());
     }
     for e in &a.registry_credentials {
         let Some((reg, up)) = e.split_once('=') else {
@@ -449,13 +540,28 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
                 password: p.into(),
             },
         );
+        configured.push(reg.to_owned());
     }
-    let catalog = tracker::cluster_glue::RegistryCatalog::new(
+    ucfg.policy = Some(oci::upstream::RegistryPolicy::new(
+        configured,
+        a.allowed_registries.clone(),
+    ));
+    let catalog = tracker::cluster_glue::RegistryCatalog::with_timeout(
         oci::Upstream::new(ucfg)?,
         tokio::runtime::Handle::current(),
+        a.registry_timeout.into(),
     );
     let ccfg = cluster::ClusterConfig {
         node_timeout_s: std::time::Duration::from(a.node_timeout).as_secs().max(1),
+        limits: cluster::InventoryLimits {
+            max_nodes: a.max_nodes.max(1),
+            node_expiry_s: std::time::Duration::from(a.node_expiry).as_secs().max(1),
+            max_report_blobs: a.max_report_blobs,
+            ..Default::default()
+        },
+        max_report_bytes: usize::try_from(crate::parse_size(&a.max_report_size)?)
+            .context("--max-report-size")?,
+        metric_node_labels: a.metric_node_labels,
         ..Default::default()
     };
     let now = || {
@@ -470,7 +576,15 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
         Some(std::sync::Arc::new(catalog)),
         std::sync::Arc::new(now),
     );
-    let t = tracker::Tracker::new(cfg, a.cluster_token).with_cluster(state);
+    let limits = tracker::ServerLimits {
+        max_connections: a.max_connections.max(1),
+        header_read_timeout: a.header_read_timeout.into(),
+        shutdown_grace: a.shutdown_grace.into(),
+        request_timeout: a.request_timeout.into(),
+    };
+    let t = tracker::Tracker::new(cfg, a.cluster_token)
+        .with_cluster(state)
+        .with_limits(limits);
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("listening on {}", a.listen))?;

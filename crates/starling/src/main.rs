@@ -112,6 +112,9 @@ fn main() -> std::process::ExitCode {
             Command::Bench(b) => bench::run_bench(b).await.map(|_| 0),
         }
     });
+    // Servers return once their grace period is over; tasks still running (a hung
+    // registry lookup, a client that never reads) must not hold the process.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(0) => std::process::ExitCode::SUCCESS,
         Ok(code) => std::process::ExitCode::from(code.clamp(1, 255) as u8),

@@ -5,6 +5,9 @@
 #![forbid(unsafe_code)]
 
 pub mod cluster_glue;
+mod server;
+
+pub use server::ServerLimits;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,6 +49,8 @@ pub struct Metrics {
     swarms: Gauge,
     peers: Gauge,
     elections: Gauge,
+    connections_refused: Counter,
+    connections_open: Gauge,
 }
 
 impl Default for Metrics {
@@ -75,6 +80,17 @@ impl Default for Metrics {
             "Registry fetchers elected (current swarms)",
             elections.clone(),
         );
+        let (connections_refused, connections_open) = (Counter::default(), Gauge::default());
+        registry.register(
+            "connections_refused",
+            "Connections closed as they arrived because max_connections were open",
+            connections_refused.clone(),
+        );
+        registry.register(
+            "connections_open",
+            "Client connections being served",
+            connections_open.clone(),
+        );
         Self {
             registry,
             requests,
@@ -82,6 +98,8 @@ impl Default for Metrics {
             swarms,
             peers,
             elections,
+            connections_refused,
+            connections_open,
         }
     }
 }
@@ -94,6 +112,7 @@ pub struct Tracker {
     started: Instant,
     /// The cluster layer (inventory, prewarm, extender, dashboard), when enabled.
     pub cluster: Option<cluster::ClusterState>,
+    limits: ServerLimits,
 }
 
 /// A batch of complete blobs an agent seeds, re-sent every second.
@@ -120,7 +139,13 @@ impl Tracker {
             token: token.map(Into::into),
             started: Instant::now(),
             cluster: None,
+            limits: ServerLimits::default(),
         }
+    }
+
+    pub fn with_limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     pub fn with_cluster(mut self, state: cluster::ClusterState) -> Self {
@@ -185,10 +210,19 @@ impl Tracker {
         if let Some(c) = &self.cluster {
             cluster_glue::spawn_dispatcher(c.clone(), self.token.clone());
         }
-        axum::serve(listener, self.router())
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| Error::Serve { addr, source: e })
+        let gauges = server::Gauges {
+            refused: self.metrics.connections_refused.clone(),
+            open: self.metrics.connections_open.clone(),
+        };
+        server::serve(
+            listener,
+            self.router(),
+            shutdown,
+            self.limits.clone(),
+            gauges,
+        )
+        .await;
+        Ok(())
     }
 }
 
@@ -221,16 +255,34 @@ async fn auth(State(t): State<Tracker>, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// Paths counted under their own name in the request metric; everything else is
+/// "other", so request paths cannot grow the label set.
+const METRIC_ROUTES: &[&str] = &[
+    "/swarm/v1/announce",
+    "/swarm/v1/seeding",
+    "/swarm/v1/swarms",
+    "/metrics",
+    "/healthz",
+];
+
 async fn observe(State(t): State<Tracker>, req: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = req.uri().path().to_owned();
-    let resp = next.run(req).await;
-    t.metrics.latency.observe(started.elapsed().as_secs_f64());
-    let route = if route.starts_with("/swarm/") || route == "/metrics" || route == "/healthz" {
-        route
-    } else {
-        "other".into()
+    let route = METRIC_ROUTES
+        .iter()
+        .find(|r| **r == req.uri().path())
+        .map_or("other", |r| *r)
+        .to_owned();
+    // A request (its body included) that outlives this is dropped: a client feeding a
+    // body one byte at a time must not hold a handler, or a report's memory, forever.
+    let resp = match tokio::time::timeout(t.limits.request_timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            Json(serde_json::json!({"error": "request took too long"})),
+        )
+            .into_response(),
     };
+    t.metrics.latency.observe(started.elapsed().as_secs_f64());
     t.metrics
         .requests
         .get_or_create(&RouteLabels {

@@ -3,8 +3,9 @@
 //! stalls, and blob streams that resume with a Range request when a connection dies.
 
 pub mod auth;
+pub mod policy;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use tracing::{debug, info, warn};
 
 pub use auth::{Challenge, Credentials};
 use auth::{TokenCache, TokenReply, DEFAULT_TOKEN_SECONDS};
+pub use policy::RegistryPolicy;
 
 use crate::reference::{canonical_registry, DOCKER_HUB};
 use crate::{Digest, Error, ErrorBody, ErrorCode};
@@ -41,6 +43,9 @@ pub struct UpstreamConfig {
     /// A `Retry-After` longer than this is not waited out; the 429 goes to the caller.
     pub max_retry_after: Duration,
     pub user_agent: String,
+    /// Which registries and addresses may be contacted. `None`: any (a client run by
+    /// the user, like `starling pull`); servers that act on requests from others set it.
+    pub policy: Option<RegistryPolicy>,
 }
 
 impl Default for UpstreamConfig {
@@ -55,6 +60,7 @@ impl Default for UpstreamConfig {
             max_attempts: 3,
             max_retry_after: Duration::from_secs(10),
             user_agent: concat!("starling/", env!("CARGO_PKG_VERSION")).to_owned(),
+            policy: None,
         }
     }
 }
@@ -88,6 +94,37 @@ struct Inner {
     tokens: TokenCache,
     /// Registries that answered with a Basic challenge.
     basic: Mutex<HashMap<String, bool>>,
+    /// `host:port` of configured registries and endpoints: the only internal addresses
+    /// (loopback, link-local, metadata) the policy lets this client reach.
+    trusted: BTreeSet<(String, u16)>,
+}
+
+/// Largest token-endpoint reply taken (tokens are JWTs of a few KiB).
+const MAX_TOKEN_REPLY: usize = 1 << 20;
+/// Largest error body read to find the OCI error code; the rest is dropped.
+const MAX_ERROR_BODY: usize = 64 << 10;
+/// Longest token lifetime honoured, whatever the endpoint claims (a huge `expires_in`
+/// would otherwise overflow the expiry instant).
+const MAX_TOKEN_SECONDS: u64 = 24 * 3600;
+
+fn denied(registry: &str, message: impl Into<String>) -> Error {
+    Error::Denied {
+        registry: registry.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// The base URL of a registry given the endpoint overrides.
+fn base_url_of(endpoints: &HashMap<String, String>, registry: &str) -> String {
+    let registry = canonical_registry(registry);
+    if let Some(url) = endpoints.get(&registry) {
+        return url.trim_end_matches('/').to_owned();
+    }
+    if registry == DOCKER_HUB {
+        "https://registry-1.docker.io".to_owned()
+    } else {
+        format!("https://{registry}")
+    }
 }
 
 fn transport(registry: &str, e: impl std::fmt::Display) -> Error {
@@ -113,14 +150,36 @@ impl Upstream {
                 .iter()
                 .map(|(k, v)| (canonical_registry(k), v.clone())),
         );
-        let http = reqwest::Client::builder()
+        let mut trusted = BTreeSet::new();
+        if let Some(p) = &cfg.policy {
+            let urls = p
+                .configured
+                .iter()
+                .map(|r| base_url_of(&cfg.endpoints, r))
+                .chain(cfg.endpoints.values().cloned());
+            for u in urls {
+                if let Some(a) = url::Url::parse(&u)
+                    .ok()
+                    .as_ref()
+                    .and_then(policy::authority)
+                {
+                    trusted.insert(a);
+                }
+            }
+        }
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(cfg.connect_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(cfg.user_agent.clone())
             .pool_max_idle_per_host(32)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| transport("*", e))?;
+            .tcp_nodelay(true);
+        if cfg.policy.is_some() {
+            let names = trusted.iter().map(|(h, _)| h.clone()).collect();
+            builder = builder.dns_resolver(Arc::new(policy::GuardedResolver {
+                trusted: Arc::new(names),
+            }));
+        }
+        let http = builder.build().map_err(|e| transport("*", e))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
@@ -128,6 +187,7 @@ impl Upstream {
                 credentials,
                 tokens: TokenCache::default(),
                 basic: Mutex::default(),
+                trusted,
             }),
         })
     }
@@ -138,14 +198,60 @@ impl Upstream {
 
     /// The base URL for a registry: a configured override, else HTTPS on its host.
     pub fn base_url(&self, registry: &str) -> String {
+        base_url_of(&self.inner.cfg.endpoints, registry)
+    }
+
+    /// Refuses a registry the policy does not allow, before anything is sent.
+    pub fn check_registry(&self, registry: &str) -> Result<(), Error> {
         let registry = canonical_registry(registry);
-        if let Some(url) = self.inner.cfg.endpoints.get(&registry) {
-            return url.trim_end_matches('/').to_owned();
+        match &self.inner.cfg.policy {
+            Some(p) if !p.allows(&registry) => Err(denied(
+                &registry,
+                "it is not configured and matches no allowed_registries pattern",
+            )),
+            _ => Ok(()),
         }
-        if registry == DOCKER_HUB {
-            "https://registry-1.docker.io".to_owned()
-        } else {
-            format!("https://{registry}")
+    }
+
+    /// Refuses a URL whose host is an internal address (loopback, link-local,
+    /// metadata) unless that address was configured.
+    fn check_destination(&self, registry: &str, url: &url::Url) -> Result<(), Error> {
+        if self.inner.cfg.policy.is_none() {
+            return Ok(());
+        }
+        let Some(host) = policy::internal_host(url) else {
+            return Ok(());
+        };
+        if policy::authority(url).is_some_and(|a| self.inner.trusted.contains(&a)) {
+            return Ok(());
+        }
+        Err(denied(
+            registry,
+            format!("{host} is a loopback, link-local or metadata address that is not configured"),
+        ))
+    }
+
+    /// A registry configured on an internal address (a registry on the node itself),
+    /// whose token server is then allowed to live on loopback too.
+    fn is_local_configured(&self, registry: &str) -> bool {
+        url::Url::parse(&self.base_url(registry))
+            .ok()
+            .is_some_and(|u| {
+                policy::internal_host(&u).is_some()
+                    && policy::authority(&u).is_some_and(|a| self.inner.trusted.contains(&a))
+            })
+    }
+
+    /// A transport error, or the refusal it hides (the resolver found only internal
+    /// addresses for the name).
+    fn send_error(&self, registry: &str, e: reqwest::Error) -> Error {
+        match policy::refused_internal(&e) {
+            Some(why) => denied(registry, why),
+            None if e.is_timeout() => Error::Timeout {
+                registry: registry.to_owned(),
+                message: e.to_string(),
+            },
+            None => transport(registry, e),
         }
     }
 
@@ -168,7 +274,7 @@ impl Upstream {
                 None,
             )
             .await?;
-        let resp = check_status(registry, resp).await?;
+        let resp = self.check_status(registry, resp).await?;
         let meta = manifest_meta(registry, resp.headers(), None)?;
         Ok(meta)
     }
@@ -194,7 +300,7 @@ impl Upstream {
                 None,
             )
             .await?;
-        let resp = check_status(registry, resp).await?;
+        let resp = self.check_status(registry, resp).await?;
         let headers = resp.headers().clone();
         if resp
             .content_length()
@@ -204,7 +310,15 @@ impl Upstream {
                 "manifest larger than {MAX_MANIFEST} bytes"
             )));
         }
-        let body = self.read_body(registry, resp, MAX_MANIFEST).await?;
+        let body = self
+            .read_body(registry, resp, MAX_MANIFEST)
+            .await
+            .map_err(|e| match e {
+                Error::TooLarge { .. } => {
+                    Error::ManifestInvalid(format!("manifest larger than {MAX_MANIFEST} bytes"))
+                }
+                other => other,
+            })?;
         let computed = Digest::of(&body);
         if let Ok(d) = Digest::parse(reference) {
             if d != computed {
@@ -231,23 +345,28 @@ impl Upstream {
         cap: usize,
     ) -> Result<Bytes, Error> {
         let stall = self.inner.cfg.stall_timeout;
+        // A body that trickles (a byte just before each stall timeout) must end too.
+        let deadline = tokio::time::Instant::now() + self.inner.cfg.response_timeout * 4;
         let mut stream = resp.bytes_stream();
         let mut buf = Vec::new();
         loop {
-            match tokio::time::timeout(stall, stream.next()).await {
+            let wait = stall.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            match tokio::time::timeout(wait, stream.next()).await {
                 Err(_) => {
                     return Err(Error::Timeout {
                         registry: registry.to_owned(),
-                        message: "body stalled".into(),
+                        message: "body stalled or too slow".into(),
                     })
                 }
                 Ok(None) => break,
                 Ok(Some(Err(e))) => return Err(transport(registry, e)),
                 Ok(Some(Ok(chunk))) => {
                     if buf.len() + chunk.len() > cap {
-                        return Err(Error::ManifestInvalid(format!(
-                            "body larger than {cap} bytes"
-                        )));
+                        return Err(Error::TooLarge {
+                            registry: registry.to_owned(),
+                            what: "reply",
+                            limit: cap,
+                        });
                     }
                     buf.extend_from_slice(&chunk);
                 }
@@ -267,7 +386,7 @@ impl Upstream {
         let resp = self
             .request(Method::HEAD, registry, repo, &path, HeaderMap::new(), None)
             .await?;
-        let resp = check_status(registry, resp).await?;
+        let resp = self.check_status(registry, resp).await?;
         content_length(resp.headers())
             .ok_or_else(|| transport(registry, "blob HEAD without Content-Length"))
     }
@@ -349,7 +468,7 @@ impl Upstream {
         let resp = self
             .request(Method::GET, registry, repo, &path, headers, None)
             .await?;
-        let resp = check_status(registry, resp).await?;
+        let resp = self.check_status(registry, resp).await?;
         let status = resp.status();
         let total = if status == StatusCode::PARTIAL_CONTENT {
             let cr = resp
@@ -407,6 +526,7 @@ impl Upstream {
         _body: Option<Bytes>,
     ) -> Result<reqwest::Response, Error> {
         let registry = canonical_registry(registry);
+        self.check_registry(&registry)?;
         let scope = format!("repository:{repo}:pull");
         let url = format!("{}{}", self.base_url(&registry), path_and_query);
         let mut attempt = 0;
@@ -510,6 +630,15 @@ impl Upstream {
                 self.inner.tokens.invalidate(registry, scope);
                 let mut url = url::Url::parse(&realm)
                     .map_err(|e| auth_err(format!("bad token realm {realm:.100}: {e}")))?;
+                let loopback_realm = policy::internal_host(&url).is_some_and(|h| {
+                    h == "localhost"
+                        || h.ends_with(".localhost")
+                        || h.parse::<std::net::IpAddr>()
+                            .is_ok_and(|ip| ip.is_loopback())
+                });
+                if !(loopback_realm && self.is_local_configured(registry)) {
+                    self.check_destination(registry, &url)?;
+                }
                 {
                     let mut q = url.query_pairs_mut();
                     if let Some(s) = &service {
@@ -527,14 +656,29 @@ impl Upstream {
                         registry: registry.to_owned(),
                         message: "token endpoint".into(),
                     })?
-                    .map_err(|e| transport(registry, e))?;
+                    .map_err(|e| self.send_error(registry, e))?;
                 let status = resp.status();
                 if !status.is_success() {
                     return Err(auth_err(format!("token endpoint answered {status}")));
                 }
-                let reply: TokenReply = resp
-                    .json()
-                    .await
+                // Bounded in size and in time: an endless reply must not hold the
+                // request (and its memory) forever.
+                let body = tokio::time::timeout(
+                    self.inner.cfg.response_timeout,
+                    self.read_body(registry, resp, MAX_TOKEN_REPLY),
+                )
+                .await
+                .map_err(|_| Error::Timeout {
+                    registry: registry.to_owned(),
+                    message: "token endpoint reply".into(),
+                })?
+                .map_err(|e| match e {
+                    Error::TooLarge { limit, .. } => {
+                        auth_err(format!("token reply larger than {limit} bytes"))
+                    }
+                    other => other,
+                })?;
+                let reply: TokenReply = serde_json::from_slice(&body)
                     .map_err(|e| auth_err(format!("token reply: {e}")))?;
                 let token = reply
                     .token
@@ -544,7 +688,10 @@ impl Upstream {
                     registry,
                     scope,
                     token,
-                    reply.expires_in.unwrap_or(DEFAULT_TOKEN_SECONDS),
+                    reply
+                        .expires_in
+                        .unwrap_or(DEFAULT_TOKEN_SECONDS)
+                        .min(MAX_TOKEN_SECONDS),
                 );
                 Ok(())
             }
@@ -565,6 +712,8 @@ impl Upstream {
             .map_err(|e| transport(registry, format!("bad URL {url:.200}: {e}")))?;
         let origin = current.origin();
         for _ in 0..6 {
+            // Every hop, redirects included: a registry must not lead us inside.
+            self.check_destination(registry, &current)?;
             let mut req = self
                 .inner
                 .http
@@ -583,13 +732,7 @@ impl Upstream {
                         message: format!("no response from {}", current.host_str().unwrap_or("?")),
                     })
                 }
-                Ok(Err(e)) if e.is_timeout() => {
-                    return Err(Error::Timeout {
-                        registry: registry.to_owned(),
-                        message: e.to_string(),
-                    })
-                }
-                Ok(Err(e)) => return Err(transport(registry, e)),
+                Ok(Err(e)) => return Err(self.send_error(registry, e)),
                 Ok(Ok(r)) => r,
             };
             if !resp.status().is_redirection() || resp.status() == StatusCode::NOT_MODIFIED {
@@ -727,31 +870,67 @@ pub fn parse_content_range(v: &str) -> Option<(u64, Option<u64>)> {
     Some((a.parse().ok()?, total))
 }
 
-/// Turns an error status into [`Error::Upstream`] with the OCI code from the body.
-async fn check_status(registry: &str, resp: reqwest::Response) -> Result<reqwest::Response, Error> {
-    let status = resp.status();
-    if status.is_success() {
-        return Ok(resp);
+impl Upstream {
+    /// Turns an error status into [`Error::Upstream`] with the OCI code from the body
+    /// (of which at most [`MAX_ERROR_BODY`] bytes are read, within the stall timeout).
+    async fn check_status(
+        &self,
+        registry: &str,
+        resp: reqwest::Response,
+    ) -> Result<reqwest::Response, Error> {
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let retry = retry_after(resp.headers());
+        let body = self.read_prefix(resp, MAX_ERROR_BODY).await;
+        Err(error_from_body(registry, status, retry, &body))
     }
-    let retry = retry_after(resp.headers());
-    let body = resp.bytes().await.unwrap_or_default();
-    let (code, message) = match serde_json::from_slice::<ErrorBody>(&body) {
+
+    /// Up to `cap` bytes of a body, whatever arrived within the stall timeout; the
+    /// rest is never read.
+    async fn read_prefix(&self, resp: reqwest::Response, cap: usize) -> Vec<u8> {
+        let mut stream = resp.bytes_stream();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(self.inner.cfg.stall_timeout, async {
+            while buf.len() < cap {
+                match stream.next().await {
+                    Some(Ok(chunk)) => {
+                        let take = chunk.len().min(cap - buf.len());
+                        buf.extend_from_slice(&chunk[..take]);
+                    }
+                    _ => break,
+                }
+            }
+        })
+        .await;
+        buf
+    }
+}
+
+fn error_from_body(
+    registry: &str,
+    status: StatusCode,
+    retry: Option<Duration>,
+    body: &[u8],
+) -> Error {
+    let (code, message) = match serde_json::from_slice::<ErrorBody>(body) {
         Ok(b) if !b.errors.is_empty() => (
             ErrorCode::parse(&b.errors[0].code),
-            b.errors[0].message.clone(),
+            b.errors[0].message.chars().take(500).collect(),
         ),
         _ => (
             None,
             String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
         ),
     };
-    Err(Error::Upstream {
+    Error::Upstream {
         registry: registry.to_owned(),
         status: status.as_u16(),
         code,
         message,
         retry_after: retry,
-    })
+    }
 }
 
 fn manifest_meta(

@@ -1,0 +1,401 @@
+//! Attacks on a real `starling agent` process (security issue 12): `?ns=` pointed at
+//! internal hosts, slow and surplus connections, refused reports nobody hears about,
+//! prewarm assignments that overflow or are parsed before the token is checked, and
+//! secrets printed by `--print-config`.
+//!
+//! Settings a test needs are passed as `STARLING_*` environment variables, so the same
+//! test runs against a build that lacks them and fails for the missing behaviour.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::{args, counting_listener, forged_report, start_tracker, start_with_env, Proc};
+use testkit::{Registry, RegistryAuth, TestImage};
+
+const TOKEN: &str = "hardening-token-0451";
+
+/// An agent whose default (and only configured) registry is `registry`.
+async fn start_agent(
+    dir: &std::path::Path,
+    name: &str,
+    registry: &Registry,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Proc {
+    let port = testkit::free_port();
+    let cache = dir.join(name);
+    let mut a = args(&[
+        "agent",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--cache-dir",
+        &cache.display().to_string(),
+        "--default-registry",
+        &registry.host(),
+        "--registry-endpoint",
+        &format!("{}={}", registry.host(), registry.url()),
+        "--min-free",
+        "0",
+        "--node-name",
+        name,
+    ]);
+    a.extend(args(extra));
+    start_with_env(a, envs, port, dir.join(format!("{name}.log")), cache).await
+}
+
+/// GETs a manifest the way runtimes do (the registry hides OCI manifests from a bare
+/// `Accept: */*`).
+async fn manifest(url: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .get(url)
+        .header("Accept", oci::media::DEFAULT_ACCEPT)
+        .send()
+        .await
+        .expect("manifest request")
+}
+
+async fn registry() -> Registry {
+    tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .expect("registry")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ns_pointing_at_unconfigured_or_internal_hosts_is_denied_without_connecting() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = registry().await;
+    let img =
+        TestImage::push_multilayer(&registry, "ok/img", "v1", &[64 << 10], 31).expect("push image");
+    let (forbidden, accepts) = counting_listener().await;
+    let layer = img.layers[0].digest.clone();
+    for (round, envs) in [
+        ("default", vec![]),
+        // Even "any registry" does not open internal addresses nobody configured.
+        (
+            "allowed_registries=*",
+            vec![("STARLING_ALLOWED_REGISTRIES", "*")],
+        ),
+    ] {
+        let agent = start_agent(dir.path(), "n-ssrf", &registry, &[], &envs).await;
+        let base = agent.url();
+        let ok = manifest(&format!("{base}/v2/ok/img/manifests/v1")).await;
+        assert_eq!(
+            ok.status(),
+            200,
+            "{round}: the configured registry works: {}\n{}",
+            ok.text().await.unwrap_or_default(),
+            agent.log_text()
+        );
+        let ok = manifest(&format!(
+            "{base}/v2/ok/img/manifests/v1?ns={}",
+            registry.host().replace(':', "%3A")
+        ))
+        .await;
+        assert_eq!(
+            ok.status(),
+            200,
+            "{round}: ns= the configured registry works"
+        );
+        let mut targets = vec![
+            forbidden.to_string().replace(':', "%3A"),
+            format!("localhost%3A{}", forbidden.port()),
+            "169.254.169.254".to_owned(),
+            "169.254.169.254%3A80".to_owned(),
+        ];
+        if round == "default" {
+            targets.push("metadata.google.internal".to_owned());
+        }
+        for ns in &targets {
+            for path in [
+                "/v2/x/y/manifests/latest".to_owned(),
+                format!("/v2/x/y/blobs/{layer}"),
+                "/v2/x/y/tags/list".to_owned(),
+            ] {
+                let url = format!("{base}{path}?ns={ns}");
+                let r = tokio::time::timeout(Duration::from_secs(20), reqwest::get(&url))
+                    .await
+                    .unwrap_or_else(|_| panic!("{round}: {url} did not answer in 20 s"))
+                    .expect("answer");
+                let status = r.status();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                assert_eq!(status, 403, "{round}: {path}?ns={ns}: {body}");
+                assert_eq!(body["errors"][0]["code"], "DENIED", "{round}: {body}");
+            }
+        }
+        assert_eq!(
+            accepts.load(Ordering::SeqCst),
+            0,
+            "{round}: the agent connected to an address it was never configured for"
+        );
+        drop(agent);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn agent_drops_slow_header_clients_and_caps_connections() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = registry().await;
+    let agent = start_agent(
+        dir.path(),
+        "n-conn",
+        &registry,
+        &[],
+        &[
+            ("STARLING_MAX_CONNECTIONS", "8"),
+            ("STARLING_HEADER_READ_TIMEOUT", "5s"),
+        ],
+    )
+    .await;
+    common::assert_connection_limits(
+        &agent.url(),
+        agent.port,
+        8,
+        "starling_agent_connections_refused_total",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_agent_warns_when_the_tracker_refuses_its_report() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = registry().await;
+    let tracker = start_tracker(dir.path(), &["--cluster-token", TOKEN], &[]).await;
+    // A report under the agent's name from far in the future: the agent's own reports
+    // are then stale and refused (409).
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/reports", tracker.url()))
+        .json(&forged_report("n-stale", u64::MAX / 2, 3, 1))
+        .send()
+        .await
+        .expect("forged report answered");
+    assert_eq!(r.status(), 200);
+    let agent = start_agent(
+        dir.path(),
+        "n-stale",
+        &registry,
+        &["--tracker", &tracker.url(), "--cluster-token", TOKEN],
+        &[],
+    )
+    .await;
+    let mut warned = false;
+    for _ in 0..60 {
+        if agent
+            .log_text()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("report") && l.contains("409"))
+        {
+            warned = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        warned,
+        "the tracker refused every report for 15 s and the agent never said so at warn:\n{}",
+        agent.log_text()
+    );
+}
+
+/// Sends a request head (no body) and returns what the server answered within 5 s.
+async fn raw_head_only(port: u16, head: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(head.as_bytes()).await.expect("write head");
+    let mut buf = vec![0u8; 4096];
+    match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+        Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        Ok(Err(e)) => format!("<read error {e}>"),
+        Err(_) => "<no answer within 5 s>".to_owned(),
+    }
+}
+
+fn assignment(node: &str, pin_until: u64, deadline_at: Option<u64>) -> serde_json::Value {
+    serde_json::json!({
+        "job_id": 7, "node": node, "agent_url": null, "images": [], "blobs": [],
+        "bytes_per_sec": null, "pin_until": pin_until, "deadline_at": deadline_at,
+        "priority": 0, "seed": false
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prewarm_assignments_check_the_token_first_and_bound_pins_and_deadlines() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = registry().await;
+    let tracker = start_tracker(dir.path(), &["--cluster-token", TOKEN], &[]).await;
+    let agent = start_agent(
+        dir.path(),
+        "n-pre",
+        &registry,
+        &["--tracker", &tracker.url(), "--cluster-token", TOKEN],
+        &[],
+    )
+    .await;
+    let url = format!("{}/api/v1/prewarm", agent.url());
+    let http = reqwest::Client::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs();
+
+    // Without the token nothing about the body matters: malformed or valid, it is
+    // refused; a huge one is refused before a byte of it is read.
+    for (what, body) in [
+        ("malformed", b"{\"job_id\": ".to_vec()),
+        (
+            "valid",
+            serde_json::to_vec(&assignment("n-pre", now + 60, None)).expect("JSON"),
+        ),
+    ] {
+        for auth in [None, Some("Bearer wrong-token")] {
+            let mut req = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body.clone());
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            let status = match req.send().await {
+                Ok(r) => r.status().as_u16(),
+                Err(e) => panic!("{what} body, auth {auth:?}: no answer: {e}"),
+            };
+            assert_eq!(status, 401, "{what} body with auth {auth:?}");
+        }
+    }
+    let head = "POST /api/v1/prewarm HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: 67108864\r\n\r\n";
+    let answer = raw_head_only(agent.port, head).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 401"),
+        "a 64 MiB body announced without a token: the agent waited for it instead of refusing: {answer:?}"
+    );
+    let head = format!("POST /api/v1/prewarm HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 67108864\r\n\r\n");
+    let answer = raw_head_only(agent.port, &head).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 413"),
+        "an authenticated but oversized assignment: {answer:?}"
+    );
+
+    // With the token: pins and deadlines beyond their documented maxima are refused.
+    let year = 365 * 86_400;
+    for (what, a) in [
+        ("pin 95 years", assignment("n-pre", now + 95 * year, None)),
+        ("pin u64::MAX", assignment("n-pre", u64::MAX, None)),
+        (
+            "deadline u64::MAX",
+            assignment("n-pre", now + 60, Some(u64::MAX)),
+        ),
+        (
+            "deadline 1 year",
+            assignment("n-pre", now + 60, Some(now + year)),
+        ),
+    ] {
+        let r = http
+            .post(&url)
+            .bearer_auth(TOKEN)
+            .json(&a)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: no answer: {e}"));
+        let status = r.status();
+        let text = r.text().await.unwrap_or_default();
+        assert_eq!(status, 400, "{what}: {text}");
+        assert!(
+            text.contains("pin") || text.contains("deadline"),
+            "{what}: unclear refusal {text}"
+        );
+    }
+    let r = http
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .json(&assignment("n-pre", now + 3600, Some(now + 600)))
+        .send()
+        .await
+        .expect("assignment answered");
+    assert_eq!(r.status(), 202, "a sane assignment is taken");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn print_config_and_logs_never_show_secrets() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        "[registries.\"reg.example.com\"]\nusername = \"puller\"\npassword = \"file-secret-Pw1\"\n",
+    )
+    .expect("write config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_starling"))
+        .args(["agent", "--config"])
+        .arg(&cfg)
+        .args([
+            "--print-config",
+            "--cluster-token",
+            "flag-secret-Tok2",
+            "--registry-credentials",
+            "other.example.com=u2:flag-secret-Pw3",
+        ])
+        .env("STARLING_LOG", "debug")
+        .output()
+        .expect("run starling");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    for secret in ["file-secret-Pw1", "flag-secret-Tok2", "flag-secret-Pw3"] {
+        assert!(
+            !text.contains(secret),
+            "--print-config printed the secret {secret}:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("puller") && text.contains("redacted"),
+        "non-secret keys stay visible and secrets are marked:\n{text}"
+    );
+
+    // An agent with credentials and a cluster token, at debug level, after a pull
+    // through it with upstream auth: the log does not carry the secrets either.
+    let registry = tokio::task::spawn_blocking(|| {
+        Registry::start(RegistryAuth::htpasswd("puller", "log-secret-Pw4"))
+    })
+    .await
+    .expect("registry");
+    let img = TestImage::push_multilayer(&registry, "priv/img", "v1", &[128 << 10], 32)
+        .expect("push image");
+    let tracker = start_tracker(dir.path(), &["--cluster-token", "log-secret-Tok5"], &[]).await;
+    let agent = start_agent(
+        dir.path(),
+        "n-secret",
+        &registry,
+        &[
+            "--registry-credentials",
+            &format!("{}=puller:log-secret-Pw4", registry.host()),
+            "--tracker",
+            &tracker.url(),
+            "--cluster-token",
+            "log-secret-Tok5",
+        ],
+        &[("STARLING_LOG", "debug")],
+    )
+    .await;
+    let r = manifest(&format!("{}/v2/priv/img/manifests/v1", agent.url())).await;
+    assert_eq!(r.status(), 200);
+    let r = reqwest::get(format!(
+        "{}/v2/priv/img/blobs/{}",
+        agent.url(),
+        img.layers[0].digest
+    ))
+    .await
+    .expect("blob answered");
+    assert_eq!(r.status(), 200);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for log in [agent.log_text(), tracker.log_text()] {
+        for secret in ["log-secret-Pw4", "log-secret-Tok5"] {
+            assert!(!log.contains(secret), "a log line carries {secret}");
+        }
+    }
+}
