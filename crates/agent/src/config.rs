@@ -87,6 +87,10 @@ pub struct AgentConfig {
     pub max_piece_requests: usize,
     /// Blobs below this go straight to the registry (through the cache).
     pub p2p_threshold: String,
+    /// Registry connections a swarm source may use for one large blob, each fetching a
+    /// disjoint Range slice (registries and CDNs cap each connection); the rule in
+    /// `swarm::pieces::registry_streams_for` uses one per 256 MiB, up to this.
+    pub registry_streams: usize,
     /// The piece size this agent proposes for swarms it starts, e.g. "4MiB"; unset:
     /// the rule in `swarm::pieces::piece_size_for` (from the blob size and this node's
     /// link limits). The first agent in a swarm decides for everyone.
@@ -149,6 +153,7 @@ impl Default for AgentConfig {
             upload_queue: 64,
             max_piece_requests: 16,
             p2p_threshold: "1MiB".into(),
+            registry_streams: 4,
             piece_size: None,
             corrupt_pieces: false,
             containerd_socket: None,

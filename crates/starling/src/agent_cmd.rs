@@ -95,6 +95,10 @@ pub struct AgentArgs {
     /// Piece requests in flight across all blobs (default 16).
     #[arg(long, env = "STARLING_MAX_PIECE_REQUESTS")]
     max_piece_requests: Option<usize>,
+    /// Registry connections a swarm source may use for one large blob (one per 256 MiB,
+    /// up to this; default 4), each fetching a disjoint Range slice.
+    #[arg(long, env = "STARLING_REGISTRY_STREAMS")]
+    registry_streams: Option<usize>,
     /// Blobs below this size skip P2P.
     #[arg(long, env = "STARLING_P2P_THRESHOLD")]
     p2p_threshold: Option<String>,
@@ -219,6 +223,9 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     }
     if let Some(v) = a.max_uploads {
         cfg.max_uploads = v;
+    }
+    if let Some(v) = a.registry_streams {
+        cfg.registry_streams = v;
     }
     if let Some(v) = a.max_piece_requests {
         cfg.max_piece_requests = v;

@@ -132,7 +132,8 @@ pub struct PieceWriter {
     /// Bytes handed to the digest thread, in order from 0.
     digested: u64,
     digest: OrderedDigest,
-    run: Option<Run>,
+    /// Registry runs going, by their first piece.
+    runs: std::collections::BTreeMap<u32, Run>,
     source: String,
     done: bool,
     sidecar_written: Option<Instant>,
@@ -189,7 +190,7 @@ impl PieceWriter {
             prefix,
             digested,
             digest,
-            run: None,
+            runs: std::collections::BTreeMap::new(),
             source,
             done: false,
             sidecar_written: None,
@@ -272,17 +273,25 @@ impl PieceWriter {
         self.mark_received(piece, expected).await
     }
 
-    /// Starts a registry run over pieces `[first, end)`: the caller streams the
-    /// registry's bytes from the first piece's start with [`PieceWriter::write_run`].
-    /// The pieces are claimed so no peer connection writes into them meanwhile; the
-    /// ones already being received from a peer are skipped by the caller.
-    pub fn start_run(&mut self, first: u32, end: u32) -> Result<(), Error> {
-        if self.run.is_some() {
-            return Err(Error::Db("a registry run is already going".into()));
-        }
+    /// Starts a registry run over pieces `[first, end)`, named by `first`: the caller
+    /// streams the registry's bytes from that piece's start with
+    /// [`PieceWriter::write_run`]. Several runs may go at once (disjoint slices of a
+    /// blob over several registry connections). The pieces are claimed so no peer
+    /// connection writes into them meanwhile.
+    pub fn start_run(&mut self, first: u32, end: u32) -> Result<u32, Error> {
         let end = end.min(self.layout.count());
+        if first >= end {
+            return Err(Error::Db(format!("empty registry run {first}..{end}")));
+        }
+        if self
+            .runs
+            .values()
+            .any(|r| first < self.layout.piece_of(r.end.saturating_sub(1)) + 1 && self.layout.piece_of(r.start) < end)
+        {
+            return Err(Error::Db("registry runs overlap".into()));
+        }
         let start = self.layout.range(first).0;
-        let stop = self.layout.range(end.saturating_sub(1)).1;
+        let stop = self.layout.range(end - 1).1;
         {
             let mut g = self.inflight.pieces.lock();
             if let Some(st) = g.as_mut() {
@@ -293,33 +302,41 @@ impl PieceWriter {
                 }
             }
         }
-        self.run = Some(Run {
-            pos: start,
-            end: stop,
-            buf: Vec::with_capacity(RUN_FLUSH_BYTES),
-            buf_start: start,
-            piece: first,
-            hasher: PieceHasher::new(),
-            hashed: Vec::new(),
-            pending: None,
-            start,
-            settled: start,
-        });
-        Ok(())
+        self.runs.insert(
+            first,
+            Run {
+                pos: start,
+                end: stop,
+                buf: Vec::with_capacity(RUN_FLUSH_BYTES),
+                buf_start: start,
+                piece: first,
+                hasher: PieceHasher::new(),
+                hashed: Vec::new(),
+                pending: None,
+                start,
+                settled: start,
+            },
+        );
+        Ok(first)
     }
 
-    pub fn run_position(&self) -> Option<u64> {
-        self.run.as_ref().map(|r| r.pos)
+    /// Where run `id` is (the next byte it expects), if it is still going.
+    pub fn run_position(&self, id: u32) -> Option<u64> {
+        self.runs.get(&id).map(|r| r.pos)
     }
 
-    /// Registry bytes for the current run, in order. Returns the pieces that became
-    /// held (their bytes on disk) with their hashes.
-    pub async fn write_run(&mut self, chunk: Bytes) -> Result<RunChunkOutcome, Error> {
+    pub fn runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Registry bytes for run `id`, in order. Returns the pieces that became held
+    /// (their bytes on disk) with their hashes.
+    pub async fn write_run(&mut self, id: u32, chunk: Bytes) -> Result<RunChunkOutcome, Error> {
         let layout = self.layout;
         let mut out = RunChunkOutcome::default();
-        {
-            let Some(run) = self.run.as_mut() else {
-                return Err(Error::Db("no registry run".into()));
+        let (full, written) = {
+            let Some(run) = self.runs.get_mut(&id) else {
+                return Err(Error::Db("no such registry run".into()));
             };
             if run.pos + chunk.len() as u64 > run.end {
                 return Err(oci::Error::SizeMismatch {
@@ -342,31 +359,26 @@ impl PieceWriter {
                     run.piece += 1;
                 }
             }
-        }
-        let full = self
-            .run
-            .as_ref()
-            .is_some_and(|r| r.buf.len() >= RUN_FLUSH_BYTES || r.pos == r.end);
+            (
+                run.buf.len() >= RUN_FLUSH_BYTES || run.pos == run.end,
+                run.pending.as_ref().is_some_and(|p| p.done.is_finished()),
+            )
+        };
         // Written pieces become held as soon as their write returns.
-        if self
-            .run
-            .as_ref()
-            .and_then(|r| r.pending.as_ref())
-            .is_some_and(|p| p.done.is_finished())
-        {
-            out.held.extend(self.settle_run().await?);
+        if written {
+            out.held.extend(self.settle_run(id).await?);
         }
         if full {
-            out.held.extend(self.flush_run().await?);
+            out.held.extend(self.flush_run(id).await?);
         }
         Ok(out)
     }
 
-    /// Writes what the run has buffered (the registry stream went quiet, or the run
+    /// Writes what run `id` has buffered (the registry stream went quiet, or the run
     /// ended), returning pieces that became held.
-    pub async fn flush_run(&mut self) -> Result<Vec<(u32, PieceHash)>, Error> {
-        let mut held = self.settle_run().await?;
-        let Some(run) = self.run.as_mut() else {
+    pub async fn flush_run(&mut self, id: u32) -> Result<Vec<(u32, PieceHash)>, Error> {
+        let mut held = self.settle_run(id).await?;
+        let Some(run) = self.runs.get_mut(&id) else {
             return Ok(held);
         };
         if run.buf.is_empty() {
@@ -379,6 +391,7 @@ impl PieceWriter {
         let start = run.buf_start;
         let len = bytes.len() as u64;
         run.buf_start += len;
+        let finished = run.pos == run.end;
         let file = self.inflight.file.clone();
         let for_disk = bytes.clone();
         run.pending = Some(PendingWrite {
@@ -393,14 +406,24 @@ impl PieceWriter {
             self.digest.feed(Feed::Bytes(bytes)).await?;
             self.digested = start + len;
         }
-        if self.run.as_ref().is_some_and(|r| r.pos == r.end) {
-            held.extend(self.settle_run().await?);
+        if finished {
+            held.extend(self.settle_run(id).await?);
         }
         Ok(held)
     }
 
-    async fn settle_run(&mut self) -> Result<Vec<(u32, PieceHash)>, Error> {
-        let Some(run) = self.run.as_mut() else {
+    /// Flushes every run (the registry went quiet on all of them).
+    pub async fn flush_runs(&mut self) -> Result<Vec<(u32, PieceHash)>, Error> {
+        let ids: Vec<u32> = self.runs.keys().copied().collect();
+        let mut held = Vec::new();
+        for id in ids {
+            held.extend(self.flush_run(id).await?);
+        }
+        Ok(held)
+    }
+
+    async fn settle_run(&mut self, id: u32) -> Result<Vec<(u32, PieceHash)>, Error> {
+        let Some(run) = self.runs.get_mut(&id) else {
             return Ok(Vec::new());
         };
         let Some(p) = run.pending.take() else {
@@ -412,9 +435,10 @@ impl PieceWriter {
             .map_err(|e| Error::io(&self.inflight.path, e))?;
         run.settled = p.start + p.len;
         let settled = run.settled;
+        let layout = self.layout;
         let mut held = Vec::new();
         run.hashed.retain(|&(i, h)| {
-            if self.layout.range(i).1 <= settled {
+            if layout.range(i).1 <= settled {
                 held.push((i, h));
                 false
             } else {
@@ -437,28 +461,29 @@ impl PieceWriter {
         }
         self.advance().await?;
         if finished {
-            self.run = None;
+            self.runs.remove(&id);
         }
         Ok(held)
     }
 
-    /// Ends the current run early (the stream failed): whole pieces already received
-    /// are kept, the rest of the run is released for someone else to produce.
-    pub async fn abort_run(&mut self) -> Result<Vec<(u32, PieceHash)>, Error> {
-        let Some(run) = self.run.as_mut() else {
+    /// Ends run `id` early (its stream failed): whole pieces already received are kept,
+    /// the rest of the run is released for someone else to produce.
+    pub async fn abort_run(&mut self, id: u32) -> Result<Vec<(u32, PieceHash)>, Error> {
+        let layout = self.layout;
+        let Some(run) = self.runs.get_mut(&id) else {
             return Ok(Vec::new());
         };
         let first_unproduced = run.piece;
-        let claimed_end = self.layout.piece_of(run.end.saturating_sub(1)) + 1;
+        let claimed_end = layout.piece_of(run.end.saturating_sub(1)) + 1;
         // Bytes of the piece cut short are dropped (those already written stay on disk,
         // unheld, and are overwritten by whoever produces the piece).
-        let whole_end = self.layout.range(run.piece).0.max(run.buf_start);
+        let whole_end = layout.range(run.piece).0.max(run.buf_start);
         run.buf.truncate((whole_end - run.buf_start) as usize);
         run.pos = whole_end;
         run.end = whole_end;
-        let mut held = self.flush_run().await?;
-        held.extend(self.settle_run().await?);
-        self.run = None;
+        let mut held = self.flush_run(id).await?;
+        held.extend(self.settle_run(id).await?);
+        self.runs.remove(&id);
         self.release_unproduced(first_unproduced, claimed_end);
         Ok(held)
     }
@@ -497,10 +522,12 @@ impl PieceWriter {
                 .await?;
             self.digested = prefix_bytes;
         }
-        let readable = match &self.run {
-            Some(run) if run.start <= prefix_bytes => prefix_bytes.max(run.settled),
-            _ => prefix_bytes,
-        };
+        let readable = self
+            .runs
+            .values()
+            .filter(|r| r.start <= prefix_bytes)
+            .map(|r| r.settled)
+            .fold(prefix_bytes, u64::max);
         self.inflight
             .progress
             .send_modify(|p| p.written = p.written.max(readable));
@@ -532,9 +559,10 @@ impl PieceWriter {
     /// Verifies the whole blob's digest and moves it into the store. On mismatch the
     /// partial file is deleted: those bytes can never become valid.
     pub async fn finish(mut self) -> Result<u64, Error> {
-        if self.run.is_some() {
-            self.flush_run().await?;
-            self.settle_run().await?;
+        let ids: Vec<u32> = self.runs.keys().copied().collect();
+        for id in ids {
+            self.flush_run(id).await?;
+            self.settle_run(id).await?;
         }
         if !self.is_complete() {
             return Err(Error::Db(format!(

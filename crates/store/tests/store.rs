@@ -307,13 +307,28 @@ async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes(
     let (mut w, _) = w.into_pieces(layout);
     let inf = w.inflight();
     let reader = tokio::spawn(collect(store::read_inflight(inf.clone(), 0, None)));
-    w.start_run(0, layout.count()).unwrap();
+    // Two slices at once, as over two registry connections.
+    let half = layout.count() / 2;
+    let a = w.start_run(0, half).unwrap();
+    let b = w.start_run(half, layout.count()).unwrap();
+    assert!(w.start_run(1, 2).is_err(), "runs never overlap");
     assert!(!inf.claim_piece(3), "a run's pieces are not received from peers");
+    let split = layout.range(half).0 as usize;
     let mut held = Vec::new();
-    for chunk in body.chunks(100_000) {
-        held.extend(w.write_run(bytes::Bytes::copy_from_slice(chunk)).await.unwrap().held);
+    let (mut xs, mut ys) = (body[..split].chunks(100_000), body[split..].chunks(100_000));
+    loop {
+        let (x, y) = (xs.next(), ys.next());
+        if x.is_none() && y.is_none() {
+            break;
+        }
+        if let Some(y) = y {
+            held.extend(w.write_run(b, bytes::Bytes::copy_from_slice(y)).await.unwrap().held);
+        }
+        if let Some(x) = x {
+            held.extend(w.write_run(a, bytes::Bytes::copy_from_slice(x)).await.unwrap().held);
+        }
     }
-    held.extend(w.flush_run().await.unwrap());
+    held.extend(w.flush_runs().await.unwrap());
     held.sort_by_key(|x| x.0);
     assert_eq!(held.len(), layout.count() as usize);
     for (i, h) in held {
@@ -335,10 +350,10 @@ async fn an_aborted_run_keeps_whole_pieces_and_frees_the_rest() {
         panic!()
     };
     let (mut w, _) = w.into_pieces(layout);
-    w.start_run(0, 4).unwrap();
+    let run = w.start_run(0, 4).unwrap();
     // 1.5 pieces arrive, then the stream dies.
-    w.write_run(bytes::Bytes::copy_from_slice(&body[..3 << 19])).await.unwrap();
-    let held: Vec<u32> = w.abort_run().await.unwrap().into_iter().map(|x| x.0).collect();
+    w.write_run(run, bytes::Bytes::copy_from_slice(&body[..3 << 19])).await.unwrap();
+    let held: Vec<u32> = w.abort_run(run).await.unwrap().into_iter().map(|x| x.0).collect();
     let now = w.held();
     assert!(now.get(0) && !now.get(1), "piece 0 kept, the cut piece not: {held:?}");
     let inf = w.inflight();

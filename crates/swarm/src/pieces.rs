@@ -55,6 +55,17 @@ pub fn piece_size_for(blob_size: u64, link_bytes_per_sec: Option<u64>) -> u64 {
     p
 }
 
+/// Bytes per registry connection before a source opens another one for the same blob.
+pub const REGISTRY_SLICE: u64 = 256 * MIB;
+
+/// How many registry connections a source uses for `bytes` of one blob: one per
+/// [`REGISTRY_SLICE`], at most `max`. Registries and CDNs cap each connection (the
+/// `seed-100x5gb` scenario's registry: 4 of its 10 Gbit/s per connection), and the
+/// slices are disjoint, so the registry still sends about one copy.
+pub fn registry_streams_for(bytes: u64, max: u32) -> u32 {
+    (bytes.div_ceil(REGISTRY_SLICE) as u32).clamp(1, max.max(1))
+}
+
 fn pow2_floor(x: u64) -> u64 {
     if x == 0 {
         1

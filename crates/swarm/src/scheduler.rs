@@ -654,6 +654,43 @@ impl PieceScheduler {
         }
     }
 
+    /// A HAVE made `piece` available at `holder`. If this node's only request for it
+    /// waits at `source` (the blob's registry fetcher), returns the source: the caller
+    /// cancels that request unless its bytes already flow, so the source's uplink goes
+    /// to pieces nobody else holds and this one comes from `holder`.
+    pub fn retarget_on_have(&self, piece: u32, holder: &str, source: Option<&str>) -> Option<PeerId> {
+        let source = source?;
+        if holder == source || piece >= self.have.len() || self.have.get(piece) {
+            return None;
+        }
+        let asked = &self.inflight[piece as usize];
+        match asked.as_slice() {
+            [only] => {
+                let s = self.slots[*only as usize].as_ref()?;
+                (s.name == source).then(|| s.name.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// The next run of consecutive pieces to fetch from the registry: pieces nobody
+    /// can give (`everything`: every piece not on its way, when there is no tracker),
+    /// skipping those `busy` says are being produced otherwise.
+    pub fn registry_run(&self, everything: bool, busy: impl Fn(u32) -> bool) -> Option<(u32, u32)> {
+        let want = |i: u32| {
+            !self.have.get(i)
+                && !self.inflight_any.get(i)
+                && !busy(i)
+                && (everything || self.usable_holders(i) == 0)
+        };
+        let first = (0..self.have.len()).find(|&i| want(i))?;
+        let mut end = first + 1;
+        while end < self.have.len() && want(end) {
+            end += 1;
+        }
+        Some((first, end))
+    }
+
     /// Marks a piece as being produced elsewhere (the registry stream).
     pub fn claim(&mut self, piece: u32) {
         if piece < self.have.len() && !self.have.get(piece) {
@@ -881,6 +918,32 @@ mod tests {
         t.set_stripe(Some((1, 4)));
         t.set_peer_at("near", None, 0, 0);
         assert_eq!(t.next_requests(1, 64).len(), 16);
+    }
+
+    #[test]
+    fn a_waiting_request_at_the_source_moves_to_a_new_holder() {
+        let mut s = sched(8, SchedulerConfig { min_window: 1, max_window: 1, ..Default::default() });
+        s.set_peer("src", None, 0);
+        s.set_peer("x", Some(Bitfield::new(8)), 0);
+        let r = s.next_requests(0, 8);
+        let from_src: Vec<u32> = r.iter().filter(|x| x.peer == "src").map(|x| x.piece).collect();
+        let p = *from_src.last().unwrap();
+        s.peer_has("x", p, 1);
+        assert_eq!(s.retarget_on_have(p, "x", Some("src")), Some("src".into()));
+        assert_eq!(s.retarget_on_have(p, "x", Some("other")), None, "not the source");
+        assert_eq!(s.retarget_on_have(p, "src", Some("src")), None);
+        assert_eq!(s.retarget_on_have(7 - p.min(7), "x", None), None);
+    }
+
+    #[test]
+    fn registry_runs_cover_what_nobody_gives() {
+        let mut s = sched(10, SchedulerConfig::default());
+        s.set_peer("a", Some(bits(10, &[0, 1, 5])), 0);
+        assert_eq!(s.registry_run(false, |_| false), Some((2, 5)));
+        assert_eq!(s.registry_run(false, |i| i == 2), Some((3, 5)));
+        assert_eq!(s.registry_run(true, |_| false), Some((0, 10)));
+        s.claim(2);
+        assert_eq!(s.registry_run(false, |_| false), Some((3, 5)));
     }
 
     #[test]

@@ -151,6 +151,7 @@ pub(crate) async fn start(
             ..p2p.sched_cfg.clone()
         },
     );
+    let registry_streams = p2p.registry_streams;
     let (events_tx, events_rx) = mpsc::channel(1024);
     let (internal_tx, internal_rx) = mpsc::channel(16);
     let mut dl = Download {
@@ -173,7 +174,9 @@ pub(crate) async fn start(
         internal_tx,
         unverified: HashMap::new(),
         claims,
-        run: None,
+        runs: HashMap::new(),
+        streams: RunStreams::new(),
+        registry_streams,
         budgeted: HashSet::new(),
         last_tracker_ok: Instant::now(),
         last_announce: Instant::now(),
@@ -209,12 +212,20 @@ struct Link {
     fresh: bool,
 }
 
-/// A registry run in progress: pieces `[first, end)`.
+/// A registry run in progress: pieces `[first, end)` over one registry connection.
 struct RegistryRun {
     first: u32,
     end: u32,
-    stream: oci::upstream::ByteStream,
+    /// Bytes the run still expects (a stream opened before the slices were known may
+    /// carry more: it is cut here).
+    left: u64,
+    stop: futures::stream::AbortHandle,
 }
+
+/// The chunks of every registry run, tagged with the run; `None` ends a run's stream.
+type RunStreams = futures::stream::SelectAll<
+    std::pin::Pin<Box<dyn futures::Stream<Item = (u32, Option<Result<bytes::Bytes, oci::Error>>)> + Send>>,
+>;
 
 struct Download {
     agent: Agent,
@@ -243,7 +254,10 @@ struct Download {
     unverified: HashMap<u32, (String, PieceHash)>,
     /// Pieces on disk from before a restart, to re-verify once hashes are known.
     claims: Vec<u32>,
-    run: Option<RegistryRun>,
+    runs: HashMap<u32, RegistryRun>,
+    streams: RunStreams,
+    /// Registry connections a source may use for one blob (disjoint Range slices).
+    registry_streams: u32,
     /// Requests that took from the agent-wide budget, to give back when they end.
     budgeted: HashSet<(u32, String)>,
     last_tracker_ok: Instant,
@@ -269,7 +283,7 @@ impl Download {
         r.size = Some(self.layout.blob_size);
         r.piece_size = Some(self.layout.piece_size);
         r.have = Some(self.w.held());
-        r.fetching_from_registry = self.run.is_some();
+        r.fetching_from_registry = !self.runs.is_empty();
         r.hashes = self.publish.clone();
         r.known_hashes = self
             .hashes
@@ -363,7 +377,11 @@ impl Download {
         first_stream: Option<oci::upstream::ByteStream>,
     ) {
         if let Some(stream) = first_stream {
-            self.begin_run(0, self.layout.count(), Some(stream)).await;
+            let plan = self.plan_runs(0, self.layout.count());
+            let mut first = Some(stream);
+            for (a, b) in plan {
+                self.begin_run(a, b, first.take()).await;
+            }
         }
         self.connect_links();
         let mut tick = tokio::time::interval(Duration::from_millis(50));
@@ -374,11 +392,11 @@ impl Download {
                 break;
             }
             self.schedule().await;
-            let run_active = self.run.is_some();
+            let run_active = !self.runs.is_empty();
             tokio::select! {
-                chunk = next_chunk(&mut self.run), if run_active => {
+                Some((id, chunk)) = self.streams.next(), if run_active => {
                     run_quiet = false;
-                    if let Err(e) = self.on_registry_chunk(chunk).await {
+                    if let Err(e) = self.on_registry_chunk(id, chunk).await {
                         self.abort(&e).await;
                         return;
                     }
@@ -386,7 +404,7 @@ impl Download {
                 _ = tokio::time::sleep(RUN_QUIET), if run_active && !run_quiet => {
                     // The registry went quiet: publish what is buffered for readers.
                     run_quiet = true;
-                    match self.w.flush_run().await {
+                    match self.w.flush_runs().await {
                         Ok(held) => self.on_registry_pieces(held),
                         Err(e) => {
                             self.abort(&e.to_string()).await;
@@ -719,16 +737,9 @@ impl Download {
     /// source's line is cancelled, so the source's uplink goes to pieces nobody else
     /// has and this piece comes from the peer that has it.
     async fn retarget(&mut self, piece: u32, holder: &str) {
-        let Some(source) = self.source.clone() else {
+        let Some(source) = self.sched.retarget_on_have(piece, holder, self.source.as_deref()) else {
             return;
         };
-        if holder == source || self.sched.have().get(piece) {
-            return;
-        }
-        let asked = self.sched.duplicates_of(piece);
-        if asked.len() != 1 || asked[0] != source {
-            return;
-        }
         if let Some((conn, chan)) = self.links.get(&source).and_then(|l| l.conn.clone()) {
             if !conn.is_receiving(chan, piece) {
                 conn.cancel(chan, piece).await;
@@ -819,37 +830,37 @@ impl Download {
         // Elected source, or no tracker for a while: fetch what nobody can give.
         let tracker_lost = self.last_tracker_ok.elapsed() > TRACKER_GRACE;
         if (self.role == Role::Source || tracker_lost)
-            && self.run.is_none()
+            && self.runs.is_empty()
             && self.registry_retry_at.is_none_or(|t| Instant::now() >= t)
         {
             if let Some((a, b)) = self.next_registry_run(tracker_lost) {
-                self.begin_run(a, b, None).await;
+                for (x, y) in self.plan_runs(a, b) {
+                    self.begin_run(x, y, None).await;
+                }
             }
         }
         self.settle_unverified().await
     }
 
-    /// The first run of consecutive pieces to fetch from the registry: those nobody
-    /// can give (or, without a tracker, every piece not on its way).
+    /// The next run of consecutive pieces to fetch from the registry (see
+    /// `PieceScheduler::registry_run`): nothing being received or awaiting its hash.
     fn next_registry_run(&self, everything: bool) -> Option<(u32, u32)> {
         let inflight = self.w.inflight();
-        let want = |i: u32| {
-            !self.sched.have().get(i)
-                && !self.sched.is_inflight(i)
-                && !self.unverified.contains_key(&i)
-                && !inflight.is_receiving(i)
-        };
-        let pool: Vec<u32> = if everything {
-            (0..self.layout.count()).filter(|&i| want(i)).collect()
-        } else {
-            self.sched.orphans().into_iter().filter(|&i| want(i)).collect()
-        };
-        let first = *pool.first()?;
-        let mut end = first + 1;
-        while pool.binary_search(&end).is_ok() {
-            end += 1;
-        }
-        Some((first, end))
+        self.sched.registry_run(everything, |i| {
+            self.unverified.contains_key(&i) || inflight.is_receiving(i)
+        })
+    }
+
+    /// Pieces `[a, b)` cut into the slices fetched over separate registry
+    /// connections (`swarm::pieces::registry_streams_for`).
+    fn plan_runs(&self, a: u32, b: u32) -> Vec<(u32, u32)> {
+        let bytes = self.layout.range(b - 1).1 - self.layout.range(a).0;
+        let k = swarm::pieces::registry_streams_for(bytes, self.registry_streams).min(b - a).max(1);
+        let per = (b - a).div_ceil(k);
+        (0..k)
+            .map(|i| (a + i * per, (a + (i + 1) * per).min(b)))
+            .filter(|(x, y)| x < y)
+            .collect()
     }
 
     async fn begin_run(&mut self, first: u32, end: u32, stream: Option<oci::upstream::ByteStream>) {
@@ -875,21 +886,46 @@ impl Download {
                 }
             }
         };
-        if let Err(e) = self.w.start_run(first, end) {
-            warn!(digest = %self.d, error = %e, "cannot start a registry run");
-            return;
-        }
+        let id = match self.w.start_run(first, end) {
+            Ok(id) => id,
+            Err(e) => {
+                warn!(digest = %self.d, error = %e, "cannot start a registry run");
+                return;
+            }
+        };
         for i in first..end {
             self.sched.claim(i);
         }
-        self.run = Some(RegistryRun { first, end, stream });
+        let (stream, stop_handle) = futures::stream::abortable(stream);
+        let tagged = stream
+            .map(move |c| (id, Some(c)))
+            .chain(futures::stream::once(async move { (id, None) }));
+        self.streams.push(Box::pin(tagged));
+        self.runs.insert(
+            id,
+            RegistryRun {
+                first,
+                end,
+                left: stop - start,
+                stop: stop_handle,
+            },
+        );
         // A new registry fetcher: say so at once, so the tracker keeps the election.
         self.spawn_announce(false);
     }
 
-    async fn on_registry_chunk(&mut self, chunk: Option<Result<bytes::Bytes, oci::Error>>) -> Result<(), String> {
+    async fn on_registry_chunk(
+        &mut self,
+        id: u32,
+        chunk: Option<Result<bytes::Bytes, oci::Error>>,
+    ) -> Result<(), String> {
+        let Some(left) = self.runs.get(&id).map(|r| r.left) else {
+            // A run already finished or aborted: its stream's last words.
+            return Ok(());
+        };
         match chunk {
-            Some(Ok(chunk)) => {
+            Some(Ok(mut chunk)) => {
+                chunk.truncate(chunk.len().min(left as usize));
                 let n = chunk.len() as u64;
                 if let Some(l) = &self.p2p.download {
                     l.acquire(n).await;
@@ -900,30 +936,35 @@ impl Download {
                 self.agent.metrics.upstream_bytes.inc_by(n);
                 self.p2p.metrics.registry_bytes.inc_by(n);
                 self.registry_bytes += n;
-                let out = self.w.write_run(chunk).await.map_err(|e| e.to_string())?;
+                let out = self.w.write_run(id, chunk).await.map_err(|e| e.to_string())?;
                 self.on_registry_pieces(out.held);
-                if self.w.run_position().is_none() {
-                    self.run = None;
+                if let Some(r) = self.runs.get_mut(&id) {
+                    r.left -= n;
+                }
+                if self.w.run_position(id).is_none() {
+                    // Done: stop reading (a stream opened unbounded may go on).
+                    if let Some(r) = self.runs.remove(&id) {
+                        r.stop.abort();
+                    }
                 }
                 Ok(())
             }
             Some(Err(e)) => {
                 warn!(digest = %self.d, error = %e, "registry run ended early; pieces will be retried");
-                self.end_run().await
+                self.end_run(id).await
             }
             None => {
-                if self.w.run_position().is_some() {
-                    warn!(digest = %self.d, "registry stream ended early; pieces will be retried");
-                }
-                self.end_run().await
+                warn!(digest = %self.d, "registry stream ended early; pieces will be retried");
+                self.end_run(id).await
             }
         }
     }
 
-    async fn end_run(&mut self) -> Result<(), String> {
-        let held = self.w.abort_run().await.map_err(|e| e.to_string())?;
+    async fn end_run(&mut self, id: u32) -> Result<(), String> {
+        let held = self.w.abort_run(id).await.map_err(|e| e.to_string())?;
         self.on_registry_pieces(held);
-        if let Some(run) = self.run.take() {
+        if let Some(run) = self.runs.remove(&id) {
+            run.stop.abort();
             for i in run.first..run.end {
                 self.sched.unclaim(i);
             }
@@ -941,12 +982,5 @@ impl Download {
             }
             self.publish.insert(i, h.to_hex());
         }
-    }
-}
-
-async fn next_chunk(run: &mut Option<RegistryRun>) -> Option<Result<bytes::Bytes, oci::Error>> {
-    match run {
-        Some(r) => r.stream.next().await,
-        None => std::future::pending().await,
     }
 }

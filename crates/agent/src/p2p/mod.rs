@@ -145,6 +145,8 @@ pub struct P2p {
     pub threshold: u64,
     /// A fixed piece size to propose instead of the rule's.
     pub(crate) piece_size: Option<u64>,
+    /// Registry connections a source may use for one large blob.
+    pub(crate) registry_streams: u32,
     pub(crate) corrupt: bool,
     pub metrics: P2pMetrics,
 }
@@ -200,6 +202,7 @@ impl P2p {
             sched_cfg: SchedulerConfig::default(),
             hash_cache: parking_lot::Mutex::new(HashMap::new()),
             threshold: parse_size(&cfg.p2p_threshold).map_err(Error::Config)?,
+            registry_streams: cfg.registry_streams.clamp(1, 16) as u32,
             piece_size: match cfg.piece_size.as_deref() {
                 None | Some("auto") => None,
                 Some(v) => Some(parse_size(v).map_err(Error::Config)?),
