@@ -87,6 +87,10 @@ pub struct AgentConfig {
     pub max_piece_requests: usize,
     /// Blobs below this go straight to the registry (through the cache).
     pub p2p_threshold: String,
+    /// When a client gets an image manifest, start fetching all its layers at once in
+    /// the background (the runtime's requests join them). Turn off for lazy pullers
+    /// (eStargz, SOCI), which read only parts of layers.
+    pub prefetch_layers: bool,
     /// Registry connections a swarm source may use for one large blob, each fetching a
     /// disjoint Range slice (registries and CDNs cap each connection); the rule in
     /// `swarm::pieces::registry_streams_for` uses one per 256 MiB, up to this.
@@ -154,6 +158,7 @@ impl Default for AgentConfig {
             max_piece_requests: 16,
             p2p_threshold: "1MiB".into(),
             registry_streams: 4,
+            prefetch_layers: true,
             piece_size: None,
             corrupt_pieces: false,
             containerd_socket: None,

@@ -114,6 +114,42 @@ impl Agent {
         })
     }
 
+    /// Starts fetching the layers of an image manifest a client just got, in the
+    /// background, so they all arrive at the link's full rate rather than a few at a
+    /// time in the order the runtime asks for them (containerd fetches 3 at once); the
+    /// runtime's own requests then join the downloads already running. In a swarm this
+    /// also starts every layer's swarm at once, so registry bytes enter through as many
+    /// sources as there are layers. Off for lazy pullers (`prefetch_layers = false`),
+    /// which read only parts of layers.
+    pub(crate) fn prefetch_layers(&self, registry: &str, repo: &str, body: &[u8]) {
+        if !self.cfg.prefetch_layers {
+            return;
+        }
+        let Ok(m) = oci::Manifest::parse(body) else {
+            return;
+        };
+        if m.is_index() {
+            return;
+        }
+        let min = self.p2p.as_ref().map_or(1 << 20, |p| p.threshold);
+        for layer in m.layers.iter().filter(|l| l.size >= min).take(256) {
+            if self.store.stat(&layer.digest).is_some() || self.store.inflight(&layer.digest).is_some() {
+                continue;
+            }
+            let (agent, registry, repo, d) = (
+                self.clone(),
+                registry.to_owned(),
+                repo.to_owned(),
+                layer.digest.clone(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = agent.acquire(&registry, &repo, &d, None).await {
+                    tracing::debug!(digest = %d, error = %e, "prefetch did not start");
+                }
+            });
+        }
+    }
+
     /// This agent fetches the blob from the registry itself (no swarm).
     async fn lead_from_registry(
         &self,

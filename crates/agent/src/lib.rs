@@ -570,6 +570,9 @@ async fn handle(
             let m = agent
                 .manifest(&registry, &repo, &reference, accept.as_deref())
                 .await?;
+            if !head {
+                agent.prefetch_layers(&registry, &repo, &m.body);
+            }
             let b = Response::builder()
                 .header(header::CONTENT_TYPE, &m.media_type)
                 .header("Docker-Content-Digest", m.digest.to_string())

@@ -44,8 +44,12 @@ pub struct TokenBucket {
 #[derive(Debug)]
 struct State {
     /// Available tokens scaled by 1e9 (byte·ns/s), so refills are exact integers.
-    /// Negative means debt.
+    /// Negative means debt. Every reservation takes from it.
     scaled: i128,
+    /// The same, as seen by high-priority reservations: only they take from it, so
+    /// they never wait behind low-priority debt (low-priority ones do wait behind
+    /// theirs, through `scaled`).
+    scaled_high: i128,
     /// Clock reading of the last update.
     last: Duration,
 }
@@ -65,6 +69,7 @@ impl TokenBucket {
             origin: tokio::time::Instant::now(),
             state: Mutex::new(State {
                 scaled: burst as i128 * NANOS as i128,
+                scaled_high: burst as i128 * NANOS as i128,
                 last: Duration::ZERO,
             }),
         }
@@ -83,6 +88,18 @@ impl TokenBucket {
     /// wait before sending those `n` bytes. A clock reading earlier than the last one is
     /// treated as no time passing.
     pub fn reserve_at(&self, n: u64, now: Duration) -> Duration {
+        self.reserve(n, now, false)
+    }
+
+    /// [`TokenBucket::reserve_at`] for a high-priority stream: it waits only behind
+    /// other high-priority reservations, and every low-priority one waits behind it.
+    /// The long-run rate is still the bucket's; in the short run the total may exceed
+    /// it by the low-priority reservations already granted (a few chunks).
+    pub fn reserve_high_at(&self, n: u64, now: Duration) -> Duration {
+        self.reserve(n, now, true)
+    }
+
+    fn reserve(&self, n: u64, now: Duration, high: bool) -> Duration {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if now > st.last {
             let elapsed = (now - st.last).as_nanos();
@@ -90,14 +107,22 @@ impl TokenBucket {
             let refill =
                 (elapsed.saturating_mul(self.rate as u128)).min(i128::MAX as u128 / 2) as i128;
             st.scaled = st.scaled.saturating_add(refill).min(cap);
+            st.scaled_high = st.scaled_high.saturating_add(refill).min(cap);
             st.last = now;
         }
-        st.scaled -= n as i128 * NANOS as i128;
-        if st.scaled >= 0 {
+        let cost = n as i128 * NANOS as i128;
+        st.scaled -= cost;
+        let left = if high {
+            st.scaled_high -= cost;
+            st.scaled_high
+        } else {
+            st.scaled
+        };
+        if left >= 0 {
             Duration::ZERO
         } else {
             // ceil(debt / rate) nanoseconds.
-            let debt = (-st.scaled) as u128;
+            let debt = (-left) as u128;
             let ns = debt.div_ceil(self.rate as u128);
             Duration::from_nanos(ns.min(u64::MAX as u128) as u64)
         }
@@ -107,6 +132,16 @@ impl TokenBucket {
     pub async fn acquire(&self, n: u64) {
         let now = tokio::time::Instant::now();
         let wait = self.reserve_at(n, now.saturating_duration_since(self.origin));
+        if !wait.is_zero() {
+            tokio::time::sleep_until(now + wait).await;
+        }
+    }
+
+    /// [`TokenBucket::acquire`] with priority: used for bytes that are new to the
+    /// whole swarm (a source's registry stream), which every other node waits for.
+    pub async fn acquire_high(&self, n: u64) {
+        let now = tokio::time::Instant::now();
+        let wait = self.reserve_high_at(n, now.saturating_duration_since(self.origin));
         if !wait.is_zero() {
             tokio::time::sleep_until(now + wait).await;
         }
@@ -206,6 +241,41 @@ mod tests {
         t += Duration::from_secs(100);
         assert_eq!(b.reserve_at(100_000, t), Duration::ZERO);
         assert_eq!(b.reserve_at(1_000, t), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn a_high_priority_stream_takes_the_rate_and_low_ones_share_the_rest() {
+        let b = TokenBucket::with_burst(1_000_000, 10_000);
+        // A high stream wanting half the rate (10 kB every 20 ms) and four low streams
+        // wanting everything, for 10 s of virtual time.
+        let mut high_sent = 0u64;
+        let mut low_sent = 0u64;
+        let mut t_high = Duration::ZERO;
+        let mut t_low = [Duration::ZERO; 4];
+        let end = Duration::from_secs(10);
+        loop {
+            let i = (0..4).min_by_key(|&i| t_low[i]).unwrap_or(0);
+            if t_high <= t_low[i] {
+                if t_high >= end {
+                    break;
+                }
+                let wait = b.reserve_high_at(10_000, t_high);
+                high_sent += 10_000;
+                t_high += wait.max(Duration::from_millis(20));
+            } else {
+                if t_low[i] >= end {
+                    break;
+                }
+                t_low[i] += b.reserve_at(10_000, t_low[i]);
+                low_sent += 10_000;
+            }
+        }
+        let secs = end.as_secs_f64();
+        let high_rate = high_sent as f64 / secs;
+        let total = (high_sent + low_sent) as f64 / secs;
+        assert!(high_rate > 480_000.0, "the high stream got what it asked for: {high_rate}");
+        assert!(total < 1_030_000.0, "the bucket's rate still holds: {total}");
+        assert!(total > 950_000.0, "and the low streams used the rest: {total}");
     }
 
     #[test]

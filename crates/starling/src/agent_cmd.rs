@@ -95,6 +95,10 @@ pub struct AgentArgs {
     /// Piece requests in flight across all blobs (default 16).
     #[arg(long, env = "STARLING_MAX_PIECE_REQUESTS")]
     max_piece_requests: Option<usize>,
+    /// Do not start fetching an image's layers when its manifest is fetched (for lazy
+    /// pullers such as stargz-snapshotter, which read only parts of layers).
+    #[arg(long, env = "STARLING_NO_PREFETCH")]
+    no_prefetch: bool,
     /// Registry connections a swarm source may use for one large blob (one per 256 MiB,
     /// up to this; default 4), each fetching a disjoint Range slice.
     #[arg(long, env = "STARLING_REGISTRY_STREAMS")]
@@ -223,6 +227,9 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     }
     if let Some(v) = a.max_uploads {
         cfg.max_uploads = v;
+    }
+    if a.no_prefetch {
+        cfg.prefetch_layers = false;
     }
     if let Some(v) = a.registry_streams {
         cfg.registry_streams = v;

@@ -41,6 +41,9 @@ pub struct DemoArgs {
     /// Piece requests in flight per agent.
     #[arg(long, default_value_t = 16)]
     pub max_piece_requests: usize,
+    /// Layers each node's pull client fetches at once (containerd: 3).
+    #[arg(long, default_value_t = 4)]
+    pub client_concurrency: usize,
     /// Skip the direct baseline run.
     #[arg(long)]
     pub no_direct: bool,
@@ -99,6 +102,9 @@ struct Report {
     /// One piece of the largest blob at the node limit (seconds): the TTFB
     /// goal is this plus 20 ms.
     piece_time_seconds: f64,
+    /// (seconds, bytes each agent had received from peers and the registry), every
+    /// half second of the P2P run.
+    receive_series: Vec<(f64, Vec<u64>)>,
 }
 
 /// (busy, total) jiffies of the whole machine.
@@ -147,7 +153,10 @@ fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
     let f = std::fs::File::create(log)?;
     Command::new(exe)
         .args(args)
-        .env("STARLING_LOG", "info")
+        .env(
+            "STARLING_LOG",
+            std::env::var("STARLING_DEMO_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdout(Stdio::null())
         .stderr(f)
         .spawn()
@@ -348,7 +357,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         let up = oci::Upstream::new(ucfg)?;
         let r = reference.clone();
         let opts = oci::pull::PullOptions {
-            concurrency: 4,
+            concurrency: a.client_concurrency.max(1),
             progress: Some(progress[i].clone()),
             ..Default::default()
         };
@@ -356,6 +365,33 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             oci::pull::pull(&up, &r, &opts).await
         }));
     }
+    // Bytes each agent received (peers + registry), sampled every half second: shows
+    // how busy each node's download link was over the run.
+    let series: Arc<std::sync::Mutex<Vec<(f64, Vec<u64>)>>> = Arc::default();
+    let sampler = {
+        let series = series.clone();
+        let ports: Vec<u16> = agents.iter().map(|(_, p, _)| *p).collect();
+        tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            loop {
+                let mut row = Vec::with_capacity(ports.len());
+                for p in &ports {
+                    let text = match client.get(format!("http://127.0.0.1:{p}/metrics")).send().await {
+                        Ok(r) => r.text().await.unwrap_or_default(),
+                        Err(_) => String::new(),
+                    };
+                    row.push(
+                        metric(&text, "starling_agent_p2p_peer_bytes_total")
+                            + metric(&text, "starling_agent_upstream_bytes_total"),
+                    );
+                }
+                if let Ok(mut s) = series.lock() {
+                    s.push((started.elapsed().as_secs_f64(), row));
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
     let ticker = {
         let progress = progress.clone();
         let stats = stats.clone();
@@ -413,6 +449,8 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     let all_nodes = started.elapsed().as_secs_f64();
     let jiffies_after = machine_jiffies();
     ticker.abort();
+    sampler.abort();
+    let receive_series = series.lock().map(|s| s.clone()).unwrap_or_default();
     let machine_cpu_busy = (jiffies_after.0 - jiffies_before.0) as f64
         / (jiffies_after.1 - jiffies_before.1).max(1) as f64;
     // Which node fetched each swarm blob from the registry, and its piece size.
@@ -509,6 +547,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         non_seed_first_byte_p95: percentile(&ttfb, 0.95),
         non_seed_first_byte_max: ttfb.last().copied().unwrap_or(0.0),
         piece_time_seconds: largest_piece as f64 / node_limit as f64,
+        receive_series,
         per_node,
     };
     if a.json {

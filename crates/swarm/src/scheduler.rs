@@ -40,6 +40,12 @@ pub struct SchedulerConfig {
     pub max_inflight_total: u32,
     /// Endgame starts when at most this many pieces are missing.
     pub endgame: u32,
+    /// Among pieces equally rare, those within this many pieces of the read head go
+    /// first (in the node's seeded order inside each such group): nodes that start
+    /// together still ask for different pieces, while a node pulling from seeders
+    /// gets the blob nearly in order, which its reader (the runtime) and its in-order
+    /// digest want.
+    pub order_group: u32,
     /// Per-node seed for ordering pieces of equal rarity.
     pub seed: u64,
     /// How long a peer that answered "busy" is left alone.
@@ -57,6 +63,7 @@ impl Default for SchedulerConfig {
             window_ms: 40,
             max_inflight_total: 32,
             endgame: 4,
+            order_group: 16,
             seed: 0,
             busy_backoff_ms: 25,
             patience_ms: 1_500,
@@ -379,7 +386,7 @@ impl PieceScheduler {
             let Some(p) = self.least_loaded(now_ms, &exhausted) else {
                 break;
             };
-            match self.best_piece_for(p, now_ms) {
+            match self.best_piece_for(p, now_ms, head) {
                 Some(piece) => {
                     self.assign(piece, p, now_ms);
                     out.push(self.request(piece, p, false));
@@ -441,13 +448,15 @@ impl PieceScheduler {
             .map(|(i, _)| i)
     }
 
-    /// The rarest open piece this peer holds (ties in this node's seeded order).
-    fn best_piece_for(&self, slot: u32, now_ms: u64) -> Option<u32> {
+    /// The rarest open piece this peer holds; ties go to the group of pieces nearest
+    /// the read head, then in this node's seeded order.
+    fn best_piece_for(&self, slot: u32, now_ms: u64, head: u32) -> Option<u32> {
+        let group = self.cfg.order_group.max(1);
         let s = self.slots[slot as usize].as_ref()?;
         let have = self.have.as_bytes();
         let busy = self.inflight_any.as_bytes();
         let theirs = s.have.as_ref().map(|h| h.as_bytes());
-        let mut best: Option<((u32, u64), u32)> = None;
+        let mut best: Option<((u32, u32, u64), u32)> = None;
         for (byte, (&mine, &infl)) in have.iter().zip(busy).enumerate() {
             let mut open = !mine & !infl;
             if let Some(t) = theirs {
@@ -460,7 +469,11 @@ impl PieceScheduler {
                 if piece >= self.have.len() || !self.far_allowed(piece, s.distance, now_ms) {
                     continue;
                 }
-                let key = (self.usable_holders(piece), mix(self.cfg.seed, piece));
+                let key = (
+                    self.usable_holders(piece),
+                    piece.saturating_sub(head) / group,
+                    mix(self.cfg.seed, piece),
+                );
                 if best.is_none_or(|(k, _)| key < k) {
                     best = Some((key, piece));
                 }

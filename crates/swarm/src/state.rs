@@ -38,6 +38,10 @@ pub struct SwarmConfig {
     pub announce_interval_ms: u64,
     /// Swarms with at least this many members get rack stripes.
     pub stripe_min_members: usize,
+    /// A node already fetching another blob from the registry is elected source of a
+    /// new blob only if nobody else asks for it within this long: sources spread over
+    /// nodes, so registry bytes enter the swarm through several links, not one.
+    pub source_defer_ms: u64,
 }
 
 impl Default for SwarmConfig {
@@ -51,6 +55,7 @@ impl Default for SwarmConfig {
             bad_peer_quorum: 3,
             announce_interval_ms: 1_000,
             stripe_min_members: 64,
+            source_defer_ms: 100,
         }
     }
 }
@@ -68,6 +73,8 @@ struct Swarm {
     elections: u32,
     /// Who was elected (the first few), for reports.
     elected: Vec<String>,
+    /// When the swarm was first announced (ms).
+    born: u64,
 }
 
 impl Swarm {
@@ -157,7 +164,26 @@ impl TrackerState {
     pub fn announce(&mut self, req: &AnnounceRequest, now: u64) -> Result<AnnounceResponse, Error> {
         Self::validate(req)?;
         let cfg = self.cfg.clone();
-        let swarm = self.swarms.entry(req.digest.clone()).or_default();
+        // Blobs this node is fetching from the registry right now (only counted when
+        // this swarm needs a source: elections are rare, the count is a scan).
+        let sourcing_elsewhere = if self.swarms.get(&req.digest).is_none_or(|s| s.source.is_none()) {
+            self.swarms
+                .iter()
+                .filter(|(d, s)| {
+                    *d != &req.digest
+                        && s.source.as_deref() == Some(req.node.as_str())
+                        && s.peers.get(&req.node).is_some_and(|p| {
+                            !p.complete && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms
+                        })
+                })
+                .count()
+        } else {
+            0
+        };
+        let swarm = self.swarms.entry(req.digest.clone()).or_insert_with(|| Swarm {
+            born: now,
+            ..Swarm::default()
+        });
         if let (Some(known), Some(said)) = (swarm.size, req.size) {
             if known != said {
                 return Err(Error::Geometry(format!(
@@ -238,6 +264,14 @@ impl TrackerState {
             Role::Direct
         } else if swarm.source.as_deref() == Some(&req.node) {
             Role::Source
+        } else if swarm.source.is_none()
+            && !req.fetching_from_registry
+            && !any_complete
+            && sourcing_elsewhere > 0
+            && now < swarm.born + cfg.source_defer_ms
+        {
+            // Busy with another registry fetch: give another node the chance.
+            Role::Peer
         } else if swarm.source.is_none() && (req.fetching_from_registry || !any_complete) {
             // Elect: the blob is not in the cluster (or its holders vanished mid-way).
             swarm.source = Some(req.node.clone());
@@ -581,6 +615,22 @@ mod tests {
         };
         let names: Vec<String> = ann(&mut t, &me, 1).peers.into_iter().map(|p| p.node).collect();
         assert_eq!(names, vec!["rack", "zone", "far"]);
+    }
+
+    #[test]
+    fn a_node_busy_sourcing_one_blob_lets_another_source_the_next() {
+        let (b1, b2, b3) = (Digest::of(b"1"), Digest::of(b"2"), Digest::of(b"3"));
+        let mut t = TrackerState::new(SwarmConfig::default());
+        assert_eq!(ann(&mut t, &req("a", &b1), 0).role, Role::Source);
+        // "a" asks for a second blob first: held back for the defer window...
+        assert_eq!(ann(&mut t, &req("a", &b2), 10).role, Role::Peer);
+        // ...and "b", sourcing nothing, gets it.
+        assert_eq!(ann(&mut t, &req("b", &b2), 20).role, Role::Source);
+        // Nobody else wants a third blob: "a" gets it after the window.
+        assert_eq!(ann(&mut t, &req("a", &b3), 30).role, Role::Peer);
+        let later = 30 + t.cfg.source_defer_ms;
+        assert_eq!(ann(&mut t, &req("a", &b1), later).role, Role::Source, "keeps the first");
+        assert_eq!(ann(&mut t, &req("a", &b3), later).role, Role::Source);
     }
 
     #[test]

@@ -73,6 +73,10 @@ pub enum Frame {
     Hello {
         version: u16,
         node: String,
+        /// Where the sender's own peer listener is (`host:port`), so a holder can open
+        /// a channel back to a new member of a swarm without waiting for the tracker.
+        /// A claim like any other: the holder dials it and checks who answers.
+        addr: String,
         nonce: [u8; 16],
         proof: [u8; 32],
     },
@@ -166,6 +170,7 @@ impl Frame {
             Frame::Hello {
                 version,
                 node,
+                addr,
                 nonce,
                 proof,
             } => {
@@ -174,6 +179,9 @@ impl Frame {
                 let name = &node.as_bytes()[..node.len().min(MAX_NODE_NAME)];
                 out.put_u8(name.len() as u8);
                 out.put_slice(name);
+                let addr = &addr.as_bytes()[..addr.len().min(MAX_NODE_NAME)];
+                out.put_u8(addr.len() as u8);
+                out.put_slice(addr);
                 out.put_slice(nonce);
                 out.put_slice(proof);
             }
@@ -374,9 +382,12 @@ fn parse_body(body: &mut BytesMut) -> Result<Frame, Error> {
             let n = r.u8()? as usize;
             let name = r.bytes(n)?;
             let node = String::from_utf8(name).map_err(|_| wire("node name is not UTF-8".into()))?;
+            let n = r.u8()? as usize;
+            let addr = String::from_utf8(r.bytes(n)?).map_err(|_| wire("address is not UTF-8".into()))?;
             Frame::Hello {
                 version,
                 node,
+                addr,
                 nonce: r.array()?,
                 proof: r.array()?,
             }
@@ -539,6 +550,7 @@ mod tests {
             Frame::Hello {
                 version: 1,
                 node: "node-7".into(),
+                addr: "10.0.0.7:5051".into(),
                 nonce: [7; 16],
                 proof: [9; 32],
             },

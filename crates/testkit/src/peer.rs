@@ -42,6 +42,7 @@ impl PeerClient {
         c.send(&[Frame::Hello {
             version: wire::PROTOCOL_VERSION,
             node: me.into(),
+            addr: "127.0.0.1:1".into(),
             nonce,
             proof: [0; 32],
         }])

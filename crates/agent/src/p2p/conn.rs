@@ -38,6 +38,11 @@ const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// What a blob's download task hears about one peer.
 #[derive(Debug)]
 pub(crate) enum PeerEvent {
+    /// A peer opened a channel on this blob with us: a swarm member to connect back to.
+    Discovered {
+        peer: String,
+        addr: String,
+    },
     Connected {
         peer: String,
         conn: Arc<PeerConn>,
@@ -226,7 +231,9 @@ pub(crate) fn raw_digest(d: &oci::Digest) -> [u8; 32] {
 #[derive(Default)]
 pub(crate) struct PeerPool {
     conns: parking_lot::Mutex<HashMap<String, Arc<PeerConn>>>,
-    dialing: tokio::sync::Mutex<()>,
+    /// One dial at a time per peer, so two blobs do not dial the same peer twice; dials
+    /// to different peers go in parallel.
+    dialing: parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl PeerPool {
@@ -235,15 +242,21 @@ impl PeerPool {
         if let Some(c) = self.live(node) {
             return Ok(c);
         }
-        // One dial at a time per agent keeps two blobs from dialing the same peer twice;
-        // dials are quick (a handshake on a LAN).
-        let _one = self.dialing.lock().await;
+        let gate = self
+            .dialing
+            .lock()
+            .entry(node.to_owned())
+            .or_default()
+            .clone();
+        let _one = gate.lock().await;
         if let Some(c) = self.live(node) {
             return Ok(c);
         }
-        let conn = tokio::time::timeout(DIAL_TIMEOUT + HANDSHAKE_TIMEOUT, dial(p2p, node, addr))
-            .await
-            .map_err(|_| peer_err(node, "dial timed out"))??;
+        let conn = tokio::time::timeout(DIAL_TIMEOUT + HANDSHAKE_TIMEOUT, dial(p2p, node, addr)).await;
+        if self.dialing.lock().len() > 4096 {
+            self.dialing.lock().retain(|_, g| Arc::strong_count(g) > 1);
+        }
+        let conn = conn.map_err(|_| peer_err(node, "dial timed out"))??;
         self.conns.lock().insert(node.to_owned(), conn.clone());
         Ok(conn)
     }
@@ -275,6 +288,7 @@ async fn dial(p2p: &Arc<P2p>, node: &str, addr: &str) -> Result<Arc<PeerConn>, E
         &[Frame::Hello {
             version: wire::PROTOCOL_VERSION,
             node: p2p.node.clone(),
+            addr: p2p.addr.clone(),
             nonce,
             proof: [0; 32],
         }],
@@ -289,6 +303,7 @@ async fn dial(p2p: &Arc<P2p>, node: &str, addr: &str) -> Result<Arc<PeerConn>, E
         node: holder,
         nonce: holder_nonce,
         proof,
+        ..
     }) = hello
     else {
         return Err(peer_err(node, "expected HELLO"));

@@ -81,9 +81,13 @@ pub(crate) async fn start(
             return Start::NotSwarm(writer);
         }
     };
-    // Peers may have to wait a moment for the source to learn the size.
+    // Peers may have to wait a moment for the source to learn the size, or for the
+    // tracker to elect one (it holds a blob back from a node busy with another).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while resp.role == Role::Peer && resp.size.is_none() && Instant::now() < deadline {
+    let nobody_has_it = |r: &AnnounceResponse| {
+        r.role == Role::Peer && (r.size.is_none() || (!r.source_alive && r.peers.iter().all(|p| p.have.as_ref().is_some_and(|h| h.count() == 0))))
+    };
+    while nobody_has_it(&resp) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
         match p2p.announce(&req).await {
             Ok(r) => resp = r,
@@ -188,9 +192,11 @@ pub(crate) async fn start(
         started: Instant::now(),
         peer_bytes: 0,
         registry_bytes: 0,
+        pieces_by_peer: BTreeMap::new(),
         registry_retry_at: None,
     };
     dl.absorb(resp);
+    dl.p2p.downloads.lock().insert(dl.d.clone(), dl.events_tx.clone());
     tokio::spawn(dl.run(events_rx, internal_rx, first_stream));
     Start::Started(inflight, size)
 }
@@ -270,6 +276,8 @@ struct Download {
     started: Instant,
     peer_bytes: u64,
     registry_bytes: u64,
+    /// Verified pieces by the peer that sent them (reported when the blob is done).
+    pieces_by_peer: BTreeMap<String, u32>,
     registry_retry_at: Option<Instant>,
 }
 
@@ -438,6 +446,7 @@ impl Download {
 
     async fn abort(&mut self, reason: &str) {
         warn!(digest = %self.d, error = %reason, "swarm download failed");
+        self.p2p.downloads.lock().remove(&self.d);
         self.close_links().await;
         self.w.fail(reason);
         leave(&self.p2p, &self.d).await;
@@ -455,6 +464,7 @@ impl Download {
     }
 
     async fn finish(mut self) {
+        self.p2p.downloads.lock().remove(&self.d);
         self.close_links().await;
         let size = self.layout.blob_size;
         let secs = self.started.elapsed().as_secs_f64();
@@ -469,10 +479,16 @@ impl Download {
         };
         self.w.set_source(source);
         let (peer_bytes, registry_bytes) = (self.peer_bytes, self.registry_bytes);
+        let by_peer = self
+            .pieces_by_peer
+            .iter()
+            .map(|(p, n)| format!("{p}:{n}"))
+            .collect::<Vec<_>>()
+            .join(",");
         match self.w.finish().await {
             Ok(_) => {
                 info!(
-                    digest = %d, bytes = size, from_peers = peer_bytes, from_registry = registry_bytes,
+                    digest = %d, bytes = size, from_peers = peer_bytes, from_registry = registry_bytes, pieces_by_peer = %by_peer,
                     seconds = format!("{secs:.3}"), mib_per_s = format!("{:.1}", size as f64 / secs.max(1e-6) / 1048576.0),
                     "blob downloaded through the swarm"
                 );
@@ -492,6 +508,9 @@ impl Download {
         let avail = self.p2p.budget.available();
         let reqs = self.sched.next_requests(now, avail);
         for r in reqs {
+            if r.piece == 0 {
+                debug!(digest = %self.d, peer = %r.peer, ms = self.started.elapsed().as_millis() as u64, urgent = r.urgent, "piece 0 requested");
+            }
             let link = self.links.get(&r.peer).and_then(|l| l.conn.clone());
             let Some((conn, chan)) = link else {
                 self.sched.on_failed(r.piece, &r.peer, false);
@@ -565,6 +584,23 @@ impl Download {
     async fn on_event(&mut self, ev: PeerEvent) -> Result<(), store::Error> {
         let now = self.now_ms();
         match ev {
+            PeerEvent::Discovered { peer, addr } => {
+                if !self.links.contains_key(&peer) && self.links.len() < MAX_LINKS {
+                    let distance = 2;
+                    self.links.insert(
+                        peer,
+                        Link {
+                            addr,
+                            distance,
+                            conn: None,
+                            connecting: false,
+                            retry_at: None,
+                            fresh: true,
+                        },
+                    );
+                    self.connect_links();
+                }
+            }
             PeerEvent::Connected { peer, conn, chan } => match self.links.get_mut(&peer) {
                 Some(l) => {
                     l.connecting = false;
@@ -580,6 +616,7 @@ impl Download {
                 }
             }
             PeerEvent::Holds { peer, have } => {
+                debug!(digest = %self.d, %peer, ms = self.started.elapsed().as_millis() as u64, held = have.as_ref().map_or(u32::MAX, |h| h.count()), "peer holds");
                 let distance = self.links.get(&peer).map_or(2, |l| l.distance);
                 self.sched.set_peer_at(&peer, have, distance, now);
             }
@@ -651,10 +688,14 @@ impl Download {
         let now = self.now_ms();
         match self.hashes.get(piece as usize).copied().flatten() {
             Some(want) if want == got => {
+                if piece == 0 {
+                    debug!(digest = %self.d, %peer, ms = self.started.elapsed().as_millis() as u64, "first piece verified");
+                }
                 if self.w.mark_received(piece, got).await? {
                     let len = self.layout.len(piece);
                     self.peer_bytes += len;
                     self.p2p.metrics.pieces_from_peers.inc();
+                    *self.pieces_by_peer.entry(peer.to_owned()).or_default() += 1;
                 }
                 self.sched.on_done(piece, peer, now);
                 self.cancel_duplicates(piece).await;
@@ -696,6 +737,7 @@ impl Download {
                     if self.w.mark_received(piece, got).await? {
                         self.peer_bytes += self.layout.len(piece);
                         self.p2p.metrics.pieces_from_peers.inc();
+                        *self.pieces_by_peer.entry(peer.clone()).or_default() += 1;
                     }
                     self.sched.on_done(piece, &peer, now);
                 } else {
@@ -927,8 +969,11 @@ impl Download {
             Some(Ok(mut chunk)) => {
                 chunk.truncate(chunk.len().min(left as usize));
                 let n = chunk.len() as u64;
+                // Registry bytes first on this node's link: they are new to the whole
+                // swarm, which waits for them, while peer bytes are copies that other
+                // holders can send later.
                 if let Some(l) = &self.p2p.download {
-                    l.acquire(n).await;
+                    l.acquire_high(n).await;
                 }
                 if let Some(l) = &self.limit {
                     l.acquire(n).await;

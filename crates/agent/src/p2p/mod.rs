@@ -139,6 +139,9 @@ pub struct P2p {
     /// Piece requests in flight across all blobs.
     pub(crate) budget: RequestBudget,
     pub(crate) pool: conn::PeerPool,
+    /// Running swarm downloads, by blob: where to tell one about a peer that opened a
+    /// channel on its blob.
+    pub(crate) downloads: parking_lot::Mutex<HashMap<oci::Digest, tokio::sync::mpsc::Sender<conn::PeerEvent>>>,
     pub(crate) sched_cfg: SchedulerConfig,
     /// Piece hashes computed from complete blobs, by (digest, piece size).
     pub(crate) hash_cache: parking_lot::Mutex<HashMap<(oci::Digest, u64), Arc<Vec<PieceHash>>>>,
@@ -199,6 +202,7 @@ impl P2p {
             holders: parking_lot::Mutex::new(HashMap::new()),
             budget: RequestBudget::new(cfg.max_piece_requests.max(1) as u32),
             pool: conn::PeerPool::default(),
+            downloads: parking_lot::Mutex::new(HashMap::new()),
             sched_cfg: SchedulerConfig::default(),
             hash_cache: parking_lot::Mutex::new(HashMap::new()),
             threshold: parse_size(&cfg.p2p_threshold).map_err(Error::Config)?,
@@ -210,6 +214,20 @@ impl P2p {
             corrupt: cfg.corrupt_pieces,
             metrics: P2pMetrics::register(registry),
         })))
+    }
+
+    /// A peer opened a channel on a blob: if this node is downloading it too, that
+    /// download learns of the peer (and may connect back) now.
+    pub(crate) fn discovered(&self, d: &oci::Digest, node: &str, addr: &str) {
+        if node == self.node || addr.is_empty() || addr.len() > 255 {
+            return;
+        }
+        if let Some(tx) = self.downloads.lock().get(d) {
+            let _ = tx.try_send(conn::PeerEvent::Discovered {
+                peer: node.to_owned(),
+                addr: addr.to_owned(),
+            });
+        }
     }
 
     /// Starts the peer listener and the upload dispatcher.

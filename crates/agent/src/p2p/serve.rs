@@ -98,11 +98,18 @@ pub(crate) async fn serve_peers(agent: Agent, p2p: Arc<P2p>, listener: TcpListen
     }
 }
 
-async fn handshake(p2p: &P2p, reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>, w: &mut OwnedWriteHalf) -> Result<String, Error> {
+/// Runs the holder's side of the handshake; returns the dialer's name and the address
+/// it says its own peer listener has.
+async fn handshake(
+    p2p: &P2p,
+    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    w: &mut OwnedWriteHalf,
+) -> Result<(String, String), Error> {
     let first = reader.next().await?;
     let Some(Frame::Hello {
         version,
         node: dialer,
+        addr: dialer_addr,
         nonce: dialer_nonce,
         ..
     }) = first
@@ -120,6 +127,7 @@ async fn handshake(p2p: &P2p, reader: &mut FrameReader<tokio::net::tcp::OwnedRea
         &[Frame::Hello {
             version: wire::PROTOCOL_VERSION,
             node: p2p.node.clone(),
+            addr: p2p.addr.clone(),
             nonce,
             proof,
         }],
@@ -141,13 +149,13 @@ async fn handshake(p2p: &P2p, reader: &mut FrameReader<tokio::net::tcp::OwnedRea
         .await;
         return Err(peer_err(&dialer, "failed the cluster-token challenge"));
     }
-    Ok(dialer)
+    Ok((dialer, dialer_addr))
 }
 
 async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), Error> {
     let (r, mut w) = tcp.into_split();
     let mut reader = FrameReader::new(r, "?");
-    let dialer = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&p2p, &mut reader, &mut w))
+    let (dialer, dialer_addr) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&p2p, &mut reader, &mut w))
         .await
         .map_err(|_| peer_err("?", "handshake timed out"))??;
     let id = CONN_IDS.fetch_add(1, Ordering::Relaxed);
@@ -159,7 +167,7 @@ async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), E
     });
     p2p.holders.lock().insert(id, conn.clone());
     let writer = tokio::spawn(write_loop(p2p.clone(), w, ctl_rx, piece_rx, dialer.clone()));
-    let result = read_loop(&agent, &p2p, id, &conn, &mut reader, &ctl_tx, &dialer).await;
+    let result = read_loop(&agent, &p2p, id, &conn, &mut reader, &ctl_tx, &dialer, &dialer_addr).await;
     // Gone: its waiting requests leave the line, its channels stop forwarding.
     p2p.holders.lock().remove(&id);
     p2p.uploads.lock().drop_waiting(id, None);
@@ -171,6 +179,7 @@ async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), E
     result
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn read_loop(
     agent: &Agent,
     p2p: &Arc<P2p>,
@@ -179,6 +188,7 @@ async fn read_loop(
     reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
     ctl: &mpsc::Sender<Frame>,
     dialer: &str,
+    dialer_addr: &str,
 ) -> Result<(), Error> {
     while let Some(frame) = reader.next().await? {
         match frame {
@@ -191,6 +201,9 @@ async fn read_loop(
                 let d = Digest::from_sha256(digest);
                 let layout = PieceLayout::checked(blob_size, piece_size)
                     .map_err(|e| peer_err(dialer, e))?;
+                // A member of this blob's swarm: this node's own download of it (if
+                // any) connects back now rather than at its next announce.
+                p2p.discovered(&d, dialer, dialer_addr);
                 if conn.chans.lock().len() >= 4096 {
                     return Err(peer_err(dialer, "too many channels"));
                 }
