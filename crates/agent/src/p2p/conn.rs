@@ -598,7 +598,10 @@ async fn receive_data(
     if r.claimed {
         r.hasher.update(bytes);
         let at = chan.layout.range(piece).0 + offset as u64;
-        if let Err(e) = chan.inflight.write_claimed(at, bytes) {
+        let t = Instant::now();
+        let written = chan.inflight.write_claimed(at, bytes);
+        p2p.metrics.store_write_seconds.inc_by(t.elapsed().as_secs_f64());
+        if let Err(e) = written {
             chan.inflight.release_piece_claim(piece);
             *cur = None;
             return Err(peer_err(node, format!("cannot store piece bytes: {e}")));

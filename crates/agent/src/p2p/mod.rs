@@ -36,6 +36,7 @@ pub struct P2pMetrics {
     pub source_roles: Counter,
     pub peer_auth_failures: Counter,
     pub peers_stalled: Counter,
+    pub store_write_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl P2pMetrics {
@@ -53,6 +54,7 @@ impl P2pMetrics {
             source_roles: Counter::default(),
             peer_auth_failures: Counter::default(),
             peers_stalled: Counter::default(),
+            store_write_seconds: Counter::default(),
         };
         r.register(
             "p2p_peer_bytes",
@@ -108,6 +110,11 @@ impl P2pMetrics {
             "p2p_peer_auth_failures",
             "Peer connections that failed the cluster-token challenge",
             m.peer_auth_failures.clone(),
+        );
+        r.register(
+            "p2p_store_write_seconds",
+            "Time spent writing received piece bytes into the page cache",
+            m.store_write_seconds.clone(),
         );
         r.register(
             "p2p_peers_stalled",
