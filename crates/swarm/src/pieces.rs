@@ -58,6 +58,9 @@ pub fn piece_size_for(blob_size: u64, link_bytes_per_sec: Option<u64>) -> u64 {
 /// Bytes per registry connection before a source opens another one for the same blob.
 pub const REGISTRY_SLICE: u64 = 256 * MIB;
 
+/// Registry connections a source may use for one blob (the agent's `registry_streams`).
+pub const DEFAULT_REGISTRY_STREAMS: u32 = 4;
+
 /// How many registry connections a source uses for `bytes` of one blob: one per
 /// [`REGISTRY_SLICE`], at most `max`. Registries and CDNs cap each connection (the
 /// `seed-100x5gb` scenario's registry: 4 of its 10 Gbit/s per connection), and the

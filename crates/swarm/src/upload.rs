@@ -38,6 +38,18 @@ pub enum Admit {
     Busy,
 }
 
+/// Pieces a holder sends at once (the agent's `max_uploads`).
+pub const DEFAULT_MAX_ACTIVE: usize = 4;
+/// Requests one connection may have waiting in a holder's line (the agent's
+/// `upload_queue`): above any downloader's window, so only a misbehaving peer hits it.
+pub const DEFAULT_QUEUE_PER_CONN: usize = 64;
+/// Requests a holder keeps waiting over all connections.
+pub const DEFAULT_QUEUE_TOTAL: usize = 4096;
+/// Piece requests an agent keeps in flight over all blobs, read heads aside (the
+/// agent's `max_piece_requests`): enough to fill a download link, few enough that each
+/// piece arrives soon.
+pub const DEFAULT_REQUEST_BUDGET: u32 = 16;
+
 #[derive(Clone, Debug)]
 pub struct UploadConfig {
     pub max_active: usize,
@@ -49,9 +61,9 @@ pub struct UploadConfig {
 impl Default for UploadConfig {
     fn default() -> Self {
         Self {
-            max_active: 4,
-            max_queued_per_conn: 64,
-            max_queued_total: 4096,
+            max_active: DEFAULT_MAX_ACTIVE,
+            max_queued_per_conn: DEFAULT_QUEUE_PER_CONN,
+            max_queued_total: DEFAULT_QUEUE_TOTAL,
         }
     }
 }
