@@ -221,6 +221,11 @@ impl TrackerState {
             reports.retain(|(_, until)| *until > now);
             !reports.is_empty()
         });
+        // The source's last announce says "complete" and carries the hashes of the
+        // pieces it read since its previous one: the election ends with this announce,
+        // but those hashes are still the source's (peers that saw the pieces in a
+        // bitfield rather than a HAVE have no other way to them but a seeder).
+        let finishing_source = swarm.source.as_deref() == Some(&req.node) && req.complete && !req.leaving;
         if req.leaving {
             swarm.peers.remove(&req.node);
             if swarm.source.as_deref() == Some(&req.node) {
@@ -285,7 +290,7 @@ impl TrackerState {
         };
         // Hashes are kept only from the elected source: it read the bytes from the
         // registry. Whoever else sends hashes is ignored, first or not.
-        if swarm.source.as_deref() == Some(&req.node) {
+        if swarm.source.as_deref() == Some(&req.node) || finishing_source {
             for (i, h) in &req.hashes {
                 if *i < count {
                     if let Ok(h) = PieceHash::from_hex(h) {
@@ -452,6 +457,33 @@ mod tests {
         let later = 40 + t.cfg.peer_ttl_ms + 1;
         assert_eq!(ann(&mut t, &req("b", &d), later).role, Role::Source);
         assert_eq!(t.stats()[0].source_elections, 2);
+    }
+
+    #[test]
+    fn the_sources_last_hashes_are_kept_when_it_completes() {
+        let d = Digest::of(b"last");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        let mut src = req("a", &d);
+        src.size = Some(4 << 20);
+        src.piece_size = Some(1 << 20);
+        assert_eq!(ann(&mut t, &src, 0).role, Role::Source);
+        src.fetching_from_registry = true;
+        src.hashes.insert(0, h(0));
+        ann(&mut t, &src, 10);
+        let mut done = req("a", &d);
+        done.size = Some(4 << 20);
+        done.complete = true;
+        done.hashes = (1..4).map(|i| (i, h(i))).collect();
+        ann(&mut t, &done, 20);
+        assert_eq!(t.hashes(&d, 0).len(), 4, "every hash the source published");
+        assert_eq!(ann(&mut t, &req("b", &d), 30).source, None, "the election ended");
+        // A complete announce from anyone else still adds nothing.
+        let mut other = req("c", &d);
+        other.size = Some(4 << 20);
+        other.complete = true;
+        other.hashes.insert(3, h(99));
+        ann(&mut t, &other, 40);
+        assert_eq!(t.hashes(&d, 3).get(&3), Some(&h(3)));
     }
 
     #[test]
