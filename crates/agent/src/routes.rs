@@ -76,6 +76,37 @@ pub fn parse(path: &str) -> Option<Result<Route, Error>> {
     None
 }
 
+/// The first `key=value` of a raw query string, percent-decoded (`?ns=` of containerd's
+/// mirror requests).
+pub fn query_param(query: Option<&str>, key: &str) -> Option<String> {
+    query?.split('&').find_map(|kv| {
+        kv.split_once('=')
+            .filter(|(k, _)| *k == key)
+            .map(|(_, v)| percent_decode(v))
+    })
+}
+
+/// Decodes `%XX` escapes (containerd sends `ns=127.0.0.1%3A5000`). Invalid escapes are
+/// kept literally and then rejected by registry-name validation.
+pub fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() && s.is_char_boundary(i + 1) && s.is_char_boundary(i + 3)
+        {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
