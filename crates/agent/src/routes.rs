@@ -52,28 +52,30 @@ pub fn parse(path: &str) -> Option<Result<Route, Error>> {
             repo: repo.to_owned(),
         }));
     }
-    for kw in ["/manifests/", "/blobs/", "/referrers/"] {
-        if let Some(idx) = rest.rfind(kw) {
-            let repo = &rest[..idx];
-            let arg = &rest[idx + kw.len()..];
-            let r = validate_repository(repo).and_then(|_| match kw {
-                "/manifests/" => ManifestRef::parse(arg).map(|reference| Route::Manifest {
-                    repo: repo.to_owned(),
-                    reference,
-                }),
-                "/blobs/" => Digest::parse(arg).map(|digest| Route::Blob {
-                    repo: repo.to_owned(),
-                    digest,
-                }),
-                _ => Digest::parse(arg).map(|digest| Route::Referrers {
-                    repo: repo.to_owned(),
-                    digest,
-                }),
-            });
-            return Some(r);
-        }
-    }
-    None
+    // The action keyword is the last one in the path: a repository may have a
+    // component named like one (`team/manifests/blobs/<digest>` is a blob of
+    // `team/manifests`), while a tag or a digest never contains a slash.
+    let last = ["/manifests/", "/blobs/", "/referrers/"]
+        .into_iter()
+        .filter_map(|kw| rest.rfind(kw).map(|idx| (idx, kw)))
+        .max_by_key(|&(idx, _)| idx);
+    let (idx, kw) = last?;
+    let repo = &rest[..idx];
+    let arg = &rest[idx + kw.len()..];
+    Some(validate_repository(repo).and_then(|_| match kw {
+        "/manifests/" => ManifestRef::parse(arg).map(|reference| Route::Manifest {
+            repo: repo.to_owned(),
+            reference,
+        }),
+        "/blobs/" => Digest::parse(arg).map(|digest| Route::Blob {
+            repo: repo.to_owned(),
+            digest,
+        }),
+        _ => Digest::parse(arg).map(|digest| Route::Referrers {
+            repo: repo.to_owned(),
+            digest,
+        }),
+    }))
 }
 
 /// The first `key=value` of a raw query string, percent-decoded (`?ns=` of containerd's
@@ -145,5 +147,41 @@ mod tests {
         assert!(parse("/v2/a/manifests/bad:tag").unwrap().is_err());
         assert!(parse("/v3/x").is_none());
         assert!(parse("/v2/a/unknown").is_none());
+    }
+
+    /// Found by the `route` fuzz target: the keywords were tried in a fixed order, so
+    /// a blob of a repository with a component named `manifests` was parsed as a
+    /// manifest of its parent and refused.
+    #[test]
+    fn repository_components_named_like_keywords() {
+        let d = Digest::of(b"x");
+        assert_eq!(
+            parse(&format!("/v2/k8s/manifests/blobs/{d}"))
+                .unwrap()
+                .unwrap(),
+            Route::Blob {
+                repo: "k8s/manifests".into(),
+                digest: d.clone()
+            }
+        );
+        assert_eq!(
+            parse(&format!("/v2/a/referrers/b/manifests/{d}"))
+                .unwrap()
+                .unwrap(),
+            Route::Manifest {
+                repo: "a/referrers/b".into(),
+                reference: ManifestRef::Digest(d.clone())
+            }
+        );
+        assert_eq!(
+            parse(&format!("/v2/a/blobs/x/referrers/{d}"))
+                .unwrap()
+                .unwrap(),
+            Route::Referrers {
+                repo: "a/blobs/x".into(),
+                digest: d
+            }
+        );
+        assert!(parse("/v2/a/manifests/latest/blobs/").unwrap().is_err());
     }
 }
