@@ -29,6 +29,8 @@ pub const MAX_DATA_CHUNK: u32 = 1 << 20;
 /// Hashes per `Hashes` frame.
 pub const MAX_HASHES_PER_FRAME: usize = 4096;
 pub const MAX_NODE_NAME: usize = 253;
+/// Longest `Goodbye` reason, in bytes.
+pub const MAX_GOODBYE: usize = 1024;
 
 pub type ChannelId = u32;
 
@@ -155,6 +157,17 @@ fn wire(msg: String) -> Error {
     Error::Wire(msg)
 }
 
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary:
+/// a name or reason cut in the middle of a character would not decode (found by the
+/// `frame_roundtrip` fuzz target).
+fn cut(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 impl Frame {
     /// Appends the encoded frame to `out`. Never fails for frames built by this crate;
     /// oversized contents (a name past [`MAX_NODE_NAME`], too many hashes) are cut to
@@ -171,9 +184,9 @@ impl Frame {
             } => {
                 out.put_u8(code::HELLO);
                 out.put_u16(*version);
-                let name = &node.as_bytes()[..node.len().min(MAX_NODE_NAME)];
+                let name = cut(node, MAX_NODE_NAME);
                 out.put_u8(name.len() as u8);
-                out.put_slice(name);
+                out.put_slice(name.as_bytes());
                 out.put_slice(nonce);
                 out.put_slice(proof);
             }
@@ -288,9 +301,9 @@ impl Frame {
             }
             Frame::Goodbye { reason } => {
                 out.put_u8(code::GOODBYE);
-                let r = &reason.as_bytes()[..reason.len().min(1024)];
+                let r = cut(reason, MAX_GOODBYE);
                 out.put_u16(r.len() as u16);
-                out.put_slice(r);
+                out.put_slice(r.as_bytes());
             }
         }
         let len = (out.len() - at - 4) as u32;
@@ -480,7 +493,7 @@ fn parse_body(body: &mut BytesMut) -> Result<Frame, Error> {
         code::PONG => Frame::Pong { nonce: r.u64()? },
         code::GOODBYE => {
             let n = r.u16()? as usize;
-            if n > 1024 {
+            if n > MAX_GOODBYE {
                 return Err(wire(format!("goodbye reason of {n} bytes")));
             }
             let reason = String::from_utf8_lossy(&r.bytes(n)?).into_owned();
@@ -635,6 +648,39 @@ mod tests {
         assert!(Frame::decode(&mut trailing).is_err());
         let mut unknown = BytesMut::from(&[0, 0, 0, 1, 200][..]);
         assert!(Frame::decode(&mut unknown).is_err());
+    }
+
+    /// Found by the `frame_roundtrip` fuzz target: names and reasons past their
+    /// bounds were cut in the middle of a character, and the frame did not decode.
+    #[test]
+    fn long_names_and_reasons_are_cut_on_a_character_boundary() {
+        let node = "é".repeat(150);
+        let mut b = BytesMut::new();
+        Frame::Hello {
+            version: 1,
+            node: node.clone(),
+            nonce: [0; 16],
+            proof: [0; 32],
+        }
+        .encode(&mut b);
+        match Frame::decode(&mut b) {
+            Ok(Some(Frame::Hello { node: got, .. })) => {
+                assert_eq!(got, "é".repeat(MAX_NODE_NAME / 2));
+            }
+            other => panic!("{other:?}"),
+        }
+        let reason = "→".repeat(400);
+        let mut b = BytesMut::new();
+        Frame::Goodbye {
+            reason: reason.clone(),
+        }
+        .encode(&mut b);
+        match Frame::decode(&mut b) {
+            Ok(Some(Frame::Goodbye { reason: got })) => {
+                assert_eq!(got, "→".repeat(MAX_GOODBYE / 3));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
