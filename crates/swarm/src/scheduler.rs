@@ -388,7 +388,10 @@ impl PieceScheduler {
                 None => exhausted.push(p),
             }
         }
-        // Endgame: every missing piece is in flight and few remain.
+        // Endgame: every missing piece is in flight and few remain. A duplicate of the
+        // read head is urgent like the head; any other duplicate is an ordinary
+        // request and takes from `max_new` (found by the scheduler property test: the
+        // duplicates overdrew the agent-wide request budget).
         let missing = self.have.len() - self.have.count();
         if missing <= self.cfg.endgame {
             let pieces: Vec<u32> = (0..self.have.len())
@@ -396,13 +399,20 @@ impl PieceScheduler {
                 .collect();
             if pieces.iter().all(|&i| self.inflight_any.get(i)) {
                 for piece in pieces {
-                    if self.inflight[piece as usize].len() >= 2 || self.claimed.get(piece) {
+                    let urgent = piece == head;
+                    if self.inflight[piece as usize].len() >= 2
+                        || self.claimed.get(piece)
+                        || (!urgent && budget == 0)
+                    {
                         continue;
                     }
                     let busy = self.inflight[piece as usize].clone();
                     if let Some(p) = self.pick_peer(piece, now_ms, false, &busy) {
                         self.assign(piece, p, now_ms);
-                        out.push(self.request(piece, p, piece == head));
+                        out.push(self.request(piece, p, urgent));
+                        if !urgent {
+                            budget -= 1;
+                        }
                     }
                 }
             }
@@ -851,6 +861,31 @@ mod tests {
         s.forget(3, &r[0].peer);
         assert!(s.is_complete());
         assert_eq!(s.inflight_count(), 0);
+    }
+
+    #[test]
+    fn endgame_duplicates_take_from_the_budget_but_the_read_head_does_not() {
+        let cfg = SchedulerConfig {
+            endgame: 2,
+            ..Default::default()
+        };
+        // Pieces 2 (the read head) and 3 missing, two complete peers.
+        let mut s = PieceScheduler::new(bits(4, &[0, 1]), MB, cfg);
+        s.set_peer("a", None, 0);
+        s.set_peer("b", None, 1);
+        let first = s.next_requests(0, 1);
+        assert_eq!(first.iter().filter(|r| !r.urgent).count(), 1, "{first:?}");
+        assert_eq!(
+            first.iter().filter(|r| r.urgent && r.piece == 2).count(),
+            2,
+            "the read head and its duplicate, both outside the budget: {first:?}"
+        );
+        for budget in 0..3u32 {
+            let mut t = s.clone();
+            let dup = t.next_requests(1, budget);
+            let non_urgent = dup.iter().filter(|r| !r.urgent).count();
+            assert_eq!(non_urgent, (budget as usize).min(1), "budget {budget}: {dup:?}");
+        }
     }
 
     #[test]
