@@ -95,7 +95,11 @@ pub fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() && s.is_char_boundary(i + 1) && s.is_char_boundary(i + 3)
+        // `%` and two hex digits (u8::from_str_radix alone also takes a sign: "%+5").
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && b[i + 1].is_ascii_hexdigit()
+            && b[i + 2].is_ascii_hexdigit()
         {
             if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
                 out.push(v);
@@ -147,6 +151,30 @@ mod tests {
         assert!(parse("/v2/a/manifests/bad:tag").unwrap().is_err());
         assert!(parse("/v3/x").is_none());
         assert!(parse("/v2/a/unknown").is_none());
+    }
+
+    /// Found by the `route` fuzz target: `%+5` was decoded as byte 5, since
+    /// `u8::from_str_radix` takes a leading `+`.
+    #[test]
+    fn percent_decoding_takes_exactly_two_hex_digits() {
+        for (raw, want) in [
+            ("127.0.0.1%3A5000", "127.0.0.1:5000"),
+            ("%5b%3A%3a1%5D", "[::1]"),
+            ("%+5", "% 5"),
+            ("%-5", "%-5"),
+            ("%zz%4", "%zz%4"),
+            ("a+b", "a b"),
+            ("%C3%A9", "é"),
+            ("%ff", "\u{fffd}"),
+            ("é%41", "éA"),
+        ] {
+            assert_eq!(percent_decode(raw), want, "{raw}");
+        }
+        assert_eq!(
+            query_param(Some("a=1&ns=r%2Eio&ns=x"), "ns").as_deref(),
+            Some("r.io")
+        );
+        assert_eq!(query_param(Some("nsx=1&ns"), "ns"), None);
     }
 
     /// Found by the `route` fuzz target: the keywords were tried in a fixed order, so
