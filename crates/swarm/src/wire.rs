@@ -385,6 +385,9 @@ fn parse_body(body: &mut BytesMut) -> Result<Frame, Error> {
         code::HELLO => {
             let version = r.u16()?;
             let n = r.u8()? as usize;
+            if n > MAX_NODE_NAME {
+                return Err(wire(format!("node name of {n} bytes")));
+            }
             let name = r.bytes(n)?;
             let node = String::from_utf8(name).map_err(|_| wire("node name is not UTF-8".into()))?;
             Frame::Hello {
@@ -496,8 +499,11 @@ fn parse_body(body: &mut BytesMut) -> Result<Frame, Error> {
             if n > MAX_GOODBYE {
                 return Err(wire(format!("goodbye reason of {n} bytes")));
             }
+            // Invalid UTF-8 is replaced, which can triple the length: cut again.
             let reason = String::from_utf8_lossy(&r.bytes(n)?).into_owned();
-            Frame::Goodbye { reason }
+            Frame::Goodbye {
+                reason: cut(&reason, MAX_GOODBYE).to_owned(),
+            }
         }
         other => return Err(wire(format!("unknown frame type {other}"))),
     })
@@ -681,6 +687,31 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Found reviewing the decoder, confirmed by the `frame_decode` check on
+    /// crafted inputs (now in its corpus): a Hello could carry a 254- or 255-byte
+    /// name, and a Goodbye of 1024 invalid bytes decoded to a 3072-byte reason;
+    /// neither re-encoded to what was received.
+    #[test]
+    fn decoded_names_and_reasons_stay_within_their_bounds() {
+        let mut hello = BytesMut::new();
+        hello.put_u32(1 + 2 + 1 + 254 + 16 + 32);
+        hello.put_u8(code::HELLO);
+        hello.put_u16(1);
+        hello.put_u8(254);
+        hello.put_slice(&[b'a'; 254]);
+        hello.put_slice(&[0; 48]);
+        assert!(Frame::decode(&mut hello).is_err(), "254-byte name");
+        let mut bye = BytesMut::new();
+        bye.put_u32(1 + 2 + 1024);
+        bye.put_u8(code::GOODBYE);
+        bye.put_u16(1024);
+        bye.put_slice(&[0xff; 1024]);
+        let Ok(Some(Frame::Goodbye { reason })) = Frame::decode(&mut bye) else {
+            panic!("a goodbye with an invalid reason is still a goodbye");
+        };
+        assert_eq!(reason, "\u{fffd}".repeat(MAX_GOODBYE / 3));
     }
 
     #[test]
