@@ -443,35 +443,6 @@ pub fn error_response(e: &oci::Error) -> Response {
         .unwrap_or_default()
 }
 
-fn query_param(query: Option<&str>, key: &str) -> Option<String> {
-    query?.split('&').find_map(|kv| {
-        kv.split_once('=')
-            .filter(|(k, _)| *k == key)
-            .map(|(_, v)| percent_decode(v))
-    })
-}
-
-/// Decodes `%XX` escapes (containerd sends `ns=127.0.0.1%3A5000`). Invalid escapes are
-/// kept literally and then rejected by registry-name validation.
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() && s.is_char_boundary(i + 1) && s.is_char_boundary(i + 3)
-        {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(if b[i] == b'+' { b' ' } else { b[i] });
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
@@ -501,7 +472,7 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
         *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
         return record(&agent, label, r);
     }
-    let ns = query_param(query.as_deref(), "ns");
+    let ns = routes::query_param(query.as_deref(), "ns");
     let ns = ns.as_deref();
     let resp = match handle(
         &agent,

@@ -9,8 +9,14 @@ use crate::{Digest, Error};
 pub const DOCKER_HUB: &str = "docker.io";
 
 /// Normalises a registry host as clients spell it (`?ns=` value, reference prefix).
+/// Idempotent: whitespace and slashes are trimmed from the end together (`"x\n/"`
+/// used to become `"x\n"`, which a second pass changed again; found by the `route`
+/// fuzz target).
 pub fn canonical_registry(host: &str) -> String {
-    let h = host.trim().trim_end_matches('/').to_ascii_lowercase();
+    let h = host
+        .trim_start()
+        .trim_end_matches(|c: char| c == '/' || c.is_whitespace())
+        .to_ascii_lowercase();
     match h.as_str() {
         "docker.io" | "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => {
             DOCKER_HUB.to_owned()
@@ -235,6 +241,25 @@ mod tests {
         assert!(validate_tag(".x").is_err());
         assert!(validate_tag(&"a".repeat(129)).is_err());
         assert!(validate_tag("a/b").is_err());
+    }
+
+    #[test]
+    fn canonical_registry_is_idempotent() {
+        for raw in [
+            "ae\0\n/",
+            "Docker.IO/ /",
+            " ghcr.io\t",
+            "x/\n/",
+            "127.0.0.1:5000/",
+        ] {
+            let once = canonical_registry(raw);
+            assert_eq!(canonical_registry(&once), once, "{raw:?}");
+        }
+        assert_eq!(canonical_registry("Docker.IO/ /"), "docker.io");
+        assert_eq!(
+            canonical_registry(" Registry.Local:5000/\n"),
+            "registry.local:5000"
+        );
     }
 
     #[test]

@@ -421,7 +421,10 @@ impl PieceScheduler {
                 }
             }
         }
-        // Endgame: every missing piece is in flight and few remain.
+        // Endgame: every missing piece is in flight and few remain. A duplicate of the
+        // read head is urgent like the head; any other duplicate is an ordinary
+        // request and takes from `max_new` (found by the scheduler property test: the
+        // duplicates overdrew the agent-wide request budget).
         let missing = self.have.len() - self.have.count();
         if missing <= self.cfg.endgame {
             let pieces: Vec<u32> = (0..self.have.len())
@@ -429,13 +432,20 @@ impl PieceScheduler {
                 .collect();
             if pieces.iter().all(|&i| self.inflight_any.get(i)) {
                 for piece in pieces {
-                    if self.inflight[piece as usize].len() >= 2 || self.claimed.get(piece) {
+                    let urgent = piece == head;
+                    if self.inflight[piece as usize].len() >= 2
+                        || self.claimed.get(piece)
+                        || (!urgent && budget == 0)
+                    {
                         continue;
                     }
                     let busy = self.inflight[piece as usize].clone();
                     if let Some(p) = self.pick_peer(piece, now_ms, false, &busy) {
                         self.assign(piece, p, now_ms);
-                        out.push(self.request(piece, p, piece == head));
+                        out.push(self.request(piece, p, urgent));
+                        if !urgent {
+                            budget -= 1;
+                        }
                     }
                 }
             }
@@ -1018,6 +1028,31 @@ mod tests {
     }
 
     #[test]
+    fn endgame_duplicates_take_from_the_budget_but_the_read_head_does_not() {
+        let cfg = SchedulerConfig {
+            endgame: 2,
+            ..Default::default()
+        };
+        // Pieces 2 (the read head) and 3 missing, two complete peers.
+        let mut s = PieceScheduler::new(bits(4, &[0, 1]), MB, cfg);
+        s.set_peer("a", None, 0);
+        s.set_peer("b", None, 1);
+        let first = s.next_requests(0, 1);
+        assert_eq!(first.iter().filter(|r| !r.urgent).count(), 1, "{first:?}");
+        assert_eq!(
+            first.iter().filter(|r| r.urgent && r.piece == 2).count(),
+            2,
+            "the read head and its duplicate, both outside the budget: {first:?}"
+        );
+        for budget in 0..3u32 {
+            let mut t = s.clone();
+            let dup = t.next_requests(1, budget);
+            let non_urgent = dup.iter().filter(|r| !r.urgent).count();
+            assert_eq!(non_urgent, (budget as usize).min(1), "budget {budget}: {dup:?}");
+        }
+    }
+
+    #[test]
     fn rack_stripes_keep_far_fetches_to_this_nodes_share_until_patience_runs_out() {
         let cfg = SchedulerConfig {
             min_window: 64,
@@ -1128,13 +1163,20 @@ mod tests {
             let pieces: Vec<u32> = (0..s.have.len()).filter(|&i| !s.have.get(i)).collect();
             if pieces.iter().all(|&i| s.inflight_any.get(i)) {
                 for piece in pieces {
-                    if s.inflight[piece as usize].len() >= 2 || s.claimed.get(piece) {
+                    let urgent = piece == head;
+                    if s.inflight[piece as usize].len() >= 2
+                        || s.claimed.get(piece)
+                        || (!urgent && budget == 0)
+                    {
                         continue;
                     }
                     let busy = s.inflight[piece as usize].clone();
                     if let Some(p) = s.pick_peer(piece, now_ms, false, &busy) {
                         s.assign(piece, p, now_ms);
-                        out.push(s.request(piece, p, piece == head));
+                        out.push(s.request(piece, p, urgent));
+                        if !urgent {
+                            budget -= 1;
+                        }
                     }
                 }
             }

@@ -163,6 +163,15 @@ impl TrackerState {
 
     pub fn announce(&mut self, req: &AnnounceRequest, now: u64) -> Result<AnnounceResponse, Error> {
         Self::validate(req)?;
+        // The first size of a swarm must fit the piece size an earlier announce
+        // without a size fixed: 1 TiB in 64 KiB pieces is 2^24 pieces, and every
+        // handout would carry 2 MiB bitfields (found by the announce property test).
+        // Refused before anything is stored, like any other invalid geometry.
+        if let (Some(s), Some(size)) = (self.swarms.get(&req.digest), req.size) {
+            if s.size.is_none() && s.piece_size != 0 {
+                validate_geometry(size, s.piece_size)?;
+            }
+        }
         let cfg = self.cfg.clone();
         // Blobs this node is fetching from the registry right now (only counted when
         // this swarm needs a source: elections are rare, the count is a scan).
@@ -515,6 +524,23 @@ mod tests {
             .expect("c handed out");
         assert_eq!(c.have.map(|h| h.count()), Some(0));
         assert_eq!(resp.piece_size, 1 << 20);
+    }
+
+    #[test]
+    fn a_first_size_must_fit_the_piece_size_already_chosen() {
+        let d = Digest::of(b"sizeless");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        let mut first = req("a", &d);
+        first.piece_size = Some(crate::pieces::MIN_PIECE_SIZE);
+        ann(&mut t, &first, 0);
+        let mut sized = req("b", &d);
+        sized.size = Some(1 << 40);
+        assert!(t.announce(&sized, 1).is_err(), "1 TiB in 64 KiB pieces");
+        assert_eq!(t.stats()[0].size, None, "nothing stored");
+        assert_eq!(t.stats()[0].peers, 1);
+        sized.size = Some(64 << 20);
+        let resp = ann(&mut t, &sized, 2);
+        assert_eq!((resp.size, resp.piece_size), (Some(64 << 20), 1 << 16));
     }
 
     #[test]

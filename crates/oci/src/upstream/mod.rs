@@ -857,17 +857,28 @@ fn retry_after(h: &HeaderMap) -> Option<Duration> {
     v.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
-/// `bytes a-b/total` → (a, total).
+/// `bytes first-last/complete` → (first, complete), `complete` being `None` for `*`.
+/// Only a valid `Content-Range` (RFC 9110 §14.4: digits, `first ≤ last < complete`)
+/// is taken: the body of an invalid one must not be recombined with a partial file.
 pub fn parse_content_range(v: &str) -> Option<(u64, Option<u64>)> {
+    let num = |s: &str| -> Option<u64> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        s.parse().ok()
+    };
     let rest = v.trim().strip_prefix("bytes ")?;
     let (range, total) = rest.split_once('/')?;
-    let (a, _b) = range.split_once('-')?;
-    let total = if total == "*" {
-        None
-    } else {
-        Some(total.parse().ok()?)
+    let (first, last) = range.split_once('-')?;
+    let (first, last) = (num(first)?, num(last)?);
+    if last < first {
+        return None;
+    }
+    let total = match total {
+        "*" => None,
+        t => Some(num(t).filter(|&t| t > last)?),
     };
-    Some((a.parse().ok()?, total))
+    Some((first, total))
 }
 
 impl Upstream {
@@ -983,5 +994,26 @@ mod tests {
         );
         assert_eq!(parse_content_range("bytes 10-19/*"), Some((10, None)));
         assert_eq!(parse_content_range("items 1-2/3"), None);
+    }
+
+    /// Found by the `content_range` fuzz target: the last position was never read,
+    /// so ranges that end before they start or past the complete length, and signed
+    /// numbers, were taken.
+    #[test]
+    fn invalid_content_ranges_are_refused() {
+        for v in [
+            "bytes 100-99/200",
+            "bytes 0-10/5",
+            "bytes 0-10/10",
+            "bytes +1-2/3",
+            "bytes 1-x/3",
+            "bytes 1-/3",
+            "bytes */100",
+            "bytes 1-2/+3",
+        ] {
+            assert_eq!(parse_content_range(v), None, "{v}");
+        }
+        assert_eq!(parse_content_range("bytes 0-0/1"), Some((0, Some(1))));
+        assert_eq!(parse_content_range(" bytes 5-9/* "), Some((5, None)));
     }
 }

@@ -1,0 +1,5 @@
+#![no_main]
+// The check (and its invariants) is `fuzzcheck::selector`, shared with the corpus replay test.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    fuzzcheck::selector(data);
+});
