@@ -368,12 +368,21 @@ mod tests {
         "#;
         let c: AgentConfig = toml::from_str(text).expect("config");
         let t = c.registries["reg.corp.example:5000"].tls();
-        assert_eq!(t.ca_file.as_deref(), Some(Path::new("/etc/starling/corp-ca.pem")));
-        assert_eq!(t.client_key.as_deref(), Some(Path::new("/etc/starling/node.key")));
+        assert_eq!(
+            t.ca_file.as_deref(),
+            Some(Path::new("/etc/starling/corp-ca.pem"))
+        );
+        assert_eq!(
+            t.client_key.as_deref(),
+            Some(Path::new("/etc/starling/node.key"))
+        );
         assert!(!t.skip_verify && c.registries["lab.example"].tls().skip_verify);
         // --print-config keeps the paths (not secrets) and the opt-in, hides the password.
         let printed = toml::to_string(&c.redacted()).expect("TOML");
-        assert!(printed.contains("/etc/starling/node.key") && printed.contains("skip_verify = true"), "{printed}");
+        assert!(
+            printed.contains("/etc/starling/node.key") && printed.contains("skip_verify = true"),
+            "{printed}"
+        );
         assert!(!printed.contains("SECRET"), "{printed}");
         let back: AgentConfig = toml::from_str(&printed).expect("printed config parses");
         assert_eq!(back.registries["reg.corp.example:5000"].tls(), t);

@@ -602,7 +602,10 @@ impl clap::FromArgMatches for TrackerRegistryTlsArgs {
     fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
         RegistryTlsArgs::from_arg_matches(m).map(Self)
     }
-    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> std::result::Result<(), clap::Error> {
+    fn update_from_arg_matches(
+        &mut self,
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
         self.0.update_from_arg_matches(m)
     }
 }
@@ -611,9 +614,15 @@ impl Args for TrackerRegistryTlsArgs {
     fn augment_args(cmd: clap::Command) -> clap::Command {
         RegistryTlsArgs::augment_args(cmd)
             .mut_arg("ca", |a| a.env("STARLING_TRACKER_REGISTRY_CA"))
-            .mut_arg("client_cert", |a| a.env("STARLING_TRACKER_REGISTRY_CLIENT_CERT"))
-            .mut_arg("client_key", |a| a.env("STARLING_TRACKER_REGISTRY_CLIENT_KEY"))
-            .mut_arg("skip_verify", |a| a.env("STARLING_TRACKER_REGISTRY_SKIP_VERIFY"))
+            .mut_arg("client_cert", |a| {
+                a.env("STARLING_TRACKER_REGISTRY_CLIENT_CERT")
+            })
+            .mut_arg("client_key", |a| {
+                a.env("STARLING_TRACKER_REGISTRY_CLIENT_KEY")
+            })
+            .mut_arg("skip_verify", |a| {
+                a.env("STARLING_TRACKER_REGISTRY_SKIP_VERIFY")
+            })
     }
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
         Self::augment_args(cmd)

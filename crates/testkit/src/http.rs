@@ -44,7 +44,11 @@ pub(crate) fn get(
     headers: &[(&str, &str)],
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<HttpResponse> {
-    let rest = match (url.strip_prefix("http://"), url.strip_prefix("https://"), tls) {
+    let rest = match (
+        url.strip_prefix("http://"),
+        url.strip_prefix("https://"),
+        tls,
+    ) {
         (Some(rest), _, _) => rest,
         (_, Some(rest), Some(_)) => rest,
         _ => bail!("only http:// URLs (or https:// with a TLS configuration) are supported: {url}"),
@@ -89,9 +93,7 @@ pub(crate) fn get(
                 Ok(_) => {}
                 // A server that closes without close_notify: the body ran to EOF.
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
-                Err(e) => {
-                    return Err(e).with_context(|| format!("reading response from {url}"))
-                }
+                Err(e) => return Err(e).with_context(|| format!("reading response from {url}")),
             }
         }
         _ => {

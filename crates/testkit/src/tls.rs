@@ -42,7 +42,8 @@ impl CertPair {
         let key = dir.join(format!("{stem}.key"));
         std::fs::write(&cert, &self.cert_pem)
             .with_context(|| format!("writing {}", cert.display()))?;
-        std::fs::write(&key, &self.key_pem).with_context(|| format!("writing {}", key.display()))?;
+        std::fs::write(&key, &self.key_pem)
+            .with_context(|| format!("writing {}", key.display()))?;
         Ok((cert, key))
     }
 }

@@ -18,13 +18,19 @@ fn https_registry_serves_with_the_test_ca_and_refuses_strangers() {
     let reg = Registry::start_tls(RegistryAuth::None, RegistryTls::new(&ca).expect("tls"));
     assert!(reg.url().starts_with("https://127.0.0.1:"), "{}", reg.url());
     let img = TestImage::push_multilayer(&reg, "tls/app", "v1", &[64 << 10], 3).expect("push");
-    let (_, digest, _) = reg.fetch_manifest("tls/app", "v1").expect("manifest over TLS");
+    let (_, digest, _) = reg
+        .fetch_manifest("tls/app", "v1")
+        .expect("manifest over TLS");
     assert_eq!(digest, img.digest);
 
     let cert_dir = reg.cert_dir().expect("cert dir");
     let cert_dir = cert_dir.display().to_string();
     let ok = inspect(&img.reference, &["--cert-dir", &cert_dir]);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     // A client that does not trust the test CA is refused by its own verification.
     let other = tempfile::tempdir().expect("dir");
     let stranger = inspect(
@@ -54,17 +60,20 @@ fn https_registry_can_require_client_certificates() {
             &reg.cert_dir().expect("dir").display().to_string(),
         ],
     );
-    assert!(with.status.success(), "{}", String::from_utf8_lossy(&with.stderr));
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
     // Trusting the server but without a client certificate: refused.
     let only_ca = tempfile::tempdir().expect("dir");
-    std::fs::copy(
-        reg.ca_file().expect("ca"),
-        only_ca.path().join("ca.crt"),
-    )
-    .expect("copy");
+    std::fs::copy(reg.ca_file().expect("ca"), only_ca.path().join("ca.crt")).expect("copy");
     let without = inspect(
         &img.reference,
         &["--cert-dir", &only_ca.path().display().to_string()],
     );
-    assert!(!without.status.success(), "pulled without a client certificate");
+    assert!(
+        !without.status.success(),
+        "pulled without a client certificate"
+    );
 }

@@ -215,7 +215,10 @@ impl Upstream {
                 warn!(%reason, "upstream TLS: system trust store empty or unavailable; falling back to the bundled Mozilla roots (webpki-roots)")
             }
         }
-        let http = build("*", tls::client_config("*", &roots, &RegistryTls::default())?)?;
+        let http = build(
+            "*",
+            tls::client_config("*", &roots, &RegistryTls::default())?,
+        )?;
         // One client per distinct setting; each registry points at its own.
         let mut by_setting: HashMap<RegistryTls, reqwest::Client> = HashMap::new();
         let mut registry_tls = HashMap::new();

@@ -156,7 +156,10 @@ pub(crate) fn client_config(
             store.add(cert).map_err(|e| {
                 config_error(
                     registry,
-                    format!("ca_file {}: not a usable CA certificate: {e}", path.display()),
+                    format!(
+                        "ca_file {}: not a usable CA certificate: {e}",
+                        path.display()
+                    ),
                 )
             })?;
         }
@@ -208,8 +211,12 @@ pub(crate) fn client_config(
             ))
         }
     };
-    // As reqwest would configure it: HTTP/2 where the registry offers it.
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // HTTP/1.1 only, as over plain-HTTP endpoints: each blob stream has a connection
+    // of its own, and a handshake the registry refuses after the fact (TLS 1.3 servers
+    // reject a client certificate only once the client has finished) fails the request
+    // that caused it with the alert, where HTTP/2 loses it in the connection task and
+    // the request sees only "connection closed".
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }
 
@@ -291,7 +298,9 @@ impl ServerCertVerifier for NoVerification {
 }
 
 /// The rustls error behind a request failure, if TLS is what failed. `io::Error`
-/// hides the error it wraps from `source()`, so it is opened by hand.
+/// hides the error it wraps from `source()`, so it is opened by hand. An alert that
+/// arrives after the handshake (TLS 1.3 servers refuse a client certificate only
+/// then) reaches us as text only: `received fatal alert: <Name>`.
 pub(crate) fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
@@ -303,11 +312,38 @@ pub(crate) fn tls_failure(e: &(dyn std::error::Error + 'static)) -> Option<rustl
                 if let Some(t) = tls_failure(inner) {
                     return Some(t);
                 }
+                if let Some(name) = inner.to_string().strip_prefix("received fatal alert: ") {
+                    return Some(rustls::Error::AlertReceived(alert_named(name.trim())));
+                }
             }
         }
         cur = err.source();
     }
     None
+}
+
+/// The alert a rustls message names (`BadCertificate`), for the ones worth explaining.
+fn alert_named(name: &str) -> rustls::AlertDescription {
+    use rustls::AlertDescription as A;
+    [
+        A::HandshakeFailure,
+        A::BadCertificate,
+        A::UnsupportedCertificate,
+        A::CertificateRevoked,
+        A::CertificateExpired,
+        A::CertificateUnknown,
+        A::UnknownCA,
+        A::AccessDenied,
+        A::CertificateRequired,
+        A::ProtocolVersion,
+        A::InsufficientSecurity,
+        A::InternalError,
+        A::DecryptError,
+        A::IllegalParameter,
+    ]
+    .into_iter()
+    .find(|a| format!("{a:?}") == name)
+    .unwrap_or(A::Unknown(0))
 }
 
 /// What to tell an operator about a TLS failure with `host` of `registry`.
@@ -341,6 +377,8 @@ pub(crate) fn explain(registry: &str, host: &str, tls: &RegistryTls, e: &rustls:
             | A::UnknownCA
             | A::CertificateUnknown
             | A::UnsupportedCertificate
+            | A::CertificateExpired
+            | A::CertificateRevoked
             | A::AccessDenied
             | A::HandshakeFailure),
         ) => {
@@ -362,7 +400,11 @@ mod tests {
     #[test]
     fn empty_system_store_falls_back_to_bundled_roots() {
         let r = DefaultRoots::from_system(Vec::new(), Vec::new());
-        assert!(matches!(r.source, RootsSource::Bundled { .. }), "{:?}", r.source);
+        assert!(
+            matches!(r.source, RootsSource::Bundled { .. }),
+            "{:?}",
+            r.source
+        );
         assert!(r.store.len() > 100, "Mozilla roots: {}", r.store.len());
         // Garbage only: the same, and the reason says why.
         let r = DefaultRoots::from_system(
@@ -398,11 +440,53 @@ mod tests {
     }
 
     #[test]
+    fn failures_are_found_behind_io_errors_and_explained() {
+        use rustls::AlertDescription as A;
+        use std::io::{Error as IoError, ErrorKind};
+        let unknown = rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
+        let io = IoError::new(ErrorKind::InvalidData, unknown.clone());
+        assert_eq!(tls_failure(&io), Some(unknown.clone()));
+        let io = IoError::new(
+            ErrorKind::InvalidData,
+            "received fatal alert: BadCertificate",
+        );
+        let alert = tls_failure(&io).expect("alert");
+        assert_eq!(alert, rustls::Error::AlertReceived(A::BadCertificate));
+        assert!(tls_failure(&IoError::new(ErrorKind::ConnectionReset, "reset")).is_none());
+
+        let none = RegistryTls::default();
+        let m = explain("reg.example.com", "reg.example.com:5000", &none, &unknown);
+        assert!(
+            m.contains("reg.example.com:5000 is not trusted")
+                && m.contains("--registry-ca reg.example.com=PATH"),
+            "{m}"
+        );
+        let m = explain("reg.example.com", "reg.example.com", &none, &alert);
+        assert!(
+            m.contains("may require a client certificate") && m.contains("client_key"),
+            "{m}"
+        );
+        let with_cert = RegistryTls {
+            client_cert: Some("/c.pem".into()),
+            client_key: Some("/k.pem".into()),
+            ..Default::default()
+        };
+        let m = explain("reg.example.com", "reg.example.com", &with_cert, &alert);
+        assert!(m.contains("refused our client certificate"), "{m}");
+        let name = rustls::Error::InvalidCertificate(CertificateError::NotValidForName);
+        let m = explain("r", "cdn.example.net", &none, &name);
+        assert!(m.contains("not valid for the name cdn.example.net"), "{m}");
+    }
+
+    #[test]
     fn hosts_of_a_registry() {
         let h = registry_hosts("reg.example.com:5000", "https://mirror.example.com:8443/");
         assert_eq!(
             h,
-            BTreeSet::from(["mirror.example.com".to_owned(), "reg.example.com".to_owned()])
+            BTreeSet::from([
+                "mirror.example.com".to_owned(),
+                "reg.example.com".to_owned()
+            ])
         );
         let h = registry_hosts("127.0.0.1:5000", "https://127.0.0.1:5000");
         assert_eq!(h, BTreeSet::from(["127.0.0.1".to_owned()]));
@@ -485,5 +569,215 @@ mod tests {
             },
         )
         .expect("skip_verify");
+    }
+}
+
+/// A registry's TLS settings against small HTTPS servers on loopback: they follow the
+/// registry to its own host (other ports included: redirects, token realms) and
+/// nowhere else.
+#[cfg(test)]
+mod client_tests {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use crate::upstream::{RegistryTls, Upstream, UpstreamConfig};
+    use crate::{Digest, Error};
+
+    struct Ca {
+        key: KeyPair,
+        cert: rcgen::Certificate,
+    }
+
+    fn ca() -> Ca {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::default();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = p.self_signed(&key).expect("CA");
+        Ca { key, cert }
+    }
+
+    /// An HTTPS server with a certificate for 127.0.0.1 and localhost from `ca`; every
+    /// request head goes to `respond`, whose raw response is sent back.
+    async fn server(
+        ca: &Ca,
+        respond: impl Fn(&str) -> String + Send + Sync + 'static,
+    ) -> SocketAddr {
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("params")
+            .signed_by(&key, &ca.cert, &ca.key)
+            .expect("cert");
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from(cert.der().to_vec())],
+            PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key"),
+        )
+        .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let respond = Arc::new(respond);
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let (acceptor, respond) = (acceptor.clone(), respond.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(s).await else {
+                        return;
+                    };
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let reply = respond(&String::from_utf8_lossy(&head));
+                    let _ = tls.write_all(reply.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        addr
+    }
+
+    fn redirect(to: String) -> impl Fn(&str) -> String + Send + Sync + 'static {
+        move |_| {
+            format!("HTTP/1.1 307 Temporary Redirect\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        }
+    }
+
+    fn ok(_: &str) -> String {
+        "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n".to_owned()
+    }
+
+    fn client(registry: &str, ca_file: &std::path::Path) -> Upstream {
+        Upstream::new(UpstreamConfig {
+            endpoints: [(registry.to_owned(), format!("https://{registry}"))].into(),
+            tls: [(
+                registry.to_owned(),
+                RegistryTls {
+                    ca_file: Some(ca_file.to_owned()),
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            max_attempts: 1,
+            ..Default::default()
+        })
+        .expect("client")
+    }
+
+    #[tokio::test]
+    async fn registry_trust_follows_its_host_and_no_other() {
+        let ca = ca();
+        let dir = tempfile_dir();
+        let ca_file = dir.join("ca.pem");
+        std::fs::write(&ca_file, ca.cert.pem()).expect("write");
+        let d = Digest::of(b"abc");
+
+        // Same host, another port: the registry's CA applies.
+        let blob = server(&ca, ok).await;
+        let reg = server(
+            &ca,
+            redirect(format!("https://127.0.0.1:{}/blob", blob.port())),
+        )
+        .await;
+        let up = client(&reg.to_string(), &ca_file);
+        assert_eq!(
+            up.head_blob(&reg.to_string(), "a/b", &d)
+                .await
+                .expect("same host"),
+            3
+        );
+
+        // Another host (a CDN), certificate from the same CA: default trust, refused.
+        let cdn = server(&ca, ok).await;
+        let reg2 = server(
+            &ca,
+            redirect(format!("https://localhost:{}/blob", cdn.port())),
+        )
+        .await;
+        let up2 = client(&reg2.to_string(), &ca_file);
+        let e = up2
+            .head_blob(&reg2.to_string(), "a/b", &d)
+            .await
+            .expect_err("CA not trusted for another host");
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Tls { .. }), "{e:?}");
+        assert!(
+            msg.contains(&format!("localhost:{}", cdn.port())) && msg.contains("not trusted"),
+            "{msg}"
+        );
+
+        // A token realm on the registry's host: fetched with the registry's trust.
+        let realm = server(&ca, |_| {
+            let body = r#"{"token":"t0k"}"#;
+            format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+        })
+        .await;
+        let challenge = move |head: &str| {
+            if head.contains("Bearer t0k") {
+                ok(head)
+            } else {
+                format!("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"https://127.0.0.1:{}/token\",service=\"x\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", realm.port())
+            }
+        };
+        let reg3 = server(&ca, challenge).await;
+        let up3 = client(&reg3.to_string(), &ca_file);
+        assert_eq!(
+            up3.head_blob(&reg3.to_string(), "a/b", &d)
+                .await
+                .expect("token realm"),
+            3
+        );
+
+        // The same realm named "localhost": another host, so default trust and refused.
+        let challenge = move |_: &str| {
+            format!("HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"https://localhost:{}/token\",service=\"x\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", realm.port())
+        };
+        let reg4 = server(&ca, challenge).await;
+        let up4 = client(&reg4.to_string(), &ca_file);
+        let e = up4
+            .head_blob(&reg4.to_string(), "a/b", &d)
+            .await
+            .expect_err("realm on another host");
+        assert!(matches!(e, Error::Tls { .. }), "{e:?}");
+
+        // And without the registry's settings, its own host is refused too.
+        let plain = Upstream::new(UpstreamConfig {
+            endpoints: [(reg.to_string(), format!("https://{reg}"))].into(),
+            max_attempts: 1,
+            ..Default::default()
+        })
+        .expect("client");
+        let e = plain
+            .head_blob(&reg.to_string(), "a/b", &d)
+            .await
+            .expect_err("default trust");
+        assert!(e.to_string().contains("ca_file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "oci-tls-client-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&d).expect("dir");
+        d
     }
 }
