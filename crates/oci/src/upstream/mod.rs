@@ -206,7 +206,7 @@ impl Upstream {
         let roots = tls::DefaultRoots::load();
         match &roots.source {
             RootsSource::System { roots, problems } if problems.is_empty() => {
-                debug!(roots, "upstream TLS: trusting the system trust store")
+                info!(roots, "upstream TLS: trusting the system trust store")
             }
             RootsSource::System { roots, problems } => {
                 warn!(roots, problems = %problems.join("; "), "upstream TLS: trusting the system trust store, parts of which could not be read")
