@@ -6,6 +6,12 @@
 //! `/etc/ssl/certs/ca-certificates.crt`). The bundled Mozilla roots (`webpki-roots`)
 //! are used only when the system store is empty or unreadable, and that is logged.
 //!
+//! Why `rustls-native-certs` rather than `rustls-platform-verifier`: agents run on
+//! Linux, where the platform verifier is itself webpki over the same PEM bundle, so it
+//! adds nothing there; what we need is an explicit root store we can count (the
+//! fallback rule and its log line), extend per registry with `ca_file`, and build a
+//! rustls `ClientConfig` from for reqwest's `use_preconfigured_tls`.
+//!
 //! A registry with settings gets a rustls configuration of its own: the default roots
 //! plus its `ca_file`, its client certificate, or no verification at all
 //! (`skip_verify`). [`Upstream`](super::Upstream) keeps one reqwest client per distinct
