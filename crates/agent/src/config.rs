@@ -116,6 +116,21 @@ pub struct RegistryConfig {
     pub endpoint: Option<String>,
     pub username: Option<String>,
     pub password: Option<String>,
+    /// PEM file with one or more CA certificates trusted for this registry only, on
+    /// top of the system trust store (containerd's hosts.toml `ca`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for mutual TLS with this registry (`client`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of `client_cert`. Its path is shown, never its contents.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<PathBuf>,
+    /// DANGEROUS: accept any TLS certificate from this registry (`skip_verify`).
+    /// Anyone on the path can then impersonate it, point its tags at digests of their
+    /// choice and read the credentials sent to it. Logged at warn at start-up.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub skip_verify: bool,
 }
 
 impl Default for AgentConfig {
@@ -216,9 +231,18 @@ impl AgentConfig {
 impl RegistryConfig {
     pub fn redacted(&self) -> Self {
         Self {
-            endpoint: self.endpoint.clone(),
-            username: self.username.clone(),
             password: self.password.as_ref().map(|_| REDACTED.into()),
+            ..self.clone()
+        }
+    }
+
+    /// The TLS settings the upstream client takes.
+    pub fn tls(&self) -> oci::upstream::RegistryTls {
+        oci::upstream::RegistryTls {
+            ca_file: self.ca_file.clone(),
+            client_cert: self.client_cert.clone(),
+            client_key: self.client_key.clone(),
+            skip_verify: self.skip_verify,
         }
     }
 }
@@ -241,6 +265,10 @@ impl std::fmt::Debug for RegistryConfig {
             .field("endpoint", &r.endpoint)
             .field("username", &r.username)
             .field("password", &r.password)
+            .field("ca_file", &r.ca_file)
+            .field("client_cert", &r.client_cert)
+            .field("client_key", &r.client_key)
+            .field("skip_verify", &r.skip_verify)
             .finish()
     }
 }
@@ -286,6 +314,7 @@ mod humantime_serde_compat {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn sizes() {
@@ -334,5 +363,40 @@ mod tests {
         }
         // The real values are still there for the agent itself.
         assert_eq!(c.cluster_token.as_deref(), Some("tok-SECRET-1"));
+    }
+
+    #[test]
+    fn registry_tls_keys() {
+        let text = r#"
+            [registries."reg.corp.example:5000"]
+            ca_file = "/etc/starling/corp-ca.pem"
+            client_cert = "/etc/starling/node.crt"
+            client_key = "/etc/starling/node.key"
+            password = "pw-SECRET-3"
+            [registries."lab.example"]
+            skip_verify = true
+        "#;
+        let c: AgentConfig = toml::from_str(text).expect("config");
+        let t = c.registries["reg.corp.example:5000"].tls();
+        assert_eq!(
+            t.ca_file.as_deref(),
+            Some(Path::new("/etc/starling/corp-ca.pem"))
+        );
+        assert_eq!(
+            t.client_key.as_deref(),
+            Some(Path::new("/etc/starling/node.key"))
+        );
+        assert!(!t.skip_verify && c.registries["lab.example"].tls().skip_verify);
+        // --print-config keeps the paths (not secrets) and the opt-in, hides the password.
+        let printed = toml::to_string(&c.redacted()).expect("TOML");
+        assert!(
+            printed.contains("/etc/starling/node.key") && printed.contains("skip_verify = true"),
+            "{printed}"
+        );
+        assert!(!printed.contains("SECRET"), "{printed}");
+        let back: AgentConfig = toml::from_str(&printed).expect("printed config parses");
+        assert_eq!(back.registries["reg.corp.example:5000"].tls(), t);
+        let dbg = format!("{:?}", c.registries["reg.corp.example:5000"]);
+        assert!(dbg.contains("node.key") && !dbg.contains("SECRET"), "{dbg}");
     }
 }

@@ -134,6 +134,10 @@ impl Agent {
                 }
                 up.endpoints.insert(reg.clone(), ep.clone());
             }
+            let tls = r.tls();
+            if !tls.is_default() {
+                up.tls.insert(reg.clone(), tls);
+            }
             if let (Some(u), Some(p)) = (&r.username, &r.password) {
                 up.credentials.insert(
                     reg.clone(),

@@ -105,7 +105,9 @@ impl Agent {
                 })
             }
             Err(e) if e.is_not_found() => return Err(self.upstream_failed(e)),
-            Err(e) if e.is_retryable() && self.cfg.serve_stale_tags => {
+            // A TLS failure (certificate changed or not trusted) counts as unreachable:
+            // the last digest was verified over a trusted connection.
+            Err(e) if (e.is_retryable() || e.is_tls()) && self.cfg.serve_stale_tags => {
                 self.metrics.upstream_errors.inc();
                 if let Some(stale) = known.iter().max_by_key(|t| t.checked) {
                     if let Some(m) = self.cached(stale)? {

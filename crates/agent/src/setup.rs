@@ -11,10 +11,18 @@ pub struct SetupReport {
     pub warnings: Vec<String>,
 }
 
-fn hosts_toml(server: Option<&str>, mirror: &str) -> String {
+/// containerd's TLS keys for a host (`ca`, `client`, `skip_verify`). At the top of a
+/// hosts.toml they apply to `server`.
+const TLS_KEYS: [&str; 3] = ["ca", "client", "skip_verify"];
+
+fn hosts_toml(server: Option<&str>, mirror: &str, server_tls: &toml::Table) -> String {
     let mut s = String::from("# Written by `starling setup containerd`. The agent is tried first; on any error\n# containerd falls back to the next host and finally to `server`.\n");
     if let Some(server) = server {
         s.push_str(&format!("server = \"{server}\"\n"));
+    }
+    if !server_tls.is_empty() {
+        s.push_str("# TLS for `server` (containerd's own fallback), kept from the previous file.\n# containerd talks plain HTTP to the agent; the agent talks TLS to the registry with\n# its own settings: [registries.\"<registry>\"] ca_file, client_cert, client_key, skip_verify.\n");
+        s.push_str(&toml::to_string(server_tls).unwrap_or_default());
     }
     s.push_str(&format!("\n[host.\"{mirror}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  dial_timeout = \"2s\"\n"));
     s
@@ -46,8 +54,67 @@ fn backup_and_write(path: &Path, content: &str, report: &mut SetupReport) -> std
     Ok(())
 }
 
+/// The TLS settings of an existing hosts.toml that still apply to `server` once it is
+/// rewritten (its top-level `ca`/`client`/`skip_verify`, when it had the same server or
+/// none), with warnings for what the agent needs and for what is dropped.
+fn carried_tls(
+    old: &str,
+    path: &Path,
+    registry: Option<&str>,
+    server: Option<&str>,
+    mirror: &str,
+    warnings: &mut Vec<String>,
+) -> toml::Table {
+    let Ok(old) = toml::from_str::<toml::Table>(old) else {
+        return toml::Table::new();
+    };
+    let mut tls = toml::Table::new();
+    for k in TLS_KEYS {
+        if let Some(v) = old.get(k) {
+            tls.insert(k.to_owned(), v.clone());
+        }
+    }
+    let same_server = match (old.get("server").and_then(|v| v.as_str()), server) {
+        (None, _) => true,
+        (Some(o), Some(n)) => o.trim_end_matches('/') == n.trim_end_matches('/'),
+        (Some(_), None) => false,
+    };
+    let shown = path.display();
+    if !tls.is_empty() && !same_server {
+        warnings.push(format!("{shown}: the previous file had TLS settings ({}) for another server; they are not kept (see the backup)", keys(&tls)));
+        tls.clear();
+    }
+    if !tls.is_empty() {
+        let agent_side = match registry {
+            Some(r) => format!("[registries.\"{r}\"] ca_file / client_cert + client_key / skip_verify (flags --registry-ca {r}=PATH, --registry-client-cert, --registry-client-key, --registry-skip-verify)"),
+            None => "[registries.\"<registry>\"] ca_file / client_cert + client_key / skip_verify for each registry that needs them".to_owned(),
+        };
+        warnings.push(format!("{shown}: kept {} for containerd's fallback to the registry; the agent does not read hosts.toml: give it the same in its config, {agent_side}", keys(&tls)));
+    }
+    if let Some(hosts) = old.get("host").and_then(|h| h.as_table()) {
+        for (h, t) in hosts {
+            let has_tls = t
+                .as_table()
+                .is_some_and(|t| TLS_KEYS.iter().any(|k| t.contains_key(*k)));
+            if has_tls && h.trim_end_matches('/') != mirror.trim_end_matches('/') {
+                warnings.push(format!(
+                    "{shown}: host {h} had TLS settings and is no longer listed (see the backup)"
+                ));
+            }
+        }
+    }
+    tls
+}
+
+fn keys(t: &toml::Table) -> String {
+    t.keys().cloned().collect::<Vec<_>>().join(", ")
+}
+
 /// Writes `certs.d/<registry>/hosts.toml` for each registry and `_default`, then checks
-/// the containerd config for settings that would bypass or undo the mirror.
+/// the containerd config for settings that would bypass or undo the mirror. TLS
+/// settings an existing file had for the registry (`ca`, `client`, `skip_verify` at
+/// the top) are kept for containerd's fallback; the agent's own host entry never has
+/// any (containerd talks plain HTTP to it).
 pub fn containerd(
     certs_dir: &Path,
     mirror_url: &str,
@@ -55,19 +122,33 @@ pub fn containerd(
     containerd_config: Option<&Path>,
 ) -> std::io::Result<SetupReport> {
     let mut report = SetupReport::default();
-    for r in registries {
-        let dir = certs_dir.join(r);
+    let targets = registries
+        .iter()
+        .map(|r| (Some(r.as_str()), r.as_str()))
+        .chain(std::iter::once((None, "_default")));
+    for (registry, dir) in targets {
+        let path = certs_dir.join(dir).join("hosts.toml");
+        let server = registry.map(server_url);
+        let tls = match std::fs::read_to_string(&path) {
+            Ok(old) => carried_tls(
+                &old,
+                &path,
+                registry,
+                server.as_deref(),
+                mirror_url,
+                &mut report.warnings,
+            ),
+            Err(_) => toml::Table::new(),
+        };
         backup_and_write(
-            &dir.join("hosts.toml"),
-            &hosts_toml(Some(&server_url(r)), mirror_url),
+            &path,
+            &hosts_toml(server.as_deref(), mirror_url, &tls),
             &mut report,
         )?;
     }
-    backup_and_write(
-        &certs_dir.join("_default").join("hosts.toml"),
-        &hosts_toml(None, mirror_url),
-        &mut report,
-    )?;
+    if mirror_url.starts_with("https://") {
+        report.warnings.push(format!("{mirror_url}: the agent serves plain HTTP; containerd cannot reach it over HTTPS. Use http://"));
+    }
     if let Some(cfg) = containerd_config {
         match std::fs::read_to_string(cfg) {
             Ok(text) => report
@@ -245,6 +326,71 @@ mod tests {
             toml::from_str(&std::fs::read_to_string(certs.join("_default/hosts.toml")).unwrap())
                 .unwrap();
         assert!(d.get("server").is_none());
+    }
+
+    #[test]
+    fn containerd_keeps_the_registrys_tls_for_its_fallback() {
+        let dir = tempfile::tempdir().expect("dir");
+        let certs = dir.path().join("certs.d");
+        std::fs::create_dir_all(certs.join("reg.corp:5000")).expect("dir");
+        std::fs::write(
+            certs.join("reg.corp:5000/hosts.toml"),
+            "server = \"https://reg.corp:5000\"\nca = \"/etc/corp/ca.pem\"\nclient = [[\"/etc/corp/n.crt\", \"/etc/corp/n.key\"]]\n\n[host.\"https://other.mirror\"]\n  ca = \"/x.pem\"\n",
+        )
+        .expect("write");
+        let r = containerd(
+            &certs,
+            "http://127.0.0.1:5050",
+            &["reg.corp:5000".into()],
+            None,
+        )
+        .expect("setup");
+        let text = std::fs::read_to_string(certs.join("reg.corp:5000/hosts.toml")).expect("read");
+        let v: toml::Value = toml::from_str(&text).expect("TOML");
+        assert_eq!(v["server"].as_str(), Some("https://reg.corp:5000"));
+        assert_eq!(v["ca"].as_str(), Some("/etc/corp/ca.pem"));
+        assert_eq!(v["client"][0][1].as_str(), Some("/etc/corp/n.key"));
+        // The agent's entry is plain HTTP: no TLS keys there.
+        let mirror = v["host"]["http://127.0.0.1:5050"]
+            .as_table()
+            .expect("mirror host");
+        assert!(TLS_KEYS.iter().all(|k| !mirror.contains_key(*k)), "{text}");
+        assert!(v["host"].get("https://other.mirror").is_none());
+        let w = r.warnings.join("\n");
+        assert!(
+            w.contains("--registry-ca reg.corp:5000=PATH") && w.contains("ca, client"),
+            "{w}"
+        );
+        assert!(w.contains("https://other.mirror had TLS settings"), "{w}");
+        // A second run changes nothing.
+        let again = containerd(
+            &certs,
+            "http://127.0.0.1:5050",
+            &["reg.corp:5000".into()],
+            None,
+        )
+        .expect("again");
+        assert!(again.backups.is_empty(), "{:?}", again.backups);
+        // Settings for another server are not carried over to ours.
+        std::fs::write(
+            certs.join("reg.corp:5000/hosts.toml"),
+            "server = \"https://elsewhere\"\nskip_verify = true\n",
+        )
+        .expect("write");
+        let r = containerd(
+            &certs,
+            "http://127.0.0.1:5050",
+            &["reg.corp:5000".into()],
+            None,
+        )
+        .expect("setup");
+        let text = std::fs::read_to_string(certs.join("reg.corp:5000/hosts.toml")).expect("read");
+        assert!(!text.contains("skip_verify"), "{text}");
+        assert!(
+            r.warnings.iter().any(|w| w.contains("another server")),
+            "{:?}",
+            r.warnings
+        );
     }
 
     #[test]

@@ -131,6 +131,15 @@ pub enum Error {
         what: &'static str,
         limit: usize,
     },
+    /// TLS with the registry failed: a certificate not trusted or not valid for the
+    /// host, or the registry refused the handshake (a client certificate missing or
+    /// not accepted). The message says which and what setting would help.
+    #[error("TLS with upstream {registry} failed: {message}")]
+    Tls { registry: String, message: String },
+    /// A registry's TLS settings cannot be used (a file missing, not PEM, a client
+    /// certificate without its key).
+    #[error("TLS settings for registry {registry}: {message}")]
+    TlsConfig { registry: String, message: String },
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -173,6 +182,9 @@ impl Error {
             Self::Auth { .. } => (401, ErrorCode::Unauthorized),
             Self::Denied { .. } => (403, ErrorCode::Denied),
             Self::TooLarge { .. } => (502, ErrorCode::Unavailable),
+            // A gateway fault too: containerd moves on to its next host.
+            Self::Tls { .. } => (502, ErrorCode::Unavailable),
+            Self::TlsConfig { .. } => (500, ErrorCode::Unavailable),
             Self::Io(_) => (500, ErrorCode::Unavailable),
         }
     }
@@ -196,6 +208,12 @@ impl Error {
             },
             other => other,
         }
+    }
+
+    /// A TLS failure with the registry: not worth retrying at once (the same
+    /// certificate comes back), but the registry is as good as unreachable.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Self::Tls { .. })
     }
 
     pub fn is_not_found(&self) -> bool {

@@ -54,6 +54,8 @@ pub struct AgentArgs {
     /// A docker config.json to read upstream credentials from.
     #[arg(long, env = "STARLING_DOCKER_CONFIG")]
     docker_config: Option<PathBuf>,
+    #[command(flatten)]
+    registry_tls: RegistryTlsArgs,
     /// Image to keep in the cache whatever GC wants (repeatable).
     #[arg(long = "pin", env = "STARLING_PIN", value_delimiter = ',')]
     pins: Vec<String>,
@@ -208,6 +210,19 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     if let Some(v) = &a.docker_config {
         cfg.docker_config = Some(v.clone());
     }
+    for (reg, t) in a.registry_tls.parse()? {
+        let r = cfg.registries.entry(reg).or_default();
+        if t.ca_file.is_some() {
+            r.ca_file = t.ca_file;
+        }
+        if t.client_cert.is_some() {
+            r.client_cert = t.client_cert;
+        }
+        if t.client_key.is_some() {
+            r.client_key = t.client_key;
+        }
+        r.skip_verify |= t.skip_verify;
+    }
     cfg.pin.extend(a.pins.iter().cloned());
     macro_rules! set_opt {
         ($($f:ident),*) => {$( if let Some(v) = &a.$f { cfg.$f = Some(v.clone()); } )*};
@@ -278,6 +293,82 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
         cfg.shutdown_grace = v.into();
     }
     Ok(cfg)
+}
+
+/// Per-registry TLS flags, the common cases of `[registries."host"]` TLS keys (the
+/// agent) and the only way to give them to the tracker's registry catalog.
+#[derive(Args, Default)]
+pub struct RegistryTlsArgs {
+    /// Extra CA certificates (PEM) trusted for one registry only, REGISTRY=PATH
+    /// (repeatable), on top of the system trust store.
+    #[arg(
+        long = "registry-ca",
+        value_name = "REGISTRY=PATH",
+        env = "STARLING_REGISTRY_CA",
+        value_delimiter = ','
+    )]
+    ca: Vec<String>,
+    /// Client certificate (PEM) for mutual TLS with a registry, REGISTRY=PATH
+    /// (repeatable; needs --registry-client-key).
+    #[arg(
+        long = "registry-client-cert",
+        value_name = "REGISTRY=PATH",
+        env = "STARLING_REGISTRY_CLIENT_CERT",
+        value_delimiter = ','
+    )]
+    client_cert: Vec<String>,
+    /// Private key (PEM) of the registry's client certificate, REGISTRY=PATH (repeatable).
+    #[arg(
+        long = "registry-client-key",
+        value_name = "REGISTRY=PATH",
+        env = "STARLING_REGISTRY_CLIENT_KEY",
+        value_delimiter = ','
+    )]
+    client_key: Vec<String>,
+    /// DANGEROUS: do not verify this registry's TLS certificate (repeatable). Anyone on
+    /// the path can then impersonate it; logged at warn at start-up.
+    #[arg(
+        long = "registry-skip-verify",
+        value_name = "REGISTRY",
+        env = "STARLING_REGISTRY_SKIP_VERIFY",
+        value_delimiter = ','
+    )]
+    skip_verify: Vec<String>,
+}
+
+impl RegistryTlsArgs {
+    /// Registry (as written) → its TLS settings from the flags.
+    pub fn parse(&self) -> Result<std::collections::BTreeMap<String, oci::upstream::RegistryTls>> {
+        let mut out: std::collections::BTreeMap<String, oci::upstream::RegistryTls> =
+            Default::default();
+        let pair = |flag: &str, v: &str| -> Result<(String, PathBuf)> {
+            match v.split_once('=') {
+                Some((r, p)) if !r.trim().is_empty() && !p.trim().is_empty() => {
+                    Ok((r.trim().to_owned(), PathBuf::from(p.trim())))
+                }
+                _ => bail!("{flag} wants REGISTRY=PATH, got {v:?}"),
+            }
+        };
+        for v in &self.ca {
+            let (r, p) = pair("--registry-ca", v)?;
+            out.entry(r).or_default().ca_file = Some(p);
+        }
+        for v in &self.client_cert {
+            let (r, p) = pair("--registry-client-cert", v)?;
+            out.entry(r).or_default().client_cert = Some(p);
+        }
+        for v in &self.client_key {
+            let (r, p) = pair("--registry-client-key", v)?;
+            out.entry(r).or_default().client_key = Some(p);
+        }
+        for r in &self.skip_verify {
+            if r.trim().is_empty() || r.contains('=') {
+                bail!("--registry-skip-verify wants a REGISTRY, got {r:?}");
+            }
+            out.entry(r.trim().to_owned()).or_default().skip_verify = true;
+        }
+        Ok(out)
+    }
 }
 
 pub async fn run_agent(a: AgentArgs) -> Result<()> {
@@ -463,6 +554,8 @@ pub struct TrackerArgs {
         value_delimiter = ','
     )]
     allowed_registries: Vec<String>,
+    #[command(flatten)]
+    registry_tls: TrackerRegistryTlsArgs,
     /// Longest time one image lookup in a registry may take.
     #[arg(long, default_value = "10s", env = "STARLING_TRACKER_REGISTRY_TIMEOUT")]
     registry_timeout: humantime::Duration,
@@ -515,6 +608,41 @@ pub struct TrackerArgs {
     metric_node_labels: usize,
 }
 
+/// The tracker's registry TLS flags: the agent's names, `STARLING_TRACKER_*` variables.
+#[derive(Default)]
+pub struct TrackerRegistryTlsArgs(RegistryTlsArgs);
+
+impl clap::FromArgMatches for TrackerRegistryTlsArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        RegistryTlsArgs::from_arg_matches(m).map(Self)
+    }
+    fn update_from_arg_matches(
+        &mut self,
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
+        self.0.update_from_arg_matches(m)
+    }
+}
+
+impl Args for TrackerRegistryTlsArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        RegistryTlsArgs::augment_args(cmd)
+            .mut_arg("ca", |a| a.env("STARLING_TRACKER_REGISTRY_CA"))
+            .mut_arg("client_cert", |a| {
+                a.env("STARLING_TRACKER_REGISTRY_CLIENT_CERT")
+            })
+            .mut_arg("client_key", |a| {
+                a.env("STARLING_TRACKER_REGISTRY_CLIENT_KEY")
+            })
+            .mut_arg("skip_verify", |a| {
+                a.env("STARLING_TRACKER_REGISTRY_SKIP_VERIFY")
+            })
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
 pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
     let cfg = swarm::SwarmConfig {
         min_p2p_size: crate::parse_size(&a.p2p_threshold)?,
@@ -555,6 +683,10 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
             },
         );
         configured.push(reg.to_owned());
+    }
+    for (reg, t) in a.registry_tls.0.parse()? {
+        ucfg.tls.insert(oci::reference::canonical_registry(&reg), t);
+        configured.push(reg);
     }
     ucfg.policy = Some(oci::upstream::RegistryPolicy::new(
         configured,

@@ -1,10 +1,12 @@
-//! A minimal blocking HTTP/1.0 GET client for plain-http loopback servers.
+//! A minimal blocking HTTP/1.0 GET client for loopback servers (plain HTTP, and
+//! HTTPS with a given rustls configuration for TLS registries).
 //!
-//! Deliberately dependency-free and runtime-free so it can be called from
-//! anywhere (including inside a tokio test) without touching any runtime.
+//! Deliberately runtime-free so it can be called from anywhere (including inside
+//! a tokio test) without touching any runtime.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -33,9 +35,25 @@ impl HttpResponse {
 /// Uses HTTP/1.0 + `Connection: close`, so the body is read until EOF.
 /// Connect/read timeouts are 10 s.
 pub fn http_get(url: &str, headers: &[(&str, &str)]) -> Result<HttpResponse> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| anyhow!("only http:// URLs are supported: {url}"))?;
+    get(url, headers, None)
+}
+
+/// GET `url`, `https://` with `tls` when given (else `http://` only).
+pub(crate) fn get(
+    url: &str,
+    headers: &[(&str, &str)],
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<HttpResponse> {
+    let rest = match (
+        url.strip_prefix("http://"),
+        url.strip_prefix("https://"),
+        tls,
+    ) {
+        (Some(rest), _, _) => rest,
+        (_, Some(rest), Some(_)) => rest,
+        _ => bail!("only http:// URLs (or https:// with a TLS configuration) are supported: {url}"),
+    };
+    let https = url.starts_with("https://");
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -54,11 +72,37 @@ pub fn http_get(url: &str, headers: &[(&str, &str)]) -> Result<HttpResponse> {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
-    stream.write_all(req.as_bytes())?;
     let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .with_context(|| format!("reading response from {url}"))?;
+    match tls {
+        Some(cfg) if https => {
+            let host = authority
+                .rsplit_once(':')
+                .map_or(authority, |(h, _)| h)
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let name = rustls::pki_types::ServerName::try_from(host)
+                .with_context(|| format!("server name of {authority}"))?;
+            let conn = rustls::ClientConnection::new(cfg.clone(), name)
+                .with_context(|| format!("TLS to {authority}"))?;
+            let mut tls_stream = rustls::StreamOwned::new(conn, stream);
+            tls_stream
+                .write_all(req.as_bytes())
+                .with_context(|| format!("TLS request to {url}"))?;
+            match tls_stream.read_to_end(&mut raw) {
+                Ok(_) => {}
+                // A server that closes without close_notify: the body ran to EOF.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+                Err(e) => return Err(e).with_context(|| format!("reading response from {url}")),
+            }
+        }
+        _ => {
+            stream.write_all(req.as_bytes())?;
+            stream
+                .read_to_end(&mut raw)
+                .with_context(|| format!("reading response from {url}"))?;
+        }
+    }
     parse_response(&raw).with_context(|| format!("parsing response from {url}"))
 }
 

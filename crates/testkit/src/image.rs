@@ -276,12 +276,16 @@ fn push_layout(
 ) -> Result<()> {
     let src = format!("oci:{}:{src_tag}", layout.display());
     let dst = format!("docker://{}/{repo}:{tag}", reg.host());
-    let mut args: Vec<String> = vec![
-        "copy".into(),
-        "--retry-times".into(),
-        "2".into(),
-        "--dest-tls-verify=false".into(),
-    ];
+    let mut args: Vec<String> = vec!["copy".into(), "--retry-times".into(), "2".into()];
+    match reg.cert_dir() {
+        // A TLS registry: verified against its CA, with its client certificate.
+        Some(dir) => {
+            args.push("--dest-tls-verify=true".into());
+            args.push("--dest-cert-dir".into());
+            args.push(dir.display().to_string());
+        }
+        None => args.push("--dest-tls-verify=false".into()),
+    }
     if let Some(c) = reg.creds_arg() {
         args.push("--dest-creds".into());
         args.push(c);

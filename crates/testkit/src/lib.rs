@@ -4,7 +4,9 @@
 //!
 //! * [`Registry`]: the CNCF distribution registry (`docker-registry serve`)
 //!   with no auth, htpasswd auth or Docker token auth (backed by an in-process
-//!   [`TokenServer`] issuing ES256 JWTs).
+//!   [`TokenServer`] issuing ES256 JWTs), over plain HTTP or HTTPS with a
+//!   certificate from a throwaway [`TestCa`] (optionally requiring client
+//!   certificates: [`RegistryTls`]).
 //! * [`TestImage`]: builds real images with `umoci` and pushes them with
 //!   `skopeo` (single-platform OCI / docker schema2, and multi-platform OCI
 //!   indexes).
@@ -29,6 +31,7 @@ mod http;
 mod image;
 mod process;
 mod registry;
+mod tls;
 mod token;
 mod util;
 
@@ -41,6 +44,7 @@ pub use image::{
     DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST,
 };
 pub use registry::{Registry, RegistryAuth};
+pub use tls::{CertPair, RegistryTls, TestCa};
 pub use token::{TokenConfig, TokenServer};
 pub use util::{
     free_port, random_bytes, run_cmd, run_ok, sha256_digest, sha256_hex, skopeo, skopeo_ok,

@@ -1,14 +1,18 @@
-//! A real CNCF distribution registry (`docker-registry serve`) on loopback.
+//! A real CNCF distribution registry (`docker-registry serve`) on loopback, over
+//! plain HTTP or HTTPS ([`Registry::start_tls`]: a certificate from a throwaway CA,
+//! optionally requiring client certificates).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use tempfile::TempDir;
 
-use crate::http::{http_get, HttpResponse};
+use crate::http::HttpResponse;
 use crate::process::{log_tail, ChildProc};
+use crate::tls::RegistryTls;
 use crate::token::{TokenConfig, TokenServer};
 use crate::util::{free_port, run_ok};
 
@@ -64,6 +68,8 @@ pub struct Registry {
     proc: Option<ChildProc>,
     token: Option<TokenServer>,
     auth: RegistryAuth,
+    /// HTTPS settings, and the client configuration testkit uses to reach it.
+    tls: Option<(RegistryTls, Arc<rustls::ClientConfig>)>,
     port: u16,
     config_path: PathBuf,
     log_path: PathBuf,
@@ -80,6 +86,21 @@ impl Registry {
 
     /// Starts a registry with a random free port, retrying on port clashes.
     pub fn try_start(auth: RegistryAuth) -> Result<Registry> {
+        Self::try_start_with(auth, None)
+    }
+
+    /// Starts a registry serving HTTPS with `tls` (see [`RegistryTls`]); panics with
+    /// the registry log on failure (test helper).
+    pub fn start_tls(auth: RegistryAuth, tls: RegistryTls) -> Registry {
+        Self::try_start_with(auth, Some(tls))
+            .unwrap_or_else(|e| panic!("testkit: failed to start docker-registry (TLS): {e:#}"))
+    }
+
+    pub fn try_start_tls(auth: RegistryAuth, tls: RegistryTls) -> Result<Registry> {
+        Self::try_start_with(auth, Some(tls))
+    }
+
+    fn try_start_with(auth: RegistryAuth, tls: Option<RegistryTls>) -> Result<Registry> {
         let dir = tempfile::Builder::new()
             .prefix("testkit-registry-")
             .tempdir()
@@ -121,10 +142,46 @@ impl Registry {
             }
         };
 
+        let tls_yaml = match &tls {
+            None => String::new(),
+            Some(t) => {
+                let (cert, key) = t.server.write(dir.path(), "server")?;
+                let ca = dir.path().join("ca.crt");
+                std::fs::write(&ca, &t.ca_pem)?;
+                let mut y = format!(
+                    "  tls:\n    certificate: {}\n    key: {}\n",
+                    cert.display(),
+                    key.display()
+                );
+                if let Some(client_ca) = &t.client_ca_pem {
+                    let p = dir.path().join("client-ca.crt");
+                    std::fs::write(&p, client_ca)?;
+                    y.push_str(&format!("    clientcas:\n      - {}\n", p.display()));
+                }
+                // skopeo's --cert-dir layout: *.crt CAs, *.cert/*.key client pairs.
+                let certs = dir.path().join("certs.d");
+                std::fs::create_dir_all(&certs)?;
+                std::fs::write(certs.join("ca.crt"), &t.ca_pem)?;
+                if let Some(c) = &t.client {
+                    std::fs::write(certs.join("client.cert"), &c.cert_pem)?;
+                    std::fs::write(certs.join("client.key"), &c.key_pem)?;
+                }
+                y
+            }
+        };
+        let auth_yaml = format!("{tls_yaml}{auth_yaml}");
+        let tls = match tls {
+            None => None,
+            Some(t) => {
+                let cfg = t.client_config()?;
+                Some((t, cfg))
+            }
+        };
         let mut reg = Registry {
             proc: None,
             token,
             auth,
+            tls,
             port: 0,
             config_path,
             log_path,
@@ -185,7 +242,7 @@ impl Registry {
                 );
             }
             // 200 without auth, 401 with auth: either means it is serving.
-            if let Ok(r) = http_get(&url, &[]) {
+            if let Ok(r) = self.get_url(&url, &[]) {
                 if r.status == 200 || r.status == 401 {
                     self.proc = Some(proc);
                     return Ok(());
@@ -202,9 +259,30 @@ impl Registry {
         }
     }
 
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT`, or `https://` when serving TLS.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The TLS settings when the registry serves HTTPS.
+    pub fn tls(&self) -> Option<&RegistryTls> {
+        self.tls.as_ref().map(|(t, _)| t)
+    }
+
+    /// The CA certificate (PEM file) clients must trust, when serving HTTPS.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(|_| self.dir.path().join("ca.crt"))
+    }
+
+    /// A directory in skopeo/containers `--cert-dir` layout (`ca.crt`, and
+    /// `client.cert`/`client.key` when client certificates are required).
+    pub fn cert_dir(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(|_| self.dir.path().join("certs.d"))
+    }
+
+    fn get_url(&self, url: &str, headers: &[(&str, &str)]) -> Result<HttpResponse> {
+        crate::http::get(url, headers, self.tls.as_ref().map(|(_, c)| c))
     }
 
     /// `127.0.0.1:PORT` (the registry host part of image references).
@@ -298,10 +376,11 @@ impl Registry {
         Err(last)
     }
 
-    /// Plain-HTTP GET of `path` (e.g. `/v2/repo/manifests/tag`) against the
-    /// registry, without authentication.
+    /// GET of `path` (e.g. `/v2/repo/manifests/tag`) against the registry, without
+    /// authentication; over TLS (trusting its CA, with its client certificate) when
+    /// it serves HTTPS.
     pub fn http_get(&self, path: &str, headers: &[(&str, &str)]) -> Result<HttpResponse> {
-        http_get(&format!("{}{path}", self.url()), headers)
+        self.get_url(&format!("{}{path}", self.url()), headers)
     }
 
     /// Temp dir owned by this registry (holds config, log, auth files).

@@ -52,6 +52,7 @@ pub async fn start_agent(
             endpoint: Some(upstream_url.to_owned()),
             username: creds.map(|c| c.0.to_owned()),
             password: creds.map(|c| c.1.to_owned()),
+            ..Default::default()
         },
     );
     tweak(&mut cfg);

@@ -1,9 +1,11 @@
 //! The upstream registry client: token and Basic auth, redirects that never leak
 //! `Authorization` to another host, `429 Retry-After`, timeouts on connect and on
-//! stalls, and blob streams that resume with a Range request when a connection dies.
+//! stalls, blob streams that resume with a Range request when a connection dies, and
+//! TLS with the system trust store plus per-registry settings ([`tls`]).
 
 pub mod auth;
 pub mod policy;
+pub mod tls;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -20,6 +22,7 @@ use tracing::{debug, info, warn};
 pub use auth::{Challenge, Credentials};
 use auth::{TokenCache, TokenReply, DEFAULT_TOKEN_SECONDS};
 pub use policy::RegistryPolicy;
+pub use tls::{RegistryTls, RootsSource};
 
 use crate::reference::{canonical_registry, DOCKER_HUB};
 use crate::{Digest, Error, ErrorBody, ErrorCode};
@@ -46,6 +49,9 @@ pub struct UpstreamConfig {
     /// Which registries and addresses may be contacted. `None`: any (a client run by
     /// the user, like `starling pull`); servers that act on requests from others set it.
     pub policy: Option<RegistryPolicy>,
+    /// Registry → TLS settings (extra CAs, client certificate, `skip_verify`), applied
+    /// to that registry's hosts only; everything else gets the system trust store.
+    pub tls: HashMap<String, RegistryTls>,
 }
 
 impl Default for UpstreamConfig {
@@ -61,6 +67,7 @@ impl Default for UpstreamConfig {
             max_retry_after: Duration::from_secs(10),
             user_agent: concat!("starling/", env!("CARGO_PKG_VERSION")).to_owned(),
             policy: None,
+            tls: HashMap::new(),
         }
     }
 }
@@ -88,7 +95,12 @@ pub struct Upstream {
 }
 
 struct Inner {
+    /// The default trust (system store): every host no registry setting covers.
     http: reqwest::Client,
+    /// Registry → its own client, for the registry's hosts only. Registries with the
+    /// same settings share one client (and its connections).
+    registry_tls: HashMap<String, RegistryClient>,
+    roots: RootsSource,
     cfg: UpstreamConfig,
     credentials: HashMap<String, Credentials>,
     tokens: TokenCache,
@@ -97,6 +109,13 @@ struct Inner {
     /// `host:port` of configured registries and endpoints: the only internal addresses
     /// (loopback, link-local, metadata) the policy lets this client reach.
     trusted: BTreeSet<(String, u16)>,
+}
+
+/// A registry's TLS client and the host names it is used for (endpoint and name).
+struct RegistryClient {
+    hosts: BTreeSet<String>,
+    settings: RegistryTls,
+    http: reqwest::Client,
 }
 
 /// Largest token-endpoint reply taken (tokens are JWTs of a few KiB).
@@ -167,22 +186,75 @@ impl Upstream {
                 }
             }
         }
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(cfg.connect_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(cfg.user_agent.clone())
-            .pool_max_idle_per_host(32)
-            .tcp_nodelay(true);
-        if cfg.policy.is_some() {
-            let names = trusted.iter().map(|(h, _)| h.clone()).collect();
-            builder = builder.dns_resolver(Arc::new(policy::GuardedResolver {
-                trusted: Arc::new(names),
-            }));
+        let names: Arc<BTreeSet<String>> =
+            Arc::new(trusted.iter().map(|(h, _)| h.clone()).collect());
+        let build = |registry: &str, tls: rustls::ClientConfig| {
+            let mut builder = reqwest::Client::builder()
+                .use_preconfigured_tls(tls)
+                .connect_timeout(cfg.connect_timeout)
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(cfg.user_agent.clone())
+                .pool_max_idle_per_host(32)
+                .tcp_nodelay(true);
+            if cfg.policy.is_some() {
+                builder = builder.dns_resolver(Arc::new(policy::GuardedResolver {
+                    trusted: names.clone(),
+                }));
+            }
+            builder.build().map_err(|e| transport(registry, e))
+        };
+        let roots = tls::DefaultRoots::load();
+        match &roots.source {
+            RootsSource::System { roots, problems } if problems.is_empty() => {
+                info!(roots, "upstream TLS: trusting the system trust store")
+            }
+            RootsSource::System { roots, problems } => {
+                warn!(roots, problems = %problems.join("; "), "upstream TLS: trusting the system trust store, parts of which could not be read")
+            }
+            RootsSource::Bundled { reason } => {
+                warn!(%reason, "upstream TLS: system trust store empty or unavailable; falling back to the bundled Mozilla roots (webpki-roots)")
+            }
         }
-        let http = builder.build().map_err(|e| transport("*", e))?;
+        let http = build(
+            "*",
+            tls::client_config("*", &roots, &RegistryTls::default())?,
+        )?;
+        // One client per distinct setting; each registry points at its own.
+        let mut by_setting: HashMap<RegistryTls, reqwest::Client> = HashMap::new();
+        let mut registry_tls = HashMap::new();
+        let mut settings: Vec<(String, RegistryTls)> = cfg
+            .tls
+            .iter()
+            .filter(|(_, t)| !t.is_default())
+            .map(|(r, t)| (canonical_registry(r), t.clone()))
+            .collect();
+        settings.sort_by(|a, b| a.0.cmp(&b.0));
+        for (registry, t) in settings {
+            let client = match by_setting.get(&t) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = build(&registry, tls::client_config(&registry, &roots, &t)?)?;
+                    by_setting.insert(t.clone(), c.clone());
+                    c
+                }
+            };
+            let base = base_url_of(&cfg.endpoints, &registry);
+            let hosts = tls::registry_hosts(&registry, &base);
+            log_registry_tls(&registry, &base, &hosts, &t);
+            registry_tls.insert(
+                registry,
+                RegistryClient {
+                    hosts,
+                    settings: t,
+                    http: client,
+                },
+            );
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 http,
+                registry_tls,
+                roots: roots.source,
                 cfg,
                 credentials,
                 tokens: TokenCache::default(),
@@ -194,6 +266,31 @@ impl Upstream {
 
     pub fn config(&self) -> &UpstreamConfig {
         &self.inner.cfg
+    }
+
+    /// Where the default trust came from (the system store, or the bundled roots).
+    pub fn roots_source(&self) -> &RootsSource {
+        &self.inner.roots
+    }
+
+    /// The client for one hop of a request for `registry`: the registry's own TLS
+    /// client when the hop stays on its hosts, else the default trust (a redirect to
+    /// a blob CDN, a token realm elsewhere).
+    fn client_for(&self, registry: &str, url: &url::Url) -> &reqwest::Client {
+        match self.inner.registry_tls.get(registry) {
+            Some(rc) if tls::host_of(url).is_some_and(|h| rc.hosts.contains(&h)) => &rc.http,
+            _ => &self.inner.http,
+        }
+    }
+
+    /// The TLS settings that applied to a hop (for explaining a failure).
+    fn settings_for(&self, registry: &str, url: &url::Url) -> RegistryTls {
+        match self.inner.registry_tls.get(registry) {
+            Some(rc) if tls::host_of(url).is_some_and(|h| rc.hosts.contains(&h)) => {
+                rc.settings.clone()
+            }
+            _ => RegistryTls::default(),
+        }
     }
 
     /// The base URL for a registry: a configured override, else HTTPS on its host.
@@ -242,9 +339,21 @@ impl Upstream {
             })
     }
 
-    /// A transport error, or the refusal it hides (the resolver found only internal
-    /// addresses for the name).
-    fn send_error(&self, registry: &str, e: reqwest::Error) -> Error {
+    /// A transport error, or what it hides: the resolver refusing an internal address,
+    /// a TLS failure (certificate not trusted, client certificate refused).
+    fn send_error(&self, registry: &str, url: &url::Url, e: reqwest::Error) -> Error {
+        if let Some(t) = tls::tls_failure(&e) {
+            let host = match url.port() {
+                Some(p) => format!("{}:{p}", url.host_str().unwrap_or("?")),
+                None => url.host_str().unwrap_or("?").to_owned(),
+            };
+            let message = tls::explain(registry, &host, &self.settings_for(registry, url), &t);
+            warn!(%registry, %host, error = %message, "upstream TLS failure");
+            return Error::Tls {
+                registry: registry.to_owned(),
+                message,
+            };
+        }
         match policy::refused_internal(&e) {
             Some(why) => denied(registry, why),
             None if e.is_timeout() => Error::Timeout {
@@ -646,7 +755,7 @@ impl Upstream {
                     }
                     q.append_pair("scope", challenge_scope.as_deref().unwrap_or(scope));
                 }
-                let mut req = self.inner.http.get(url.as_str());
+                let mut req = self.client_for(registry, &url).get(url.as_str());
                 if let Some(c) = self.inner.credentials.get(registry) {
                     req = req.header(http::header::AUTHORIZATION, c.basic_header());
                 }
@@ -656,7 +765,7 @@ impl Upstream {
                         registry: registry.to_owned(),
                         message: "token endpoint".into(),
                     })?
-                    .map_err(|e| self.send_error(registry, e))?;
+                    .map_err(|e| self.send_error(registry, &url, e))?;
                 let status = resp.status();
                 if !status.is_success() {
                     return Err(auth_err(format!("token endpoint answered {status}")));
@@ -715,8 +824,7 @@ impl Upstream {
             // Every hop, redirects included: a registry must not lead us inside.
             self.check_destination(registry, &current)?;
             let mut req = self
-                .inner
-                .http
+                .client_for(registry, &current)
                 .request(method.clone(), current.as_str())
                 .headers(headers.clone());
             if let Some(a) = &auth {
@@ -732,7 +840,7 @@ impl Upstream {
                         message: format!("no response from {}", current.host_str().unwrap_or("?")),
                     })
                 }
-                Ok(Err(e)) => return Err(self.send_error(registry, e)),
+                Ok(Err(e)) => return Err(self.send_error(registry, &current, e)),
                 Ok(Ok(r)) => r,
             };
             if !resp.status().is_redirection() || resp.status() == StatusCode::NOT_MODIFIED {
@@ -750,6 +858,27 @@ impl Upstream {
         }
         Err(transport(registry, "too many redirects"))
     }
+}
+
+/// One start-up line per registry with TLS settings; `skip_verify` at warn. Paths
+/// only: a key's contents are never logged.
+fn log_registry_tls(registry: &str, base: &str, hosts: &BTreeSet<String>, t: &RegistryTls) {
+    let hosts = hosts.iter().cloned().collect::<Vec<_>>().join(",");
+    if base.starts_with("http://") {
+        warn!(%registry, endpoint = %base, "registry has TLS settings but a plain-HTTP endpoint; they apply only if it redirects to HTTPS on the same host");
+    }
+    if t.skip_verify {
+        warn!(%registry, %hosts, "skip_verify: TLS certificates of this registry are NOT verified; anyone between this node and the registry can impersonate it, choose what its tags point to and read the credentials sent to it");
+    }
+    info!(
+        %registry,
+        %hosts,
+        ca_file = ?t.ca_file,
+        client_cert = ?t.client_cert,
+        client_key = ?t.client_key,
+        skip_verify = t.skip_verify,
+        "registry TLS settings"
+    );
 }
 
 struct ResumeState {
