@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::fetch::{blob_err, store_err, Source};
+use crate::OrInternalError;
 
 use crate::metrics::SourceLabels;
 use crate::zerocopy::{Sink, SPAN_MAX};
@@ -410,7 +411,7 @@ impl Plan {
                     .unwrap_or(HeaderValue::from_static("multipart/byteranges")),
             ),
         };
-        b.body(Body::empty()).unwrap_or_default()
+        b.body(Body::empty()).or_internal_error()
     }
 }
 

@@ -15,7 +15,7 @@ use http::{header, HeaderMap, StatusCode};
 use oci::{Digest, ImageReference, Manifest, ManifestRef};
 use tracing::{debug, info, warn};
 
-use crate::Agent;
+use crate::{Agent, Error};
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
@@ -159,7 +159,10 @@ impl Agent {
             node: self.cfg.node_name.clone(),
             generation,
             labels,
-            agent_url: self.p2p.as_ref().map(|_| format!("http://{}", self.cfg.listen)),
+            agent_url: self
+                .p2p
+                .as_ref()
+                .map(|_| format!("http://{}", self.cfg.listen)),
             blobs,
             images,
             pins,
@@ -248,17 +251,14 @@ impl Agent {
         d: &Digest,
         done: &AtomicU64,
         limit: Option<Arc<ratelimit::TokenBucket>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         if let Some(rec) = self.store.stat(d) {
             done.fetch_add(rec.size, Ordering::Relaxed);
             return Ok(());
         }
         // The same path a client takes (cache, swarm, registry), drained here, at the
         // assignment's rate.
-        let (source, total) = self
-            .acquire(registry, repo, d, limit)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (source, total) = self.acquire(registry, repo, d, limit).await?;
         let (tx, mut rx) = tokio::sync::mpsc::channel(2);
         let (agent, reg, rep, dg) = (
             self.clone(),
@@ -272,10 +272,7 @@ impl Agent {
                 .await
         });
         while let Some(item) = rx.recv().await {
-            done.fetch_add(
-                item.map_err(|e| e.to_string())?.len() as u64,
-                Ordering::Relaxed,
-            );
+            done.fetch_add(item?.len() as u64, Ordering::Relaxed);
         }
         // The download task finishes (verifies, moves into the store) just after the
         // last byte was handed out.
@@ -285,7 +282,9 @@ impl Agent {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Err(format!("blob {d} did not reach the cache (disk full?)"))
+        Err(Error::Prewarm(format!(
+            "blob {d} did not reach the cache (disk full?)"
+        )))
     }
 
     async fn run_assignment(self, a: Assignment) {
@@ -311,10 +310,10 @@ impl Agent {
                 }
             })
         };
-        let result: Result<(), String> = async {
+        let result: Result<(), Error> = async {
             for (reference, digest) in &a.images {
-                let r = ImageReference::parse(reference).map_err(|e| e.to_string())?;
-                let md = Digest::parse(digest).map_err(|e| e.to_string())?;
+                let r = ImageReference::parse(reference)?;
+                let md = Digest::parse(digest)?;
                 let m = self
                     .manifest(
                         &r.registry,
@@ -322,21 +321,18 @@ impl Agent {
                         &ManifestRef::Digest(md.clone()),
                         None,
                     )
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let parsed = Manifest::parse(&m.body).map_err(|e| e.to_string())?;
+                    .await?;
+                let parsed = Manifest::parse(&m.body)?;
                 for b in parsed.blobs() {
                     self.warm_blob(&r.registry, &r.repository, &b.digest, &done, limit.clone())
                         .await?;
                 }
                 // Pin after the content is here: GC cannot undo the prewarm until the TTL.
-                self.store
-                    .pin(
-                        &md,
-                        Some(a.pin_until),
-                        &format!("prewarm job {} ({reference})", a.job_id),
-                    )
-                    .map_err(|e| e.to_string())?;
+                self.store.pin(
+                    &md,
+                    Some(a.pin_until),
+                    &format!("prewarm job {} ({reference})", a.job_id),
+                )?;
                 if a.into_runtime {
                     self.pull_into_runtime(&r, &md).await?;
                 }
@@ -365,8 +361,13 @@ impl Agent {
             }
             Err(reason) => {
                 warn!(job = a.job_id, %reason, "prewarm failed");
-                self.prewarm_update(a.job_id, NodeUpdate::Failed { reason })
-                    .await;
+                self.prewarm_update(
+                    a.job_id,
+                    NodeUpdate::Failed {
+                        reason: reason.to_string(),
+                    },
+                )
+                .await;
             }
         }
     }
@@ -374,19 +375,23 @@ impl Agent {
     /// Pulls an image into the node's containerd through this agent (everything is in
     /// the cache by now) and labels it `io.cri-containerd.pinned=pinned` so the
     /// kubelet's image GC, which evicts never-run pre-pulled images first, keeps it.
-    async fn pull_into_runtime(&self, r: &ImageReference, digest: &Digest) -> Result<(), String> {
+    async fn pull_into_runtime(&self, r: &ImageReference, digest: &Digest) -> Result<(), Error> {
         let Some(sock) = &self.cfg.containerd_socket else {
-            return Err("into_runtime asked but the agent has no --containerd-socket".into());
+            return Err(Error::Prewarm(
+                "into_runtime asked but the agent has no --containerd-socket".into(),
+            ));
         };
         let hosts = self.cfg.cache_dir.join("runtime-hosts");
         let dir = hosts.join(&r.registry);
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::Runtime(format!("{}: {e}", dir.display())))?;
         let toml = format!(
             "server = \"{}\"\n\n[host.\"http://127.0.0.1:{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
             self.upstream.base_url(&r.registry),
             self.cfg.listen.port()
         );
-        std::fs::write(dir.join("hosts.toml"), toml).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("hosts.toml"), toml)
+            .map_err(|e| Error::Runtime(format!("{}: {e}", dir.display())))?;
         let name = match &r.tag {
             Some(t) => format!("{}/{}:{t}@{digest}", r.registry, r.repository),
             None => format!("{}/{}@{digest}", r.registry, r.repository),
@@ -404,12 +409,12 @@ impl Agent {
             .arg(&name)
             .output()
             .await
-            .map_err(|e| format!("cannot run ctr: {e}"))?;
+            .map_err(|e| Error::Runtime(format!("cannot run ctr: {e}")))?;
         if !out.status.success() {
-            return Err(format!(
+            return Err(Error::Runtime(format!(
                 "ctr pull {name}: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            )));
         }
         let out = tokio::process::Command::new("ctr")
             .arg("--address")
@@ -424,12 +429,12 @@ impl Agent {
             ])
             .output()
             .await
-            .map_err(|e| format!("cannot run ctr: {e}"))?;
+            .map_err(|e| Error::Runtime(format!("cannot run ctr: {e}")))?;
         if !out.status.success() {
-            return Err(format!(
+            return Err(Error::Runtime(format!(
                 "ctr label {name}: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            )));
         }
         info!(image = %name, "pulled into containerd and pinned there");
         Ok(())
@@ -446,7 +451,13 @@ impl Agent {
         };
         for b in m.blobs() {
             if let Err(e) = self
-                .warm_blob(&reference.registry, &reference.repository, &b.digest, &done, None)
+                .warm_blob(
+                    &reference.registry,
+                    &reference.repository,
+                    &b.digest,
+                    &done,
+                    None,
+                )
                 .await
             {
                 warn!(image = %reference, error = %e, "preload incomplete");
@@ -478,26 +489,26 @@ async fn read_prefix(r: reqwest::Response, cap: usize) -> String {
 /// Why an assignment's times are refused: a pin or deadline beyond the maxima the
 /// tracker enforces (plus clock skew), which could only come from a broken or forged
 /// tracker and would keep content pinned for decades.
-fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), String> {
+fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), Error> {
     let max_pin = now
         .saturating_add(cluster::prewarm::MAX_PIN_TTL_SECONDS)
         .saturating_add(CLOCK_SKEW_SECONDS);
     if a.pin_until > max_pin {
-        return Err(format!(
+        return Err(Error::Prewarm(format!(
             "pin_until {} is more than {} s (the maximum pin TTL) from now ({now})",
             a.pin_until,
             cluster::prewarm::MAX_PIN_TTL_SECONDS
-        ));
+        )));
     }
     if let Some(d) = a.deadline_at {
         let max_deadline = now
             .saturating_add(cluster::prewarm::MAX_DEADLINE_SECONDS)
             .saturating_add(CLOCK_SKEW_SECONDS);
         if d > max_deadline {
-            return Err(format!(
+            return Err(Error::Prewarm(format!(
                 "deadline_at {d} is more than {} s (the maximum deadline) from now ({now})",
                 cluster::prewarm::MAX_DEADLINE_SECONDS
-            ));
+            )));
         }
     }
     Ok(())

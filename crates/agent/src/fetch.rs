@@ -94,7 +94,9 @@ impl Agent {
                         },
                         None => writer,
                     };
-                    return self.lead_from_registry(registry, repo, d, writer, limit).await;
+                    return self
+                        .lead_from_registry(registry, repo, d, writer, limit)
+                        .await;
                 }
                 Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {
                     warn!(digest = %d, error = %e, "store cannot take blob; streaming it without caching");
@@ -133,7 +135,9 @@ impl Agent {
         }
         let min = self.p2p.as_ref().map_or(1 << 20, |p| p.threshold);
         for layer in m.layers.iter().filter(|l| l.size >= min).take(256) {
-            if self.store.stat(&layer.digest).is_some() || self.store.inflight(&layer.digest).is_some() {
+            if self.store.stat(&layer.digest).is_some()
+                || self.store.inflight(&layer.digest).is_some()
+            {
                 continue;
             }
             let (agent, registry, repo, d) = (
@@ -296,7 +300,10 @@ impl Agent {
         let metrics = self.metrics.clone();
         let limit = self.download_limit.clone();
         let (registry, repo, d) = (registry.to_owned(), repo.to_owned(), d.clone());
-        let fut = async move { up.get_blob_range(&registry, &repo, &d, start, Some(end)).await };
+        let fut = async move {
+            up.get_blob_range(&registry, &repo, &d, start, Some(end))
+                .await
+        };
         Box::pin(
             futures::stream::once(fut)
                 .map(|r| match r {

@@ -34,6 +34,24 @@ use tracing::{debug, info, warn};
 pub use config::AgentConfig;
 use routes::Route;
 
+/// Turns a response builder's result into a response. A builder error (an invalid
+/// header value) becomes a logged 500 with an empty body, never an empty 200 that a
+/// client would take for a successful answer.
+pub(crate) trait OrInternalError {
+    fn or_internal_error(self) -> Response;
+}
+
+impl OrInternalError for Result<Response, http::Error> {
+    fn or_internal_error(self) -> Response {
+        self.unwrap_or_else(|e| {
+            warn!(error = %e, "response could not be built");
+            let mut r = Response::new(Body::empty());
+            *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            r
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("configuration: {0}")]
@@ -55,6 +73,13 @@ pub enum Error {
     /// back to the registry.
     #[error("tracker: {message}")]
     Tracker { message: String },
+    /// A prewarm assignment that cannot be carried out or is refused; the reason goes
+    /// back to the tracker as the job's failure.
+    #[error("prewarm: {0}")]
+    Prewarm(String),
+    /// containerd (`ctr`) could not be run or refused an image.
+    #[error("containerd: {0}")]
+    Runtime(String),
 }
 
 /// Reads a response body, refusing more than `max` bytes (network input is bounded
@@ -63,7 +88,10 @@ pub(crate) async fn read_bounded(r: reqwest::Response, max: usize) -> Result<Vec
     use futures::StreamExt;
     if r.content_length().is_some_and(|n| n > max as u64) {
         return Err(Error::Tracker {
-            message: format!("answer of {} bytes exceeds {max}", r.content_length().unwrap_or(0)),
+            message: format!(
+                "answer of {} bytes exceeds {max}",
+                r.content_length().unwrap_or(0)
+            ),
         });
     }
     let mut out = Vec::new();
@@ -165,7 +193,12 @@ impl Agent {
             }
             None => (None, String::new()),
         };
-        let p2p = p2p::P2p::from_config(&cfg, advertised, download_limit.clone(), &mut metrics.registry)?;
+        let p2p = p2p::P2p::from_config(
+            &cfg,
+            advertised,
+            download_limit.clone(),
+            &mut metrics.registry,
+        )?;
         let metrics = Arc::new(metrics);
         let agent = Self {
             cfg: Arc::new(cfg),
@@ -358,10 +391,11 @@ impl Agent {
 /// interfaces), else on the mirror's address with a port of the system's choosing.
 /// Returns it with the `host:port` other agents are told to dial.
 fn bind_peer_listener(cfg: &AgentConfig) -> Result<(std::net::TcpListener, String), Error> {
-    let advertise = cfg
-        .advertise
-        .as_deref()
-        .map(|a| a.trim_start_matches("http://").trim_end_matches('/').to_owned());
+    let advertise = cfg.advertise.as_deref().map(|a| {
+        a.trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned()
+    });
     let bind: SocketAddr = match (cfg.peer_listen, &advertise) {
         (Some(a), _) => a,
         (None, Some(adv)) => {
@@ -373,10 +407,18 @@ fn bind_peer_listener(cfg: &AgentConfig) -> Result<(std::net::TcpListener, Strin
         }
         (None, None) => SocketAddr::new(cfg.listen.ip(), 0),
     };
-    let l = std::net::TcpListener::bind(bind).map_err(|e| Error::Listen { addr: bind, source: e })?;
-    l.set_nonblocking(true)
-        .map_err(|e| Error::Listen { addr: bind, source: e })?;
-    let local = l.local_addr().map_err(|e| Error::Listen { addr: bind, source: e })?;
+    let l = std::net::TcpListener::bind(bind).map_err(|e| Error::Listen {
+        addr: bind,
+        source: e,
+    })?;
+    l.set_nonblocking(true).map_err(|e| Error::Listen {
+        addr: bind,
+        source: e,
+    })?;
+    let local = l.local_addr().map_err(|e| Error::Listen {
+        addr: bind,
+        source: e,
+    })?;
     let advertised = advertise.unwrap_or_else(|| local.to_string());
     Ok((l, advertised))
 }
@@ -389,7 +431,7 @@ async fn metrics_handler(State(agent): State<Agent>) -> Response {
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )
         .body(Body::from(agent.metrics.encode()))
-        .unwrap_or_default()
+        .or_internal_error()
 }
 
 async fn report_handler(State(agent): State<Agent>) -> Response {
@@ -409,7 +451,7 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body))
-        .unwrap_or_default()
+        .or_internal_error()
 }
 
 /// The OCI error body with the status the spec pairs it with.
@@ -444,7 +486,7 @@ pub fn error_response(e: &oci::Error) -> Response {
     };
     builder
         .body(Body::from(ErrorBody::single(code, message).to_json()))
-        .unwrap_or_default()
+        .or_internal_error()
 }
 
 async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response {
@@ -532,7 +574,7 @@ async fn handle(
             .header("Docker-Distribution-API-Version", "registry/2.0")
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from("{}"))
-            .unwrap_or_default()),
+            .or_internal_error()),
         Route::Manifest { repo, reference } => {
             let registry = agent.registry_for(ns)?;
             // Clients (skopeo, Docker) send one Accept header per media type.
@@ -558,7 +600,7 @@ async fn handle(
             } else {
                 Body::from(m.body)
             })
-            .unwrap_or_default())
+            .or_internal_error())
         }
         Route::Blob { repo, digest } => {
             let registry = agent.registry_for(ns)?;
@@ -643,5 +685,24 @@ async fn passthrough(
     } else {
         Body::from(body)
     })
-    .unwrap_or_default())
+    .or_internal_error())
+}
+
+#[cfg(test)]
+mod response_tests {
+    use super::*;
+
+    #[test]
+    fn a_response_that_cannot_be_built_is_a_500_not_an_empty_200() {
+        let bad = Response::builder()
+            .header("X-Bad", "line\nbreak")
+            .body(Body::empty())
+            .or_internal_error();
+        assert_eq!(bad.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let good = Response::builder()
+            .status(StatusCode::PARTIAL_CONTENT)
+            .body(Body::empty())
+            .or_internal_error();
+        assert_eq!(good.status(), StatusCode::PARTIAL_CONTENT);
+    }
 }

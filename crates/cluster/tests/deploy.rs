@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use cluster::{router, ClusterConfig, ClusterState, JobStore};
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_norway::Value;
 use tower::ServiceExt;
 
 fn repo() -> PathBuf {
@@ -20,7 +20,7 @@ fn repo() -> PathBuf {
 fn docs(file: &str) -> Vec<Value> {
     let text =
         std::fs::read_to_string(repo().join("deploy/kubernetes").join(file)).expect("read yaml");
-    serde_yaml::Deserializer::from_str(&text)
+    serde_norway::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).expect("valid YAML document"))
         .filter(|v| !v.is_null())
         .collect()

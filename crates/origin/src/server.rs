@@ -28,8 +28,8 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 
 use crate::layout::{Layout, MAX_MANIFEST_BYTES};
-use ratelimit::TokenBucket;
 use crate::Error;
+use ratelimit::TokenBucket;
 
 /// Read and send chunk size.
 pub const CHUNK: usize = 256 * 1024;

@@ -273,9 +273,18 @@ mod tests {
         let secs = end.as_secs_f64();
         let high_rate = high_sent as f64 / secs;
         let total = (high_sent + low_sent) as f64 / secs;
-        assert!(high_rate > 480_000.0, "the high stream got what it asked for: {high_rate}");
-        assert!(total < 1_030_000.0, "the bucket's rate still holds: {total}");
-        assert!(total > 950_000.0, "and the low streams used the rest: {total}");
+        assert!(
+            high_rate > 480_000.0,
+            "the high stream got what it asked for: {high_rate}"
+        );
+        assert!(
+            total < 1_030_000.0,
+            "the bucket's rate still holds: {total}"
+        );
+        assert!(
+            total > 950_000.0,
+            "and the low streams used the rest: {total}"
+        );
     }
 
     #[test]

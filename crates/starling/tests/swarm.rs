@@ -436,13 +436,24 @@ async fn stale_peers_expire_from_handouts() {
         blob_size: layer.size,
         piece_size: 1 << 20,
     };
-    let _ = stranger.send(&[open.clone(), Frame::Request { chan: 1, piece: 0, urgent: false }]).await;
+    let _ = stranger
+        .send(&[
+            open.clone(),
+            Frame::Request {
+                chan: 1,
+                piece: 0,
+                urgent: false,
+            },
+        ])
+        .await;
     match stranger.read().await {
         Ok(Read::Frame(Frame::Goodbye { reason })) => assert!(reason.contains("token"), "{reason}"),
         Err(_) => {}
         other => panic!("a peer without the token got {other:?}"),
     }
-    let mut member = PeerClient::connect(&addr, "member", Some(TOKEN)).await.unwrap();
+    let mut member = PeerClient::connect(&addr, "member", Some(TOKEN))
+        .await
+        .unwrap();
     assert_eq!(member.holder, "gone");
     member.send(&[open]).await.unwrap();
     match member.read().await.unwrap() {
@@ -453,14 +464,22 @@ async fn stale_peers_expire_from_handouts() {
     let mut blob = Vec::new();
     for piece in 0..pieces {
         member
-            .send(&[Frame::Request { chan: 1, piece, urgent: false }])
+            .send(&[Frame::Request {
+                chan: 1,
+                piece,
+                urgent: false,
+            }])
             .await
             .unwrap();
         let len = (layer.size - piece as u64 * (1 << 20)).min(1 << 20) as usize;
         let (bytes, _) = member.read_piece(1, piece, len).await.unwrap();
         blob.extend(bytes);
     }
-    assert_eq!(oci::Digest::of(&blob).to_string(), layer.digest, "every piece, byte for byte");
+    assert_eq!(
+        oci::Digest::of(&blob).to_string(),
+        layer.digest,
+        "every piece, byte for byte"
+    );
     a.kill9();
     tokio::time::sleep(Duration::from_millis(1600)).await;
     assert!(
@@ -533,7 +552,14 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
         "holder",
         &t.url(),
         &registry,
-        &["--max-uploads", "1", "--upload-queue", "1", "--upload-limit", "2MiB"],
+        &[
+            "--max-uploads",
+            "1",
+            "--upload-queue",
+            "1",
+            "--upload-limit",
+            "2MiB",
+        ],
     )
     .await;
     pull_via(&holder.url(), &image).await.unwrap();
@@ -544,7 +570,9 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
         .find(|(n, _)| n == "holder")
         .expect("the holder is handed out")
         .1;
-    let mut c = PeerClient::connect(&addr, "downloader", Some(TOKEN)).await.unwrap();
+    let mut c = PeerClient::connect(&addr, "downloader", Some(TOKEN))
+        .await
+        .unwrap();
     c.send(&[Frame::Open {
         chan: 7,
         digest: raw_digest(&layer.digest),
@@ -553,20 +581,39 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
     }])
     .await
     .unwrap();
-    assert!(matches!(c.read().await.unwrap(), Read::Frame(Frame::Complete { chan: 7 })));
-    let req = |piece| Frame::Request { chan: 7, piece, urgent: false };
+    assert!(matches!(
+        c.read().await.unwrap(),
+        Read::Frame(Frame::Complete { chan: 7 })
+    ));
+    let req = |piece| Frame::Request {
+        chan: 7,
+        piece,
+        urgent: false,
+    };
     c.send(&[req(0)]).await.unwrap();
     // Piece 0 is on its way (its first bytes are here) before the others are asked.
     let first = match c.read().await.unwrap() {
-        Read::Data { piece: 0, offset: 0, bytes, .. } => bytes,
+        Read::Data {
+            piece: 0,
+            offset: 0,
+            bytes,
+            ..
+        } => bytes,
         other => panic!("expected piece 0's first bytes, got {other:?}"),
     };
     c.send(&[req(1), req(2)]).await.unwrap();
-    let (rest, others) = c.read_piece_from(7, 0, first.len(), (1 << 20) - first.len()).await.unwrap();
+    let (rest, others) = c
+        .read_piece_from(7, 0, first.len(), (1 << 20) - first.len())
+        .await
+        .unwrap();
     let mut all_others = others;
     // Piece 2 was beyond the line of one: busy, at once (before piece 0 ended).
     assert!(
-        all_others.contains(&Frame::Reject { chan: 7, piece: 2, reason: RejectReason::Busy }),
+        all_others.contains(&Frame::Reject {
+            chan: 7,
+            piece: 2,
+            reason: RejectReason::Busy
+        }),
         "the request beyond the line is refused while piece 0 is still being sent: {all_others:?}"
     );
     let mut piece0 = first;
@@ -577,18 +624,30 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
     // Cancel a waiting request: ask for 2 and 3, cancel 3 while 2 is being sent.
     c.send(&[req(2)]).await.unwrap();
     let started = match c.read().await.unwrap() {
-        Read::Data { piece: 2, offset: 0, bytes, .. } => bytes,
+        Read::Data {
+            piece: 2,
+            offset: 0,
+            bytes,
+            ..
+        } => bytes,
         other => panic!("expected piece 2, got {other:?}"),
     };
-    c.send(&[req(3), Frame::Cancel { chan: 7, piece: 3 }]).await.unwrap();
-    let (rest2, others) = c.read_piece_from(7, 2, started.len(), (1 << 20) - started.len()).await.unwrap();
+    c.send(&[req(3), Frame::Cancel { chan: 7, piece: 3 }])
+        .await
+        .unwrap();
+    let (rest2, others) = c
+        .read_piece_from(7, 2, started.len(), (1 << 20) - started.len())
+        .await
+        .unwrap();
     all_others.extend(others);
     let mut tail = Vec::new();
-    while !all_others
-        .iter()
-        .chain(&tail)
-        .any(|f| *f == Frame::Reject { chan: 7, piece: 3, reason: RejectReason::Cancelled })
-    {
+    while !all_others.iter().chain(&tail).any(|f| {
+        *f == Frame::Reject {
+            chan: 7,
+            piece: 3,
+            reason: RejectReason::Cancelled,
+        }
+    }) {
         match c.read().await.unwrap() {
             Read::Frame(f) => tail.push(f),
             Read::Data { piece, .. } => panic!("a cancelled request was served: piece {piece}"),
@@ -600,14 +659,25 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
     let blob = blocking({
         let registry_url = registry.url();
         let (repo, digest) = (image.repo.clone(), layer.digest.clone());
-        move || testkit::http_get(&format!("{registry_url}/v2/{repo}/blobs/{digest}"), &[]).unwrap().body
+        move || {
+            testkit::http_get(&format!("{registry_url}/v2/{repo}/blobs/{digest}"), &[])
+                .unwrap()
+                .body
+        }
     })
     .await;
     assert_eq!(&piece0[..], &blob[..1 << 20]);
     assert_eq!(&piece1[..], &blob[1 << 20..2 << 20]);
     assert_eq!(&piece2[..], &blob[2 << 20..3 << 20]);
-    assert_eq!(metric(&holder, "starling_agent_p2p_uploads_refused_total").await, 1);
-    assert_eq!(metric(&holder, "starling_agent_p2p_uploads_active").await, 0, "slots are given back");
+    assert_eq!(
+        metric(&holder, "starling_agent_p2p_uploads_refused_total").await,
+        1
+    );
+    assert_eq!(
+        metric(&holder, "starling_agent_p2p_uploads_active").await,
+        0,
+        "slots are given back"
+    );
 }
 
 /// A holder that stops in the middle of sending (its process frozen, the connection
@@ -616,9 +686,17 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
 async fn a_peer_that_stops_mid_stream_is_dropped_and_the_pull_completes() {
     let dir = tempfile::tempdir().unwrap();
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let image = TestImage::push_multilayer(&registry, "swarm/frozen", "1", &[48 << 20], 23).unwrap();
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/frozen", "1", &[48 << 20], 23).unwrap();
     let t = tracker(dir.path(), &["--peer-ttl", "2s"]).await;
-    let seed = agent(dir.path(), "seed", &t.url(), &registry, &["--upload-limit", "8MiB"]).await;
+    let seed = agent(
+        dir.path(),
+        "seed",
+        &t.url(),
+        &registry,
+        &["--upload-limit", "8MiB"],
+    )
+    .await;
     pull_via(&seed.url(), &image).await.unwrap();
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let url = b.url();
@@ -629,11 +707,19 @@ async fn a_peer_that_stops_mid_stream_is_dropped_and_the_pull_completes() {
     })
     .await;
     let pid = seed.child.id().to_string();
-    let stop = std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
     assert!(stop.success());
     let r = tokio::time::timeout(Duration::from_secs(90), pull).await;
-    let _ = std::process::Command::new("kill").args(["-CONT", &pid]).status();
-    let r = r.expect("the pull finishes").unwrap().expect("and succeeds");
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    let r = r
+        .expect("the pull finishes")
+        .unwrap()
+        .expect("and succeeds");
     assert_eq!(r.manifest_digest.to_string(), image.digest);
     assert!(
         metric(&b, "starling_agent_p2p_peers_stalled_total").await >= 1,

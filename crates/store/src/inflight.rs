@@ -116,9 +116,7 @@ impl Inflight {
     /// In piece mode: the layout, the held pieces and their hashes, plus a
     /// subscription to pieces held from now on (subscribed first, so nothing is
     /// missed between the snapshot and the first event).
-    pub fn piece_view(
-        &self,
-    ) -> Option<(PieceState, tokio::sync::broadcast::Receiver<u32>)> {
+    pub fn piece_view(&self) -> Option<(PieceState, tokio::sync::broadcast::Receiver<u32>)> {
         let rx = self.held_events.subscribe();
         let st = self.pieces.lock().clone()?;
         Some((st, rx))

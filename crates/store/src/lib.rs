@@ -448,15 +448,15 @@ impl Store {
             self.gc_to(target)?;
         }
         let needed_on_disk = needed + cfg.min_free_bytes + self.promised_excluding(exclude);
-        let mut free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
+        let mut free = available_space(&cfg.root).unwrap_or(u64::MAX);
         if free < needed_on_disk && self.sweep_partials(std::time::Duration::ZERO) > 0 {
-            free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
+            free = available_space(&cfg.root).unwrap_or(u64::MAX);
         }
         if free < needed_on_disk {
             let over = needed_on_disk - free;
             let used = self.used_excluding(exclude);
             self.gc_to(used.saturating_sub(over))?;
-            let free = fs2::available_space(&cfg.root).unwrap_or(u64::MAX);
+            let free = available_space(&cfg.root).unwrap_or(u64::MAX);
             if free < needed_on_disk {
                 return Err(Error::DiskFull { needed, free });
             }
@@ -634,7 +634,7 @@ impl Store {
             pinned_manifests: st.pins.len() as u64,
             evictions: st.evictions,
             evicted_bytes: st.evicted_bytes,
-            free_disk_bytes: fs2::available_space(&self.inner.cfg.root).unwrap_or(0),
+            free_disk_bytes: available_space(&self.inner.cfg.root).unwrap_or(0),
         }
     }
 
@@ -781,4 +781,10 @@ fn verify_file(path: &Path, d: &Digest) -> Result<(), Error> {
         v.update(&buf[..n]);
     }
     Ok(v.finish()?)
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem holding `path`.
+fn available_space(path: &std::path::Path) -> std::io::Result<u64> {
+    let st = rustix::fs::statvfs(path)?;
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }

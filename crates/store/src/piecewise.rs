@@ -157,8 +157,7 @@ impl PieceWriter {
             prefix += 1;
         }
         // A prefix ending mid-piece: the digest restarts at the last whole piece.
-        let (verifier, digested) = if layout.range(prefix).0 == hashed || prefix == layout.count()
-        {
+        let (verifier, digested) = if layout.range(prefix).0 == hashed || prefix == layout.count() {
             (verifier, hashed)
         } else {
             let mut v = Verifier::new(inflight.digest.clone());
@@ -168,7 +167,11 @@ impl PieceWriter {
                 held = Bitfield::new(layout.count());
                 prefix = 0;
             }
-            v = if whole > 0 { Verifier::new(inflight.digest.clone()) } else { v };
+            v = if whole > 0 {
+                Verifier::new(inflight.digest.clone())
+            } else {
+                v
+            };
             (v, 0)
         };
         let digest = OrderedDigest::start(verifier, inflight.file.clone());
@@ -249,7 +252,11 @@ impl PieceWriter {
 
     /// Reads a piece back from the file and keeps it if it matches `expected` (pieces a
     /// previous run left on disk). Returns whether it was kept.
-    pub async fn verify_existing(&mut self, piece: u32, expected: PieceHash) -> Result<bool, Error> {
+    pub async fn verify_existing(
+        &mut self,
+        piece: u32,
+        expected: PieceHash,
+    ) -> Result<bool, Error> {
         if piece >= self.layout.count() || self.held().get(piece) {
             return Ok(false);
         }
@@ -283,11 +290,10 @@ impl PieceWriter {
         if first >= end {
             return Err(Error::Db(format!("empty registry run {first}..{end}")));
         }
-        if self
-            .runs
-            .values()
-            .any(|r| first < self.layout.piece_of(r.end.saturating_sub(1)) + 1 && self.layout.piece_of(r.start) < end)
-        {
+        if self.runs.values().any(|r| {
+            first < self.layout.piece_of(r.end.saturating_sub(1)) + 1
+                && self.layout.piece_of(r.start) < end
+        }) {
             return Err(Error::Db("registry runs overlap".into()));
         }
         let start = self.layout.range(first).0;

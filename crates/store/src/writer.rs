@@ -128,7 +128,10 @@ impl BlobWriter {
         };
         // The writer's prefix (re-hashed on resume) is handed over with its digest.
         let verifier = if self.written == self.verifier.len() && self.buf.is_empty() {
-            std::mem::replace(&mut self.verifier, Verifier::new(self.inflight.digest.clone()))
+            std::mem::replace(
+                &mut self.verifier,
+                Verifier::new(self.inflight.digest.clone()),
+            )
         } else {
             Verifier::new(self.inflight.digest.clone())
         };
@@ -371,7 +374,12 @@ impl BlobWriter {
 }
 
 /// Tells readers a download failed and forgets it as in flight.
-pub(crate) fn fail_download(store: &Store, inflight: &Arc<Inflight>, reason: &str, retryable: bool) {
+pub(crate) fn fail_download(
+    store: &Store,
+    inflight: &Arc<Inflight>,
+    reason: &str,
+    retryable: bool,
+) {
     let d = inflight.digest.clone();
     {
         let mut st = store.inner.state.lock();

@@ -224,7 +224,10 @@ async fn receive(w: &mut store::PieceWriter, i: u32, bytes: &[u8]) {
     let inf = w.inflight();
     assert!(inf.claim_piece(i), "piece {i} is free to receive");
     inf.write_claimed(w.layout().range(i).0, bytes).unwrap();
-    assert!(w.mark_received(i, swarm::PieceHash::of(bytes)).await.unwrap());
+    assert!(w
+        .mark_received(i, swarm::PieceHash::of(bytes))
+        .await
+        .unwrap());
 }
 
 #[tokio::test]
@@ -277,10 +280,15 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
         "the piece written before the crash is offered for re-verification"
     );
     assert!(
-        !w.verify_existing(2, swarm::PieceHash::of(b"wrong")).await.unwrap(),
+        !w.verify_existing(2, swarm::PieceHash::of(b"wrong"))
+            .await
+            .unwrap(),
         "kept only if it matches its hash"
     );
-    assert!(w.verify_existing(2, swarm::PieceHash::of(&piece(2))).await.unwrap());
+    assert!(w
+        .verify_existing(2, swarm::PieceHash::of(&piece(2)))
+        .await
+        .unwrap());
     let reader = tokio::spawn(collect(store::read_inflight(w.inflight(), 0, None)));
     receive(&mut w, 1, &piece(1)).await;
     receive(&mut w, 0, &piece(0)).await;
@@ -312,7 +320,10 @@ async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes(
     let a = w.start_run(0, half).unwrap();
     let b = w.start_run(half, layout.count()).unwrap();
     assert!(w.start_run(1, 2).is_err(), "runs never overlap");
-    assert!(!inf.claim_piece(3), "a run's pieces are not received from peers");
+    assert!(
+        !inf.claim_piece(3),
+        "a run's pieces are not received from peers"
+    );
     let split = layout.range(half).0 as usize;
     let mut held = Vec::new();
     let (mut xs, mut ys) = (body[..split].chunks(100_000), body[split..].chunks(100_000));
@@ -322,10 +333,20 @@ async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes(
             break;
         }
         if let Some(y) = y {
-            held.extend(w.write_run(b, bytes::Bytes::copy_from_slice(y)).await.unwrap().held);
+            held.extend(
+                w.write_run(b, bytes::Bytes::copy_from_slice(y))
+                    .await
+                    .unwrap()
+                    .held,
+            );
         }
         if let Some(x) = x {
-            held.extend(w.write_run(a, bytes::Bytes::copy_from_slice(x)).await.unwrap().held);
+            held.extend(
+                w.write_run(a, bytes::Bytes::copy_from_slice(x))
+                    .await
+                    .unwrap()
+                    .held,
+            );
         }
     }
     held.extend(w.flush_runs().await.unwrap());
@@ -333,7 +354,11 @@ async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes(
     assert_eq!(held.len(), layout.count() as usize);
     for (i, h) in held {
         let (a, b) = layout.range(i);
-        assert_eq!(h, swarm::PieceHash::of(&body[a as usize..b as usize]), "piece {i}");
+        assert_eq!(
+            h,
+            swarm::PieceHash::of(&body[a as usize..b as usize]),
+            "piece {i}"
+        );
     }
     w.finish().await.unwrap();
     assert_eq!(reader.await.unwrap().unwrap(), body);
@@ -352,10 +377,21 @@ async fn an_aborted_run_keeps_whole_pieces_and_frees_the_rest() {
     let (mut w, _) = w.into_pieces(layout);
     let run = w.start_run(0, 4).unwrap();
     // 1.5 pieces arrive, then the stream dies.
-    w.write_run(run, bytes::Bytes::copy_from_slice(&body[..3 << 19])).await.unwrap();
-    let held: Vec<u32> = w.abort_run(run).await.unwrap().into_iter().map(|x| x.0).collect();
+    w.write_run(run, bytes::Bytes::copy_from_slice(&body[..3 << 19]))
+        .await
+        .unwrap();
+    let held: Vec<u32> = w
+        .abort_run(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|x| x.0)
+        .collect();
     let now = w.held();
-    assert!(now.get(0) && !now.get(1), "piece 0 kept, the cut piece not: {held:?}");
+    assert!(
+        now.get(0) && !now.get(1),
+        "piece 0 kept, the cut piece not: {held:?}"
+    );
     let inf = w.inflight();
     for i in 1..4 {
         assert!(inf.claim_piece(i), "piece {i} is free for someone else");

@@ -300,7 +300,11 @@ impl PeerTable {
     }
 
     /// The alive, incomplete members of a rack (names), for rack stripes.
-    pub fn rack_members<'a>(&'a self, topology: &Topology, alive: impl Fn(&PeerEntry) -> bool + 'a) -> Vec<&'a str> {
+    pub fn rack_members<'a>(
+        &'a self,
+        topology: &Topology,
+        alive: impl Fn(&PeerEntry) -> bool + 'a,
+    ) -> Vec<&'a str> {
         rack_key(topology)
             .and_then(|k| self.racks.get(&k))
             .map(|b| {

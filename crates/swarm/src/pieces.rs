@@ -79,8 +79,7 @@ fn pow2_floor(x: u64) -> u64 {
 
 /// Checks a geometry a peer or an announce proposes.
 pub fn validate_geometry(blob_size: u64, piece_size: u64) -> Result<(), Error> {
-    if !(MIN_PIECE_SIZE..=MAX_PIECE_SIZE).contains(&piece_size) || !piece_size.is_power_of_two()
-    {
+    if !(MIN_PIECE_SIZE..=MAX_PIECE_SIZE).contains(&piece_size) || !piece_size.is_power_of_two() {
         return Err(Error::Geometry(format!(
             "piece size {piece_size} is not a power of two in [{MIN_PIECE_SIZE}, {MAX_PIECE_SIZE}]"
         )));
@@ -128,8 +127,13 @@ impl PieceLayout {
 
     /// Byte range `[start, end)` of piece `i`.
     pub fn range(&self, i: u32) -> (u64, u64) {
-        let start = (i as u64).saturating_mul(self.piece_size).min(self.blob_size);
-        (start, start.saturating_add(self.piece_size).min(self.blob_size))
+        let start = (i as u64)
+            .saturating_mul(self.piece_size)
+            .min(self.blob_size);
+        (
+            start,
+            start.saturating_add(self.piece_size).min(self.blob_size),
+        )
     }
 
     pub fn len(&self, i: u32) -> u64 {
@@ -206,7 +210,11 @@ mod tests {
         assert_eq!(l.range(2), (8 * MIB, 10 * MIB + 5));
         assert_eq!(l.len(2), 2 * MIB + 5);
         assert_eq!(l.piece_of(4 * MIB), 1);
-        assert_eq!(l.range(7), (10 * MIB + 5, 10 * MIB + 5), "past the end: empty");
+        assert_eq!(
+            l.range(7),
+            (10 * MIB + 5, 10 * MIB + 5),
+            "past the end: empty"
+        );
         assert_eq!(PieceLayout::new(0, 4 * MIB).count(), 0);
     }
 
@@ -237,7 +245,10 @@ mod tests {
     #[test]
     fn hostile_geometry_is_refused() {
         assert!(validate_geometry(MIB, 1 << 40).is_err(), "2^40 pieces");
-        assert!(validate_geometry(MIB, 3 * MIB).is_err(), "not a power of two");
+        assert!(
+            validate_geometry(MIB, 3 * MIB).is_err(),
+            "not a power of two"
+        );
         assert!(validate_geometry(MIB, 1024).is_err(), "too small");
         assert!(validate_geometry(u64::MAX, MAX_PIECE_SIZE).is_err());
         assert!(validate_geometry(MAX_PIECES as u64 * MIB + 1, MIB).is_err());

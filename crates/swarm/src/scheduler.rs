@@ -323,7 +323,8 @@ impl PieceScheduler {
 
     /// Whether a known peer holds the whole blob.
     pub fn peer_is_complete(&self, id: &str) -> bool {
-        self.slot(id).is_some_and(|(_, s)| s.have.is_none() && !s.banned)
+        self.slot(id)
+            .is_some_and(|(_, s)| s.have.is_none() && !s.banned)
     }
 
     pub fn is_banned(&self, id: &str) -> bool {
@@ -360,7 +361,10 @@ impl PieceScheduler {
     /// The window for a peer: its measured rate over `window_ms`, in requests.
     fn window(&self, s: &Slot) -> u32 {
         let by_rate = (s.rate * self.cfg.window_ms as f64 / 1000.0 / self.piece_size as f64).ceil();
-        (by_rate as u32).clamp(self.cfg.min_window, self.cfg.max_window.max(self.cfg.min_window))
+        (by_rate as u32).clamp(
+            self.cfg.min_window,
+            self.cfg.max_window.max(self.cfg.min_window),
+        )
     }
 
     #[cfg(test)]
@@ -375,7 +379,8 @@ impl PieceScheduler {
         match self.stripe {
             Some((idx, n)) if distance > 0 => {
                 piece % n == idx
-                    || now_ms.saturating_sub(self.first_seen[piece as usize]) >= self.cfg.patience_ms
+                    || now_ms.saturating_sub(self.first_seen[piece as usize])
+                        >= self.cfg.patience_ms
             }
             _ => true,
         }
@@ -487,7 +492,9 @@ impl PieceScheduler {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().map(|s| (i as u32, s)))
-            .filter(|(i, s)| !s.banned && s.busy_until_ms <= now_ms && self.has_open_piece(*i, s, now_ms))
+            .filter(|(i, s)| {
+                !s.banned && s.busy_until_ms <= now_ms && self.has_open_piece(*i, s, now_ms)
+            })
             .map(|(i, s)| Cand {
                 slot: i,
                 window: self.window(s),
@@ -505,7 +512,9 @@ impl PieceScheduler {
     fn least_loaded_of(&self, cands: &[Cand]) -> Option<usize> {
         let mut best: Option<(usize, f64)> = None;
         for (k, c) in cands.iter().enumerate() {
-            let inflight = self.slots[c.slot as usize].as_ref().map_or(u32::MAX, |s| s.inflight);
+            let inflight = self.slots[c.slot as usize]
+                .as_ref()
+                .map_or(u32::MAX, |s| s.inflight);
             if inflight >= c.window {
                 continue;
             }
@@ -795,7 +804,12 @@ impl PieceScheduler {
     /// waits at `source` (the blob's registry fetcher), returns the source: the caller
     /// cancels that request unless its bytes already flow, so the source's uplink goes
     /// to pieces nobody else holds and this one comes from `holder`.
-    pub fn retarget_on_have(&self, piece: u32, holder: &str, source: Option<&str>) -> Option<PeerId> {
+    pub fn retarget_on_have(
+        &self,
+        piece: u32,
+        holder: &str,
+        source: Option<&str>,
+    ) -> Option<PeerId> {
         let source = source?;
         if holder == source || piece >= self.have.len() || self.have.get(piece) {
             return None;
@@ -898,7 +912,11 @@ mod tests {
         assert!(reqs[0].urgent, "the read head is urgent");
         assert!(reqs[1..].iter().all(|r| !r.urgent));
         assert_eq!(reqs.len(), 6, "3 peers × a window of 2");
-        let from_a: Vec<u32> = reqs.iter().filter(|r| r.peer == "a").map(|r| r.piece).collect();
+        let from_a: Vec<u32> = reqs
+            .iter()
+            .filter(|r| r.peer == "a")
+            .map(|r| r.piece)
+            .collect();
         assert!(
             from_a.iter().all(|&p| p >= 4),
             "the only holder of rare pieces serves rare pieces: {from_a:?}"
@@ -950,15 +968,28 @@ mod tests {
         let mut t = 0;
         for _ in 0..20 {
             t += 2;
-            let p = *s.inflight.iter().enumerate().find(|(_, v)| v.contains(&s.by_name["fast"])).map(|(i, _)| i as u32).as_ref().unwrap();
+            let p = *s
+                .inflight
+                .iter()
+                .enumerate()
+                .find(|(_, v)| v.contains(&s.by_name["fast"]))
+                .map(|(i, _)| i as u32)
+                .as_ref()
+                .unwrap();
             s.on_done(p, "fast", t);
             let _ = s.next_requests(t, 100);
         }
         let fast = s.slot("fast").unwrap().1.inflight;
         let slow = s.slot("slow").unwrap().1.inflight;
         assert!(fast > slow, "fast {fast} in flight, slow {slow}");
-        assert!(slow <= 3, "a window of 2, plus perhaps the urgent read head: {slow}");
-        assert!(fast >= 8, "rate × window_ms / piece = 50, capped at 8: {fast}");
+        assert!(
+            slow <= 3,
+            "a window of 2, plus perhaps the urgent read head: {slow}"
+        );
+        assert!(
+            fast >= 8,
+            "rate × window_ms / piece = 50, capped at 8: {fast}"
+        );
     }
 
     #[test]
@@ -992,7 +1023,11 @@ mod tests {
         assert!(s.next_requests(0, 10).is_empty());
         let still_out = r.iter().find(|x| x.piece != 0).map(|x| x.piece);
         let want: Vec<u32> = (0..3).filter(|&p| Some(p) != still_out).collect();
-        assert_eq!(s.orphans(), want, "nobody else holds them; one is still in flight");
+        assert_eq!(
+            s.orphans(),
+            want,
+            "nobody else holds them; one is still in flight"
+        );
         s.set_peer("good", Some(bits(3, &[0])), 1);
         let r = s.next_requests(1, 10);
         assert_eq!(r.len(), 1);
@@ -1017,7 +1052,11 @@ mod tests {
         s.set_peer("slow", None, 0);
         s.set_peer("fast", None, 1);
         let r = s.next_requests(0, 10);
-        assert_eq!(r.len(), 2, "first request plus its endgame duplicate: {r:?}");
+        assert_eq!(
+            r.len(),
+            2,
+            "first request plus its endgame duplicate: {r:?}"
+        );
         assert_ne!(r[0].peer, r[1].peer);
         assert!(r.iter().all(|x| x.piece == 3));
         assert!(s.on_done(3, &r[1].peer, 5));
@@ -1048,7 +1087,11 @@ mod tests {
             let mut t = s.clone();
             let dup = t.next_requests(1, budget);
             let non_urgent = dup.iter().filter(|r| !r.urgent).count();
-            assert_eq!(non_urgent, (budget as usize).min(1), "budget {budget}: {dup:?}");
+            assert_eq!(
+                non_urgent,
+                (budget as usize).min(1),
+                "budget {budget}: {dup:?}"
+            );
         }
     }
 
@@ -1084,15 +1127,30 @@ mod tests {
 
     #[test]
     fn a_waiting_request_at_the_source_moves_to_a_new_holder() {
-        let mut s = sched(8, SchedulerConfig { min_window: 1, max_window: 1, ..Default::default() });
+        let mut s = sched(
+            8,
+            SchedulerConfig {
+                min_window: 1,
+                max_window: 1,
+                ..Default::default()
+            },
+        );
         s.set_peer("src", None, 0);
         s.set_peer("x", Some(Bitfield::new(8)), 0);
         let r = s.next_requests(0, 8);
-        let from_src: Vec<u32> = r.iter().filter(|x| x.peer == "src").map(|x| x.piece).collect();
+        let from_src: Vec<u32> = r
+            .iter()
+            .filter(|x| x.peer == "src")
+            .map(|x| x.piece)
+            .collect();
         let p = *from_src.last().unwrap();
         s.peer_has("x", p, 1);
         assert_eq!(s.retarget_on_have(p, "x", Some("src")), Some("src".into()));
-        assert_eq!(s.retarget_on_have(p, "x", Some("other")), None, "not the source");
+        assert_eq!(
+            s.retarget_on_have(p, "x", Some("other")),
+            None,
+            "not the source"
+        );
         assert_eq!(s.retarget_on_have(p, "src", Some("src")), None);
         assert_eq!(s.retarget_on_have(7 - p.min(7), "x", None), None);
     }
@@ -1114,7 +1172,14 @@ mod tests {
         s.set_peer("a", Some(bits(4, &[1])), 0);
         s.set_peer("b", Some(bits(4, &[1, 2])), 0);
         s.set_peer("c", None, 0);
-        assert_eq!((s.usable_holders(1), s.usable_holders(2), s.usable_holders(3)), (3, 2, 1));
+        assert_eq!(
+            (
+                s.usable_holders(1),
+                s.usable_holders(2),
+                s.usable_holders(3)
+            ),
+            (3, 2, 1)
+        );
         s.peer_has("a", 2, 0);
         assert_eq!(s.usable_holders(2), 3);
         s.set_peer("b", Some(bits(4, &[])), 0);
@@ -1264,5 +1329,4 @@ mod tests {
             }
         }
     }
-
 }

@@ -141,7 +141,9 @@ impl TrackerState {
     fn validate(req: &AnnounceRequest) -> Result<(), Error> {
         if let Some(size) = req.size {
             if size > MAX_BLOB_SIZE {
-                return Err(Error::Geometry(format!("blob size {size} exceeds {MAX_BLOB_SIZE}")));
+                return Err(Error::Geometry(format!(
+                    "blob size {size} exceeds {MAX_BLOB_SIZE}"
+                )));
             }
             if let Some(p) = req.piece_size {
                 validate_geometry(size, p)?;
@@ -153,7 +155,10 @@ impl TrackerState {
             return Err(Error::Announce(format!("{} hashes", req.hashes.len())));
         }
         if req.bad_peers.len() > 64 {
-            return Err(Error::Announce(format!("{} bad peers", req.bad_peers.len())));
+            return Err(Error::Announce(format!(
+                "{} bad peers",
+                req.bad_peers.len()
+            )));
         }
         if req.node.is_empty() || req.node.len() > 253 {
             return Err(Error::Announce("node name must be 1 to 253 bytes".into()));
@@ -175,7 +180,11 @@ impl TrackerState {
         let cfg = self.cfg.clone();
         // Blobs this node is fetching from the registry right now (only counted when
         // this swarm needs a source: elections are rare, the count is a scan).
-        let sourcing_elsewhere = if self.swarms.get(&req.digest).is_none_or(|s| s.source.is_none()) {
+        let sourcing_elsewhere = if self
+            .swarms
+            .get(&req.digest)
+            .is_none_or(|s| s.source.is_none())
+        {
             self.swarms
                 .iter()
                 .filter(|(d, s)| {
@@ -189,10 +198,13 @@ impl TrackerState {
         } else {
             0
         };
-        let swarm = self.swarms.entry(req.digest.clone()).or_insert_with(|| Swarm {
-            born: now,
-            ..Swarm::default()
-        });
+        let swarm = self
+            .swarms
+            .entry(req.digest.clone())
+            .or_insert_with(|| Swarm {
+                born: now,
+                ..Swarm::default()
+            });
         if let (Some(known), Some(said)) = (swarm.size, req.size) {
             if known != said {
                 return Err(Error::Geometry(format!(
@@ -234,7 +246,8 @@ impl TrackerState {
         // pieces it read since its previous one: the election ends with this announce,
         // but those hashes are still the source's (peers that saw the pieces in a
         // bitfield rather than a HAVE have no other way to them but a seeder).
-        let finishing_source = swarm.source.as_deref() == Some(&req.node) && req.complete && !req.leaving;
+        let finishing_source =
+            swarm.source.as_deref() == Some(&req.node) && req.complete && !req.leaving;
         if req.leaving {
             swarm.peers.remove(&req.node);
             if swarm.source.as_deref() == Some(&req.node) {
@@ -316,8 +329,9 @@ impl TrackerState {
         let stripe = (swarm.peers.len() >= cfg.stripe_min_members && !req.complete)
             .then(|| {
                 let ttl = cfg.peer_ttl_ms;
-                let mut members =
-                    swarm.peers.rack_members(&req.topology, |p| now.saturating_sub(p.last_seen) <= ttl);
+                let mut members = swarm
+                    .peers
+                    .rack_members(&req.topology, |p| now.saturating_sub(p.last_seen) <= ttl);
                 if members.len() < 2 || !members.contains(&req.node.as_str()) {
                     return None;
                 }
@@ -366,7 +380,12 @@ impl TrackerState {
     pub fn hashes(&self, d: &Digest, from: u32) -> BTreeMap<u32, String> {
         self.swarms
             .get(d)
-            .map(|s| s.hashes.range(from..).map(|(k, v)| (*k, v.to_hex())).collect())
+            .map(|s| {
+                s.hashes
+                    .range(from..)
+                    .map(|(k, v)| (*k, v.to_hex()))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -485,7 +504,11 @@ mod tests {
         done.hashes = (1..4).map(|i| (i, h(i))).collect();
         ann(&mut t, &done, 20);
         assert_eq!(t.hashes(&d, 0).len(), 4, "every hash the source published");
-        assert_eq!(ann(&mut t, &req("b", &d), 30).source, None, "the election ended");
+        assert_eq!(
+            ann(&mut t, &req("b", &d), 30).source,
+            None,
+            "the election ended"
+        );
         // A complete announce from anyone else still adds nothing.
         let mut other = req("c", &d);
         other.size = Some(4 << 20);
@@ -559,7 +582,11 @@ mod tests {
         other.have = Some(Bitfield::new(16));
         ann(&mut t, &other, 0);
         let resp = ann(&mut t, &req("b", &big), 1);
-        assert_eq!(resp.role, Role::Peer, "a complete holder exists: no registry fetch");
+        assert_eq!(
+            resp.role,
+            Role::Peer,
+            "a complete holder exists: no registry fetch"
+        );
         assert_eq!(resp.peers[0].node, "seed", "complete peers first");
         let mut reporter = req("b", &big);
         reporter.bad_peers = vec!["seed".into()];
@@ -584,7 +611,10 @@ mod tests {
         accuser.bad_peers = vec!["honest".into()];
         ann(&mut t, &accuser, 1);
         assert!(
-            ann(&mut t, &req("alice", &d), 2).peers.iter().any(|p| p.node == "honest"),
+            ann(&mut t, &req("alice", &d), 2)
+                .peers
+                .iter()
+                .any(|p| p.node == "honest"),
             "one report only affects the reporter"
         );
         for n in ["r1", "r2", "r3"] {
@@ -593,7 +623,10 @@ mod tests {
             ann(&mut t, &r, 3);
         }
         assert!(
-            ann(&mut t, &req("alice", &d), 4).peers.iter().all(|p| p.node != "honest"),
+            ann(&mut t, &req("alice", &d), 4)
+                .peers
+                .iter()
+                .all(|p| p.node != "honest"),
             "a quorum of distinct reporters leaves it out for everyone"
         );
     }
@@ -656,7 +689,11 @@ mod tests {
     fn near_peers_first() {
         let d = Digest::of(b"topo");
         let mut t = TrackerState::new(SwarmConfig::default());
-        for (n, z, r) in [("far", "z2", "r9"), ("zone", "z1", "r2"), ("rack", "z1", "r1")] {
+        for (n, z, r) in [
+            ("far", "z2", "r9"),
+            ("zone", "z1", "r2"),
+            ("rack", "z1", "r1"),
+        ] {
             let mut q = req(n, &d);
             q.complete = true;
             q.size = Some(64 << 20);
@@ -671,7 +708,11 @@ mod tests {
             zone: Some("z1".into()),
             rack: Some("r1".into()),
         };
-        let names: Vec<String> = ann(&mut t, &me, 1).peers.into_iter().map(|p| p.node).collect();
+        let names: Vec<String> = ann(&mut t, &me, 1)
+            .peers
+            .into_iter()
+            .map(|p| p.node)
+            .collect();
         assert_eq!(names, vec!["rack", "zone", "far"]);
     }
 
@@ -687,7 +728,11 @@ mod tests {
         // Nobody else wants a third blob: "a" gets it after the window.
         assert_eq!(ann(&mut t, &req("a", &b3), 30).role, Role::Peer);
         let later = 30 + t.cfg.source_defer_ms;
-        assert_eq!(ann(&mut t, &req("a", &b1), later).role, Role::Source, "keeps the first");
+        assert_eq!(
+            ann(&mut t, &req("a", &b1), later).role,
+            Role::Source,
+            "keeps the first"
+        );
         assert_eq!(ann(&mut t, &req("a", &b3), later).role, Role::Source);
     }
 

@@ -110,8 +110,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
 
     pub fn push(&mut self, conn: C, q: Queued) -> Admit {
         let line = self.lines.entry(conn).or_default();
-        if line.len() >= self.cfg.max_queued_per_conn || self.queued >= self.cfg.max_queued_total
-        {
+        if line.len() >= self.cfg.max_queued_per_conn || self.queued >= self.cfg.max_queued_total {
             return Admit::Busy;
         }
         if line.is_empty() {
@@ -281,9 +280,33 @@ mod tests {
     #[test]
     fn dropping_a_connection_or_channel_forgets_its_line() {
         let mut u = UploadQueue::new(UploadConfig::default());
-        u.push(1u32, Queued { chan: 1, blob: 1, piece: 0, urgent: false });
-        u.push(1u32, Queued { chan: 2, blob: 2, piece: 0, urgent: false });
-        u.push(2u32, Queued { chan: 1, blob: 1, piece: 5, urgent: false });
+        u.push(
+            1u32,
+            Queued {
+                chan: 1,
+                blob: 1,
+                piece: 0,
+                urgent: false,
+            },
+        );
+        u.push(
+            1u32,
+            Queued {
+                chan: 2,
+                blob: 2,
+                piece: 0,
+                urgent: false,
+            },
+        );
+        u.push(
+            2u32,
+            Queued {
+                chan: 1,
+                blob: 1,
+                piece: 5,
+                urgent: false,
+            },
+        );
         u.drop_waiting(1, Some(1));
         assert_eq!(u.queued(), 2);
         u.drop_waiting(1, None);
@@ -309,7 +332,11 @@ mod tests {
                 x.piece
             })
             .collect();
-        assert_eq!(order, vec![9, 3, 9, 9], "a fresh piece before a second copy");
+        assert_eq!(
+            order,
+            vec![9, 3, 9, 9],
+            "a fresh piece before a second copy"
+        );
         assert_eq!(u.sent_count(7, 9), 3);
     }
 

@@ -83,7 +83,9 @@ pub enum Frame {
         proof: [u8; 32],
     },
     /// The dialer's answer to the holder's nonce.
-    Auth { proof: [u8; 32] },
+    Auth {
+        proof: [u8; 32],
+    },
     /// Downloader → holder: subscribe to a blob on channel `chan`.
     Open {
         chan: ChannelId,
@@ -91,13 +93,22 @@ pub enum Frame {
         blob_size: u64,
         piece_size: u64,
     },
-    Close { chan: ChannelId },
+    Close {
+        chan: ChannelId,
+    },
     /// Holder → downloader: the pieces held now (answer to `Open`).
-    Bitfield { chan: ChannelId, have: Bitfield },
+    Bitfield {
+        chan: ChannelId,
+        have: Bitfield,
+    },
     /// Holder → downloader: every piece is held.
-    Complete { chan: ChannelId },
+    Complete {
+        chan: ChannelId,
+    },
     /// Holder → downloader: nothing of this blob here (or another geometry).
-    NotHeld { chan: ChannelId },
+    NotHeld {
+        chan: ChannelId,
+    },
     /// Holder → downloader: a piece became available. `hash` is the holder's record
     /// of the piece's hash; a downloader only trusts it from the blob's source.
     Have {
@@ -111,7 +122,10 @@ pub enum Frame {
         piece: u32,
         urgent: bool,
     },
-    Cancel { chan: ChannelId, piece: u32 },
+    Cancel {
+        chan: ChannelId,
+        piece: u32,
+    },
     Reject {
         chan: ChannelId,
         piece: u32,
@@ -125,16 +139,24 @@ pub enum Frame {
         len: u32,
     },
     /// Downloader → holder: send the piece hashes of a complete blob.
-    HashesRequest { chan: ChannelId },
+    HashesRequest {
+        chan: ChannelId,
+    },
     Hashes {
         chan: ChannelId,
         first: u32,
         hashes: Vec<PieceHash>,
     },
-    Ping { nonce: u64 },
-    Pong { nonce: u64 },
+    Ping {
+        nonce: u64,
+    },
+    Pong {
+        nonce: u64,
+    },
     /// Either side, before closing: why.
-    Goodbye { reason: String },
+    Goodbye {
+        reason: String,
+    },
 }
 
 mod code {
@@ -397,12 +419,14 @@ fn parse_body(body: &mut BytesMut) -> Result<Frame, Error> {
                 return Err(wire(format!("node name of {n} bytes")));
             }
             let name = r.bytes(n)?;
-            let node = String::from_utf8(name).map_err(|_| wire("node name is not UTF-8".into()))?;
+            let node =
+                String::from_utf8(name).map_err(|_| wire("node name is not UTF-8".into()))?;
             let n = r.u8()? as usize;
             if n > MAX_NODE_NAME {
                 return Err(wire(format!("address of {n} bytes")));
             }
-            let addr = String::from_utf8(r.bytes(n)?).map_err(|_| wire("address is not UTF-8".into()))?;
+            let addr =
+                String::from_utf8(r.bytes(n)?).map_err(|_| wire("address is not UTF-8".into()))?;
             Frame::Hello {
                 version,
                 node,
@@ -557,7 +581,11 @@ mod tests {
         let mut b = BytesMut::new();
         f.encode(&mut b);
         let mut partial = BytesMut::from(&b[..b.len() - 1]);
-        assert_eq!(Frame::decode(&mut partial).unwrap(), None, "{f:?} needs its last byte");
+        assert_eq!(
+            Frame::decode(&mut partial).unwrap(),
+            None,
+            "{f:?} needs its last byte"
+        );
         let got = Frame::decode(&mut b).unwrap().unwrap();
         assert_eq!(got, f);
         assert!(b.is_empty());
@@ -736,7 +764,10 @@ mod tests {
     #[test]
     fn proofs_bind_token_role_nonce_and_name() {
         let p = handshake_proof(b"t", ROLE_DIALER, &[1; 16], "a");
-        assert!(proofs_equal(&p, &handshake_proof(b"t", ROLE_DIALER, &[1; 16], "a")));
+        assert!(proofs_equal(
+            &p,
+            &handshake_proof(b"t", ROLE_DIALER, &[1; 16], "a")
+        ));
         for other in [
             handshake_proof(b"u", ROLE_DIALER, &[1; 16], "a"),
             handshake_proof(b"t", ROLE_HOLDER, &[1; 16], "a"),

@@ -85,7 +85,8 @@ fn big_swarm_handout_keeps_the_policy() {
     for i in 0..4000 {
         let rack = i / 32;
         let held = if i % 7 == 0 { 0 } else { 1 + (i % 5) as u32 };
-        t.announce(&req(&format!("p{i}"), &d, topo(rack / 10, rack), held), 1).unwrap();
+        t.announce(&req(&format!("p{i}"), &d, topo(rack / 10, rack), held), 1)
+            .unwrap();
     }
     for i in 0..40 {
         let mut s = req(&format!("seed{i}"), &d, topo(9, 99), PIECES);
@@ -136,7 +137,9 @@ fn big_swarm_handout_keeps_the_policy() {
 
     // The source (one piece, rack 55) is in its own rack's handouts, and in a small
     // share of the others': it serves a few peers at a time.
-    let near_src = t.announce(&req("near-src", &d, topo(5, 55), 0), 1_000).unwrap();
+    let near_src = t
+        .announce(&req("near-src", &d, topo(5, 55), 0), 1_000)
+        .unwrap();
     assert!(
         near_src.peers.iter().any(|p| p.node == "src"),
         "rack-mates see the source"
@@ -144,7 +147,11 @@ fn big_swarm_handout_keeps_the_policy() {
     let with_source = (0..400)
         .filter(|i| {
             let r = req(&format!("far{i}"), &d, topo(1, 10 + i % 10), 0);
-            t.announce(&r, 1_000).unwrap().peers.iter().any(|p| p.node == "src")
+            t.announce(&r, 1_000)
+                .unwrap()
+                .peers
+                .iter()
+                .any(|p| p.node == "src")
         })
         .count();
     assert!(

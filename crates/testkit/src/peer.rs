@@ -127,7 +127,12 @@ impl PeerClient {
 
     /// Reads frames until a whole piece has arrived on `chan`; returns its bytes and
     /// every other frame seen meanwhile.
-    pub async fn read_piece(&mut self, chan: ChannelId, piece: u32, len: usize) -> Result<(Vec<u8>, Vec<Frame>)> {
+    pub async fn read_piece(
+        &mut self,
+        chan: ChannelId,
+        piece: u32,
+        len: usize,
+    ) -> Result<(Vec<u8>, Vec<Frame>)> {
         self.read_piece_from(chan, piece, 0, len).await
     }
 
@@ -148,7 +153,9 @@ impl PeerClient {
                     piece: p,
                     offset,
                     bytes,
-                } if c == chan && p == piece && offset as usize == from + out.len() => out.extend(bytes),
+                } if c == chan && p == piece && offset as usize == from + out.len() => {
+                    out.extend(bytes)
+                }
                 Read::Data { piece: p, .. } => bail!("unexpected data for piece {p}"),
                 Read::Frame(f) => others.push(f),
             }

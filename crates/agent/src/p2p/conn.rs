@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use store::Inflight;
 use swarm::pieces::PieceHasher;
 use swarm::wire::{self, ChannelId, Frame, RejectReason};
 use swarm::{Bitfield, PieceHash, PieceLayout};
-use store::Inflight;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
@@ -165,7 +165,12 @@ impl PeerConn {
         Ok(chan)
     }
 
-    pub(crate) async fn request(&self, chan: ChannelId, piece: u32, urgent: bool) -> Result<(), Error> {
+    pub(crate) async fn request(
+        &self,
+        chan: ChannelId,
+        piece: u32,
+        urgent: bool,
+    ) -> Result<(), Error> {
         if let Some(c) = self.chans.lock().get(&chan) {
             c.requested.lock().insert(piece);
         }
@@ -238,7 +243,12 @@ pub(crate) struct PeerPool {
 
 impl PeerPool {
     /// The live connection to `node`, dialing `addr` if there is none.
-    pub(crate) async fn get(&self, p2p: &Arc<P2p>, node: &str, addr: &str) -> Result<Arc<PeerConn>, Error> {
+    pub(crate) async fn get(
+        &self,
+        p2p: &Arc<P2p>,
+        node: &str,
+        addr: &str,
+    ) -> Result<Arc<PeerConn>, Error> {
         if let Some(c) = self.live(node) {
             return Ok(c);
         }
@@ -252,7 +262,8 @@ impl PeerPool {
         if let Some(c) = self.live(node) {
             return Ok(c);
         }
-        let conn = tokio::time::timeout(DIAL_TIMEOUT + HANDSHAKE_TIMEOUT, dial(p2p, node, addr)).await;
+        let conn =
+            tokio::time::timeout(DIAL_TIMEOUT + HANDSHAKE_TIMEOUT, dial(p2p, node, addr)).await;
         if self.dialing.lock().len() > 4096 {
             self.dialing.lock().retain(|_, g| Arc::strong_count(g) > 1);
         }
@@ -314,7 +325,10 @@ async fn dial(p2p: &Arc<P2p>, node: &str, addr: &str) -> Result<Arc<PeerConn>, E
     // The node at this address must be the node the tracker named, and must prove it
     // holds the cluster token: a forged address gets no further than this.
     if holder != node {
-        return Err(peer_err(node, format!("the agent at {addr} is {holder:.80}")));
+        return Err(peer_err(
+            node,
+            format!("the agent at {addr} is {holder:.80}"),
+        ));
     }
     if !p2p.proof_ok(&proof, wire::ROLE_HOLDER, &nonce, &holder) {
         p2p.metrics.peer_auth_failures.inc();
@@ -558,7 +572,10 @@ async fn receive_data(
             if prev.claimed {
                 prev.chan.inflight.release_piece_claim(prev.piece);
             }
-            return Err(peer_err(node, "a new piece began before the last one ended"));
+            return Err(peer_err(
+                node,
+                "a new piece began before the last one ended",
+            ));
         }
         if !chan.requested.lock().contains(&piece) {
             return Err(peer_err(node, format!("piece {piece} was not requested")));
@@ -600,7 +617,9 @@ async fn receive_data(
         let at = chan.layout.range(piece).0 + offset as u64;
         let t = Instant::now();
         let written = chan.inflight.write_claimed(at, bytes);
-        p2p.metrics.store_write_seconds.inc_by(t.elapsed().as_secs_f64());
+        p2p.metrics
+            .store_write_seconds
+            .inc_by(t.elapsed().as_secs_f64());
         if let Err(e) = written {
             chan.inflight.release_piece_claim(piece);
             *cur = None;

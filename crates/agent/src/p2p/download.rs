@@ -59,7 +59,11 @@ pub(crate) enum Start {
 
 /// What the download task learns from the tasks it spawns.
 enum Internal {
-    Announced(Box<Result<AnnounceResponse, Error>>, BTreeMap<u32, String>, Vec<String>),
+    Announced(
+        Box<Result<AnnounceResponse, Error>>,
+        BTreeMap<u32, String>,
+        Vec<String>,
+    ),
     TrackerHashes(BTreeMap<u32, String>),
 }
 
@@ -85,7 +89,12 @@ pub(crate) async fn start(
     // tracker to elect one (it holds a blob back from a node busy with another).
     let deadline = Instant::now() + Duration::from_secs(10);
     let nobody_has_it = |r: &AnnounceResponse| {
-        r.role == Role::Peer && (r.size.is_none() || (!r.source_alive && r.peers.iter().all(|p| p.have.as_ref().is_some_and(|h| h.count() == 0))))
+        r.role == Role::Peer
+            && (r.size.is_none()
+                || (!r.source_alive
+                    && r.peers
+                        .iter()
+                        .all(|p| p.have.as_ref().is_some_and(|h| h.count() == 0))))
     };
     while nobody_has_it(&resp) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -196,7 +205,10 @@ pub(crate) async fn start(
         registry_retry_at: None,
     };
     dl.absorb(resp);
-    dl.p2p.downloads.lock().insert(dl.d.clone(), dl.events_tx.clone());
+    dl.p2p
+        .downloads
+        .lock()
+        .insert(dl.d.clone(), dl.events_tx.clone());
     tokio::spawn(dl.run(events_rx, internal_rx, first_stream));
     Start::Started(inflight, size)
 }
@@ -230,7 +242,9 @@ struct RegistryRun {
 
 /// The chunks of every registry run, tagged with the run; `None` ends a run's stream.
 type RunStreams = futures::stream::SelectAll<
-    std::pin::Pin<Box<dyn futures::Stream<Item = (u32, Option<Result<bytes::Bytes, oci::Error>>)> + Send>>,
+    std::pin::Pin<
+        Box<dyn futures::Stream<Item = (u32, Option<Result<bytes::Bytes, oci::Error>>)> + Send>,
+    >,
 >;
 
 struct Download {
@@ -287,7 +301,8 @@ impl Download {
     }
 
     fn request(&self) -> AnnounceRequest {
-        let mut r = AnnounceRequest::new(&self.p2p.node, &self.p2p.addr, &self.p2p.topology, &self.d);
+        let mut r =
+            AnnounceRequest::new(&self.p2p.node, &self.p2p.addr, &self.p2p.topology, &self.d);
         r.size = Some(self.layout.blob_size);
         r.piece_size = Some(self.layout.piece_size);
         r.have = Some(self.w.held());
@@ -352,7 +367,8 @@ impl Download {
 
     fn learn_hashes(&mut self, hashes: BTreeMap<u32, String>) {
         for (i, h) in hashes {
-            if let (Some(slot), Ok(h)) = (self.hashes.get_mut(i as usize), PieceHash::from_hex(&h)) {
+            if let (Some(slot), Ok(h)) = (self.hashes.get_mut(i as usize), PieceHash::from_hex(&h))
+            {
                 slot.get_or_insert(h);
             }
         }
@@ -374,7 +390,9 @@ impl Download {
         let (p2p, tx) = (self.p2p.clone(), self.internal_tx.clone());
         tokio::spawn(async move {
             let r = p2p.announce(&req).await;
-            let _ = tx.send(Internal::Announced(Box::new(r), sent_hashes, sent_bad)).await;
+            let _ = tx
+                .send(Internal::Announced(Box::new(r), sent_hashes, sent_bad))
+                .await;
         });
     }
 
@@ -405,7 +423,7 @@ impl Download {
                 Some((id, chunk)) = self.streams.next(), if run_active => {
                     run_quiet = false;
                     if let Err(e) = self.on_registry_chunk(id, chunk).await {
-                        self.abort(&e).await;
+                        self.abort(&format!("storing registry bytes: {e}")).await;
                         return;
                     }
                 }
@@ -556,7 +574,12 @@ impl Download {
                 continue;
             }
             l.connecting = true;
-            let (p2p, node, addr, tx) = (self.p2p.clone(), node.clone(), l.addr.clone(), self.events_tx.clone());
+            let (p2p, node, addr, tx) = (
+                self.p2p.clone(),
+                node.clone(),
+                l.addr.clone(),
+                self.events_tx.clone(),
+            );
             let (inflight, layout, limit) = (self.w.inflight(), self.layout, self.limit.clone());
             tokio::spawn(async move {
                 let ev = match p2p.pool.get(&p2p, &node, &addr).await {
@@ -655,7 +678,11 @@ impl Download {
                 self.request_ended(piece, &peer);
                 self.sched.forget(piece, &peer);
             }
-            PeerEvent::Rejected { peer, piece, reason } => {
+            PeerEvent::Rejected {
+                peer,
+                piece,
+                reason,
+            } => {
                 self.request_ended(piece, &peer);
                 match reason {
                     RejectReason::Busy => self.sched.on_busy(piece, &peer, now),
@@ -664,7 +691,11 @@ impl Download {
                     RejectReason::Cancelled => self.sched.forget(piece, &peer),
                 }
             }
-            PeerEvent::Hashes { peer, first, hashes } => {
+            PeerEvent::Hashes {
+                peer,
+                first,
+                hashes,
+            } => {
                 // A complete peer's hashes come from a digest-verified blob; used only
                 // when no source is publishing (the swarm has only seeders).
                 if self.source.is_none() {
@@ -684,7 +715,12 @@ impl Download {
 
     /// A piece's bytes are in the file: keep them if their hash matches the trusted
     /// one, wait for the hash if it is not known yet, reject them otherwise.
-    async fn check_piece(&mut self, piece: u32, peer: &str, got: PieceHash) -> Result<(), store::Error> {
+    async fn check_piece(
+        &mut self,
+        piece: u32,
+        peer: &str,
+        got: PieceHash,
+    ) -> Result<(), store::Error> {
         let now = self.now_ms();
         match self.hashes.get(piece as usize).copied().flatten() {
             Some(want) if want == got => {
@@ -763,7 +799,10 @@ impl Download {
                 let Some(h) = self.hashes[i as usize] else {
                     continue;
                 };
-                if !self.sched.have().get(i) && !self.sched.is_inflight(i) && self.w.verify_existing(i, h).await? {
+                if !self.sched.have().get(i)
+                    && !self.sched.is_inflight(i)
+                    && self.w.verify_existing(i, h).await?
+                {
                     self.sched.on_done(i, "disk", self.now_ms());
                     kept += 1;
                 }
@@ -779,7 +818,10 @@ impl Download {
     /// source's line is cancelled, so the source's uplink goes to pieces nobody else
     /// has and this piece comes from the peer that has it.
     async fn retarget(&mut self, piece: u32, holder: &str) {
-        let Some(source) = self.sched.retarget_on_have(piece, holder, self.source.as_deref()) else {
+        let Some(source) = self
+            .sched
+            .retarget_on_have(piece, holder, self.source.as_deref())
+        else {
             return;
         };
         if let Some((conn, chan)) = self.links.get(&source).and_then(|l| l.conn.clone()) {
@@ -897,7 +939,9 @@ impl Download {
     /// connections (`swarm::pieces::registry_streams_for`).
     fn plan_runs(&self, a: u32, b: u32) -> Vec<(u32, u32)> {
         let bytes = self.layout.range(b - 1).1 - self.layout.range(a).0;
-        let k = swarm::pieces::registry_streams_for(bytes, self.registry_streams).min(b - a).max(1);
+        let k = swarm::pieces::registry_streams_for(bytes, self.registry_streams)
+            .min(b - a)
+            .max(1);
         let per = (b - a).div_ceil(k);
         (0..k)
             .map(|i| (a + i * per, (a + (i + 1) * per).min(b)))
@@ -960,7 +1004,7 @@ impl Download {
         &mut self,
         id: u32,
         chunk: Option<Result<bytes::Bytes, oci::Error>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), store::Error> {
         let Some(left) = self.runs.get(&id).map(|r| r.left) else {
             // A run already finished or aborted: its stream's last words.
             return Ok(());
@@ -981,7 +1025,7 @@ impl Download {
                 self.agent.metrics.upstream_bytes.inc_by(n);
                 self.p2p.metrics.registry_bytes.inc_by(n);
                 self.registry_bytes += n;
-                let out = self.w.write_run(id, chunk).await.map_err(|e| e.to_string())?;
+                let out = self.w.write_run(id, chunk).await?;
                 self.on_registry_pieces(out.held);
                 if let Some(r) = self.runs.get_mut(&id) {
                     r.left -= n;
@@ -1005,8 +1049,8 @@ impl Download {
         }
     }
 
-    async fn end_run(&mut self, id: u32) -> Result<(), String> {
-        let held = self.w.abort_run(id).await.map_err(|e| e.to_string())?;
+    async fn end_run(&mut self, id: u32) -> Result<(), store::Error> {
+        let held = self.w.abort_run(id).await?;
         self.on_registry_pieces(held);
         if let Some(run) = self.runs.remove(&id) {
             run.stop.abort();

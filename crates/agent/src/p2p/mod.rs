@@ -148,7 +148,8 @@ pub struct P2p {
     pub(crate) pool: conn::PeerPool,
     /// Running swarm downloads, by blob: where to tell one about a peer that opened a
     /// channel on its blob.
-    pub(crate) downloads: parking_lot::Mutex<HashMap<oci::Digest, tokio::sync::mpsc::Sender<conn::PeerEvent>>>,
+    pub(crate) downloads:
+        parking_lot::Mutex<HashMap<oci::Digest, tokio::sync::mpsc::Sender<conn::PeerEvent>>>,
     pub(crate) sched_cfg: SchedulerConfig,
     /// Piece hashes computed from complete blobs, by (digest, piece size).
     pub(crate) hash_cache: parking_lot::Mutex<HashMap<(oci::Digest, u64), Arc<Vec<PieceHash>>>>,
@@ -238,7 +239,11 @@ impl P2p {
     }
 
     /// Starts the peer listener and the upload dispatcher.
-    pub(crate) fn spawn_server(self: &Arc<Self>, agent: crate::Agent, listener: tokio::net::TcpListener) {
+    pub(crate) fn spawn_server(
+        self: &Arc<Self>,
+        agent: crate::Agent,
+        listener: tokio::net::TcpListener,
+    ) {
         tokio::spawn(serve::serve_peers(agent, self.clone(), listener));
     }
 
@@ -276,7 +281,13 @@ impl P2p {
         }
     }
 
-    pub(crate) fn proof_ok(&self, proof: &[u8; 32], role: u8, nonce: &[u8; 16], prover: &str) -> bool {
+    pub(crate) fn proof_ok(
+        &self,
+        proof: &[u8; 32],
+        role: u8,
+        nonce: &[u8; 16],
+        prover: &str,
+    ) -> bool {
         swarm::wire::proofs_equal(proof, &self.proof(role, nonce, prover))
     }
 

@@ -23,7 +23,9 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
-use super::wire_io::{peer_err, send_file, write_frames, FrameReader, DATA_CHUNK, HANDSHAKE_TIMEOUT};
+use super::wire_io::{
+    peer_err, send_file, write_frames, FrameReader, DATA_CHUNK, HANDSHAKE_TIMEOUT,
+};
 use super::P2p;
 use crate::{Agent, Error};
 
@@ -65,7 +67,9 @@ struct Chan {
 /// A stable number for a blob (the upload line counts sends per blob and piece).
 fn blob_key(d: &Digest) -> u64 {
     let raw = super::conn::raw_digest(d);
-    u64::from_le_bytes([raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7]])
+    u64::from_le_bytes([
+        raw[0], raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7],
+    ])
 }
 
 /// One accepted connection, as the dispatcher sees it.
@@ -155,9 +159,10 @@ async fn handshake(
 async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), Error> {
     let (r, mut w) = tcp.into_split();
     let mut reader = FrameReader::new(r, "?");
-    let (dialer, dialer_addr) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&p2p, &mut reader, &mut w))
-        .await
-        .map_err(|_| peer_err("?", "handshake timed out"))??;
+    let (dialer, dialer_addr) =
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&p2p, &mut reader, &mut w))
+            .await
+            .map_err(|_| peer_err("?", "handshake timed out"))??;
     let id = CONN_IDS.fetch_add(1, Ordering::Relaxed);
     let (ctl_tx, ctl_rx) = mpsc::channel::<Frame>(4096);
     let (piece_tx, piece_rx) = mpsc::unbounded_channel::<PieceJob>();
@@ -167,7 +172,17 @@ async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), E
     });
     p2p.holders.lock().insert(id, conn.clone());
     let writer = tokio::spawn(write_loop(p2p.clone(), w, ctl_rx, piece_rx, dialer.clone()));
-    let result = read_loop(&agent, &p2p, id, &conn, &mut reader, &ctl_tx, &dialer, &dialer_addr).await;
+    let result = read_loop(
+        &agent,
+        &p2p,
+        id,
+        &conn,
+        &mut reader,
+        &ctl_tx,
+        &dialer,
+        &dialer_addr,
+    )
+    .await;
     // Gone: its waiting requests leave the line, its channels stop forwarding.
     p2p.holders.lock().remove(&id);
     p2p.uploads.lock().drop_waiting(id, None);
@@ -199,8 +214,8 @@ async fn read_loop(
                 piece_size,
             } => {
                 let d = Digest::from_sha256(digest);
-                let layout = PieceLayout::checked(blob_size, piece_size)
-                    .map_err(|e| peer_err(dialer, e))?;
+                let layout =
+                    PieceLayout::checked(blob_size, piece_size).map_err(|e| peer_err(dialer, e))?;
                 // A member of this blob's swarm: this node's own download of it (if
                 // any) connects back now rather than at its next announce.
                 p2p.discovered(&d, dialer, dialer_addr);
@@ -294,7 +309,11 @@ async fn read_loop(
                 }
             }
             Frame::HashesRequest { chan } => {
-                let digest = conn.chans.lock().get(&chan).map(|c| (c.digest.clone(), c.layout));
+                let digest = conn
+                    .chans
+                    .lock()
+                    .get(&chan)
+                    .map(|c| (c.digest.clone(), c.layout));
                 if let Some((d, layout)) = digest {
                     let (agent, p2p, ctl) = (agent.clone(), p2p.clone(), ctl.clone());
                     tokio::spawn(async move {
@@ -322,7 +341,11 @@ async fn read_loop(
 
 /// Whether this node can serve `piece` of the blob now.
 fn holds(agent: &Agent, d: &Digest, layout: PieceLayout, piece: u32) -> bool {
-    if agent.store.stat(d).is_some_and(|r| r.size == layout.blob_size) {
+    if agent
+        .store
+        .stat(d)
+        .is_some_and(|r| r.size == layout.blob_size)
+    {
         return true;
     }
     agent
@@ -333,10 +356,20 @@ fn holds(agent: &Agent, d: &Digest, layout: PieceLayout, piece: u32) -> bool {
 
 /// Keeps one channel posted: the bitfield (or "complete") once this node has the
 /// blob in piece mode with the same geometry, then a HAVE per piece as it completes.
-async fn watch_blob(agent: Agent, d: Digest, layout: PieceLayout, chan: ChannelId, ctl: mpsc::Sender<Frame>) {
+async fn watch_blob(
+    agent: Agent,
+    d: Digest,
+    layout: PieceLayout,
+    chan: ChannelId,
+    ctl: mpsc::Sender<Frame>,
+) {
     let deadline = tokio::time::Instant::now() + OPEN_WAIT;
     loop {
-        if agent.store.stat(&d).is_some_and(|r| r.size == layout.blob_size) {
+        if agent
+            .store
+            .stat(&d)
+            .is_some_and(|r| r.size == layout.blob_size)
+        {
             let _ = ctl.send(Frame::Complete { chan }).await;
             return;
         }
@@ -383,7 +416,10 @@ async fn watch_blob(agent: Agent, d: Digest, layout: PieceLayout, chan: ChannelI
                     }
                 }
                 // The download ended: complete, or failed.
-                let done = agent.store.stat(&d).is_some_and(|r| r.size == layout.blob_size);
+                let done = agent
+                    .store
+                    .stat(&d)
+                    .is_some_and(|r| r.size == layout.blob_size);
                 let _ = ctl
                     .send(if done {
                         Frame::Complete { chan }
@@ -404,7 +440,14 @@ async fn watch_blob(agent: Agent, d: Digest, layout: PieceLayout, chan: ChannelI
 
 /// Piece hashes of a complete (digest-verified) blob, for downloaders that joined a
 /// swarm with no source publishing hashes.
-async fn send_hashes(agent: &Agent, p2p: &P2p, d: &Digest, layout: PieceLayout, chan: ChannelId, ctl: &mpsc::Sender<Frame>) {
+async fn send_hashes(
+    agent: &Agent,
+    p2p: &P2p,
+    d: &Digest,
+    layout: PieceLayout,
+    chan: ChannelId,
+    ctl: &mpsc::Sender<Frame>,
+) {
     let key = (d.clone(), layout.piece_size);
     let cached = p2p.hash_cache.lock().get(&key).cloned();
     let list = match cached {
@@ -419,19 +462,20 @@ async fn send_hashes(agent: &Agent, p2p: &P2p, d: &Digest, layout: PieceLayout, 
                 return;
             }
             let file = open.file.clone();
-            let computed = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<PieceHash>> {
-                use std::os::unix::fs::FileExt;
-                let mut out = Vec::with_capacity(layout.count() as usize);
-                let mut buf = vec![0u8; layout.piece_size as usize];
-                for i in 0..layout.count() {
-                    let (a, b) = layout.range(i);
-                    let n = (b - a) as usize;
-                    file.read_exact_at(&mut buf[..n], a)?;
-                    out.push(PieceHash::of(&buf[..n]));
-                }
-                Ok(out)
-            })
-            .await;
+            let computed =
+                tokio::task::spawn_blocking(move || -> std::io::Result<Vec<PieceHash>> {
+                    use std::os::unix::fs::FileExt;
+                    let mut out = Vec::with_capacity(layout.count() as usize);
+                    let mut buf = vec![0u8; layout.piece_size as usize];
+                    for i in 0..layout.count() {
+                        let (a, b) = layout.range(i);
+                        let n = (b - a) as usize;
+                        file.read_exact_at(&mut buf[..n], a)?;
+                        out.push(PieceHash::of(&buf[..n]));
+                    }
+                    Ok(out)
+                })
+                .await;
             drop(open);
             let Ok(Ok(list)) = computed else {
                 let _ = ctl.send(Frame::NotHeld { chan }).await;
@@ -477,7 +521,11 @@ async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
             let Some(conn) = conn else {
                 continue;
             };
-            let chan = conn.chans.lock().get(&q.chan).map(|c| (c.digest.clone(), c.layout));
+            let chan = conn
+                .chans
+                .lock()
+                .get(&q.chan)
+                .map(|c| (c.digest.clone(), c.layout));
             let Some((d, layout)) = chan else {
                 continue;
             };

@@ -510,7 +510,8 @@ impl Upstream {
         digest: &Digest,
         start: u64,
     ) -> Result<BlobResponse, Error> {
-        self.get_blob_range(registry, repo, digest, start, None).await
+        self.get_blob_range(registry, repo, digest, start, None)
+            .await
     }
 
     /// Streams bytes `[start, end)` of a blob (`end = None`: to the end), asking the
@@ -942,7 +943,13 @@ impl ResumeState {
             warn!(registry = %self.registry, digest = %self.digest, offset = self.offset, reason = %failure, "upstream blob stream broke; resuming with Range");
             match self
                 .upstream
-                .open_blob(&self.registry, &self.repo, &self.digest, self.offset, self.end)
+                .open_blob(
+                    &self.registry,
+                    &self.repo,
+                    &self.digest,
+                    self.offset,
+                    self.end,
+                )
                 .await
             {
                 Ok((total, resp)) => {
