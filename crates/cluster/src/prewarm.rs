@@ -560,12 +560,11 @@ pub enum NodeUpdate {
     Failed { reason: String },
 }
 
-/// One instruction for the tracker to send to an agent.
+/// One instruction for a node, collected by its agent from the tracker.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
     pub job_id: u64,
     pub node: String,
-    pub agent_url: Option<String>,
     /// (reference, digest): fetch and pin by digest.
     pub images: Vec<(String, String)>,
     pub blobs: Vec<BlobRef>,
