@@ -91,6 +91,10 @@ pub struct AgentConfig {
     /// the background (the runtime's requests join them). Turn off for lazy pullers
     /// (eStargz, SOCI), which read only parts of layers.
     pub prefetch_layers: bool,
+    /// Serve the `/v2` mirror to clients on other hosts even though this agent holds
+    /// registry credentials. Off: with credentials, only local (loopback) clients get
+    /// an answer, so private content stays on the node that was allowed to pull it.
+    pub mirror_remote_clients: bool,
     /// Registry connections a swarm source may use for one large blob, each fetching a
     /// disjoint Range slice (registries and CDNs cap each connection); the rule in
     /// `swarm::pieces::registry_streams_for` uses one per 256 MiB, up to this.
@@ -174,6 +178,7 @@ impl Default for AgentConfig {
             p2p_threshold: "1MiB".into(),
             registry_streams: swarm::pieces::DEFAULT_REGISTRY_STREAMS as usize,
             prefetch_layers: true,
+            mirror_remote_clients: false,
             piece_size: None,
             corrupt_pieces: false,
             containerd_socket: None,
@@ -208,6 +213,30 @@ pub fn registry_policy(cfg: &AgentConfig) -> Result<oci::upstream::RegistryPolic
         configured,
         cfg.allowed_registries.clone(),
     ))
+}
+
+impl AgentConfig {
+    /// Whether any registry has credentials configured: content fetched with them is
+    /// private to whoever may use them.
+    pub fn holds_registry_credentials(&self) -> bool {
+        self.registries
+            .values()
+            .any(|r| r.username.is_some() || r.password.is_some())
+    }
+
+    /// Whether a `/v2` request on a connection from `client` to `local` is refused:
+    /// another host (neither loopback nor this host's own address), while this agent
+    /// holds registry credentials and `mirror_remote_clients` is off.
+    pub fn refuses_mirror_client(
+        &self,
+        client: std::net::SocketAddr,
+        local: std::net::SocketAddr,
+    ) -> bool {
+        !client.ip().is_loopback()
+            && client.ip() != local.ip()
+            && !self.mirror_remote_clients
+            && self.holds_registry_credentials()
+    }
 }
 
 /// What `--print-config` and logs show in place of a secret.
@@ -398,5 +427,38 @@ mod tests {
         assert_eq!(back.registries["reg.corp.example:5000"].tls(), t);
         let dbg = format!("{:?}", c.registries["reg.corp.example:5000"]);
         assert!(dbg.contains("node.key") && !dbg.contains("SECRET"), "{dbg}");
+    }
+
+    /// Issue 12, tenancy: private content (fetched with this agent's credentials) is
+    /// served over `/v2` to local clients only, unless the operator opts in.
+    #[test]
+    fn a_credentialed_mirror_answers_local_clients_only() {
+        let local: std::net::SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let lan: std::net::SocketAddr = "10.0.3.17:40000".parse().unwrap();
+        let lan6: std::net::SocketAddr = "[fd00::17]:40000".parse().unwrap();
+        let me: std::net::SocketAddr = "10.0.3.1:5050".parse().unwrap();
+        let me6: std::net::SocketAddr = "[fd00::1]:5050".parse().unwrap();
+        let mut cfg = AgentConfig::default();
+        assert!(
+            !cfg.refuses_mirror_client(lan, me),
+            "no credentials: public content only"
+        );
+        cfg.registries.insert(
+            "private.example.com".into(),
+            RegistryConfig {
+                username: Some("puller".into()),
+                password: Some("pw".into()),
+                ..Default::default()
+            },
+        );
+        assert!(!cfg.refuses_mirror_client(local, local));
+        assert!(
+            !cfg.refuses_mirror_client(me, me),
+            "this host through its own address"
+        );
+        assert!(cfg.refuses_mirror_client(lan, me));
+        assert!(cfg.refuses_mirror_client(lan6, me6));
+        cfg.mirror_remote_clients = true;
+        assert!(!cfg.refuses_mirror_client(lan, me), "explicit opt-in");
     }
 }

@@ -486,12 +486,36 @@ pub fn error_response(e: &oci::Error) -> Response {
         .or_internal_error()
 }
 
+/// Content fetched with this agent's registry credentials is served over `/v2` to
+/// local clients only (the node's runtime), unless `mirror_remote_clients` says
+/// otherwise: another host reaching the mirror port must not read private images.
+fn refuse_remote_client(agent: &Agent, client: Option<server::ClientAddr>) -> Option<Response> {
+    let server::ClientAddr { peer, local } = client?;
+    if !agent.cfg.refuses_mirror_client(peer, local) {
+        return None;
+    }
+    debug!(client = %peer, "mirror request from another host refused: this agent holds registry credentials");
+    Some(error_response(&oci::Error::Upstream {
+        registry: "-".into(),
+        status: 403,
+        code: Some(ErrorCode::Denied),
+        message: "this mirror serves local clients only: it holds registry credentials \
+                  (mirror_remote_clients = true to serve other hosts)"
+            .into(),
+        retry_after: None,
+    }))
+}
+
 async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = req.uri().query().map(str::to_owned);
     let headers = req.headers().clone();
     let sink = req.extensions().get::<zerocopy::Sink>().cloned();
+    let client = req.extensions().get::<server::ClientAddr>().copied();
+    if let Some(refusal) = refuse_remote_client(&agent, client) {
+        return record(&agent, "denied", refusal);
+    }
     let route = match routes::parse(&path) {
         None => {
             let r = error_response(&oci::Error::Upstream {

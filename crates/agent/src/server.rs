@@ -55,8 +55,8 @@ pub(crate) async fn serve(
             _ = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
-                let tcp = match accepted {
-                    Ok((tcp, _)) => tcp,
+                let (tcp, client) = match accepted {
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
                         warn!(error = %e, "accept failed");
@@ -74,8 +74,10 @@ pub(crate) async fn serve(
                     continue;
                 };
                 let _ = tcp.set_nodelay(true);
+                let local = tcp.local_addr().unwrap_or(client);
                 connections.spawn(serve_connection(
                     tcp,
+                    ClientAddr { peer: client, local },
                     router.clone(),
                     stop_rx.clone(),
                     limits.clone(),
@@ -99,8 +101,16 @@ pub(crate) async fn serve(
     }
 }
 
+/// Both ends of a request's connection (a request extension).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClientAddr {
+    pub peer: std::net::SocketAddr,
+    pub local: std::net::SocketAddr,
+}
+
 async fn serve_connection(
     tcp: tokio::net::TcpStream,
+    client: ClientAddr,
     router: Router,
     mut stop: tokio::sync::watch::Receiver<bool>,
     limits: Limits,
@@ -112,6 +122,7 @@ async fn serve_connection(
     let service = hyper::service::service_fn(
         move |mut req: http::Request<hyper::body::Incoming>| {
             req.extensions_mut().insert(sink.clone());
+            req.extensions_mut().insert(client);
             let req = req.map(axum::body::Body::new);
             let router = router.clone();
             async move { Ok::<_, Infallible>(router.oneshot(req).await.unwrap_or_else(|e| match e {})) }

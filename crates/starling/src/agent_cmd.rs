@@ -101,6 +101,10 @@ pub struct AgentArgs {
     /// pullers such as stargz-snapshotter, which read only parts of layers).
     #[arg(long, env = "STARLING_NO_PREFETCH")]
     no_prefetch: bool,
+    /// Answer `/v2` requests from other hosts even when this agent holds registry
+    /// credentials (by default only local clients get private content).
+    #[arg(long, env = "STARLING_MIRROR_REMOTE_CLIENTS")]
+    mirror_remote_clients: bool,
     /// Registry connections a swarm source may use for one large blob (one per 256 MiB,
     /// up to this; default 4), each fetching a disjoint Range slice.
     #[arg(long, env = "STARLING_REGISTRY_STREAMS")]
@@ -245,6 +249,9 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     }
     if a.no_prefetch {
         cfg.prefetch_layers = false;
+    }
+    if a.mirror_remote_clients {
+        cfg.mirror_remote_clients = true;
     }
     if let Some(v) = a.registry_streams {
         cfg.registry_streams = v;

@@ -386,3 +386,151 @@ async fn print_config_and_logs_never_show_secrets() {
         }
     }
 }
+
+/// A network namespace joined to this host by a veth pair: "another host" for the
+/// agent, without leaving the machine. Removed on drop.
+struct OtherHost {
+    ns: String,
+    host_if: String,
+    host_ip: String,
+}
+
+impl OtherHost {
+    fn create() -> OtherHost {
+        let id = std::process::id() % 10_000;
+        let ns = format!("stl-other-{id}");
+        let (host_if, peer_if) = (format!("stlh{id}"), format!("stlp{id}"));
+        let net = format!("10.231.{}", id % 250);
+        let (host_ip, peer_ip) = (format!("{net}.1"), format!("{net}.2"));
+        let h = OtherHost {
+            ns: ns.clone(),
+            host_if: host_if.clone(),
+            host_ip: host_ip.clone(),
+        };
+        for cmd in [
+            format!("ip netns add {ns}"),
+            format!("ip link add {host_if} type veth peer name {peer_if}"),
+            format!("ip link set {peer_if} netns {ns}"),
+            format!("ip addr add {host_ip}/30 dev {host_if}"),
+            format!("ip link set {host_if} up"),
+            format!("ip -n {ns} addr add {peer_ip}/30 dev {peer_if}"),
+            format!("ip -n {ns} link set {peer_if} up"),
+            format!("ip -n {ns} link set lo up"),
+        ] {
+            let st = std::process::Command::new("sh")
+                .args(["-c", &cmd])
+                .status()
+                .expect("run ip");
+            assert!(
+                st.success(),
+                "{cmd} failed (the test needs root for network namespaces)"
+            );
+        }
+        h
+    }
+
+    /// The HTTP status `url` answers to a client inside the other host.
+    fn status(&self, url: &str) -> String {
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns,
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-m",
+                "5",
+            ])
+            .args(["-w", "%{http_code}", url])
+            .output()
+            .expect("curl in the namespace");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for OtherHost {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.ns])
+            .status();
+    }
+}
+
+/// Issue 12, tenancy (finding 5): content the agent fetched with its registry
+/// credentials is served over `/v2` to this node's own clients only; another host
+/// that reaches the mirror port gets 403, unless the operator opted in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_credentialed_mirror_serves_private_content_to_local_clients_only() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = tokio::task::spawn_blocking(|| {
+        Registry::start(RegistryAuth::htpasswd("puller", "tenant-Pw6"))
+    })
+    .await
+    .expect("registry");
+    let img = TestImage::push_multilayer(&registry, "priv/img", "v1", &[64 << 10], 33)
+        .expect("push image");
+    let other = OtherHost::create();
+    let start = |name: &'static str, extra: &'static [&'static str]| {
+        let port = testkit::free_port();
+        let cache = dir.path().join(name);
+        let mut a = args(&[
+            "agent",
+            "--listen",
+            &format!("0.0.0.0:{port}"),
+            "--cache-dir",
+            &cache.display().to_string(),
+            "--default-registry",
+            &registry.host(),
+            "--registry-endpoint",
+            &format!("{}={}", registry.host(), registry.url()),
+            "--registry-credentials",
+            &format!("{}=puller:tenant-Pw6", registry.host()),
+            "--min-free",
+            "0",
+        ]);
+        a.extend(args(extra));
+        start_with_env(a, &[], port, dir.path().join(format!("{name}.log")), cache)
+    };
+    let agent = start("n-private", &[]).await;
+    let blob = format!("/v2/priv/img/blobs/{}", img.layers[0].digest);
+    // The node's own clients: loopback and the node's address.
+    let r = reqwest::get(format!("{}{blob}", agent.url()))
+        .await
+        .expect("local blob");
+    assert_eq!(r.status(), 200, "a local client gets the private blob");
+    let via_node_ip = format!("http://{}:{}{blob}", other.host_ip, agent.port);
+    let r = reqwest::get(&via_node_ip).await.expect("node-address blob");
+    assert_eq!(r.status(), 200, "this host through its own address");
+    // Another host: refused, although the blob is in the cache.
+    assert_eq!(
+        other.status(&via_node_ip),
+        "403",
+        "another host read a private blob"
+    );
+    let manifest_url = format!(
+        "http://{}:{}/v2/priv/img/manifests/v1",
+        other.host_ip, agent.port
+    );
+    assert_eq!(
+        other.status(&manifest_url),
+        "403",
+        "another host read a private manifest"
+    );
+    // The explicit opt-in serves it.
+    let open = start("n-open", &["--mirror-remote-clients"]).await;
+    let r = reqwest::get(format!("{}{blob}", open.url()))
+        .await
+        .expect("local blob");
+    assert_eq!(r.status(), 200);
+    let open_url = format!("http://{}:{}{blob}", other.host_ip, open.port);
+    assert_eq!(
+        other.status(&open_url),
+        "200",
+        "--mirror-remote-clients serves other hosts"
+    );
+}
