@@ -355,10 +355,6 @@ impl Plan {
         }
     }
 
-    fn multipart_header(boundary: &str, r: &ByteRange, total: u64) -> String {
-        format!("\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\nContent-Range: {}\r\n\r\n", r.content_range(total))
-    }
-
     fn parts(&self, total: u64) -> Vec<Part> {
         match self {
             Plan::Full => vec![Part::Range(ByteRange {
@@ -370,15 +366,13 @@ impl Plan {
             .collect(),
             Plan::Single(r) => vec![Part::Range(*r)],
             Plan::Multi { ranges, boundary } => {
-                let mut v = Vec::new();
-                for r in ranges {
-                    v.push(Part::Text(Bytes::from(Self::multipart_header(
-                        boundary, r, total,
-                    ))));
-                    v.push(Part::Range(*r));
-                }
-                v.push(Part::Text(Bytes::from(format!("\r\n--{boundary}--\r\n"))));
-                v
+                oci::range::multipart_byteranges(ranges, total, boundary)
+                    .into_iter()
+                    .map(|p| match p {
+                        oci::range::MultipartPiece::Framing(t) => Part::Text(Bytes::from(t)),
+                        oci::range::MultipartPiece::Range(r) => Part::Range(r),
+                    })
+                    .collect()
             }
         }
     }
@@ -407,7 +401,7 @@ impl Plan {
                 .header(header::CONTENT_RANGE, r.content_range(total)),
             Plan::Multi { boundary, .. } => b.header(
                 header::CONTENT_TYPE,
-                HeaderValue::from_str(&format!("multipart/byteranges; boundary={boundary}"))
+                HeaderValue::from_str(&oci::range::multipart_content_type(boundary))
                     .unwrap_or(HeaderValue::from_static("multipart/byteranges")),
             ),
         };

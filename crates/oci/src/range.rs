@@ -54,6 +54,59 @@ impl ByteRange {
     }
 }
 
+/// A piece of a `multipart/byteranges` body (RFC 9110 §14.6): framing text, or the
+/// bytes of one range of the blob, which the server sends from wherever it keeps them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MultipartPiece {
+    Framing(String),
+    Range(ByteRange),
+}
+
+impl MultipartPiece {
+    pub fn len(&self) -> u64 {
+        match self {
+            MultipartPiece::Framing(t) => t.len() as u64,
+            MultipartPiece::Range(r) => r.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Longest boundary used (RFC 2046 §5.1.1 allows 70): with three 20-digit numbers a
+/// part's framing is 133 bytes plus the boundary, so this keeps every part within
+/// [`MULTIPART_PART_OVERHEAD`], which [`resolve`] budgets.
+pub const MAX_BOUNDARY: usize = 56;
+
+/// The `Content-Type` of a multipart answer with `boundary`.
+pub fn multipart_content_type(boundary: &str) -> String {
+    format!("multipart/byteranges; boundary={boundary}")
+}
+
+/// The body of a multipart answer: for each range a boundary line, its headers and its
+/// bytes, then the closing boundary. The one framing both servers (the agent and
+/// `serve-oci`) use. `boundary` is cut to [`MAX_BOUNDARY`].
+pub fn multipart_byteranges(
+    ranges: &[ByteRange],
+    total: u64,
+    boundary: &str,
+) -> Vec<MultipartPiece> {
+    let boundary = &boundary[..boundary.len().min(MAX_BOUNDARY)];
+    let mut out = Vec::with_capacity(ranges.len() * 2 + 1);
+    for (i, r) in ranges.iter().enumerate() {
+        let lead = if i == 0 { "" } else { "\r\n" };
+        out.push(MultipartPiece::Framing(format!(
+            "{lead}--{boundary}\r\nContent-Type: application/octet-stream\r\nContent-Range: {}\r\n\r\n",
+            r.content_range(total)
+        )));
+        out.push(MultipartPiece::Range(*r));
+    }
+    out.push(MultipartPiece::Framing(format!("\r\n--{boundary}--\r\n")));
+    out
+}
+
 /// Parses the header value. Anything that is not `bytes=` with well-formed specs is an
 /// error (the mirror answers 400 rather than silently ignoring a Range it cannot read),
 /// and so are more than [`MAX_RANGE_SPECS`] specs.
@@ -171,6 +224,38 @@ pub fn resolve(specs: &[RangeSpec], total: u64) -> Vec<ByteRange> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn multipart_framing_is_exact_and_within_the_budgeted_overhead() {
+        let total = u64::MAX / 2;
+        let ranges = [
+            ByteRange { start: 0, end: 9 },
+            ByteRange {
+                start: total - 10,
+                end: total - 1,
+            },
+        ];
+        let boundary = "b".repeat(100);
+        let pieces = multipart_byteranges(&ranges, total, &boundary);
+        assert_eq!(pieces.len(), 5);
+        let mut body = String::new();
+        for p in &pieces {
+            match p {
+                MultipartPiece::Framing(t) => {
+                    assert!(t.len() as u64 <= MULTIPART_PART_OVERHEAD);
+                    body.push_str(t);
+                }
+                MultipartPiece::Range(r) => body.push_str(&"x".repeat(r.len() as usize)),
+            }
+        }
+        let b = &boundary[..MAX_BOUNDARY];
+        assert!(body.starts_with(&format!("--{b}\r\n")));
+        assert!(body.ends_with(&format!("\r\n--{b}--\r\n")));
+        assert_eq!(body.matches(&format!("--{b}\r\n")).count(), 2);
+        let len: u64 = pieces.iter().map(MultipartPiece::len).sum();
+        assert_eq!(len, body.len() as u64);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -647,7 +647,7 @@ async fn blob(
             let h = base.headers_mut();
             h.insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_str(&format!("multipart/byteranges; boundary={boundary}"))
+                HeaderValue::from_str(&oci::range::multipart_content_type(&boundary))
                     .unwrap_or(HeaderValue::from_static("multipart/byteranges")),
             );
             h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
@@ -680,23 +680,18 @@ enum Part {
     File(ByteRange),
 }
 
-/// The pieces of a `multipart/byteranges` body and its exact length.
+/// The pieces of a `multipart/byteranges` body (the framing shared with the agent)
+/// and its exact length.
 fn multipart_parts(ranges: &[ByteRange], total: u64, boundary: &str) -> (Vec<Part>, u64) {
-    let mut parts = Vec::new();
-    let mut len = 0u64;
-    for (i, r) in ranges.iter().enumerate() {
-        let lead = if i == 0 { "" } else { "\r\n" };
-        let head = format!(
-            "{lead}--{boundary}\r\nContent-Type: application/octet-stream\r\nContent-Range: {}\r\n\r\n",
-            r.content_range(total)
-        );
-        len += head.len() as u64 + r.len();
-        parts.push(Part::Bytes(Bytes::from(head)));
-        parts.push(Part::File(*r));
-    }
-    let tail = format!("\r\n--{boundary}--\r\n");
-    len += tail.len() as u64;
-    parts.push(Part::Bytes(Bytes::from(tail)));
+    let pieces = oci::range::multipart_byteranges(ranges, total, boundary);
+    let len = pieces.iter().map(oci::range::MultipartPiece::len).sum();
+    let parts = pieces
+        .into_iter()
+        .map(|p| match p {
+            oci::range::MultipartPiece::Framing(t) => Part::Bytes(Bytes::from(t)),
+            oci::range::MultipartPiece::Range(r) => Part::File(r),
+        })
+        .collect();
     (parts, len)
 }
 
