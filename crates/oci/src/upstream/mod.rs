@@ -4,8 +4,12 @@
 //! TLS with the system trust store plus per-registry settings ([`tls`]).
 
 pub mod auth;
+mod authorize;
+mod blob;
 pub mod policy;
 pub mod tls;
+
+pub use blob::parse_content_range;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -484,126 +488,6 @@ impl Upstream {
         Ok(Bytes::from(buf))
     }
 
-    /// `HEAD` a blob: its size, or the upstream's error.
-    pub async fn head_blob(
-        &self,
-        registry: &str,
-        repo: &str,
-        digest: &Digest,
-    ) -> Result<u64, Error> {
-        let path = format!("/v2/{repo}/blobs/{digest}");
-        let resp = self
-            .request(Method::HEAD, registry, repo, &path, HeaderMap::new(), None)
-            .await?;
-        let resp = self.check_status(registry, resp).await?;
-        content_length(resp.headers())
-            .ok_or_else(|| transport(registry, "blob HEAD without Content-Length"))
-    }
-
-    /// Streams a blob from `start` (to the end). A connection lost or stalled mid-body is
-    /// resumed with `Range: bytes=<offset>-` up to `max_attempts` times; the caller sees
-    /// one uninterrupted stream or an error, never a silent gap.
-    pub async fn get_blob(
-        &self,
-        registry: &str,
-        repo: &str,
-        digest: &Digest,
-        start: u64,
-    ) -> Result<BlobResponse, Error> {
-        self.get_blob_range(registry, repo, digest, start, None)
-            .await
-    }
-
-    /// Streams bytes `[start, end)` of a blob (`end = None`: to the end), asking the
-    /// registry for exactly that range, so a reader that needs a slice does not make
-    /// the registry send the rest of the blob. Resumed like [`Upstream::get_blob`].
-    pub async fn get_blob_range(
-        &self,
-        registry: &str,
-        repo: &str,
-        digest: &Digest,
-        start: u64,
-        end: Option<u64>,
-    ) -> Result<BlobResponse, Error> {
-        if end.is_some_and(|e| e <= start) {
-            return Err(Error::RangeInvalid(format!(
-                "empty range {start}..{}",
-                end.unwrap_or(start)
-            )));
-        }
-        let (total, resp) = self.open_blob(registry, repo, digest, start, end).await?;
-        let state = ResumeState {
-            end,
-            upstream: self.clone(),
-            registry: registry.to_owned(),
-            repo: repo.to_owned(),
-            digest: digest.clone(),
-            offset: start,
-            total,
-            body: Some(Box::pin(resp.bytes_stream())),
-            resumes: 0,
-            done: false,
-        };
-        let stream = futures::stream::unfold(state, |mut st| async move {
-            let item = st.next_chunk().await?;
-            Some((item, st))
-        });
-        Ok(BlobResponse {
-            total,
-            start,
-            stream: Box::pin(stream),
-        })
-    }
-
-    async fn open_blob(
-        &self,
-        registry: &str,
-        repo: &str,
-        digest: &Digest,
-        start: u64,
-        end: Option<u64>,
-    ) -> Result<(Option<u64>, reqwest::Response), Error> {
-        let path = format!("/v2/{repo}/blobs/{digest}");
-        let mut headers = HeaderMap::new();
-        match end {
-            Some(end) => {
-                let last = end - 1;
-                headers.insert(http::header::RANGE, hv(&format!("bytes={start}-{last}")));
-            }
-            None if start > 0 => {
-                headers.insert(http::header::RANGE, hv(&format!("bytes={start}-")));
-            }
-            None => {}
-        }
-        let resp = self
-            .request(Method::GET, registry, repo, &path, headers, None)
-            .await?;
-        let resp = self.check_status(registry, resp).await?;
-        let status = resp.status();
-        let total = if status == StatusCode::PARTIAL_CONTENT {
-            let cr = resp
-                .headers()
-                .get(http::header::CONTENT_RANGE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            let (first, total) = parse_content_range(cr)
-                .ok_or_else(|| transport(registry, format!("bad Content-Range {cr:.80}")))?;
-            if first != start {
-                return Err(transport(
-                    registry,
-                    format!("asked for offset {start}, got {first}"),
-                ));
-            }
-            total
-        } else if start > 0 {
-            // Range ignored: the caller asked for a suffix and got the whole blob.
-            return Err(transport(registry, "upstream ignored Range on resume"));
-        } else {
-            content_length(resp.headers())
-        };
-        Ok((total, resp))
-    }
-
     /// Passes a GET through (tags/list, referrers): status, selected headers and body.
     pub async fn get_passthrough(
         &self,
@@ -691,123 +575,6 @@ impl Upstream {
         }
     }
 
-    fn auth_header(&self, registry: &str, scope: &str) -> Option<String> {
-        if let Some(t) = self.inner.tokens.get(registry, scope) {
-            return Some(format!("Bearer {t}"));
-        }
-        if self
-            .inner
-            .basic
-            .lock()
-            .get(registry)
-            .copied()
-            .unwrap_or(false)
-        {
-            return self
-                .inner
-                .credentials
-                .get(registry)
-                .map(Credentials::basic_header);
-        }
-        None
-    }
-
-    async fn answer_challenge(
-        &self,
-        registry: &str,
-        scope: &str,
-        challenge: Challenge,
-    ) -> Result<(), Error> {
-        let auth_err = |m: String| Error::Auth {
-            registry: registry.to_owned(),
-            message: m,
-        };
-        match challenge {
-            Challenge::Basic => {
-                if !self.inner.credentials.contains_key(registry) {
-                    return Err(auth_err(
-                        "registry requires Basic credentials and none are configured".into(),
-                    ));
-                }
-                self.inner.basic.lock().insert(registry.to_owned(), true);
-                Ok(())
-            }
-            Challenge::Bearer {
-                realm,
-                service,
-                scope: challenge_scope,
-            } => {
-                self.inner.tokens.invalidate(registry, scope);
-                let mut url = url::Url::parse(&realm)
-                    .map_err(|e| auth_err(format!("bad token realm {realm:.100}: {e}")))?;
-                let loopback_realm = policy::internal_host(&url).is_some_and(|h| {
-                    h == "localhost"
-                        || h.ends_with(".localhost")
-                        || h.parse::<std::net::IpAddr>()
-                            .is_ok_and(|ip| ip.is_loopback())
-                });
-                if !(loopback_realm && self.is_local_configured(registry)) {
-                    self.check_destination(registry, &url)?;
-                }
-                {
-                    let mut q = url.query_pairs_mut();
-                    if let Some(s) = &service {
-                        q.append_pair("service", s);
-                    }
-                    q.append_pair("scope", challenge_scope.as_deref().unwrap_or(scope));
-                }
-                let mut req = self.client_for(registry, &url).get(url.as_str());
-                if let Some(c) = self.inner.credentials.get(registry) {
-                    req = req.header(http::header::AUTHORIZATION, c.basic_header());
-                }
-                let resp = tokio::time::timeout(self.inner.cfg.response_timeout, req.send())
-                    .await
-                    .map_err(|_| Error::Timeout {
-                        registry: registry.to_owned(),
-                        message: "token endpoint".into(),
-                    })?
-                    .map_err(|e| self.send_error(registry, &url, e))?;
-                let status = resp.status();
-                if !status.is_success() {
-                    return Err(auth_err(format!("token endpoint answered {status}")));
-                }
-                // Bounded in size and in time: an endless reply must not hold the
-                // request (and its memory) forever.
-                let body = tokio::time::timeout(
-                    self.inner.cfg.response_timeout,
-                    self.read_body(registry, resp, MAX_TOKEN_REPLY),
-                )
-                .await
-                .map_err(|_| Error::Timeout {
-                    registry: registry.to_owned(),
-                    message: "token endpoint reply".into(),
-                })?
-                .map_err(|e| match e {
-                    Error::TooLarge { limit, .. } => {
-                        auth_err(format!("token reply larger than {limit} bytes"))
-                    }
-                    other => other,
-                })?;
-                let reply: TokenReply = serde_json::from_slice(&body)
-                    .map_err(|e| auth_err(format!("token reply: {e}")))?;
-                let token = reply
-                    .token
-                    .or(reply.access_token)
-                    .ok_or_else(|| auth_err("token reply without token".into()))?;
-                self.inner.tokens.put(
-                    registry,
-                    scope,
-                    token,
-                    reply
-                        .expires_in
-                        .unwrap_or(DEFAULT_TOKEN_SECONDS)
-                        .min(MAX_TOKEN_SECONDS),
-                );
-                Ok(())
-            }
-        }
-    }
-
     /// Follows up to 5 redirects by hand so `Authorization` is sent only to the origin
     /// it belongs to (S3 and CDNs reject requests that carry a registry token).
     async fn send_following_redirects(
@@ -882,91 +649,6 @@ fn log_registry_tls(registry: &str, base: &str, hosts: &BTreeSet<String>, t: &Re
     );
 }
 
-struct ResumeState {
-    /// Where the stream stops (exclusive); `None`: the end of the blob.
-    end: Option<u64>,
-    upstream: Upstream,
-    registry: String,
-    repo: String,
-    digest: Digest,
-    offset: u64,
-    total: Option<u64>,
-    body: Option<Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>>,
-    resumes: u32,
-    done: bool,
-}
-
-impl ResumeState {
-    async fn next_chunk(&mut self) -> Option<Result<Bytes, Error>> {
-        if self.done {
-            return None;
-        }
-        loop {
-            let stall = self.upstream.inner.cfg.stall_timeout;
-            if self.end.is_some_and(|e| self.offset >= e) {
-                self.done = true;
-                return None;
-            }
-            let failure = match &mut self.body {
-                Some(body) => match tokio::time::timeout(stall, body.next()).await {
-                    Ok(Some(Ok(mut chunk))) => {
-                        // A registry that ignored the range's end sends more: cut it.
-                        if let Some(e) = self.end {
-                            chunk.truncate(chunk.len().min((e - self.offset) as usize));
-                        }
-                        self.offset += chunk.len() as u64;
-                        return Some(Ok(chunk));
-                    }
-                    Ok(None) => match self.end.or(self.total) {
-                        Some(t) if self.offset < t => {
-                            format!("connection closed at {} of {t} bytes", self.offset)
-                        }
-                        _ => {
-                            self.done = true;
-                            return None;
-                        }
-                    },
-                    Ok(Some(Err(e))) => e.to_string(),
-                    Err(_) => format!("no data for {stall:?}"),
-                },
-                None => "reopening".to_owned(),
-            };
-            self.body = None;
-            if self.resumes >= self.upstream.inner.cfg.max_attempts.max(1) * 2 {
-                self.done = true;
-                return Some(Err(transport(
-                    &self.registry,
-                    format!("{failure}; gave up after {} resumes", self.resumes),
-                )));
-            }
-            self.resumes += 1;
-            warn!(registry = %self.registry, digest = %self.digest, offset = self.offset, reason = %failure, "upstream blob stream broke; resuming with Range");
-            match self
-                .upstream
-                .open_blob(
-                    &self.registry,
-                    &self.repo,
-                    &self.digest,
-                    self.offset,
-                    self.end,
-                )
-                .await
-            {
-                Ok((total, resp)) => {
-                    if self.total.is_none() {
-                        self.total = total;
-                    }
-                    self.body = Some(Box::pin(resp.bytes_stream()));
-                }
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-            }
-        }
-    }
-}
-
 fn backoff(attempt: u32) -> Duration {
     let base = 100u64 << attempt.min(6);
     Duration::from_millis(base + rand::random::<u64>() % base)
@@ -991,30 +673,6 @@ fn content_length(h: &HeaderMap) -> Option<u64> {
 fn retry_after(h: &HeaderMap) -> Option<Duration> {
     let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?;
     v.trim().parse::<u64>().ok().map(Duration::from_secs)
-}
-
-/// `bytes first-last/complete` → (first, complete), `complete` being `None` for `*`.
-/// Only a valid `Content-Range` (RFC 9110 §14.4: digits, `first ≤ last < complete`)
-/// is taken: the body of an invalid one must not be recombined with a partial file.
-pub fn parse_content_range(v: &str) -> Option<(u64, Option<u64>)> {
-    let num = |s: &str| -> Option<u64> {
-        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        s.parse().ok()
-    };
-    let rest = v.trim().strip_prefix("bytes ")?;
-    let (range, total) = rest.split_once('/')?;
-    let (first, last) = range.split_once('-')?;
-    let (first, last) = (num(first)?, num(last)?);
-    if last < first {
-        return None;
-    }
-    let total = match total {
-        "*" => None,
-        t => Some(num(t).filter(|&t| t > last)?),
-    };
-    Some((first, total))
 }
 
 impl Upstream {
