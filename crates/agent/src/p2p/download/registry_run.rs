@@ -1,0 +1,159 @@
+//! The elected source's registry runs: which stretches of the blob nobody gives (or
+//! everything, as the source), split over several connections as disjoint Range
+//! slices; their bytes written into pieces, hashed as they pass and announced.
+
+use super::*;
+
+impl Download {
+    /// The next run of consecutive pieces to fetch from the registry (see
+    /// `PieceScheduler::registry_run`): nothing being received or awaiting its hash.
+    pub(super) fn next_registry_run(&self, everything: bool) -> Option<(u32, u32)> {
+        let inflight = self.w.inflight();
+        self.sched.registry_run(everything, |i| {
+            self.unverified.contains_key(&i) || inflight.is_receiving(i)
+        })
+    }
+
+    /// Pieces `[a, b)` cut into the slices fetched over separate registry
+    /// connections (`swarm::pieces::registry_streams_for`).
+    pub(super) fn plan_runs(&self, a: u32, b: u32) -> Vec<(u32, u32)> {
+        let bytes = self.layout.range(b - 1).1 - self.layout.range(a).0;
+        let k = swarm::pieces::registry_streams_for(bytes, self.registry_streams)
+            .min(b - a)
+            .max(1);
+        let per = (b - a).div_ceil(k);
+        (0..k)
+            .map(|i| (a + i * per, (a + (i + 1) * per).min(b)))
+            .filter(|(x, y)| x < y)
+            .collect()
+    }
+
+    pub(super) async fn begin_run(
+        &mut self,
+        first: u32,
+        end: u32,
+        stream: Option<oci::upstream::ByteStream>,
+    ) {
+        let start = self.layout.range(first).0;
+        let stop = self.layout.range(end - 1).1;
+        let stream = match stream {
+            Some(s) => s,
+            None => {
+                // Exactly the run's bytes: the registry sends no more than needed.
+                let bounded = (stop < self.layout.blob_size).then_some(stop);
+                match self
+                    .agent
+                    .upstream
+                    .get_blob_range(&self.registry, &self.repo, &self.d, start, bounded)
+                    .await
+                {
+                    Ok(r) => r.stream,
+                    Err(e) => {
+                        warn!(digest = %self.d, error = %e, "cannot start a registry run; retrying shortly");
+                        self.registry_retry_at = Some(Instant::now() + Duration::from_millis(500));
+                        return;
+                    }
+                }
+            }
+        };
+        let id = match self.w.start_run(first, end) {
+            Ok(id) => id,
+            Err(e) => {
+                warn!(digest = %self.d, error = %e, "cannot start a registry run");
+                return;
+            }
+        };
+        for i in first..end {
+            self.sched.claim(i);
+        }
+        let (stream, stop_handle) = futures::stream::abortable(stream);
+        let tagged = stream
+            .map(move |c| (id, Some(c)))
+            .chain(futures::stream::once(async move { (id, None) }));
+        self.streams.push(Box::pin(tagged));
+        self.runs.insert(
+            id,
+            RegistryRun {
+                first,
+                end,
+                left: stop - start,
+                stop: stop_handle,
+            },
+        );
+        // A new registry fetcher: say so at once, so the tracker keeps the election.
+        self.spawn_announce(false);
+    }
+
+    pub(super) async fn on_registry_chunk(
+        &mut self,
+        id: u32,
+        chunk: Option<Result<bytes::Bytes, oci::Error>>,
+    ) -> Result<(), store::Error> {
+        let Some(left) = self.runs.get(&id).map(|r| r.left) else {
+            // A run already finished or aborted: its stream's last words.
+            return Ok(());
+        };
+        match chunk {
+            Some(Ok(mut chunk)) => {
+                chunk.truncate(chunk.len().min(left as usize));
+                let n = chunk.len() as u64;
+                // Registry bytes first on this node's link: they are new to the whole
+                // swarm, which waits for them, while peer bytes are copies that other
+                // holders can send later.
+                if let Some(l) = &self.p2p.download {
+                    l.acquire_high(n).await;
+                }
+                if let Some(l) = &self.limit {
+                    l.acquire(n).await;
+                }
+                self.agent.metrics.upstream_bytes.inc_by(n);
+                self.p2p.metrics.registry_bytes.inc_by(n);
+                self.registry_bytes += n;
+                let out = self.w.write_run(id, chunk).await?;
+                self.on_registry_pieces(out.held);
+                if let Some(r) = self.runs.get_mut(&id) {
+                    r.left -= n;
+                }
+                if self.w.run_position(id).is_none() {
+                    // Done: stop reading (a stream opened unbounded may go on).
+                    if let Some(r) = self.runs.remove(&id) {
+                        r.stop.abort();
+                    }
+                }
+                Ok(())
+            }
+            Some(Err(e)) => {
+                warn!(digest = %self.d, error = %e, "registry run ended early; pieces will be retried");
+                self.end_run(id).await
+            }
+            None => {
+                warn!(digest = %self.d, "registry stream ended early; pieces will be retried");
+                self.end_run(id).await
+            }
+        }
+    }
+
+    pub(super) async fn end_run(&mut self, id: u32) -> Result<(), store::Error> {
+        let held = self.w.abort_run(id).await?;
+        self.on_registry_pieces(held);
+        if let Some(run) = self.runs.remove(&id) {
+            run.stop.abort();
+            for i in run.first..run.end {
+                self.sched.unclaim(i);
+            }
+        }
+        self.registry_retry_at = Some(Instant::now() + Duration::from_millis(200));
+        Ok(())
+    }
+
+    pub(super) fn on_registry_pieces(&mut self, held: Vec<(u32, PieceHash)>) {
+        let now = self.now_ms();
+        for (i, h) in held {
+            self.sched.on_done(i, REGISTRY, now);
+            if let Some(slot) = self.hashes.get_mut(i as usize) {
+                *slot = Some(h);
+            }
+            self.publish.insert(i, h.to_hex());
+        }
+    }
+}
