@@ -6,9 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
 use cluster::inventory::{BlobHolding, BlobRef, Download, ImageRecord, Pin, SourceBytes};
 use cluster::prewarm::NodeUpdate;
 use cluster::{Assignment, NodeReport};
+use http::{header, HeaderMap, StatusCode};
 use oci::{Digest, ImageReference, Manifest, ManifestRef};
 use tracing::{debug, info, warn};
 
@@ -19,7 +22,8 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Unix seconds of the last warning about a refused report (0: none yet).
 static LAST_REFUSAL_WARNING: AtomicU64 = AtomicU64::new(0);
 
-/// Largest body of collected assignments read (a job of ~50k blobs).
+/// Largest prewarm assignment body taken (a job of ~50k blobs); checked after the
+/// token, so only the tracker can make the agent read this much.
 const MAX_ASSIGNMENT_BYTES: usize = 8 << 20;
 
 /// Clock difference between tracker and agent tolerated when checking an assignment's
@@ -510,136 +514,60 @@ fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), Error> {
     Ok(())
 }
 
-/// Most assignments taken from one collection; the tracker keeps at most 64 per node.
-const MAX_ASSIGNMENTS_PER_POLL: usize = 64;
-
-/// How often the agent asks the tracker for prewarm assignments.
-const ASSIGNMENT_POLL: Duration = Duration::from_secs(1);
-
-impl Agent {
-    /// Collects this node's prewarm assignments from the tracker every second. The
-    /// agent has no inbound cluster API: the tracker never connects to it, so no
-    /// credential ever travels to an address taken from a report.
-    pub(crate) fn spawn_assignment_poller(&self) {
-        if self.p2p.is_none() {
-            return;
-        }
-        let agent = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(ASSIGNMENT_POLL);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match agent.collect_assignments().await {
-                    Ok(list) => {
-                        for a in list {
-                            agent.accept_assignment(a).await;
-                        }
-                    }
-                    Err(e) => debug!(error = %e, "cannot collect prewarm assignments"),
-                }
-            }
-        });
+/// `POST /api/v1/prewarm` on the agent: the tracker hands over an assignment. The
+/// token is checked before a byte of the body is read.
+pub(crate) async fn prewarm_handler(State(agent): State<Agent>, req: Request) -> Response {
+    let Some(p2p) = &agent.p2p else {
+        return (StatusCode::CONFLICT, "agent has no tracker").into_response();
+    };
+    let headers: &HeaderMap = req.headers();
+    if !p2p.token_ok(
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    ) {
+        return (StatusCode::UNAUTHORIZED, "missing or wrong cluster token").into_response();
     }
-
-    async fn collect_assignments(&self) -> Result<Vec<Assignment>, Error> {
-        let Some(p2p) = &self.p2p else {
-            return Ok(Vec::new());
-        };
-        let url = format!(
-            "{}/api/v1/assignments/{}",
-            p2p.tracker_url(),
-            self.cfg.node_name
-        );
-        let r = p2p
-            .authed(p2p.http.get(url))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .map_err(|e| Error::Tracker {
-                message: format!("assignments: {e}"),
-            })?;
-        if !r.status().is_success() {
-            return Err(Error::Tracker {
-                message: format!("assignments: {}", r.status()),
-            });
-        }
-        let body = crate::read_bounded(r, MAX_ASSIGNMENT_BYTES).await?;
-        let list: Vec<Assignment> = serde_json::from_slice(&body).map_err(|e| Error::Tracker {
-            message: format!("assignments: {e}"),
-        })?;
-        if list.len() > MAX_ASSIGNMENTS_PER_POLL {
-            return Err(Error::Tracker {
-                message: format!(
-                    "{} assignments at once (at most {MAX_ASSIGNMENTS_PER_POLL})",
-                    list.len()
-                ),
-            });
-        }
-        Ok(list)
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("assignment larger than {MAX_ASSIGNMENT_BYTES} bytes"),
+        )
+            .into_response()
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_ASSIGNMENT_BYTES as u64) {
+        return too_large();
     }
-
-    /// Checks an assignment and starts it; a refused one is reported back as failed.
-    async fn accept_assignment(&self, a: Assignment) {
-        let refused = if a.node != self.cfg.node_name {
-            Some(format!(
-                "assignment for {}, this is {}",
-                a.node, self.cfg.node_name
-            ))
-        } else {
-            check_assignment_times(&a, unix_now())
-                .err()
-                .map(|e| e.to_string())
-        };
-        if let Some(why) = refused {
-            warn!(job = a.job_id, %why, "prewarm assignment refused");
-            self.prewarm_update(a.job_id, NodeUpdate::Failed { reason: why })
-                .await;
-            return;
+    let body = match axum::body::to_bytes(req.into_body(), MAX_ASSIGNMENT_BYTES).await {
+        Ok(b) => b,
+        Err(_) => return too_large(),
+    };
+    let a: Assignment = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            return (StatusCode::BAD_REQUEST, format!("invalid assignment: {e}")).into_response()
         }
-        info!(job = a.job_id, images = a.images.len(), bytes_per_sec = ?a.bytes_per_sec, seed = a.seed, "prewarm assignment accepted");
-        tokio::spawn(self.clone().run_assignment(a));
+    };
+    if let Err(why) = check_assignment_times(&a, unix_now()) {
+        warn!(job = a.job_id, %why, "prewarm assignment refused");
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("invalid assignment: {why}"),
+        )
+            .into_response();
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn assignment(pin_until: u64, deadline_at: Option<u64>) -> Assignment {
-        Assignment {
-            job_id: 7,
-            node: "n".into(),
-            images: Vec::new(),
-            blobs: Vec::new(),
-            bytes_per_sec: None,
-            pin_until,
-            deadline_at,
-            priority: 0,
-            seed: false,
-            into_runtime: false,
-        }
+    if a.node != agent.cfg.node_name {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("assignment for {}, this is {}", a.node, agent.cfg.node_name),
+        )
+            .into_response();
     }
-
-    /// A broken or forged tracker cannot make the agent pin content for decades or
-    /// overflow a deadline: the agent checks the maxima the tracker enforces itself.
-    #[test]
-    fn assignment_times_beyond_the_maxima_are_refused() {
-        let now = 1_800_000_000;
-        let year = 365 * 86_400;
-        for (what, a) in [
-            ("pin 95 years", assignment(now + 95 * year, None)),
-            ("pin u64::MAX", assignment(u64::MAX, None)),
-            ("deadline u64::MAX", assignment(now + 60, Some(u64::MAX))),
-            ("deadline 1 year", assignment(now + 60, Some(now + year))),
-        ] {
-            let e = check_assignment_times(&a, now).expect_err(what);
-            let text = e.to_string();
-            assert!(
-                text.contains("pin") || text.contains("deadline"),
-                "{what}: {text}"
-            );
-        }
-        assert!(check_assignment_times(&assignment(now + 3600, Some(now + 600)), now).is_ok());
-    }
+    info!(job = a.job_id, images = a.images.len(), bytes_per_sec = ?a.bytes_per_sec, seed = a.seed, "prewarm assignment accepted");
+    tokio::spawn(agent.clone().run_assignment(a));
+    StatusCode::ACCEPTED.into_response()
 }

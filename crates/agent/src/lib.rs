@@ -219,6 +219,10 @@ impl Agent {
             .route("/metrics", axum::routing::get(metrics_handler))
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/api/v1/cache", axum::routing::get(cache_handler))
+            .route(
+                "/api/v1/prewarm",
+                axum::routing::post(cluster::prewarm_handler),
+            )
             .route("/api/v1/report", axum::routing::get(report_handler))
             .fallback(registry_handler)
             .with_state(self.clone())
@@ -278,7 +282,6 @@ impl Agent {
         let agent = self.clone();
         tokio::spawn(async move { agent.apply_pins().await });
         self.spawn_reporter();
-        self.spawn_assignment_poller();
         if let Some(p2p) = self.p2p.clone() {
             let agent = self.clone();
             tokio::spawn(async move {

@@ -560,11 +560,12 @@ pub enum NodeUpdate {
     Failed { reason: String },
 }
 
-/// One instruction for a node, collected by its agent from the tracker.
+/// One instruction for the tracker to send to an agent.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
     pub job_id: u64,
     pub node: String,
+    pub agent_url: Option<String>,
     /// (reference, digest): fetch and pin by digest.
     pub images: Vec<(String, String)>,
     pub blobs: Vec<BlobRef>,

@@ -17,7 +17,7 @@ use http::StatusCode;
 use oci::{ImageReference, Manifest};
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// How long a registry answer (or its absence) is reused for a tag; digests are
 /// immutable and kept until the cache is cleared.
@@ -197,6 +197,72 @@ impl ImageCatalog for RegistryCatalog {
             }
         })
     }
+}
+
+/// Sends new prewarm assignments to their agents every second and ticks the state.
+pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>) {
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap_or_default();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if let Err(e) = state.tick() {
+                warn!(error = %e, "cluster tick failed");
+            }
+            let assignments = match state.next_assignments() {
+                Ok(a) => a,
+                Err(e) => {
+                    warn!(error = %e, "cannot plan prewarm assignments");
+                    continue;
+                }
+            };
+            for a in assignments {
+                let Some(url) = a.agent_url.clone() else {
+                    let _ = state.update_prewarm_node(
+                        a.job_id,
+                        &a.node,
+                        NodeUpdate::Failed {
+                            reason: "agent did not report its URL".into(),
+                        },
+                    );
+                    continue;
+                };
+                let mut req = http
+                    .post(format!("{}/api/v1/prewarm", url.trim_end_matches('/')))
+                    .json(&a)
+                    .timeout(Duration::from_secs(5));
+                if let Some(t) = &token {
+                    req = req.bearer_auth(t.as_ref());
+                }
+                match req.send().await {
+                    Ok(r) if r.status().is_success() => {
+                        info!(job = a.job_id, node = %a.node, seed = a.seed, "prewarm assignment sent")
+                    }
+                    Ok(r) => {
+                        let _ = state.update_prewarm_node(
+                            a.job_id,
+                            &a.node,
+                            NodeUpdate::Failed {
+                                reason: format!("agent refused the assignment: {}", r.status()),
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        let _ = state.update_prewarm_node(
+                            a.job_id,
+                            &a.node,
+                            NodeUpdate::Failed {
+                                reason: format!("agent unreachable: {e}"),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    });
 }
 
 pub async fn node_update(

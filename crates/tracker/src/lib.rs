@@ -4,7 +4,6 @@
 //! seed, so a restarted tracker is whole again within a second or two.
 #![forbid(unsafe_code)]
 
-pub mod assignments;
 pub mod cluster_glue;
 mod server;
 
@@ -113,8 +112,6 @@ pub struct Tracker {
     started: Instant,
     /// The cluster layer (inventory, prewarm, extender, dashboard), when enabled.
     pub cluster: Option<cluster::ClusterState>,
-    /// Prewarm assignments waiting for their nodes to collect them.
-    mailboxes: assignments::Mailboxes,
     limits: ServerLimits,
 }
 
@@ -142,7 +139,6 @@ impl Tracker {
             token: token.map(Into::into),
             started: Instant::now(),
             cluster: None,
-            mailboxes: assignments::Mailboxes::default(),
             limits: ServerLimits::default(),
         }
     }
@@ -168,18 +164,6 @@ impl Tracker {
             .route("/swarm/v1/seeding", axum::routing::post(seeding))
             .route("/swarm/v1/hashes", axum::routing::get(hashes))
             .layer(axum::middleware::from_fn_with_state(self.clone(), auth));
-        let protected = match &self.cluster {
-            Some(_) => protected.merge(
-                Router::new()
-                    .route(
-                        "/api/v1/assignments/{node}",
-                        axum::routing::get(assignments::collect),
-                    )
-                    .with_state(self.mailboxes.clone())
-                    .layer(axum::middleware::from_fn_with_state(self.clone(), auth)),
-            ),
-            None => protected,
-        };
         let mut router: Router = Router::new()
             .merge(protected)
             .route("/swarm/v1/swarms", axum::routing::get(swarms))
@@ -224,7 +208,7 @@ impl Tracker {
         tracing::info!(%addr, "tracker listening");
         self.spawn_expiry();
         if let Some(c) = &self.cluster {
-            assignments::spawn_planner(c.clone(), self.mailboxes.clone());
+            cluster_glue::spawn_dispatcher(c.clone(), self.token.clone());
         }
         let gauges = server::Gauges {
             refused: self.metrics.connections_refused.clone(),
