@@ -502,9 +502,29 @@ pub struct TrackerArgs {
         env = "STARLING_TRACKER_LISTEN"
     )]
     listen: SocketAddr,
-    /// Shared cluster secret agents must present.
+    /// Shared cluster secret agents must present (plain-HTTP mode only).
     #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
+    /// Cluster TLS: serve HTTPS with a certificate from the CA in DIR (`starling certs
+    /// init`), require client certificates and authorize by role; nodes join with
+    /// bootstrap tokens from this CA.
+    #[arg(long, value_name = "DIR", env = "STARLING_TRACKER_PKI", conflicts_with_all = ["cluster_token", "insecure_plain_http"])]
+    pki: Option<PathBuf>,
+    /// Extra DNS name or IP address for the tracker certificate (repeatable);
+    /// localhost, 127.0.0.1 and ::1 are always in it.
+    #[arg(long = "tls-san", value_name = "DNS|IP", value_delimiter = ',', env = "STARLING_TRACKER_TLS_SANS")]
+    tls_sans: Vec<String>,
+    /// The name in the tracker certificate's identity, starling:tracker:NAME.
+    #[arg(long, default_value = "tracker")]
+    tls_name: String,
+    /// Lifetime of node certificates issued at join and renewal (expiry is how a
+    /// removed node loses access).
+    #[arg(long, default_value = "24h", env = "STARLING_TRACKER_NODE_CERT_TTL")]
+    node_cert_ttl: humantime::Duration,
+    /// Serve plain HTTP without --pki (the default for now): unencrypted, nodes not
+    /// authenticated beyond --cluster-token. Says so in the log either way.
+    #[arg(long)]
+    insecure_plain_http: bool,
     /// Blobs below this size skip P2P.
     #[arg(long, default_value = "1MiB")]
     p2p_threshold: String,
@@ -728,9 +748,18 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
         shutdown_grace: a.shutdown_grace.into(),
         request_timeout: a.request_timeout.into(),
     };
-    let t = tracker::Tracker::new(cfg, a.cluster_token)
+    let mut t = tracker::Tracker::new(cfg, a.cluster_token)
         .with_cluster(state)
         .with_limits(limits);
+    if let Some(dir) = &a.pki {
+        let opts = tracker::TlsOptions {
+            sans: a.tls_sans.clone(),
+            name: a.tls_name.clone(),
+            node_cert_lifetime: a.node_cert_ttl.into(),
+            ..tracker::TlsOptions::new(dir)
+        };
+        t = t.with_tls(tracker::TrackerTls::load(&opts)?);
+    }
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("listening on {}", a.listen))?;

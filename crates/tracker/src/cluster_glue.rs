@@ -268,8 +268,14 @@ pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>) {
 pub async fn node_update(
     State(state): State<ClusterState>,
     Path((id, node)): Path<(u64, String)>,
+    me: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
     Json(update): Json<NodeUpdate>,
 ) -> Response {
+    // The access layer checked the path already; the decoded name is checked again here
+    // so that no spelling of the path gets a node past it.
+    if let Err(refused) = crate::access::check_node(me.as_deref(), &node) {
+        return refused;
+    }
     match state.update_prewarm_node(id, &node, update) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => (

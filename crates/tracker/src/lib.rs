@@ -4,10 +4,14 @@
 //! seed, so a restarted tracker is whole again within a second or two.
 #![forbid(unsafe_code)]
 
+mod access;
 pub mod cluster_glue;
 mod server;
+pub mod tls;
 
+pub use access::Caller;
 pub use server::ServerLimits;
+pub use tls::{CertResponse, JoinRequest, RenewRequest, TlsOptions, TrackerTls};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +37,11 @@ pub enum Error {
     Serve {
         addr: SocketAddr,
         source: std::io::Error,
+    },
+    #[error("cluster TLS: {what}: {source}")]
+    Pki {
+        what: &'static str,
+        source: pki::Error,
     },
 }
 
@@ -113,6 +122,9 @@ pub struct Tracker {
     /// The cluster layer (inventory, prewarm, extender, dashboard), when enabled.
     pub cluster: Option<cluster::ClusterState>,
     limits: ServerLimits,
+    /// Cluster TLS: HTTPS, client certificates and the role table instead of the
+    /// bearer token.
+    tls: Option<TrackerTls>,
 }
 
 /// A batch of complete blobs an agent seeds, re-sent every second.
@@ -140,7 +152,17 @@ impl Tracker {
             started: Instant::now(),
             cluster: None,
             limits: ServerLimits::default(),
+            tls: None,
         }
+    }
+
+    /// Serve HTTPS with the cluster certificate, require client certificates and apply
+    /// the role table ([`access`]). The bearer token, if any, is no longer checked: it
+    /// is the plain-HTTP mode's authentication.
+    pub fn with_tls(mut self, tls: TrackerTls) -> Self {
+        self.token = None;
+        self.tls = Some(tls);
+        self
     }
 
     pub fn with_limits(mut self, limits: ServerLimits) -> Self {
@@ -180,6 +202,16 @@ impl Tracker {
                     .with_state(c.clone()),
             );
         }
+        if let Some(tls) = &self.tls {
+            router = router
+                .merge(
+                    Router::new()
+                        .route("/certs/v1/join", axum::routing::post(tls::join))
+                        .route("/certs/v1/renew", axum::routing::post(tls::renew))
+                        .with_state(tls.clone()),
+                )
+                .layer(axum::middleware::from_fn(access::authorize));
+        }
         router.layer(axum::middleware::from_fn_with_state(self.clone(), observe))
     }
 
@@ -205,7 +237,17 @@ impl Tracker {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             source: e,
         })?;
-        tracing::info!(%addr, "tracker listening");
+        if self.tls.is_some() {
+            tracing::info!(%addr, "tracker listening (HTTPS, client certificates)");
+        } else {
+            // Loud on purpose: this mode is for tests and trusted lab networks.
+            tracing::warn!(
+                %addr,
+                "tracker listening on PLAIN HTTP: INSECURE. Traffic is unencrypted and nodes \
+                 are not authenticated (at most a shared bearer token); use --pki DIR for \
+                 cluster TLS"
+            );
+        }
         self.spawn_expiry();
         if let Some(c) = &self.cluster {
             cluster_glue::spawn_dispatcher(c.clone(), self.token.clone());
@@ -220,6 +262,7 @@ impl Tracker {
             shutdown,
             self.limits.clone(),
             gauges,
+            self.tls.clone(),
         )
         .await;
         Ok(())
@@ -293,7 +336,14 @@ async fn observe(State(t): State<Tracker>, req: Request, next: Next) -> Response
     resp
 }
 
-async fn announce(State(t): State<Tracker>, Json(req): Json<AnnounceRequest>) -> Response {
+async fn announce(
+    State(t): State<Tracker>,
+    node: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
+    Json(req): Json<AnnounceRequest>,
+) -> Response {
+    if let Err(refused) = access::check_node(node.as_deref(), &req.node) {
+        return refused;
+    }
     let now = t.now_ms();
     let resp = t.state.lock().announce(&req, now);
     match resp {
@@ -322,7 +372,14 @@ async fn hashes(
     Json(t.state.lock().hashes(&q.digest, q.from)).into_response()
 }
 
-async fn seeding(State(t): State<Tracker>, Json(req): Json<SeedingRequest>) -> Response {
+async fn seeding(
+    State(t): State<Tracker>,
+    node: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
+    Json(req): Json<SeedingRequest>,
+) -> Response {
+    if let Err(refused) = access::check_node(node.as_deref(), &req.node) {
+        return refused;
+    }
     let now = t.now_ms();
     let mut st = t.state.lock();
     for b in req.blobs.iter().take(100_000) {
