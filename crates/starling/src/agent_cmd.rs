@@ -82,6 +82,14 @@ pub struct AgentArgs {
     /// Shared cluster secret for the tracker and peers.
     #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
+    /// Bootstrap token to join a cluster with an https:// tracker (used once: the
+    /// certificate is kept in CACHE_DIR/pki and renewed by the agent).
+    #[arg(long = "join", value_name = "TOKEN", env = "STARLING_JOIN_TOKEN", hide_env_values = true)]
+    join_token: Option<String>,
+    /// The cluster CA pin (sha256:…, from `starling certs init`) the tracker must match
+    /// when joining.
+    #[arg(long, env = "STARLING_CA_PIN")]
+    ca_pin: Option<String>,
     /// Bytes per second this node may send to peers, e.g. 1GiB.
     #[arg(long, env = "STARLING_UPLOAD_LIMIT")]
     upload_limit: Option<String>,
@@ -234,6 +242,8 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
         zone,
         rack,
         cluster_token,
+        join_token,
+        ca_pin,
         upload_limit,
         download_limit
     );
@@ -378,6 +388,10 @@ pub async fn run_agent(a: AgentArgs) -> Result<()> {
         return Ok(());
     }
     let listen = cfg.listen;
+    // Before the agent starts: it needs the certificate to talk to an https:// tracker.
+    agent::identity::join_if_needed(&cfg)
+        .await
+        .context("joining the cluster")?;
     let agent = agent::Agent::new(cfg).context("starting agent")?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await

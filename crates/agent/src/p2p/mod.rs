@@ -133,6 +133,9 @@ pub struct P2p {
     tracker: String,
     token: Option<String>,
     pub(crate) http: reqwest::Client,
+    /// This node's certificate and the cluster CA, with an https:// tracker: `http`
+    /// presents it to the tracker.
+    pub(crate) identity: Option<crate::identity::NodeIdentity>,
     pub(crate) upload: Option<TokenBucket>,
     /// The node's download limit (shared with the registry path).
     pub(crate) download: Option<Arc<TokenBucket>>,
@@ -181,12 +184,16 @@ impl P2p {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .pool_max_idle_per_host(8)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| Error::Config(format!("http client: {e}")))?;
+        let identity = crate::identity::load(cfg)?;
+        let http = match &identity {
+            Some(id) => crate::identity::tracker_client(id)?,
+            None => reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .pool_max_idle_per_host(8)
+                .tcp_nodelay(true)
+                .build()
+                .map_err(|e| Error::Config(format!("http client: {e}")))?,
+        };
         Ok(Some(Arc::new(Self {
             node: cfg.node_name.clone(),
             addr: advertised,
@@ -197,6 +204,7 @@ impl P2p {
             tracker: tracker.trim_end_matches('/').to_owned(),
             token: cfg.cluster_token.clone(),
             http,
+            identity,
             upload: up.map(TokenBucket::new),
             download,
             link_bytes_per_sec: link,
