@@ -135,6 +135,11 @@ fn issue(a: IssueArgs) -> Result<()> {
         issued.info().serial_hex(),
         humantime::format_rfc3339_seconds(issued.info().not_after)
     );
-    println!("{}\n{}\n{}", cert.display(), key.display(), ca_path.display());
+    println!(
+        "{}\n{}\n{}",
+        cert.display(),
+        key.display(),
+        ca_path.display()
+    );
     Ok(())
 }

@@ -46,12 +46,20 @@ fn certs_cli_creates_the_ca_tokens_and_certificates() {
         .output()
         .expect("run");
     assert!(!again.status.success());
-    assert_eq!(std::fs::read(pki.dir.join("ca.key")).expect("ca.key"), key_before);
+    assert_eq!(
+        std::fs::read(pki.dir.join("ca.key")).expect("ca.key"),
+        key_before
+    );
 
     let bootstrap = pki::BootstrapKey::load(&pki.dir).expect("bootstrap.key");
-    let claims = bootstrap.verify(&pki.token(Some("gpu-*"))).expect("token verifies");
+    let claims = bootstrap
+        .verify(&pki.token(Some("gpu-*")))
+        .expect("token verifies");
     assert!(claims.authorize("gpu-17").is_ok());
-    assert!(claims.authorize("cpu-1").is_err(), "the pattern binds the token");
+    assert!(
+        claims.authorize("cpu-1").is_err(),
+        "the pattern binds the token"
+    );
     let open = bootstrap.verify(&pki.token(None)).expect("token verifies");
     assert!(open.authorize("anything").is_ok());
 
@@ -89,11 +97,15 @@ async fn every_route_but_healthz_needs_a_client_certificate() {
     let tracker = TlsTracker::start(dir.path(), &pki, &[]).await;
     let t = tracker.url();
     let anonymous = client_pem(&pki.ca_file(), None);
-    assert_eq!(status(anonymous.get(format!("{t}/healthz"))).await, Some(200));
+    assert_eq!(
+        status(anonymous.get(format!("{t}/healthz"))).await,
+        Some(200)
+    );
 
     let operator = client_for(&pki.ca_file(), &pki.issue("operator", "ops"), "operator");
     let node = client_for(&pki.ca_file(), &pki.issue("node", "n1"), "node");
-    let prewarm = serde_json::json!({"images": ["registry.test/a:v1"], "targets": {"nodes": ["n1"]}});
+    let prewarm =
+        serde_json::json!({"images": ["registry.test/a:v1"], "targets": {"nodes": ["n1"]}});
     let report = forged_report("n1", 1, 1, 1);
     let gets = [
         "/",
@@ -119,7 +131,10 @@ async fn every_route_but_healthz_needs_a_client_certificate() {
         ("/swarm/v1/seeding", &seeding("n1")),
         ("/api/v1/reports", &report),
         ("/api/v1/prewarm", &prewarm),
-        ("/api/v1/prewarm/1/nodes/n1", &serde_json::json!({"status": "done"})),
+        (
+            "/api/v1/prewarm/1/nodes/n1",
+            &serde_json::json!({"status": "done"}),
+        ),
         ("/api/v1/rank", &serde_json::json!({})),
         ("/scheduler/filter", &serde_json::json!({})),
         ("/certs/v1/renew", &serde_json::json!({"csr": ""})),
@@ -138,11 +153,25 @@ async fn every_route_but_healthz_needs_a_client_certificate() {
 
     // The same requests with certificates get past authentication: the 401s above are
     // the missing certificate, not missing routes.
-    assert_eq!(status(node.post(format!("{t}/api/v1/reports")).json(&report)).await, Some(200));
-    assert_eq!(status(node.post(format!("{t}/swarm/v1/announce")).json(&announce("n1"))).await, Some(200));
+    assert_eq!(
+        status(node.post(format!("{t}/api/v1/reports")).json(&report)).await,
+        Some(200)
+    );
+    assert_eq!(
+        status(
+            node.post(format!("{t}/swarm/v1/announce"))
+                .json(&announce("n1"))
+        )
+        .await,
+        Some(200)
+    );
     for path in gets {
         // Hashes are part of the node protocol: a node's, not an operator's.
-        let client = if path.starts_with("/swarm/v1/hashes") { &node } else { &operator };
+        let client = if path.starts_with("/swarm/v1/hashes") {
+            &node
+        } else {
+            &operator
+        };
         let s = status(client.get(format!("{t}{path}"))).await;
         assert!(
             !matches!(s, None | Some(401) | Some(403)),
@@ -152,7 +181,10 @@ async fn every_route_but_healthz_needs_a_client_certificate() {
 
     // Plain HTTP on the TLS port gets nothing.
     let plain = reqwest::Client::new()
-        .get(format!("http://127.0.0.1:{}/api/v1/nodes", tracker.proc.port))
+        .get(format!(
+            "http://127.0.0.1:{}/api/v1/nodes",
+            tracker.proc.port
+        ))
         .send()
         .await;
     assert!(
@@ -177,14 +209,31 @@ async fn roles_decide_what_a_certificate_may_do() {
         Some(200)
     );
 
-    for path in ["/api/v1/nodes", "/api/v1/dashboard", "/swarm/v1/swarms", "/metrics", "/", "/api/v1/prewarm"] {
-        assert_eq!(status(viewer.get(format!("{t}{path}"))).await, Some(200), "viewer GET {path}");
-        assert_eq!(status(node.get(format!("{t}{path}"))).await, Some(403), "node GET {path}");
+    for path in [
+        "/api/v1/nodes",
+        "/api/v1/dashboard",
+        "/swarm/v1/swarms",
+        "/metrics",
+        "/",
+        "/api/v1/prewarm",
+    ] {
+        assert_eq!(
+            status(viewer.get(format!("{t}{path}"))).await,
+            Some(200),
+            "viewer GET {path}"
+        );
+        assert_eq!(
+            status(node.get(format!("{t}{path}"))).await,
+            Some(403),
+            "node GET {path}"
+        );
     }
     // By digest: the tracker knows it from the report and needs no registry.
     let image = format!(
         "registry.test/forged/n1@{}",
-        report["images"][0]["manifest_digest"].as_str().expect("digest")
+        report["images"][0]["manifest_digest"]
+            .as_str()
+            .expect("digest")
     );
     let prewarm = serde_json::json!({"images": [image], "targets": {"nodes": ["n1"]}});
     assert_eq!(
@@ -203,7 +252,12 @@ async fn roles_decide_what_a_certificate_may_do() {
         .send()
         .await
         .expect("operator submits");
-    assert_eq!(created.status(), 201, "{}", created.text().await.unwrap_or_default());
+    assert_eq!(
+        created.status(),
+        201,
+        "{}",
+        created.text().await.unwrap_or_default()
+    );
     let id = created.json::<serde_json::Value>().await.expect("job")["id"]
         .as_u64()
         .expect("job id");
@@ -212,13 +266,21 @@ async fn roles_decide_what_a_certificate_may_do() {
         Some(403),
         "a viewer cancelled a prewarm job"
     );
-    assert_eq!(status(viewer.get(format!("{t}/api/v1/prewarm/{id}"))).await, Some(200));
+    assert_eq!(
+        status(viewer.get(format!("{t}/api/v1/prewarm/{id}"))).await,
+        Some(200)
+    );
     // (The job may have ended already: its node's agent URL is fake. 409 then.)
     let s = status(operator.delete(format!("{t}/api/v1/prewarm/{id}"))).await;
     assert!(matches!(s, Some(200 | 409)), "operator cancel: {s:?}");
     // Operators do not speak for nodes: the node protocol is the nodes' own.
     assert_eq!(
-        status(operator.post(format!("{t}/api/v1/reports")).json(&forged_report("n1", 2, 1, 2))).await,
+        status(
+            operator
+                .post(format!("{t}/api/v1/reports"))
+                .json(&forged_report("n1", 2, 1, 2))
+        )
+        .await,
         Some(403)
     );
 
@@ -241,14 +303,23 @@ async fn roles_decide_what_a_certificate_may_do() {
     nodes_args.extend(tls_args(&viewer_dir, "viewer"));
     let listed = starling_ok(&nodes_args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(listed.contains("n1"), "{listed}");
-    let mut prewarm_args = vec!["prewarm".to_owned(), image.clone(), "--nodes".into(), "n1".into()];
+    let mut prewarm_args = vec![
+        "prewarm".to_owned(),
+        image.clone(),
+        "--nodes".into(),
+        "n1".into(),
+    ];
     prewarm_args.extend(tls_args(&viewer_dir, "viewer"));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_starling"))
         .args(&prewarm_args)
         .output()
         .expect("run");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("403"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("403"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -261,9 +332,13 @@ async fn a_node_certificate_speaks_only_for_its_own_node() {
     let node_a = client_for(&ca, &pki.issue("node", "node-a"), "node");
     let operator = client_for(&ca, &pki.issue("operator", "ops"), "operator");
 
-    let as_b = node_a.post(format!("{t}/api/v1/reports")).json(&forged_report("node-b", 1, 1, 2));
+    let as_b = node_a
+        .post(format!("{t}/api/v1/reports"))
+        .json(&forged_report("node-b", 1, 1, 2));
     assert_eq!(status(as_b).await, Some(403), "node-a reported as node-b");
-    let as_a = node_a.post(format!("{t}/api/v1/reports")).json(&forged_report("node-a", 1, 1, 2));
+    let as_a = node_a
+        .post(format!("{t}/api/v1/reports"))
+        .json(&forged_report("node-a", 1, 1, 2));
     assert_eq!(status(as_a).await, Some(200));
     assert_eq!(
         status(operator.get(format!("{t}/api/v1/nodes/node-b"))).await,
@@ -271,17 +346,32 @@ async fn a_node_certificate_speaks_only_for_its_own_node() {
         "the forged report reached the inventory"
     );
     assert_eq!(
-        status(node_a.post(format!("{t}/swarm/v1/announce")).json(&announce("node-b"))).await,
+        status(
+            node_a
+                .post(format!("{t}/swarm/v1/announce"))
+                .json(&announce("node-b"))
+        )
+        .await,
         Some(403),
         "node-a announced as node-b"
     );
     assert_eq!(
-        status(node_a.post(format!("{t}/swarm/v1/seeding")).json(&seeding("node-b"))).await,
+        status(
+            node_a
+                .post(format!("{t}/swarm/v1/seeding"))
+                .json(&seeding("node-b"))
+        )
+        .await,
         Some(403),
         "node-a seeded as node-b"
     );
     assert_eq!(
-        status(node_a.post(format!("{t}/swarm/v1/seeding")).json(&seeding("node-a"))).await,
+        status(
+            node_a
+                .post(format!("{t}/swarm/v1/seeding"))
+                .json(&seeding("node-a"))
+        )
+        .await,
         Some(204)
     );
     let swarms: serde_json::Value = operator
@@ -292,7 +382,11 @@ async fn a_node_certificate_speaks_only_for_its_own_node() {
         .json()
         .await
         .expect("json");
-    assert_eq!(swarms.as_array().map(Vec::len), Some(1), "only node-a's seeding counts: {swarms}");
+    assert_eq!(
+        swarms.as_array().map(Vec::len),
+        Some(1),
+        "only node-a's seeding counts: {swarms}"
+    );
     assert_eq!(
         status(
             node_a
@@ -317,15 +411,24 @@ async fn certificates_of_another_ca_or_expired_are_refused() {
 
     // Control: the right CA's certificate for the same node is accepted.
     let good = client_for(&ca, &pki.issue("node", "n1"), "node");
-    assert_eq!(status(good.post(format!("{t}/api/v1/reports")).json(&report)).await, Some(200));
+    assert_eq!(
+        status(good.post(format!("{t}/api/v1/reports")).json(&report)).await,
+        Some(200)
+    );
 
     // Same name and role, signed by another cluster's CA.
     let foreign = client_for(&ca, &other.issue("node", "n1"), "node");
     let s = status(foreign.post(format!("{t}/api/v1/reports")).json(&report)).await;
-    assert_eq!(s, None, "a certificate from another CA got an answer: {s:?}");
+    assert_eq!(
+        s, None,
+        "a certificate from another CA got an answer: {s:?}"
+    );
     let foreign_op = client_for(&ca, &other.issue("operator", "ops"), "operator");
     let s = status(foreign_op.get(format!("{t}/api/v1/nodes"))).await;
-    assert_eq!(s, None, "an operator certificate from another CA got an answer: {s:?}");
+    assert_eq!(
+        s, None,
+        "an operator certificate from another CA got an answer: {s:?}"
+    );
 
     // Right CA, but expired an hour ago.
     let cluster_ca = pki::ClusterCa::load(&pki.dir).expect("CA");
@@ -333,12 +436,18 @@ async fn certificates_of_another_ca_or_expired_are_refused() {
     let expired = cluster_ca
         .issue(
             &pki::CertRequest::new(pki::Identity::node("n1").expect("name")).validity(
-                pki::Validity::between(now - Duration::from_secs(3 * 3600), now - Duration::from_secs(3600))
-                    .expect("validity"),
+                pki::Validity::between(
+                    now - Duration::from_secs(3 * 3600),
+                    now - Duration::from_secs(3600),
+                )
+                .expect("validity"),
             ),
         )
         .expect("issue");
-    let stale = client_pem(&ca, Some((&expired.chain_pem(), expired.key_pem().expect("key"))));
+    let stale = client_pem(
+        &ca,
+        Some((&expired.chain_pem(), expired.key_pem().expect("key"))),
+    );
     let s = status(stale.post(format!("{t}/api/v1/reports")).json(&report)).await;
     assert_eq!(s, None, "an expired certificate got an answer: {s:?}");
 }
@@ -374,31 +483,59 @@ async fn nodes_join_with_a_bootstrap_token_and_renew_over_mutual_tls() {
     assert_eq!(me.identity().to_string(), "starling:node:gpu-7");
     let learned_ca = learned.cert().expect("CA learned");
     assert_eq!(
-        pki::CaPin::of_cert_der(&learned_ca).expect("pin").to_string(),
+        pki::CaPin::of_cert_der(&learned_ca)
+            .expect("pin")
+            .to_string(),
         pki.pin
     );
 
     // The joined certificate works for the node's own report.
     let node = client_pem(&pki.ca_file(), Some((&joined.cert, &key)));
     assert_eq!(
-        status(node.post(format!("{t}/api/v1/reports")).json(&forged_report("gpu-7", 1, 1, 1))).await,
+        status(
+            node.post(format!("{t}/api/v1/reports"))
+                .json(&forged_report("gpu-7", 1, 1, 1))
+        )
+        .await,
         Some(200)
     );
 
     // Refusals: a name outside the token's pattern, a forged, an expired and another
     // cluster's token.
     let (_, csr2) = pki::generate_node_csr("cpu-1").expect("csr");
-    assert_eq!(status(join(pki.token(Some("gpu-*")), "cpu-1", &csr2)).await, Some(403));
+    assert_eq!(
+        status(join(pki.token(Some("gpu-*")), "cpu-1", &csr2)).await,
+        Some(403)
+    );
     let mut forged = pki.token(Some("gpu-*"));
     forged.replace_range(forged.len() - 3.., "AAA");
-    assert_eq!(status(join(forged, "gpu-8", &csr2)).await, Some(401), "forged token");
+    assert_eq!(
+        status(join(forged, "gpu-8", &csr2)).await,
+        Some(401),
+        "forged token"
+    );
     let bootstrap_key = pki::BootstrapKey::load(&pki.dir).expect("bootstrap key");
     let expired = bootstrap_key
-        .create_token_at(SystemTime::now() - Duration::from_secs(7200), Duration::from_secs(3600), None)
+        .create_token_at(
+            SystemTime::now() - Duration::from_secs(7200),
+            Duration::from_secs(3600),
+            None,
+        )
         .expect("token");
-    assert_eq!(status(join(expired, "gpu-8", &csr2)).await, Some(401), "expired token");
-    assert_eq!(status(join(other.token(None), "gpu-8", &csr2)).await, Some(401), "foreign token");
-    assert_eq!(status(join("stb1.garbage".into(), "gpu-8", &csr2)).await, Some(401));
+    assert_eq!(
+        status(join(expired, "gpu-8", &csr2)).await,
+        Some(401),
+        "expired token"
+    );
+    assert_eq!(
+        status(join(other.token(None), "gpu-8", &csr2)).await,
+        Some(401),
+        "foreign token"
+    );
+    assert_eq!(
+        status(join("stb1.garbage".into(), "gpu-8", &csr2)).await,
+        Some(401)
+    );
 
     // A client expecting another CA's pin refuses the tracker.
     let (config, _) =
@@ -425,9 +562,15 @@ async fn nodes_join_with_a_bootstrap_token_and_renew_over_mutual_tls() {
     // Only nodes renew, and only with a certificate.
     let viewer = client_for(&pki.ca_file(), &pki.issue("viewer", "v"), "viewer");
     let body = serde_json::json!({"csr": csr3});
-    assert_eq!(status(viewer.post(format!("{t}/certs/v1/renew")).json(&body)).await, Some(403));
+    assert_eq!(
+        status(viewer.post(format!("{t}/certs/v1/renew")).json(&body)).await,
+        Some(403)
+    );
     let anonymous = client_pem(&pki.ca_file(), None);
-    assert_eq!(status(anonymous.post(format!("{t}/certs/v1/renew")).json(&body)).await, Some(401));
+    assert_eq!(
+        status(anonymous.post(format!("{t}/certs/v1/renew")).json(&body)).await,
+        Some(401)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -118,8 +118,10 @@ pub(crate) async fn authorize(mut req: Request, next: Next) -> Response {
                 "the client certificate of this connection has expired".into(),
             );
             // Closing makes the client reconnect, with its renewed certificate.
-            resp.headers_mut()
-                .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+            resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
             return resp;
         }
         let Some(identity) = &caller else {
@@ -131,11 +133,7 @@ pub(crate) async fn authorize(mut req: Request, next: Next) -> Response {
         if !allowed(need, identity.role()) {
             return refuse(
                 StatusCode::FORBIDDEN,
-                format!(
-                    "{identity} may not {} {}",
-                    req.method(),
-                    req.uri().path()
-                ),
+                format!("{identity} may not {} {}", req.method(), req.uri().path()),
             );
         }
         if identity.role() == Role::Node {
@@ -182,7 +180,10 @@ mod tests {
         assert_eq!(required(&get, "/api/v1/nodes"), Need::Reader);
         assert_eq!(required(&get, "/metrics"), Need::Reader);
         assert_eq!(required(&post, "/api/v1/prewarm"), Need::Operator);
-        assert_eq!(required(&Method::DELETE, "/api/v1/prewarm/3"), Need::Operator);
+        assert_eq!(
+            required(&Method::DELETE, "/api/v1/prewarm/3"),
+            Need::Operator
+        );
         assert_eq!(
             required(&post, "/api/v1/prewarm/3/nodes/gpu-1"),
             Need::NodeOrOperator
@@ -197,7 +198,10 @@ mod tests {
 
     #[test]
     fn node_update_paths() {
-        assert_eq!(node_update_target("/api/v1/prewarm/3/nodes/gpu-1"), Some("gpu-1"));
+        assert_eq!(
+            node_update_target("/api/v1/prewarm/3/nodes/gpu-1"),
+            Some("gpu-1")
+        );
         assert_eq!(node_update_target("/api/v1/prewarm/3"), None);
         assert_eq!(node_update_target("/api/v1/prewarm/3/nodes/a/b"), None);
         assert_eq!(node_update_target("/api/v1/prewarm//nodes/a"), None);

@@ -13,9 +13,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use http::StatusCode;
+use pki::tokio_rustls::TlsAcceptor;
 use pki::{BootstrapKey, CertRequest, CertSource, ClusterCa, Identity, Role};
 use serde::{Deserialize, Serialize};
-use pki::tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
 use crate::access::Caller;
@@ -72,8 +72,8 @@ impl TrackerTls {
     pub fn load(opts: &TlsOptions) -> Result<Self, Error> {
         let pki_err = |what: &'static str| move |source| Error::Pki { what, source };
         let ca = ClusterCa::load(&opts.pki_dir).map_err(pki_err("loading the cluster CA"))?;
-        let bootstrap = BootstrapKey::load(&opts.pki_dir)
-            .map_err(pki_err("loading the bootstrap secret"))?;
+        let bootstrap =
+            BootstrapKey::load(&opts.pki_dir).map_err(pki_err("loading the bootstrap secret"))?;
         let mut request = CertRequest::new(
             Identity::tracker(opts.name.clone()).map_err(pki_err("the tracker name"))?,
         )
@@ -91,8 +91,8 @@ impl TrackerTls {
             .map_err(pki_err("issuing the tracker certificate"))?;
         let cert = CertSource::from_issued(&issued).map_err(pki_err("the tracker certificate"))?;
         let trust = ca.trust().map_err(pki_err("the cluster CA"))?;
-        let mut config = pki::tracker_server_config(&cert, &trust)
-            .map_err(pki_err("the TLS configuration"))?;
+        let mut config =
+            pki::tracker_server_config(&cert, &trust).map_err(pki_err("the TLS configuration"))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         info!(
             identity = %issued.info().identity,

@@ -135,10 +135,7 @@ impl TlsTracker {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!(
-            "HTTPS tracker not ready; log:\n{}",
-            t.proc.log_text()
-        );
+        panic!("HTTPS tracker not ready; log:\n{}", t.proc.log_text());
     }
 
     pub fn url(&self) -> String {
