@@ -1,7 +1,8 @@
 //! Agents in a cluster with TLS (issue 12, item 3): real `starling` processes join an
 //! HTTPS tracker with a bootstrap token and the CA pin, keep their certificate in
 //! `CACHE_DIR/pki`, talk to the tracker over mutual TLS, pull through the swarm, and
-//! renew their certificate without a restart.
+//! renew their certificate without a restart. Between agents, the peer protocol runs
+//! over mutual TLS, and a peer is the node its certificate names.
 
 mod common;
 
@@ -315,5 +316,159 @@ async fn an_agent_renews_its_certificate_and_keeps_reporting_after_the_first_exp
     assert!(
         agent.child.try_wait().expect("wait").is_none(),
         "the agent restarted or died"
+    );
+}
+
+/// Sends HELLO as `me` over `stream`; the holder's name from its HELLO, or `None` when
+/// the connection fails or closes first.
+async fn hello<S>(mut stream: S, me: &str) -> Option<String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use swarm::wire::{self, Frame};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut out = bytes::BytesMut::new();
+    Frame::Hello {
+        version: wire::PROTOCOL_VERSION,
+        node: me.into(),
+        addr: "127.0.0.1:1".into(),
+        nonce: [7; 16],
+        proof: [0; 32],
+    }
+    .encode(&mut out);
+    stream.write_all(&out).await.ok()?;
+    stream.flush().await.ok()?;
+    let mut buf = bytes::BytesMut::new();
+    let read = async {
+        loop {
+            match Frame::decode(&mut buf) {
+                Ok(Some(Frame::Hello { node, .. })) => return Some(node),
+                Ok(Some(_)) | Err(_) => return None,
+                Ok(None) => {}
+            }
+            if stream.read_buf(&mut buf).await.ok()? == 0 {
+                return None;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A TLS connection to the agent `expected` at `addr`, presenting `cert` (chain, key).
+async fn peer_tls(
+    addr: &str,
+    expected: &str,
+    cert: (&str, &str),
+    ca: &Path,
+) -> Result<pki::tokio_rustls::client::TlsStream<tokio::net::TcpStream>, pki::Error> {
+    let source = pki::CertSource::from_pem(cert.0, cert.1).expect("certificate");
+    let trust = pki::ClusterTrust::from_file(ca).expect("CA");
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    pki::PeerConnector::new(source, trust)
+        .connect(expected, tcp)
+        .await
+}
+
+fn read_pair(dir: &Path, role: &str) -> (String, String) {
+    (
+        std::fs::read_to_string(dir.join(format!("{role}.crt"))).expect("cert"),
+        std::fs::read_to_string(dir.join(format!("{role}.key"))).expect("key"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn peers_are_the_node_of_their_certificate_whatever_hello_says() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .expect("registry");
+    let pki = TestPki::init(dir.path(), "pki");
+    let other = TestPki::init(dir.path(), "other");
+    let t = TlsTracker::start(dir.path(), &pki, &[]).await;
+    let peer_port = testkit::free_port();
+    let peer_addr = format!("127.0.0.1:{peer_port}");
+    let port = testkit::free_port();
+    let mut a = agent_args(dir.path(), "gpu-0", port, &t.url(), &registry);
+    a.extend(common::args(&[
+        "--join",
+        &pki.token(None),
+        "--ca-pin",
+        &pki.pin,
+        "--peer-listen",
+        &peer_addr,
+        "--advertise",
+        &peer_addr,
+    ]));
+    let _agent = Proc::start(
+        a,
+        port,
+        dir.path().join("gpu-0.log"),
+        dir.path().join("gpu-0"),
+    )
+    .await;
+    let ca = pki.ca_file();
+    let me = read_pair(&pki.issue("node", "gpu-9"), "node");
+
+    // Control: a node certificate and a HELLO that repeats its name get an answer.
+    let s = peer_tls(&peer_addr, "gpu-0", (&me.0, &me.1), &ca)
+        .await
+        .expect("TLS to gpu-0");
+    assert_eq!(hello(s, "gpu-9").await.as_deref(), Some("gpu-0"));
+
+    // The same certificate claiming to be another node is cut off.
+    let s = peer_tls(&peer_addr, "gpu-0", (&me.0, &me.1), &ca)
+        .await
+        .expect("TLS to gpu-0");
+    assert_eq!(
+        hello(s, "gpu-1").await,
+        None,
+        "HELLO as gpu-1 with gpu-9's certificate"
+    );
+
+    // No TLS at all: the listener speaks only TLS once the node has a certificate.
+    let tcp = tokio::net::TcpStream::connect(&peer_addr)
+        .await
+        .expect("connect");
+    assert_eq!(hello(tcp, "gpu-9").await, None, "plain-TCP HELLO answered");
+
+    // Another cluster's node certificate, and an expired one of this cluster.
+    let foreign = read_pair(&other.issue("node", "gpu-9"), "node");
+    if let Ok(s) = peer_tls(&peer_addr, "gpu-0", (&foreign.0, &foreign.1), &ca).await {
+        assert_eq!(
+            hello(s, "gpu-9").await,
+            None,
+            "another CA's certificate answered"
+        );
+    }
+    let now = std::time::SystemTime::now();
+    let expired = pki::ClusterCa::load(&pki.dir)
+        .expect("CA")
+        .issue(
+            &pki::CertRequest::new(pki::Identity::node("gpu-9").expect("name")).validity(
+                pki::Validity::between(
+                    now - Duration::from_secs(7200),
+                    now - Duration::from_secs(3600),
+                )
+                .expect("validity"),
+            ),
+        )
+        .expect("issue");
+    let key = expired.key_pem().expect("key").to_owned();
+    if let Ok(s) = peer_tls(&peer_addr, "gpu-0", (&expired.chain_pem(), &key), &ca).await {
+        assert_eq!(
+            hello(s, "gpu-9").await,
+            None,
+            "an expired certificate answered"
+        );
+    }
+
+    // The dialer checks the holder too: gpu-0's listener is not gpu-5.
+    let wrong = peer_tls(&peer_addr, "gpu-5", (&me.0, &me.1), &ca).await;
+    assert!(
+        matches!(wrong, Err(pki::Error::WrongIdentity { .. })),
+        "dialing gpu-5 reached gpu-0: {wrong:?}"
     );
 }
