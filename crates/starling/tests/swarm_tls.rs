@@ -472,3 +472,42 @@ async fn peers_are_the_node_of_their_certificate_whatever_hello_says() {
         "dialing gpu-5 reached gpu-0: {wrong:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn containerd_pulls_through_two_agents_joined_over_tls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .expect("registry");
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/ctrd-tls", "1", &[10 << 20, 6 << 20], 22)
+            .expect("image");
+    let pki = TestPki::init(dir.path(), "pki");
+    let t = TlsTracker::start(dir.path(), &pki, &[]).await;
+    let token = pki.token(Some("gpu-*"));
+    let a = joined_agent(dir.path(), "gpu-a", &t, &pki, &token, &registry).await;
+    let b = joined_agent(dir.path(), "gpu-b", &t, &pki, &token, &registry).await;
+    let mut handles = Vec::new();
+    for (i, ag) in [&a, &b].iter().enumerate() {
+        let hosts = dir.path().join(format!("hosts{i}"));
+        testkit::write_hosts_toml(&hosts, &registry.host(), &ag.url(), "http://127.0.0.1:9")
+            .expect("hosts.toml");
+        let r = image.reference.clone();
+        handles.push(tokio::task::spawn_blocking(move || {
+            let c = testkit::Containerd::start();
+            c.pull(&r, &hosts, &[])
+                .expect("containerd pull via a TLS swarm agent");
+            c.image_digest(&r).expect("digest")
+        }));
+    }
+    for h in handles {
+        assert_eq!(h.await.expect("join"), image.digest);
+    }
+    let upstream = common::metric(&a.url(), "starling_agent_p2p_registry_bytes_total").await
+        + common::metric(&b.url(), "starling_agent_p2p_registry_bytes_total").await;
+    let big = big_layers(&image);
+    assert!(
+        upstream <= big + big / 20,
+        "registry bytes {upstream} for {big}"
+    );
+}
