@@ -511,3 +511,66 @@ async fn containerd_pulls_through_two_agents_joined_over_tls() {
         "registry bytes {upstream} for {big}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_prewarms_nodes_that_report_progress_over_mutual_tls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .expect("registry");
+    let image = TestImage::push_multilayer(&registry, "ml/warm-tls", "v1", &[6 << 20, 2 << 20], 23)
+        .expect("image");
+    let host = registry.host();
+    let pki = TestPki::init(dir.path(), "pki");
+    let endpoint = format!("{host}={}", registry.url());
+    let t = TlsTracker::start(dir.path(), &pki, &["--registry-endpoint", &endpoint]).await;
+    let token = pki.token(None);
+    let _a = joined_agent(dir.path(), "gpu-a", &t, &pki, &token, &registry).await;
+    let _b = joined_agent(dir.path(), "gpu-b", &t, &pki, &token, &registry).await;
+    let operator = client_for(&pki.ca_file(), &pki.issue("operator", "ops"), "operator");
+    let viewer = client_for(&pki.ca_file(), &pki.issue("viewer", "v"), "viewer");
+    for _ in 0..150 {
+        if nodes(&operator, &t).await.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let body =
+        serde_json::json!({"images": [image.reference], "targets": {"nodes": ["gpu-a", "gpu-b"]}});
+    let r = viewer
+        .post(format!("{}/api/v1/prewarm", t.url()))
+        .json(&body)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 403, "a viewer created a prewarm job");
+    let r = operator
+        .post(format!("{}/api/v1/prewarm", t.url()))
+        .json(&body)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap_or_default());
+    let id = r.json::<serde_json::Value>().await.expect("job")["id"]
+        .as_u64()
+        .expect("id");
+    // Done means both agents got the assignment and reported their progress, each as
+    // itself, over mutual TLS.
+    let mut status = String::new();
+    for _ in 0..300 {
+        let v: serde_json::Value = viewer
+            .get(format!("{}/api/v1/prewarm/{id}", t.url()))
+            .send()
+            .await
+            .expect("job")
+            .json()
+            .await
+            .expect("json");
+        status = v["progress"]["status"].as_str().unwrap_or("").to_owned();
+        if status != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(status, "done");
+}
