@@ -259,6 +259,7 @@ impl Agent {
         let agent = self.clone();
         tokio::spawn(async move { agent.apply_pins().await });
         self.spawn_reporter();
+        self.spawn_assignment_poller();
         if let Some(p2p) = self.p2p.clone() {
             let agent = self.clone();
             tokio::spawn(async move {

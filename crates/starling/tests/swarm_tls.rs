@@ -525,8 +525,21 @@ async fn an_operator_prewarms_nodes_that_report_progress_over_mutual_tls() {
     let endpoint = format!("{host}={}", registry.url());
     let t = TlsTracker::start(dir.path(), &pki, &["--registry-endpoint", &endpoint]).await;
     let token = pki.token(None);
-    let _a = joined_agent(dir.path(), "gpu-a", &t, &pki, &token, &registry).await;
+    let a = joined_agent(dir.path(), "gpu-a", &t, &pki, &token, &registry).await;
     let _b = joined_agent(dir.path(), "gpu-b", &t, &pki, &token, &registry).await;
+    // Nobody can hand a TLS agent work on its plain-HTTP API: assignments come from
+    // the tracker, fetched over mutual TLS.
+    let forged = serde_json::json!({
+        "job_id": 99, "node": "gpu-a", "agent_url": null, "images": [], "blobs": [],
+        "bytes_per_sec": null, "pin_until": 0, "deadline_at": null, "priority": 0, "seed": true
+    });
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/prewarm", a.url()))
+        .json(&forged)
+        .send()
+        .await
+        .expect("agent answers");
+    assert_eq!(r.status(), 403, "a pushed assignment was taken");
     let operator = client_for(&pki.ca_file(), &pki.issue("operator", "ops"), "operator");
     let viewer = client_for(&pki.ca_file(), &pki.issue("viewer", "v"), "viewer");
     for _ in 0..150 {
@@ -554,8 +567,8 @@ async fn an_operator_prewarms_nodes_that_report_progress_over_mutual_tls() {
     let id = r.json::<serde_json::Value>().await.expect("job")["id"]
         .as_u64()
         .expect("id");
-    // Done means both agents got the assignment and reported their progress, each as
-    // itself, over mutual TLS.
+    // Done means both agents fetched their assignment and reported their progress, each
+    // as itself, over mutual TLS.
     let mut status = String::new();
     for _ in 0..300 {
         let v: serde_json::Value = viewer

@@ -5,7 +5,7 @@
 //! | route | allowed |
 //! |---|---|
 //! | `GET /healthz`, `POST /certs/v1/join` (token-authenticated) | anyone |
-//! | `/swarm/v1/announce`, `/swarm/v1/seeding`, `/swarm/v1/hashes`, `POST /api/v1/reports`, `POST /certs/v1/renew` | node (about itself) |
+//! | `/swarm/v1/announce`, `/swarm/v1/seeding`, `/swarm/v1/hashes`, `POST /api/v1/reports`, `GET /api/v1/assignments`, `POST /certs/v1/renew` | node (about itself) |
 //! | `POST /api/v1/prewarm/{id}/nodes/{node}` (progress) | that node, operator |
 //! | other `GET`s (nodes, where, swarms, prewarm jobs, dashboard, metrics), scheduler queries | viewer, operator |
 //! | everything else (prewarm create/cancel, pins, ...) | operator |
@@ -72,6 +72,7 @@ fn required(method: &Method, path: &str) -> Need {
         | ("POST", "/swarm/v1/seeding")
         | ("GET", "/swarm/v1/hashes")
         | ("POST", "/api/v1/reports")
+        | ("GET", "/api/v1/assignments")
         | ("POST", "/certs/v1/renew") => Need::Node,
         ("POST", p) if node_update_target(p).is_some() => Need::NodeOrOperator,
         ("GET" | "HEAD", _) => Need::Reader,

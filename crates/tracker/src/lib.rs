@@ -125,6 +125,8 @@ pub struct Tracker {
     /// Cluster TLS: HTTPS, client certificates and the role table instead of the
     /// bearer token.
     tls: Option<TrackerTls>,
+    /// Prewarm assignments waiting for their nodes (TLS mode).
+    mailbox: cluster_glue::Mailbox,
 }
 
 /// A batch of complete blobs an agent seeds, re-sent every second.
@@ -153,6 +155,7 @@ impl Tracker {
             cluster: None,
             limits: ServerLimits::default(),
             tls: None,
+            mailbox: cluster_glue::Mailbox::default(),
         }
     }
 
@@ -210,6 +213,14 @@ impl Tracker {
                         .route("/certs/v1/renew", axum::routing::post(tls::renew))
                         .with_state(tls.clone()),
                 )
+                .merge(
+                    Router::new()
+                        .route(
+                            "/api/v1/assignments",
+                            axum::routing::get(cluster_glue::fetch_assignments),
+                        )
+                        .with_state(self.mailbox.clone()),
+                )
                 .layer(axum::middleware::from_fn(access::authorize));
         }
         router.layer(axum::middleware::from_fn_with_state(self.clone(), observe))
@@ -250,7 +261,8 @@ impl Tracker {
         }
         self.spawn_expiry();
         if let Some(c) = &self.cluster {
-            cluster_glue::spawn_dispatcher(c.clone(), self.token.clone());
+            let mailbox = self.tls.as_ref().map(|_| self.mailbox.clone());
+            cluster_glue::spawn_dispatcher(c.clone(), self.token.clone(), mailbox);
         }
         let gauges = server::Gauges {
             refused: self.metrics.connections_refused.clone(),
