@@ -153,17 +153,18 @@ pub(crate) async fn authorize(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-/// Refusal for a body naming another node than the certificate (announce, seeding).
-pub(crate) fn check_node(
+/// The refusal for a request naming another node than the certificate's (announce,
+/// seeding, prewarm progress); `None` when it may go on.
+pub(crate) fn refuse_other_node(
     auth: Option<&cluster::http::AuthenticatedNode>,
     claimed: &str,
-) -> Result<(), Response> {
+) -> Option<Response> {
     match auth {
-        Some(cluster::http::AuthenticatedNode(me)) if me != claimed => Err(refuse(
+        Some(cluster::http::AuthenticatedNode(me)) if me != claimed => Some(refuse(
             StatusCode::FORBIDDEN,
             format!("node {me:?} cannot speak for node {claimed:?}"),
         )),
-        _ => Ok(()),
+        _ => None,
     }
 }
 

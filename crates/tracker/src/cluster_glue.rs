@@ -210,14 +210,15 @@ pub struct Mailbox(Arc<Mutex<HashMap<String, Vec<cluster::Assignment>>>>);
 const MAILBOX_PER_NODE: usize = 256;
 
 impl Mailbox {
-    fn post(&self, a: cluster::Assignment) -> Result<(), cluster::Assignment> {
+    /// Queues `a` for its node; `false` when the node's box is full.
+    fn post(&self, a: cluster::Assignment) -> bool {
         let mut boxes = self.0.lock();
         let queue = boxes.entry(a.node.clone()).or_default();
         if queue.len() >= MAILBOX_PER_NODE {
-            return Err(a);
+            return false;
         }
         queue.push(a);
-        Ok(())
+        true
     }
 
     fn take(&self, node: &str) -> Vec<cluster::Assignment> {
@@ -265,17 +266,16 @@ pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>, mailbox: O
             for a in assignments {
                 if let Some(mailbox) = &mailbox {
                     let (job, node) = (a.job_id, a.node.clone());
-                    match mailbox.post(a) {
-                        Ok(()) => info!(job, %node, "prewarm assignment queued for its node"),
-                        Err(_) => {
-                            let _ = state.update_prewarm_node(
-                                job,
-                                &node,
-                                NodeUpdate::Failed {
-                                    reason: "node is not fetching its assignments".into(),
-                                },
-                            );
-                        }
+                    if mailbox.post(a) {
+                        info!(job, %node, "prewarm assignment queued for its node");
+                    } else {
+                        let _ = state.update_prewarm_node(
+                            job,
+                            &node,
+                            NodeUpdate::Failed {
+                                reason: "node is not fetching its assignments".into(),
+                            },
+                        );
                     }
                     continue;
                 }
@@ -332,7 +332,7 @@ pub async fn node_update(
 ) -> Response {
     // The access layer checked the path already; the decoded name is checked again here
     // so that no spelling of the path gets a node past it.
-    if let Err(refused) = crate::access::check_node(me.as_deref(), &node) {
+    if let Some(refused) = crate::access::refuse_other_node(me.as_deref(), &node) {
         return refused;
     }
     match state.update_prewarm_node(id, &node, update) {

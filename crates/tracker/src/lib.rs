@@ -353,7 +353,7 @@ async fn announce(
     node: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
     Json(req): Json<AnnounceRequest>,
 ) -> Response {
-    if let Err(refused) = access::check_node(node.as_deref(), &req.node) {
+    if let Some(refused) = access::refuse_other_node(node.as_deref(), &req.node) {
         return refused;
     }
     let now = t.now_ms();
@@ -389,7 +389,7 @@ async fn seeding(
     node: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
     Json(req): Json<SeedingRequest>,
 ) -> Response {
-    if let Err(refused) = access::check_node(node.as_deref(), &req.node) {
+    if let Some(refused) = access::refuse_other_node(node.as_deref(), &req.node) {
         return refused;
     }
     let now = t.now_ms();
