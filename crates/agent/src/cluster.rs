@@ -520,6 +520,16 @@ pub(crate) async fn prewarm_handler(State(agent): State<Agent>, req: Request) ->
     let Some(p2p) = &agent.p2p else {
         return (StatusCode::CONFLICT, "agent has no tracker").into_response();
     };
+    // With a node certificate, assignments come only from the tracker over mutual TLS
+    // (the poller below): this plain-HTTP endpoint cannot tell the tracker from anyone
+    // else who reaches the port.
+    if p2p.identity.is_some() {
+        return (
+            StatusCode::FORBIDDEN,
+            "this agent takes prewarm assignments only from its tracker over mutual TLS",
+        )
+            .into_response();
+    }
     let headers: &HeaderMap = req.headers();
     if !p2p.token_ok(
         headers
@@ -552,22 +562,84 @@ pub(crate) async fn prewarm_handler(State(agent): State<Agent>, req: Request) ->
             return (StatusCode::BAD_REQUEST, format!("invalid assignment: {e}")).into_response()
         }
     };
+    match accept_assignment(&agent, a) {
+        Ok(()) => StatusCode::ACCEPTED.into_response(),
+        Err(why) => (StatusCode::BAD_REQUEST, why).into_response(),
+    }
+}
+
+/// Checks an assignment (times, node) and starts it.
+fn accept_assignment(agent: &Agent, a: Assignment) -> Result<(), String> {
     if let Err(why) = check_assignment_times(&a, unix_now()) {
         warn!(job = a.job_id, %why, "prewarm assignment refused");
-        return (
-            StatusCode::BAD_REQUEST,
-            format!("invalid assignment: {why}"),
-        )
-            .into_response();
+        return Err(format!("invalid assignment: {why}"));
     }
     if a.node != agent.cfg.node_name {
-        return (
-            StatusCode::BAD_REQUEST,
-            format!("assignment for {}, this is {}", a.node, agent.cfg.node_name),
-        )
-            .into_response();
+        return Err(format!(
+            "assignment for {}, this is {}",
+            a.node, agent.cfg.node_name
+        ));
     }
     info!(job = a.job_id, images = a.images.len(), bytes_per_sec = ?a.bytes_per_sec, seed = a.seed, "prewarm assignment accepted");
     tokio::spawn(agent.clone().run_assignment(a));
-    StatusCode::ACCEPTED.into_response()
+    Ok(())
+}
+
+impl Agent {
+    /// With a node certificate: fetches this node's prewarm assignments from the
+    /// tracker every second (`GET /api/v1/assignments`, mutual TLS) instead of taking
+    /// them on the plain-HTTP API.
+    pub(crate) fn spawn_assignment_poller(&self) {
+        let Some(p2p) = self.p2p.clone() else { return };
+        if p2p.identity.is_none() {
+            return;
+        }
+        let agent = self.clone();
+        tokio::spawn(async move {
+            let url = format!("{}/api/v1/assignments", p2p.tracker_url());
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let r = match p2p
+                    .http
+                    .get(&url)
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await
+                {
+                    Ok(r) if r.status().is_success() => r,
+                    Ok(r) => {
+                        debug!(status = %r.status(), "tracker refused the assignment fetch");
+                        continue;
+                    }
+                    Err(e) => {
+                        debug!(error = %e, "cannot fetch prewarm assignments");
+                        continue;
+                    }
+                };
+                let body = match crate::read_bounded(r, MAX_ASSIGNMENT_BYTES).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        warn!(error = %e, "unreadable prewarm assignments");
+                        continue;
+                    }
+                };
+                let assignments: Vec<Assignment> = match serde_json::from_slice(&body) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        warn!(error = %e, "invalid prewarm assignments");
+                        continue;
+                    }
+                };
+                for a in assignments {
+                    let job = a.job_id;
+                    if let Err(why) = accept_assignment(&agent, a) {
+                        agent
+                            .prewarm_update(job, NodeUpdate::Failed { reason: why })
+                            .await;
+                    }
+                }
+            }
+        });
+    }
 }

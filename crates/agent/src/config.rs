@@ -71,6 +71,12 @@ pub struct AgentConfig {
     pub tracker: Option<String>,
     /// Shared secret for the tracker and for peers.
     pub cluster_token: Option<String>,
+    /// Bootstrap token (`starling certs token`) to join a cluster whose tracker is
+    /// `https://`: used once, when `<cache_dir>/pki/` holds no valid node certificate.
+    pub join_token: Option<String>,
+    /// The cluster CA's pin (`sha256:…`, printed by `starling certs init`): the only CA
+    /// trusted when joining.
+    pub ca_pin: Option<String>,
     /// Token-bucket limits per second, e.g. "1GiB": what this node may send to peers
     /// and receive from peers and the registry.
     pub upload_limit: Option<String>,
@@ -169,6 +175,8 @@ impl Default for AgentConfig {
             labels: Default::default(),
             tracker: None,
             cluster_token: None,
+            join_token: None,
+            ca_pin: None,
             upload_limit: None,
             download_limit: None,
             peer_listen: None,
@@ -252,6 +260,9 @@ impl AgentConfig {
         }
         if c.cluster_token.is_some() {
             c.cluster_token = Some(REDACTED.into());
+        }
+        if c.join_token.is_some() {
+            c.join_token = Some(REDACTED.into());
         }
         c
     }

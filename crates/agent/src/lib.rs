@@ -8,6 +8,7 @@ mod blob;
 mod cluster;
 pub mod config;
 mod fetch;
+pub mod identity;
 mod manifest;
 pub mod metrics;
 pub mod p2p;
@@ -80,6 +81,10 @@ pub enum Error {
     /// containerd (`ctr`) could not be run or refused an image.
     #[error("containerd: {0}")]
     Runtime(String),
+    /// The node's cluster certificate (https:// tracker): missing, another node's,
+    /// unreadable, or the join failed.
+    #[error("cluster identity: {0}")]
+    Identity(#[from] identity::IdentityError),
 }
 
 /// Reads a response body, refusing more than `max` bytes (network input is bounded
@@ -248,6 +253,11 @@ impl Agent {
             info!(addr = %p2p.addr, "peer listener up");
             p2p.spawn_server(self.clone(), l);
         }
+        if let Some(p2p) = &self.p2p {
+            if let Some(id) = &p2p.identity {
+                identity::spawn_renewal(id.clone(), p2p.http.clone(), p2p.tracker_url().to_owned());
+            }
+        }
         self.spawn_background();
         let limits = server::Limits {
             max_connections: self.cfg.max_connections,
@@ -282,6 +292,7 @@ impl Agent {
         let agent = self.clone();
         tokio::spawn(async move { agent.apply_pins().await });
         self.spawn_reporter();
+        self.spawn_assignment_poller();
         if let Some(p2p) = self.p2p.clone() {
             let agent = self.clone();
             tokio::spawn(async move {

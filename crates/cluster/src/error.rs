@@ -48,6 +48,10 @@ pub enum Error {
     /// or on an internal address); nothing was sent to it.
     #[error("{reference}: {message}")]
     RegistryDenied { reference: String, message: String },
+    /// An authenticated caller acting for someone else: a node certificate for one node
+    /// sending the report of another (the identity comes from the TLS layer).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// The embedded job store failed.
     #[error("job store: {0}")]
     Store(String),

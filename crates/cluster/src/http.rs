@@ -24,6 +24,12 @@ pub use crate::state::{ClusterConfig, ClusterState, DEFAULT_MAX_REPORT_BYTES};
 /// The dashboard page (inline JS/CSS, no external assets).
 pub const DASHBOARD_HTML: &str = include_str!("../assets/dashboard.html");
 
+/// Request extension set by the front end (the tracker in TLS mode) when the caller is a
+/// node authenticated by its certificate: what it sends must be about that node. Absent
+/// in plain-HTTP mode, where nothing is authenticated per node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthenticatedNode(pub String);
+
 /// HTTP status of each error.
 pub fn status_of(e: &Error) -> StatusCode {
     match e {
@@ -31,7 +37,7 @@ pub fn status_of(e: &Error) -> StatusCode {
         | Error::InvalidRequest(_)
         | Error::BadReference { .. }
         | Error::MutableTag { .. } => StatusCode::BAD_REQUEST,
-        Error::RegistryDenied { .. } => StatusCode::FORBIDDEN,
+        Error::RegistryDenied { .. } | Error::Forbidden(_) => StatusCode::FORBIDDEN,
         Error::ReportTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         Error::Capacity(_) => StatusCode::SERVICE_UNAVAILABLE,
         Error::UnknownNode(_)
@@ -156,7 +162,14 @@ async fn ingest_report(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let applied = s.ingest_body(req.into_body(), declared).await?;
+    let reporter = req.extensions().get::<AuthenticatedNode>().cloned();
+    let applied = s
+        .ingest_body(
+            req.into_body(),
+            declared,
+            reporter.as_ref().map(|n| n.0.as_str()),
+        )
+        .await?;
     let a = match applied {
         Applied::New => "new",
         Applied::Updated => "updated",

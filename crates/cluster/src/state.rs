@@ -230,10 +230,13 @@ impl ClusterState {
 
     /// Reads, checks and takes a report body: at most `max_report_bytes`, within a
     /// shared byte budget (so many large reports at once cannot exhaust memory).
+    /// `reporter`: the node the caller authenticated as, when it did; a report about
+    /// another node is refused ([`Error::Forbidden`]).
     pub async fn ingest_body(
         &self,
         body: axum::body::Body,
         declared: Option<u64>,
+        reporter: Option<&str>,
     ) -> Result<Applied> {
         let limit = self.inner.config.max_report_bytes;
         if declared.is_some_and(|n| n > limit as u64) {
@@ -274,6 +277,18 @@ impl ClusterState {
         let report: NodeReport = serde_json::from_slice(&bytes)
             .map_err(|e| Error::InvalidRequest(format!("JSON body: {e}")))?;
         drop(bytes);
+        // A node may only report about itself: otherwise one node's certificate could
+        // rewrite what the cluster believes every other node holds.
+        if let Some(reporter) = reporter {
+            if report.node != reporter {
+                let e = Error::Forbidden(format!(
+                    "node {reporter:?} cannot report as {:?}",
+                    report.node
+                ));
+                self.refused(&e);
+                return Err(e);
+            }
+        }
         self.ingest(report)
     }
 
@@ -284,6 +299,7 @@ impl ClusterState {
             Error::ReportTooLarge(_) => "too_large",
             Error::Capacity(_) => "capacity",
             Error::StaleGeneration { .. } => "stale",
+            Error::Forbidden(_) => "forbidden",
             _ => "invalid",
         };
         self.inner

@@ -82,6 +82,19 @@ pub struct AgentArgs {
     /// Shared cluster secret for the tracker and peers.
     #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
+    /// Bootstrap token to join a cluster with an https:// tracker (used once: the
+    /// certificate is kept in CACHE_DIR/pki and renewed by the agent).
+    #[arg(
+        long = "join",
+        value_name = "TOKEN",
+        env = "STARLING_JOIN_TOKEN",
+        hide_env_values = true
+    )]
+    join_token: Option<String>,
+    /// The cluster CA pin (sha256:…, from `starling certs init`) the tracker must match
+    /// when joining.
+    #[arg(long, env = "STARLING_CA_PIN")]
+    ca_pin: Option<String>,
     /// Bytes per second this node may send to peers, e.g. 1GiB.
     #[arg(long, env = "STARLING_UPLOAD_LIMIT")]
     upload_limit: Option<String>,
@@ -238,6 +251,8 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
         zone,
         rack,
         cluster_token,
+        join_token,
+        ca_pin,
         upload_limit,
         download_limit
     );
@@ -385,6 +400,10 @@ pub async fn run_agent(a: AgentArgs) -> Result<()> {
         return Ok(());
     }
     let listen = cfg.listen;
+    // Before the agent starts: it needs the certificate to talk to an https:// tracker.
+    agent::identity::join_if_needed(&cfg)
+        .await
+        .context("joining the cluster")?;
     let agent = agent::Agent::new(cfg).context("starting agent")?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
@@ -509,9 +528,34 @@ pub struct TrackerArgs {
         env = "STARLING_TRACKER_LISTEN"
     )]
     listen: SocketAddr,
-    /// Shared cluster secret agents must present.
+    /// Shared cluster secret agents must present (plain-HTTP mode only).
     #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
+    /// Cluster TLS: serve HTTPS with a certificate from the CA in DIR (`starling certs
+    /// init`), require client certificates and authorize by role; nodes join with
+    /// bootstrap tokens from this CA.
+    #[arg(long, value_name = "DIR", env = "STARLING_TRACKER_PKI", conflicts_with_all = ["cluster_token", "insecure_plain_http"])]
+    pki: Option<PathBuf>,
+    /// Extra DNS name or IP address for the tracker certificate (repeatable);
+    /// localhost, 127.0.0.1 and ::1 are always in it.
+    #[arg(
+        long = "tls-san",
+        value_name = "DNS|IP",
+        value_delimiter = ',',
+        env = "STARLING_TRACKER_TLS_SANS"
+    )]
+    tls_sans: Vec<String>,
+    /// The name in the tracker certificate's identity, starling:tracker:NAME.
+    #[arg(long, default_value = "tracker")]
+    tls_name: String,
+    /// Lifetime of node certificates issued at join and renewal (expiry is how a
+    /// removed node loses access).
+    #[arg(long, default_value = "24h", env = "STARLING_TRACKER_NODE_CERT_TTL")]
+    node_cert_ttl: humantime::Duration,
+    /// Serve plain HTTP without --pki (the default for now): unencrypted, nodes not
+    /// authenticated beyond --cluster-token. Says so in the log either way.
+    #[arg(long)]
+    insecure_plain_http: bool,
     /// Blobs below this size skip P2P.
     #[arg(long, default_value = "1MiB")]
     p2p_threshold: String,
@@ -735,9 +779,18 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
         shutdown_grace: a.shutdown_grace.into(),
         request_timeout: a.request_timeout.into(),
     };
-    let t = tracker::Tracker::new(cfg, a.cluster_token)
+    let mut t = tracker::Tracker::new(cfg, a.cluster_token)
         .with_cluster(state)
         .with_limits(limits);
+    if let Some(dir) = &a.pki {
+        let opts = tracker::TlsOptions {
+            sans: a.tls_sans.clone(),
+            name: a.tls_name.clone(),
+            node_cert_lifetime: a.node_cert_ttl.into(),
+            ..tracker::TlsOptions::new(dir)
+        };
+        t = t.with_tls(tracker::TrackerTls::load(&opts)?);
+    }
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("listening on {}", a.listen))?;

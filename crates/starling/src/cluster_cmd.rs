@@ -1,5 +1,6 @@
 //! Operator commands against the tracker's cluster API: `nodes`, `where`, `prewarm`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -17,6 +18,41 @@ pub struct TrackerOpt {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Client certificate for an HTTPS tracker (operator or viewer; `starling certs issue`).
+    #[arg(long, env = "STARLING_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// Its private key.
+    #[arg(long, env = "STARLING_KEY", requires = "cert")]
+    key: Option<PathBuf>,
+    /// The cluster CA certificate, to verify an HTTPS tracker.
+    #[arg(long, env = "STARLING_CA")]
+    ca: Option<PathBuf>,
+}
+
+impl TrackerOpt {
+    /// An HTTP client for the tracker: with `--ca`, trusting only the cluster CA and
+    /// presenting `--cert` when given; otherwise reqwest's defaults.
+    fn client(&self) -> Result<reqwest::Client> {
+        let Some(ca) = &self.ca else {
+            if self.cert.is_some() {
+                bail!("--cert needs --ca (the cluster CA that signed the tracker certificate)");
+            }
+            return Ok(reqwest::Client::new());
+        };
+        let trust = pki::ClusterTrust::from_file(ca)
+            .with_context(|| format!("reading the cluster CA {}", ca.display()))?;
+        let cert = match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => Some(
+                pki::CertSource::from_files(c, k)
+                    .with_context(|| format!("loading {} and {}", c.display(), k.display()))?,
+            ),
+            _ => None,
+        };
+        let tls = pki::tracker_client_config(&trust, cert.as_ref())?;
+        Ok(reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .build()?)
+    }
 }
 
 #[derive(Args)]
@@ -86,8 +122,10 @@ pub struct PrewarmArgs {
     cancel: Option<u64>,
 }
 
-async fn get_json(url: &str) -> Result<serde_json::Value> {
-    let r = reqwest::get(url)
+async fn get_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Value> {
+    let r = http
+        .get(url)
+        .send()
         .await
         .with_context(|| format!("GET {url}"))?;
     let status = r.status();
@@ -100,13 +138,14 @@ async fn get_json(url: &str) -> Result<serde_json::Value> {
 
 pub async fn run_nodes(a: NodesArgs) -> Result<()> {
     let base = a.t.tracker.trim_end_matches('/');
+    let http = a.t.client()?;
     match &a.node {
         Some(n) => {
-            let v = get_json(&format!("{base}/api/v1/nodes/{n}")).await?;
+            let v = get_json(&http, &format!("{base}/api/v1/nodes/{n}")).await?;
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
         None => {
-            let v = get_json(&format!("{base}/api/v1/nodes")).await?;
+            let v = get_json(&http, &format!("{base}/api/v1/nodes")).await?;
             if a.t.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -132,7 +171,7 @@ pub async fn run_where(a: WhereArgs) -> Result<()> {
             }
         })
         .collect();
-    let v = get_json(&format!("{base}/api/v1/where?image={q}")).await?;
+    let v = get_json(&a.t.client()?, &format!("{base}/api/v1/where?image={q}")).await?;
     if a.t.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -146,7 +185,7 @@ pub async fn run_where(a: WhereArgs) -> Result<()> {
 
 pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
     let base = a.t.tracker.trim_end_matches('/').to_owned();
-    let http = reqwest::Client::new();
+    let http = a.t.client()?;
     if let Some(id) = a.cancel {
         let r = http
             .delete(format!("{base}/api/v1/prewarm/{id}"))
@@ -206,7 +245,7 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         return Ok(());
     }
     loop {
-        let v = get_json(&format!("{base}/api/v1/prewarm/{id}")).await?;
+        let v = get_json(&http, &format!("{base}/api/v1/prewarm/{id}")).await?;
         if a.t.json {
             println!("{}", serde_json::to_string(&v)?);
         } else {

@@ -4,6 +4,7 @@
 
 mod agent_cmd;
 mod bench;
+mod certs_cmd;
 mod cluster_cmd;
 mod demo;
 mod setup_cmd;
@@ -49,6 +50,9 @@ enum Command {
     /// Point container runtimes at the agent.
     #[command(subcommand)]
     Setup(setup_cmd::SetupCmd),
+    /// Cluster PKI: create the CA, bootstrap tokens for joining nodes, certificates.
+    #[command(subcommand)]
+    Certs(certs_cmd::CertsCmd),
     /// Self-contained demo: synthetic training image, origin, agent, cold and warm pulls.
     Demo(demo::DemoArgs),
     /// Benchmarks that compare against a baseline in the same run.
@@ -93,6 +97,7 @@ fn main() -> std::process::ExitCode {
             Command::ServeOci(a) => agent_cmd::run_serve_oci(a).await.map(|_| 0),
             Command::Pull(a) => agent_cmd::run_pull(a).await.map(|_| 0),
             Command::Setup(s) => setup_cmd::run(s).map(|_| 0),
+            Command::Certs(c) => certs_cmd::run(c).map(|_| 0),
             Command::Sim(a) => tokio::task::spawn_blocking(move || sim::cli::run(&a))
                 .await?
                 .map_err(anyhow::Error::from),

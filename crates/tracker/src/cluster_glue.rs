@@ -199,8 +199,52 @@ impl ImageCatalog for RegistryCatalog {
     }
 }
 
+/// Prewarm assignments waiting for their node to fetch them (TLS mode): the tracker
+/// cannot authenticate itself to an agent's plain-HTTP API, so instead of pushing,
+/// it keeps each node's assignments until that node asks for them over mutual TLS.
+#[derive(Clone, Default)]
+pub struct Mailbox(Arc<Mutex<HashMap<String, Vec<cluster::Assignment>>>>);
+
+/// Assignments kept per node at most; beyond, new ones fail (a node that stopped
+/// polling must not grow the tracker's memory).
+const MAILBOX_PER_NODE: usize = 256;
+
+impl Mailbox {
+    /// Queues `a` for its node; `false` when the node's box is full.
+    fn post(&self, a: cluster::Assignment) -> bool {
+        let mut boxes = self.0.lock();
+        let queue = boxes.entry(a.node.clone()).or_default();
+        if queue.len() >= MAILBOX_PER_NODE {
+            return false;
+        }
+        queue.push(a);
+        true
+    }
+
+    fn take(&self, node: &str) -> Vec<cluster::Assignment> {
+        self.0.lock().remove(node).unwrap_or_default()
+    }
+}
+
+/// `GET /api/v1/assignments` (TLS mode, nodes only): the caller's own assignments,
+/// each handed out once.
+pub async fn fetch_assignments(
+    State(mailbox): State<Mailbox>,
+    me: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
+) -> Response {
+    let Some(axum::Extension(cluster::http::AuthenticatedNode(node))) = me else {
+        return (
+            StatusCode::FORBIDDEN,
+            Json(serde_json::json!({"error": "only nodes fetch assignments"})),
+        )
+            .into_response();
+    };
+    Json(mailbox.take(&node)).into_response()
+}
+
 /// Sends new prewarm assignments to their agents every second and ticks the state.
-pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>) {
+/// With a `mailbox` (TLS mode) assignments are left there for their nodes to fetch.
+pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>, mailbox: Option<Mailbox>) {
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .build()
@@ -220,6 +264,21 @@ pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>) {
                 }
             };
             for a in assignments {
+                if let Some(mailbox) = &mailbox {
+                    let (job, node) = (a.job_id, a.node.clone());
+                    if mailbox.post(a) {
+                        info!(job, %node, "prewarm assignment queued for its node");
+                    } else {
+                        let _ = state.update_prewarm_node(
+                            job,
+                            &node,
+                            NodeUpdate::Failed {
+                                reason: "node is not fetching its assignments".into(),
+                            },
+                        );
+                    }
+                    continue;
+                }
                 let Some(url) = a.agent_url.clone() else {
                     let _ = state.update_prewarm_node(
                         a.job_id,
@@ -268,8 +327,14 @@ pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>) {
 pub async fn node_update(
     State(state): State<ClusterState>,
     Path((id, node)): Path<(u64, String)>,
+    me: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
     Json(update): Json<NodeUpdate>,
 ) -> Response {
+    // The access layer checked the path already; the decoded name is checked again here
+    // so that no spelling of the path gets a node past it.
+    if let Some(refused) = crate::access::refuse_other_node(me.as_deref(), &node) {
+        return refused;
+    }
     match state.update_prewarm_node(id, &node, update) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => (

@@ -4,10 +4,14 @@
 //! seed, so a restarted tracker is whole again within a second or two.
 #![forbid(unsafe_code)]
 
+mod access;
 pub mod cluster_glue;
 mod server;
+pub mod tls;
 
+pub use access::Caller;
 pub use server::ServerLimits;
+pub use tls::{CertResponse, JoinRequest, RenewRequest, TlsOptions, TrackerTls};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,6 +37,11 @@ pub enum Error {
     Serve {
         addr: SocketAddr,
         source: std::io::Error,
+    },
+    #[error("cluster TLS: {what}: {source}")]
+    Pki {
+        what: &'static str,
+        source: pki::Error,
     },
 }
 
@@ -113,6 +122,11 @@ pub struct Tracker {
     /// The cluster layer (inventory, prewarm, extender, dashboard), when enabled.
     pub cluster: Option<cluster::ClusterState>,
     limits: ServerLimits,
+    /// Cluster TLS: HTTPS, client certificates and the role table instead of the
+    /// bearer token.
+    tls: Option<TrackerTls>,
+    /// Prewarm assignments waiting for their nodes (TLS mode).
+    mailbox: cluster_glue::Mailbox,
 }
 
 /// A batch of complete blobs an agent seeds, re-sent every second.
@@ -140,7 +154,18 @@ impl Tracker {
             started: Instant::now(),
             cluster: None,
             limits: ServerLimits::default(),
+            tls: None,
+            mailbox: cluster_glue::Mailbox::default(),
         }
+    }
+
+    /// Serve HTTPS with the cluster certificate, require client certificates and apply
+    /// the role table ([`access`]). The bearer token, if any, is no longer checked: it
+    /// is the plain-HTTP mode's authentication.
+    pub fn with_tls(mut self, tls: TrackerTls) -> Self {
+        self.token = None;
+        self.tls = Some(tls);
+        self
     }
 
     pub fn with_limits(mut self, limits: ServerLimits) -> Self {
@@ -180,6 +205,24 @@ impl Tracker {
                     .with_state(c.clone()),
             );
         }
+        if let Some(tls) = &self.tls {
+            router = router
+                .merge(
+                    Router::new()
+                        .route("/certs/v1/join", axum::routing::post(tls::join))
+                        .route("/certs/v1/renew", axum::routing::post(tls::renew))
+                        .with_state(tls.clone()),
+                )
+                .merge(
+                    Router::new()
+                        .route(
+                            "/api/v1/assignments",
+                            axum::routing::get(cluster_glue::fetch_assignments),
+                        )
+                        .with_state(self.mailbox.clone()),
+                )
+                .layer(axum::middleware::from_fn(access::authorize));
+        }
         router.layer(axum::middleware::from_fn_with_state(self.clone(), observe))
     }
 
@@ -205,10 +248,21 @@ impl Tracker {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             source: e,
         })?;
-        tracing::info!(%addr, "tracker listening");
+        if self.tls.is_some() {
+            tracing::info!(%addr, "tracker listening (HTTPS, client certificates)");
+        } else {
+            // Loud on purpose: this mode is for tests and trusted lab networks.
+            tracing::warn!(
+                %addr,
+                "tracker listening on PLAIN HTTP: INSECURE. Traffic is unencrypted and nodes \
+                 are not authenticated (at most a shared bearer token); use --pki DIR for \
+                 cluster TLS"
+            );
+        }
         self.spawn_expiry();
         if let Some(c) = &self.cluster {
-            cluster_glue::spawn_dispatcher(c.clone(), self.token.clone());
+            let mailbox = self.tls.as_ref().map(|_| self.mailbox.clone());
+            cluster_glue::spawn_dispatcher(c.clone(), self.token.clone(), mailbox);
         }
         let gauges = server::Gauges {
             refused: self.metrics.connections_refused.clone(),
@@ -220,6 +274,7 @@ impl Tracker {
             shutdown,
             self.limits.clone(),
             gauges,
+            self.tls.clone(),
         )
         .await;
         Ok(())
@@ -293,7 +348,14 @@ async fn observe(State(t): State<Tracker>, req: Request, next: Next) -> Response
     resp
 }
 
-async fn announce(State(t): State<Tracker>, Json(req): Json<AnnounceRequest>) -> Response {
+async fn announce(
+    State(t): State<Tracker>,
+    node: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
+    Json(req): Json<AnnounceRequest>,
+) -> Response {
+    if let Some(refused) = access::refuse_other_node(node.as_deref(), &req.node) {
+        return refused;
+    }
     let now = t.now_ms();
     let resp = t.state.lock().announce(&req, now);
     match resp {
@@ -322,7 +384,14 @@ async fn hashes(
     Json(t.state.lock().hashes(&q.digest, q.from)).into_response()
 }
 
-async fn seeding(State(t): State<Tracker>, Json(req): Json<SeedingRequest>) -> Response {
+async fn seeding(
+    State(t): State<Tracker>,
+    node: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
+    Json(req): Json<SeedingRequest>,
+) -> Response {
+    if let Some(refused) = access::refuse_other_node(node.as_deref(), &req.node) {
+        return refused;
+    }
     let now = t.now_ms();
     let mut st = t.state.lock();
     for b in req.blobs.iter().take(100_000) {

@@ -24,6 +24,9 @@ use tokio::task::JoinSet;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
+use crate::access::Caller;
+use crate::tls::TrackerTls;
+
 /// Connection and request limits of the tracker's server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerLimits {
@@ -56,6 +59,7 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     limits: ServerLimits,
     gauges: Gauges,
+    tls: Option<TrackerTls>,
 ) {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -86,36 +90,30 @@ pub(crate) async fn serve(
                     continue;
                 };
                 let _ = tcp.set_nodelay(true);
-                let (router, mut stop, open) = (router.clone(), stop_rx.clone(), gauges.open.clone());
+                let (router, stop, open) = (router.clone(), stop_rx.clone(), gauges.open.clone());
                 let header_timeout = limits.header_read_timeout;
+                let tls = tls.clone();
                 connections.spawn(async move {
                     let _slot = slot;
                     let _open = OpenGuard::new(open);
-                    let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let router = router.clone();
-                        async move {
-                            Ok::<_, Infallible>(
-                                router
-                                    .oneshot(req.map(axum::body::Body::new))
-                                    .await
-                                    .unwrap_or_else(|e| match e {}),
+                    match tls {
+                        None => serve_connection(tcp, router, None, header_timeout, stop).await,
+                        Some(tls) => {
+                            // The handshake gets the header timeout too: a client that
+                            // opens a connection and never says hello must not keep it.
+                            let accepted = tokio::time::timeout(
+                                header_timeout,
+                                tls.acceptor.accept(tcp),
                             )
-                        }
-                    });
-                    let conn = hyper::server::conn::http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(header_timeout)
-                        .serve_connection(TokioIo::new(tcp), service);
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        r = conn.as_mut() => {
-                            if let Err(e) = r {
-                                debug!(error = %e, "connection ended with an error");
+                            .await;
+                            match accepted {
+                                Ok(Ok(stream)) => {
+                                    let caller = Some(Caller::of(&stream));
+                                    serve_connection(stream, router, caller, header_timeout, stop).await
+                                }
+                                Ok(Err(e)) => debug!(error = %pki::Error::from_handshake(e), "TLS handshake refused"),
+                                Err(_) => debug!("TLS handshake timed out"),
                             }
-                        }
-                        _ = async { drop(stop.wait_for(|s| *s).await) } => {
-                            conn.as_mut().graceful_shutdown();
-                            let _ = conn.await;
                         }
                     }
                 });
@@ -134,6 +132,46 @@ pub(crate) async fn serve(
             "shutdown grace period over; closing connections still in use"
         );
         connections.shutdown().await;
+    }
+}
+
+/// Serves HTTP/1.1 on one connection (TCP or TLS) until it ends or the server stops.
+/// `caller`: the connection's verified client identity in TLS mode, put on every request.
+async fn serve_connection<IO>(
+    io: IO,
+    router: Router,
+    caller: Option<Caller>,
+    header_timeout: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let router = router.clone();
+        let caller = caller.clone();
+        async move {
+            let mut req = req.map(axum::body::Body::new);
+            if let Some(caller) = caller {
+                req.extensions_mut().insert(caller);
+            }
+            Ok::<_, Infallible>(router.oneshot(req).await.unwrap_or_else(|e| match e {}))
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                debug!(error = %e, "connection ended with an error");
+            }
+        }
+        _ = async { drop(stop.wait_for(|s| *s).await) } => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
     }
 }
 

@@ -18,7 +18,9 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tracing::debug;
 
-use super::wire_io::{peer_err, write_frames, FrameReader, HANDSHAKE_TIMEOUT};
+use super::wire_io::{
+    peer_err, split_tcp, split_tls, write_frames, FrameReader, PeerRead, HANDSHAKE_TIMEOUT,
+};
 use super::P2p;
 use crate::Error;
 
@@ -291,7 +293,21 @@ async fn dial(p2p: &Arc<P2p>, node: &str, addr: &str) -> Result<Arc<PeerConn>, E
         .map_err(|_| peer_err(node, format!("connect to {addr} timed out")))?
         .map_err(|e| peer_err(node, format!("connect to {addr}: {e}")))?;
     let _ = tcp.set_nodelay(true);
-    let (r, mut w) = tcp.into_split();
+    let (r, mut w) = match &p2p.peer_tls {
+        None => split_tcp(tcp),
+        // The peer must hold the certificate of the node the tracker named, whatever
+        // address it answers on.
+        Some(tls) => {
+            let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connector.connect(node, tcp))
+                .await
+                .map_err(|_| peer_err(node, "TLS handshake timed out"))?
+                .map_err(|e| {
+                    p2p.metrics.peer_auth_failures.inc();
+                    peer_err(node, format!("TLS: {e}"))
+                })?;
+            split_tls(stream)
+        }
+    };
     let mut reader = FrameReader::new(r, node);
     let nonce: [u8; 16] = rand::random();
     write_frames(
@@ -390,7 +406,7 @@ struct Receiving {
 async fn read_loop(
     p2p: &Arc<P2p>,
     conn: &Arc<PeerConn>,
-    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    reader: &mut FrameReader<PeerRead>,
 ) -> Result<(), Error> {
     let node = conn.node.clone();
     let mut cur: Option<Receiving> = None;
@@ -551,7 +567,7 @@ async fn read_loop(
 async fn receive_data(
     p2p: &Arc<P2p>,
     node: &str,
-    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    reader: &mut FrameReader<PeerRead>,
     cur: &mut Option<Receiving>,
     buf: &mut Vec<u8>,
     chan: Option<Arc<RecvChan>>,

@@ -125,6 +125,24 @@ impl P2pMetrics {
     }
 }
 
+/// The listener's acceptor and the dialer's connector for peer connections under TLS.
+/// Both read the node certificate at every handshake, so a renewal applies at once.
+pub(crate) struct PeerTls {
+    pub(crate) acceptor: pki::tokio_rustls::TlsAcceptor,
+    pub(crate) connector: pki::PeerConnector,
+}
+
+impl PeerTls {
+    fn new(id: &crate::identity::NodeIdentity) -> Result<Self, Error> {
+        let config = pki::peer_server_config(&id.cert, &id.trust)
+            .map_err(|e| Error::Config(format!("peer TLS: {e}")))?;
+        Ok(PeerTls {
+            acceptor: pki::acceptor(config),
+            connector: pki::PeerConnector::new(id.cert.clone(), id.trust.clone()),
+        })
+    }
+}
+
 pub struct P2p {
     pub node: String,
     /// Where peers reach this agent's peer listener, `host:port`.
@@ -133,6 +151,12 @@ pub struct P2p {
     tracker: String,
     token: Option<String>,
     pub(crate) http: reqwest::Client,
+    /// This node's certificate and the cluster CA, with an https:// tracker: `http`
+    /// presents it to the tracker.
+    pub(crate) identity: Option<crate::identity::NodeIdentity>,
+    /// Mutual TLS between agents, when this node has a certificate: the peer's identity
+    /// is its certificate's node name, and the token handshake is not used.
+    pub(crate) peer_tls: Option<PeerTls>,
     pub(crate) upload: Option<TokenBucket>,
     /// The node's download limit (shared with the registry path).
     pub(crate) download: Option<Arc<TokenBucket>>,
@@ -182,12 +206,16 @@ impl P2p {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .pool_max_idle_per_host(8)
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| Error::Config(format!("http client: {e}")))?;
+        let identity = crate::identity::load(cfg)?;
+        let http = match &identity {
+            Some(id) => crate::identity::tracker_client(id)?,
+            None => reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .pool_max_idle_per_host(8)
+                .tcp_nodelay(true)
+                .build()
+                .map_err(|e| Error::Config(format!("http client: {e}")))?,
+        };
         Ok(Some(Arc::new(Self {
             node: cfg.node_name.clone(),
             addr: advertised,
@@ -198,6 +226,8 @@ impl P2p {
             tracker: tracker.trim_end_matches('/').to_owned(),
             token: cfg.cluster_token.clone(),
             http,
+            peer_tls: identity.as_ref().map(PeerTls::new).transpose()?,
+            identity,
             upload: up.map(TokenBucket::new),
             download,
             link_bytes_per_sec: link,
@@ -273,11 +303,14 @@ impl P2p {
         }
     }
 
-    /// This node's answer to a peer's handshake nonce (zeros without a token).
+    /// This node's answer to a peer's handshake nonce (zeros without a token, and under
+    /// TLS, where the certificates authenticate both ends).
     pub(crate) fn proof(&self, role: u8, nonce: &[u8; 16], prover: &str) -> [u8; 32] {
         match &self.token {
-            Some(t) => swarm::wire::handshake_proof(t.as_bytes(), role, nonce, prover),
-            None => [0; 32],
+            Some(t) if self.peer_tls.is_none() => {
+                swarm::wire::handshake_proof(t.as_bytes(), role, nonce, prover)
+            }
+            _ => [0; 32],
         }
     }
 

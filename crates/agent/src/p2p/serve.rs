@@ -17,14 +17,14 @@ use oci::Digest;
 use swarm::upload::{Admit, Queued};
 use swarm::wire::{self, ChannelId, Frame, RejectReason};
 use swarm::{PieceHash, PieceLayout};
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
 use super::wire_io::{
-    peer_err, send_file, write_frames, FrameReader, DATA_CHUNK, HANDSHAKE_TIMEOUT,
+    peer_err, send_file, split_tcp, split_tls, write_frames, FrameReader, PeerRead, PeerWrite,
+    DATA_CHUNK, HANDSHAKE_TIMEOUT,
 };
 use super::P2p;
 use crate::{Agent, Error};
@@ -103,11 +103,13 @@ pub(crate) async fn serve_peers(agent: Agent, p2p: Arc<P2p>, listener: TcpListen
 }
 
 /// Runs the holder's side of the handshake; returns the dialer's name and the address
-/// it says its own peer listener has.
+/// it says its own peer listener has. `certified`: under TLS, the node name of the
+/// dialer's verified certificate, which its HELLO must repeat.
 async fn handshake(
     p2p: &P2p,
-    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
-    w: &mut OwnedWriteHalf,
+    reader: &mut FrameReader<PeerRead>,
+    w: &mut PeerWrite,
+    certified: Option<&str>,
 ) -> Result<(String, String), Error> {
     let first = reader.next().await?;
     let Some(Frame::Hello {
@@ -122,6 +124,17 @@ async fn handshake(
     };
     if version != wire::PROTOCOL_VERSION {
         return Err(peer_err(&dialer, format!("protocol version {version}")));
+    }
+    // Under TLS the certificate says who the dialer is; a HELLO claiming another name
+    // (to be handed pieces, or blamed, as someone else) ends the connection.
+    if let Some(certified) = certified {
+        if dialer != certified {
+            p2p.metrics.peer_auth_failures.inc();
+            return Err(peer_err(
+                certified,
+                format!("HELLO claims to be {dialer:.80}, the certificate says {certified}"),
+            ));
+        }
     }
     reader.set_peer(&dialer);
     let nonce: [u8; 16] = rand::random();
@@ -157,12 +170,34 @@ async fn handshake(
 }
 
 async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), Error> {
-    let (r, mut w) = tcp.into_split();
+    let (r, mut w, certified) = match &p2p.peer_tls {
+        None => {
+            let (r, w) = split_tcp(tcp);
+            (r, w, None)
+        }
+        Some(tls) => {
+            let accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, pki::accept(&tls.acceptor, tcp))
+                .await
+                .map_err(|_| peer_err("?", "TLS handshake timed out"))?;
+            let (stream, identity) = accepted.map_err(|e| {
+                p2p.metrics.peer_auth_failures.inc();
+                peer_err("?", format!("TLS: {e}"))
+            })?;
+            // peer_server_config requires a node certificate, so there is one.
+            let node = identity
+                .map(|id| id.name().to_owned())
+                .ok_or_else(|| peer_err("?", "no client certificate"))?;
+            let (r, w) = split_tls(stream);
+            (r, w, Some(node))
+        }
+    };
     let mut reader = FrameReader::new(r, "?");
-    let (dialer, dialer_addr) =
-        tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&p2p, &mut reader, &mut w))
-            .await
-            .map_err(|_| peer_err("?", "handshake timed out"))??;
+    let (dialer, dialer_addr) = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        handshake(&p2p, &mut reader, &mut w, certified.as_deref()),
+    )
+    .await
+    .map_err(|_| peer_err("?", "handshake timed out"))??;
     let id = CONN_IDS.fetch_add(1, Ordering::Relaxed);
     let (ctl_tx, ctl_rx) = mpsc::channel::<Frame>(4096);
     let (piece_tx, piece_rx) = mpsc::unbounded_channel::<PieceJob>();
@@ -200,7 +235,7 @@ async fn read_loop(
     p2p: &Arc<P2p>,
     id: u64,
     conn: &Arc<HolderConn>,
-    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    reader: &mut FrameReader<PeerRead>,
     ctl: &mpsc::Sender<Frame>,
     dialer: &str,
     dialer_addr: &str,
@@ -557,7 +592,7 @@ async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
 /// frames with control frames between chunks.
 async fn write_loop(
     p2p: Arc<P2p>,
-    mut w: OwnedWriteHalf,
+    mut w: PeerWrite,
     mut ctl: mpsc::Receiver<Frame>,
     mut pieces: mpsc::UnboundedReceiver<PieceJob>,
     peer: String,
@@ -587,7 +622,7 @@ async fn write_loop(
 
 async fn send_piece(
     p2p: &P2p,
-    w: &mut OwnedWriteHalf,
+    w: &mut PeerWrite,
     ctl: &mut mpsc::Receiver<Frame>,
     job: PieceJob,
     peer: &str,
@@ -611,14 +646,13 @@ async fn send_piece(
         write_frames(w, &frames, peer).await?;
         if p2p.corrupt {
             use std::os::unix::fs::FileExt;
-            use tokio::io::AsyncWriteExt;
             let mut buf = vec![0u8; n as usize];
             job.file
                 .read_exact_at(&mut buf, job.offset + sent)
                 .map_err(|e| peer_err(peer, e))?;
             let mid = buf.len() / 2;
             buf[mid] ^= 0x5a;
-            w.write_all(&buf).await.map_err(|e| peer_err(peer, e))?;
+            w.send(&buf).await.map_err(|e| peer_err(peer, e))?;
         } else {
             send_file(w, &job.file, job.offset + sent, n, peer).await?;
         }

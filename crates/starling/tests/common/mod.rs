@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+pub mod tls;
+
 pub struct Proc {
     pub child: Child,
     pub port: u16,
