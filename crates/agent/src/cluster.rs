@@ -6,12 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
 use cluster::inventory::{BlobHolding, BlobRef, Download, ImageRecord, Pin, SourceBytes};
 use cluster::prewarm::NodeUpdate;
 use cluster::{Assignment, NodeReport};
-use http::{header, HeaderMap, StatusCode};
 use oci::{Digest, ImageReference, Manifest, ManifestRef};
 use tracing::{debug, info, warn};
 
@@ -22,8 +19,7 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Unix seconds of the last warning about a refused report (0: none yet).
 static LAST_REFUSAL_WARNING: AtomicU64 = AtomicU64::new(0);
 
-/// Largest prewarm assignment body taken (a job of ~50k blobs); checked after the
-/// token, so only the tracker can make the agent read this much.
+/// Largest body of collected assignments read (a job of ~50k blobs).
 const MAX_ASSIGNMENT_BYTES: usize = 8 << 20;
 
 /// Clock difference between tracker and agent tolerated when checking an assignment's
@@ -514,132 +510,90 @@ fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), Error> {
     Ok(())
 }
 
-/// `POST /api/v1/prewarm` on the agent: the tracker hands over an assignment. The
-/// token is checked before a byte of the body is read.
-pub(crate) async fn prewarm_handler(State(agent): State<Agent>, req: Request) -> Response {
-    let Some(p2p) = &agent.p2p else {
-        return (StatusCode::CONFLICT, "agent has no tracker").into_response();
-    };
-    // With a node certificate, assignments come only from the tracker over mutual TLS
-    // (the poller below): this plain-HTTP endpoint cannot tell the tracker from anyone
-    // else who reaches the port.
-    if p2p.identity.is_some() {
-        return (
-            StatusCode::FORBIDDEN,
-            "this agent takes prewarm assignments only from its tracker over mutual TLS",
-        )
-            .into_response();
-    }
-    let headers: &HeaderMap = req.headers();
-    if !p2p.token_ok(
-        headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok()),
-    ) {
-        return (StatusCode::UNAUTHORIZED, "missing or wrong cluster token").into_response();
-    }
-    let too_large = || {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("assignment larger than {MAX_ASSIGNMENT_BYTES} bytes"),
-        )
-            .into_response()
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_ASSIGNMENT_BYTES as u64) {
-        return too_large();
-    }
-    let body = match axum::body::to_bytes(req.into_body(), MAX_ASSIGNMENT_BYTES).await {
-        Ok(b) => b,
-        Err(_) => return too_large(),
-    };
-    let a: Assignment = match serde_json::from_slice(&body) {
-        Ok(a) => a,
-        Err(e) => {
-            return (StatusCode::BAD_REQUEST, format!("invalid assignment: {e}")).into_response()
-        }
-    };
-    match accept_assignment(&agent, a) {
-        Ok(()) => StatusCode::ACCEPTED.into_response(),
-        Err(why) => (StatusCode::BAD_REQUEST, why).into_response(),
-    }
-}
+/// Most assignments taken from one collection: what the tracker keeps per node.
+const MAX_ASSIGNMENTS_PER_POLL: usize = cluster::prewarm::MAX_WAITING_ASSIGNMENTS;
 
-/// Checks an assignment (times, node) and starts it.
-fn accept_assignment(agent: &Agent, a: Assignment) -> Result<(), String> {
-    if let Err(why) = check_assignment_times(&a, unix_now()) {
-        warn!(job = a.job_id, %why, "prewarm assignment refused");
-        return Err(format!("invalid assignment: {why}"));
-    }
-    if a.node != agent.cfg.node_name {
-        return Err(format!(
-            "assignment for {}, this is {}",
-            a.node, agent.cfg.node_name
-        ));
-    }
-    info!(job = a.job_id, images = a.images.len(), bytes_per_sec = ?a.bytes_per_sec, seed = a.seed, "prewarm assignment accepted");
-    tokio::spawn(agent.clone().run_assignment(a));
-    Ok(())
-}
+/// How often the agent asks the tracker for prewarm assignments.
+const ASSIGNMENT_POLL: Duration = Duration::from_secs(1);
 
 impl Agent {
-    /// With a node certificate: fetches this node's prewarm assignments from the
-    /// tracker every second (`GET /api/v1/assignments`, mutual TLS) instead of taking
-    /// them on the plain-HTTP API.
+    /// Collects this node's prewarm assignments from the tracker every second
+    /// (`GET /api/v1/assignments`: over mutual TLS with the node certificate, or with
+    /// the cluster token and `?node=` in plain mode). The agent has no inbound cluster
+    /// API: the tracker never connects to it, so no credential ever travels to an
+    /// address taken from a report.
     pub(crate) fn spawn_assignment_poller(&self) {
-        let Some(p2p) = self.p2p.clone() else { return };
-        if p2p.identity.is_none() {
+        if self.p2p.is_none() {
             return;
         }
         let agent = self.clone();
         tokio::spawn(async move {
-            let url = format!("{}/api/v1/assignments", p2p.tracker_url());
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut tick = tokio::time::interval(ASSIGNMENT_POLL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let r = match p2p
-                    .http
-                    .get(&url)
-                    .timeout(Duration::from_secs(5))
-                    .send()
-                    .await
-                {
-                    Ok(r) if r.status().is_success() => r,
-                    Ok(r) => {
-                        debug!(status = %r.status(), "tracker refused the assignment fetch");
-                        continue;
+                match agent.collect_assignments().await {
+                    Ok(list) => {
+                        for a in list {
+                            agent.accept_assignment(a).await;
+                        }
                     }
-                    Err(e) => {
-                        debug!(error = %e, "cannot fetch prewarm assignments");
-                        continue;
-                    }
-                };
-                let body = match crate::read_bounded(r, MAX_ASSIGNMENT_BYTES).await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        warn!(error = %e, "unreadable prewarm assignments");
-                        continue;
-                    }
-                };
-                let assignments: Vec<Assignment> = match serde_json::from_slice(&body) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        warn!(error = %e, "invalid prewarm assignments");
-                        continue;
-                    }
-                };
-                for a in assignments {
-                    let job = a.job_id;
-                    if let Err(why) = accept_assignment(&agent, a) {
-                        agent
-                            .prewarm_update(job, NodeUpdate::Failed { reason: why })
-                            .await;
-                    }
+                    Err(e) => debug!(error = %e, "cannot collect prewarm assignments"),
                 }
             }
         });
+    }
+
+    async fn collect_assignments(&self) -> Result<Vec<Assignment>, Error> {
+        let Some(p2p) = &self.p2p else {
+            return Ok(Vec::new());
+        };
+        let tracker_err = |message: String| Error::Tracker { message };
+        let r = p2p
+            .authed(
+                p2p.http
+                    .get(format!("{}/api/v1/assignments", p2p.tracker_url()))
+                    .query(&[("node", self.cfg.node_name.as_str())]),
+            )
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|e| tracker_err(format!("assignments: {e}")))?;
+        if !r.status().is_success() {
+            return Err(tracker_err(format!("assignments: {}", r.status())));
+        }
+        let body = crate::read_bounded(r, MAX_ASSIGNMENT_BYTES).await?;
+        let list: Vec<Assignment> =
+            serde_json::from_slice(&body).map_err(|e| tracker_err(format!("assignments: {e}")))?;
+        if list.len() > MAX_ASSIGNMENTS_PER_POLL {
+            return Err(tracker_err(format!(
+                "{} assignments at once (at most {MAX_ASSIGNMENTS_PER_POLL})",
+                list.len()
+            )));
+        }
+        Ok(list)
+    }
+
+    /// Checks an assignment (its node, pin and deadline maxima) and starts it; a
+    /// refused one goes back to the tracker as failed, with the reason.
+    async fn accept_assignment(&self, a: Assignment) {
+        let refused = if a.node != self.cfg.node_name {
+            Some(format!(
+                "assignment for {}, this is {}",
+                a.node, self.cfg.node_name
+            ))
+        } else {
+            check_assignment_times(&a, unix_now())
+                .err()
+                .map(|e| e.to_string())
+        };
+        if let Some(why) = refused {
+            warn!(job = a.job_id, %why, "prewarm assignment refused");
+            self.prewarm_update(a.job_id, NodeUpdate::Failed { reason: why })
+                .await;
+            return;
+        }
+        info!(job = a.job_id, images = a.images.len(), bytes_per_sec = ?a.bytes_per_sec, seed = a.seed, "prewarm assignment accepted");
+        tokio::spawn(self.clone().run_assignment(a));
     }
 }

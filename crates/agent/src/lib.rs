@@ -224,10 +224,6 @@ impl Agent {
             .route("/metrics", axum::routing::get(metrics_handler))
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/api/v1/cache", axum::routing::get(cache_handler))
-            .route(
-                "/api/v1/prewarm",
-                axum::routing::post(cluster::prewarm_handler),
-            )
             .route("/api/v1/report", axum::routing::get(report_handler))
             .fallback(registry_handler)
             .with_state(self.clone())

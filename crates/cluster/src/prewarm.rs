@@ -560,12 +560,15 @@ pub enum NodeUpdate {
     Failed { reason: String },
 }
 
-/// One instruction for the tracker to send to an agent.
+/// Assignments waiting for one node at the tracker at most (and so the most an agent
+/// takes from one collection).
+pub const MAX_WAITING_ASSIGNMENTS: usize = 64;
+
+/// One instruction for a node, collected by its agent from the tracker.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
     pub job_id: u64,
     pub node: String,
-    pub agent_url: Option<String>,
     /// (reference, digest): fetch and pin by digest.
     pub images: Vec<(String, String)>,
     pub blobs: Vec<BlobRef>,

@@ -1,7 +1,7 @@
 //! Attacks on a real `starling agent` process (security issue 12): `?ns=` pointed at
 //! internal hosts, slow and surplus connections, refused reports nobody hears about,
-//! prewarm assignments that overflow or are parsed before the token is checked, and
-//! secrets printed by `--print-config`.
+//! prewarm assignments only collected from the tracker (no address from a report is ever
+//! dialled), private content kept to local clients, and secrets printed by `--print-config`.
 //!
 //! Settings a test needs are passed as `STARLING_*` environment variables, so the same
 //! test runs against a build that lacks them and fails for the missing behaviour.
@@ -198,31 +198,12 @@ async fn the_agent_warns_when_the_tracker_refuses_its_report() {
     );
 }
 
-/// Sends a request head (no body) and returns what the server answered within 5 s.
-async fn raw_head_only(port: u16, head: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect");
-    s.write_all(head.as_bytes()).await.expect("write head");
-    let mut buf = vec![0u8; 4096];
-    match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
-        Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).into_owned(),
-        Ok(Err(e)) => format!("<read error {e}>"),
-        Err(_) => "<no answer within 5 s>".to_owned(),
-    }
-}
-
-fn assignment(node: &str, pin_until: u64, deadline_at: Option<u64>) -> serde_json::Value {
-    serde_json::json!({
-        "job_id": 7, "node": node, "agent_url": null, "images": [], "blobs": [],
-        "bytes_per_sec": null, "pin_until": pin_until, "deadline_at": deadline_at,
-        "priority": 0, "seed": false
-    })
-}
-
+/// Issue 12, finding 1: a forged report named an attacker's server as a node's
+/// `agent_url`, and the tracker POSTed that node's prewarm assignment there with the
+/// cluster token. Now agents collect their assignments from the tracker, which never
+/// connects to an address from a report; the agent has no inbound prewarm endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn prewarm_assignments_check_the_token_first_and_bound_pins_and_deadlines() {
+async fn assignments_are_collected_by_agents_and_no_reported_address_is_ever_dialled() {
     let dir = tempfile::tempdir().expect("temp dir");
     let registry = registry().await;
     let tracker = start_tracker(dir.path(), &["--cluster-token", TOKEN], &[]).await;
@@ -234,87 +215,93 @@ async fn prewarm_assignments_check_the_token_first_and_bound_pins_and_deadlines(
         &[],
     )
     .await;
-    let url = format!("{}/api/v1/prewarm", agent.url());
     let http = reqwest::Client::new();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs();
+    let t = tracker.url();
 
-    // Without the token nothing about the body matters: malformed or valid, it is
-    // refused; a huge one is refused before a byte of it is read.
-    for (what, body) in [
-        ("malformed", b"{\"job_id\": ".to_vec()),
-        (
-            "valid",
-            serde_json::to_vec(&assignment("n-pre", now + 60, None)).expect("JSON"),
-        ),
-    ] {
-        for auth in [None, Some("Bearer wrong-token")] {
-            let mut req = http
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(body.clone());
-            if let Some(a) = auth {
-                req = req.header("authorization", a);
-            }
-            let status = match req.send().await {
-                Ok(r) => r.status().as_u16(),
-                Err(e) => panic!("{what} body, auth {auth:?}: no answer: {e}"),
-            };
-            assert_eq!(status, 401, "{what} body with auth {auth:?}");
-        }
-    }
-    let head = "POST /api/v1/prewarm HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\nContent-Length: 67108864\r\n\r\n";
-    let answer = raw_head_only(agent.port, head).await;
-    assert!(
-        answer.starts_with("HTTP/1.1 401"),
-        "a 64 MiB body announced without a token: the agent waited for it instead of refusing: {answer:?}"
-    );
-    let head = format!("POST /api/v1/prewarm HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 67108864\r\n\r\n");
-    let answer = raw_head_only(agent.port, &head).await;
-    assert!(
-        answer.starts_with("HTTP/1.1 413"),
-        "an authenticated but oversized assignment: {answer:?}"
-    );
-
-    // With the token: pins and deadlines beyond their documented maxima are refused.
-    let year = 365 * 86_400;
-    for (what, a) in [
-        ("pin 95 years", assignment("n-pre", now + 95 * year, None)),
-        ("pin u64::MAX", assignment("n-pre", u64::MAX, None)),
-        (
-            "deadline u64::MAX",
-            assignment("n-pre", now + 60, Some(u64::MAX)),
-        ),
-        (
-            "deadline 1 year",
-            assignment("n-pre", now + 60, Some(now + year)),
-        ),
-    ] {
+    // The attacker's server, named as the agent URL of a forged node.
+    // A forged holder makes the image known; the forged victim holds nothing.
+    let (trap, dialled) = counting_listener().await;
+    let mut victim = forged_report("victim", 1, 8, 0);
+    victim["agent_url"] = serde_json::json!(format!("http://{trap}"));
+    for report in [forged_report("holder", 1, 7, 2), victim] {
         let r = http
-            .post(&url)
+            .post(format!("{t}/api/v1/reports"))
             .bearer_auth(TOKEN)
-            .json(&a)
+            .json(&report)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{what}: no answer: {e}"));
-        let status = r.status();
-        let text = r.text().await.unwrap_or_default();
-        assert_eq!(status, 400, "{what}: {text}");
-        assert!(
-            text.contains("pin") || text.contains("deadline"),
-            "{what}: unclear refusal {text}"
-        );
+            .expect("report answered");
+        assert!(r.status().is_success(), "forged report: {}", r.status());
     }
-    let r = http
-        .post(&url)
+    let job: serde_json::Value = http
+        .post(format!("{t}/api/v1/prewarm"))
         .bearer_auth(TOKEN)
-        .json(&assignment("n-pre", now + 3600, Some(now + 600)))
+        .json(&serde_json::json!({
+            "images": ["registry.test/forged/holder:v7"],
+            "targets": {"nodes": ["victim"]},
+            "force": true
+        }))
         .send()
         .await
-        .expect("assignment answered");
-    assert_eq!(r.status(), 202, "a sane assignment is taken");
+        .expect("prewarm answered")
+        .json()
+        .await
+        .expect("prewarm JSON");
+    assert!(job["id"].as_u64().is_some(), "prewarm accepted: {job}");
+
+    // The assignment waits at the tracker for "victim" to collect it ...
+    let mut waiting = Vec::new();
+    for _ in 0..50 {
+        let r = http
+            .get(format!("{t}/api/v1/assignments?node=victim"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("assignments answered");
+        assert_eq!(r.status(), 200);
+        waiting = r.json::<Vec<serde_json::Value>>().await.expect("JSON list");
+        if !waiting.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        waiting.len(),
+        1,
+        "the victim's assignment was posted for collection"
+    );
+    assert!(
+        waiting[0].get("agent_url").is_none(),
+        "assignments carry no address: {}",
+        waiting[0]
+    );
+    // ... and collecting needs the cluster token.
+    let r = http
+        .get(format!("{t}/api/v1/assignments?node=victim"))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(r.status(), 401, "collecting without the token");
+    // The tracker never dialled the reported address.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        dialled.load(Ordering::SeqCst),
+        0,
+        "the tracker connected to an address taken from a report"
+    );
+    // The agent has no inbound prewarm endpoint to attack.
+    let r = http
+        .post(format!("{}/api/v1/prewarm", agent.url()))
+        .bearer_auth(TOKEN)
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .expect("answered");
+    assert!(
+        r.status() == 404 || r.status() == 405,
+        "the agent still takes pushed assignments: {}",
+        r.status()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,6 +1,6 @@
 //! The cluster layer (inventory, prewarm, scheduler extender, dashboard) mounted on the
 //! tracker: a registry-backed image catalog so prewarm resolves tags the cluster has
-//! never pulled, the dispatcher that hands prewarm assignments to agents, and the
+//! never pulled, and the
 //! endpoint agents report prewarm progress to.
 
 use std::collections::{HashMap, HashSet};
@@ -17,7 +17,7 @@ use http::StatusCode;
 use oci::{ImageReference, Manifest};
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
-use tracing::{info, warn};
+use tracing::warn;
 
 /// How long a registry answer (or its absence) is reused for a tag; digests are
 /// immutable and kept until the cache is cleared.
@@ -197,131 +197,6 @@ impl ImageCatalog for RegistryCatalog {
             }
         })
     }
-}
-
-/// Prewarm assignments waiting for their node to fetch them (TLS mode): the tracker
-/// cannot authenticate itself to an agent's plain-HTTP API, so instead of pushing,
-/// it keeps each node's assignments until that node asks for them over mutual TLS.
-#[derive(Clone, Default)]
-pub struct Mailbox(Arc<Mutex<HashMap<String, Vec<cluster::Assignment>>>>);
-
-/// Assignments kept per node at most; beyond, new ones fail (a node that stopped
-/// polling must not grow the tracker's memory).
-const MAILBOX_PER_NODE: usize = 256;
-
-impl Mailbox {
-    /// Queues `a` for its node; `false` when the node's box is full.
-    fn post(&self, a: cluster::Assignment) -> bool {
-        let mut boxes = self.0.lock();
-        let queue = boxes.entry(a.node.clone()).or_default();
-        if queue.len() >= MAILBOX_PER_NODE {
-            return false;
-        }
-        queue.push(a);
-        true
-    }
-
-    fn take(&self, node: &str) -> Vec<cluster::Assignment> {
-        self.0.lock().remove(node).unwrap_or_default()
-    }
-}
-
-/// `GET /api/v1/assignments` (TLS mode, nodes only): the caller's own assignments,
-/// each handed out once.
-pub async fn fetch_assignments(
-    State(mailbox): State<Mailbox>,
-    me: Option<axum::Extension<cluster::http::AuthenticatedNode>>,
-) -> Response {
-    let Some(axum::Extension(cluster::http::AuthenticatedNode(node))) = me else {
-        return (
-            StatusCode::FORBIDDEN,
-            Json(serde_json::json!({"error": "only nodes fetch assignments"})),
-        )
-            .into_response();
-    };
-    Json(mailbox.take(&node)).into_response()
-}
-
-/// Sends new prewarm assignments to their agents every second and ticks the state.
-/// With a `mailbox` (TLS mode) assignments are left there for their nodes to fetch.
-pub fn spawn_dispatcher(state: ClusterState, token: Option<Arc<str>>, mailbox: Option<Mailbox>) {
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap_or_default();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            if let Err(e) = state.tick() {
-                warn!(error = %e, "cluster tick failed");
-            }
-            let assignments = match state.next_assignments() {
-                Ok(a) => a,
-                Err(e) => {
-                    warn!(error = %e, "cannot plan prewarm assignments");
-                    continue;
-                }
-            };
-            for a in assignments {
-                if let Some(mailbox) = &mailbox {
-                    let (job, node) = (a.job_id, a.node.clone());
-                    if mailbox.post(a) {
-                        info!(job, %node, "prewarm assignment queued for its node");
-                    } else {
-                        let _ = state.update_prewarm_node(
-                            job,
-                            &node,
-                            NodeUpdate::Failed {
-                                reason: "node is not fetching its assignments".into(),
-                            },
-                        );
-                    }
-                    continue;
-                }
-                let Some(url) = a.agent_url.clone() else {
-                    let _ = state.update_prewarm_node(
-                        a.job_id,
-                        &a.node,
-                        NodeUpdate::Failed {
-                            reason: "agent did not report its URL".into(),
-                        },
-                    );
-                    continue;
-                };
-                let mut req = http
-                    .post(format!("{}/api/v1/prewarm", url.trim_end_matches('/')))
-                    .json(&a)
-                    .timeout(Duration::from_secs(5));
-                if let Some(t) = &token {
-                    req = req.bearer_auth(t.as_ref());
-                }
-                match req.send().await {
-                    Ok(r) if r.status().is_success() => {
-                        info!(job = a.job_id, node = %a.node, seed = a.seed, "prewarm assignment sent")
-                    }
-                    Ok(r) => {
-                        let _ = state.update_prewarm_node(
-                            a.job_id,
-                            &a.node,
-                            NodeUpdate::Failed {
-                                reason: format!("agent refused the assignment: {}", r.status()),
-                            },
-                        );
-                    }
-                    Err(e) => {
-                        let _ = state.update_prewarm_node(
-                            a.job_id,
-                            &a.node,
-                            NodeUpdate::Failed {
-                                reason: format!("agent unreachable: {e}"),
-                            },
-                        );
-                    }
-                }
-            }
-        }
-    });
 }
 
 pub async fn node_update(

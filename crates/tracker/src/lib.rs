@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 mod access;
+pub mod assignments;
 pub mod cluster_glue;
 mod server;
 pub mod tls;
@@ -125,8 +126,8 @@ pub struct Tracker {
     /// Cluster TLS: HTTPS, client certificates and the role table instead of the
     /// bearer token.
     tls: Option<TrackerTls>,
-    /// Prewarm assignments waiting for their nodes (TLS mode).
-    mailbox: cluster_glue::Mailbox,
+    /// Prewarm assignments waiting for their nodes to collect them.
+    mailboxes: assignments::Mailboxes,
 }
 
 /// A batch of complete blobs an agent seeds, re-sent every second.
@@ -155,7 +156,7 @@ impl Tracker {
             cluster: None,
             limits: ServerLimits::default(),
             tls: None,
-            mailbox: cluster_glue::Mailbox::default(),
+            mailboxes: assignments::Mailboxes::default(),
         }
     }
 
@@ -204,6 +205,16 @@ impl Tracker {
                     )
                     .with_state(c.clone()),
             );
+            // Agents collect their assignments (the tracker never connects to them).
+            router = router.merge(
+                Router::new()
+                    .route(
+                        "/api/v1/assignments",
+                        axum::routing::get(assignments::collect),
+                    )
+                    .with_state(self.mailboxes.clone())
+                    .layer(axum::middleware::from_fn_with_state(self.clone(), auth)),
+            );
         }
         if let Some(tls) = &self.tls {
             router = router
@@ -212,14 +223,6 @@ impl Tracker {
                         .route("/certs/v1/join", axum::routing::post(tls::join))
                         .route("/certs/v1/renew", axum::routing::post(tls::renew))
                         .with_state(tls.clone()),
-                )
-                .merge(
-                    Router::new()
-                        .route(
-                            "/api/v1/assignments",
-                            axum::routing::get(cluster_glue::fetch_assignments),
-                        )
-                        .with_state(self.mailbox.clone()),
                 )
                 .layer(axum::middleware::from_fn(access::authorize));
         }
@@ -261,8 +264,7 @@ impl Tracker {
         }
         self.spawn_expiry();
         if let Some(c) = &self.cluster {
-            let mailbox = self.tls.as_ref().map(|_| self.mailbox.clone());
-            cluster_glue::spawn_dispatcher(c.clone(), self.token.clone(), mailbox);
+            assignments::spawn_planner(c.clone(), self.mailboxes.clone());
         }
         let gauges = server::Gauges {
             refused: self.metrics.connections_refused.clone(),

@@ -288,21 +288,6 @@ impl P2p {
         }
     }
 
-    pub(crate) fn token_ok(&self, header: Option<&str>) -> bool {
-        match &self.token {
-            None => true,
-            Some(want) => {
-                let given = header.and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
-                given.len() == want.len()
-                    && given
-                        .bytes()
-                        .zip(want.bytes())
-                        .fold(0u8, |a, (x, y)| a | (x ^ y))
-                        == 0
-            }
-        }
-    }
-
     /// This node's answer to a peer's handshake nonce (zeros without a token, and under
     /// TLS, where the certificates authenticate both ends).
     pub(crate) fn proof(&self, role: u8, nonce: &[u8; 16], prover: &str) -> [u8; 32] {

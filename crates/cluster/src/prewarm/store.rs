@@ -272,7 +272,6 @@ impl JobStore {
                 }
                 out.push(Assignment {
                     job_id: id,
-                    agent_url: inv.entry(&name).and_then(|e| e.report.agent_url.clone()),
                     node: name,
                     images: job
                         .images
