@@ -26,10 +26,9 @@
 //!   registry on one connection, piece by piece, publishing piece hashes at its next
 //!   announces. `next_requests` decides every piece request (per-agent seed
 //!   `seed_for(node)`, `SchedulerConfig::default()` limits per peer and per blob).
-//!   Requests then wait for one of the agent-wide `max_piece_requests` permits (4; a
-//!   fair semaphore, so in order), and hold it until the response ends; a request for
-//!   a blob's first missing piece (its read head) uses a lane of its own instead
-//!   (`head_requests`, 4 per agent).
+//!   Non-urgent requests take from the agent-wide `RequestBudget`
+//!   (`max_piece_requests`, 16) until their response ends; a blob's read head is
+//!   requested urgently, outside the budget.
 //! - Serving a piece (serve.rs): the holder takes one of its `max_uploads` slots; if
 //!   none is free, a request that asked to wait (the tracker sets
 //!   `wait_for_upload_slots` for swarms of more than 256 members) joins a line of at
@@ -42,10 +41,6 @@
 //!   the slot is held through both; without one, through the body. On a 503 (or 404) the
 //!   requester calls `on_failed` and `remove_peer` until the tracker hands the peer out
 //!   again (download.rs, `Event::Piece` with an error).
-//! - Token buckets (Starling's upload and download limits, the agent's
-//!   `TokenBucket::new`): they start full and refill up to a burst of 1/20 s worth
-//!   (≥ 256 KiB) while under-used; a transfer starting on a bucket with tokens gets that
-//!   many bytes through at once.
 //! - The pull client (`oci::pull`): one registry round trip for the manifest, then the
 //!   image's blobs in order (`--oci-layout` reads the config and the layers) with
 //!   `layer_concurrency` at once. Every registry request takes `registry.latency_ms`
@@ -62,7 +57,12 @@
 //! # Approximations
 //!
 //! - Flow-level: no TCP slow start, no per-request overhead beyond a fixed latency
-//!   (`registry.latency_ms` once per registry request, `peer_latency_ms` per piece).
+//!   (`registry.latency_ms` once per registry request, `peer_latency_ms` one way for
+//!   every frame between agents: a piece's request, and its last byte's arrival).
+//! - Token buckets are rates: the agent's buckets start full and keep a burst of
+//!   1/20 s worth (≥ 256 KiB) while under-used, which lets that much through at once
+//!   after an idle spell; the simulator does not (pessimistic by at most one burst
+//!   per idle spell).
 //! - Pieces are verified the moment they arrive (the agent waits for the piece's hash
 //!   from the tracker; the source publishes hashes ahead of the holders' bitfields, so
 //!   this rarely costs anything) and unpacking is not modelled.
@@ -96,7 +96,7 @@ pub mod scenario;
 pub mod strategy;
 
 pub use cli::{run, SimArgs};
-pub use engine::{simulate, Outcome};
+pub use engine::{simulate, Outcome, UploadRecord};
 pub use report::{Report, StrategyResult};
 pub use scenario::Scenario;
 
