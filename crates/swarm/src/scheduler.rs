@@ -265,13 +265,24 @@ impl PieceScheduler {
 
     /// A HAVE: the peer now holds `piece`. Unknown peers and pieces are ignored.
     pub fn peer_has(&mut self, id: &str, piece: u32, now_ms: u64) {
+        if let Some(&i) = self.by_name.get(id) {
+            self.peer_has_handle(i, piece, now_ms);
+        }
+    }
+
+    /// The peer's handle for [`PieceScheduler::peer_has_handle`]: valid until the peer
+    /// is removed (its slot may then go to another peer).
+    pub fn peer_handle(&self, id: &str) -> Option<u32> {
+        self.by_name.get(id).copied()
+    }
+
+    /// [`PieceScheduler::peer_has`] by handle: a simulated swarm delivers millions of
+    /// HAVEs, and looking each peer's name up dominated its run.
+    pub fn peer_has_handle(&mut self, i: u32, piece: u32, now_ms: u64) {
         if piece >= self.have.len() {
             return;
         }
-        let Some(&i) = self.by_name.get(id) else {
-            return;
-        };
-        let Some(s) = self.slots[i as usize].as_mut() else {
+        let Some(s) = self.slots.get_mut(i as usize).and_then(Option::as_mut) else {
             return;
         };
         let Some(h) = s.have.as_mut() else {
@@ -401,7 +412,7 @@ impl PieceScheduler {
         // Fill windows, one request at a time to the least-loaded peer that can take
         // one, so requests spread over peers instead of filling the first.
         let mut total = self.inflight_count();
-        if budget > 0 && total < total_cap {
+        if budget > 0 && total < total_cap && self.any_open_piece() {
             let mut cands = self.fill_candidates(now_ms);
             while budget > 0 && total < total_cap {
                 let Some(k) = self.least_loaded_of(&cands) else {
@@ -517,6 +528,51 @@ impl PieceScheduler {
             }
         }
         best.map(|(k, _)| k)
+    }
+
+    /// Whether a scheduling pass could now ask the peer with this handle for `piece`
+    /// (or for another of its pieces, which is no different for the caller): the piece
+    /// is open, the peer usable and allowed to serve it, with room in its window (the
+    /// read head needs none); in endgame, always. A caller that ran a pass since
+    /// anything else changed needs no new pass for a HAVE without this.
+    pub fn could_request_from(&self, handle: u32, piece: u32, now_ms: u64) -> bool {
+        if piece >= self.have.len() || self.have.get(piece) {
+            return false;
+        }
+        if self.have.len() - self.have.count() <= self.cfg.endgame {
+            return true;
+        }
+        if self.inflight_any.get(piece) {
+            return false;
+        }
+        let Some(s) = self.slots.get(handle as usize).and_then(Option::as_ref) else {
+            return false;
+        };
+        s.holds(piece)
+            && s.busy_until_ms <= now_ms
+            && self.far_allowed(piece, s.distance, now_ms)
+            && (piece == self.have.prefix() || s.inflight < self.window(s))
+    }
+
+    /// Whether some unbanned peer may hold a piece neither held nor in flight: without
+    /// one no peer has an open piece, and the fill loop need not look at each peer.
+    fn any_open_piece(&self) -> bool {
+        if self.complete_holders > 0 {
+            return true;
+        }
+        let have = self.have.as_bytes();
+        let busy = self.inflight_any.as_bytes();
+        have.iter().zip(busy).enumerate().any(|(byte, (&mine, &infl))| {
+            let mut open = !mine & !infl;
+            while open != 0 {
+                let piece = byte as u32 * 8 + open.trailing_zeros();
+                open &= open - 1;
+                if piece < self.have.len() && self.avail[piece as usize] > 0 {
+                    return true;
+                }
+            }
+            false
+        })
     }
 
     /// Whether `best_piece_for` would find a piece for this peer.

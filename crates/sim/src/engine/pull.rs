@@ -28,6 +28,8 @@ pub(crate) struct Link {
     pub connecting: bool,
     /// Whether the latest tracker answer named it.
     pub fresh: bool,
+    /// The peer's handle in the scheduler, once its bitfield arrived.
+    pub handle: Option<u32>,
 }
 
 /// A registry run: pieces `[first, end)` over one registry connection; `next` is
@@ -142,6 +144,17 @@ impl Pull {
     /// Whether this node can serve `piece` now (serve.rs `holds`).
     pub fn holds(&self, piece: u32) -> bool {
         self.done || self.sched.as_ref().is_some_and(|s| s.have().get(piece))
+    }
+
+    /// Asks for a scheduling pass at the first housekeeping tick at or after `t` (the
+    /// agent's tick passes through `schedule`): a tick earlier than `t` would find
+    /// what ripens at `t` (a rested peer, a stripe's patience) not ripe yet.
+    pub fn wake_at(&mut self, t: f64) {
+        let t = self.tick_at(t);
+        let at = self.wake.partition_point(|&x| x < t - 1e-9);
+        if self.wake.get(at).is_none_or(|&x| x > t + 1e-9) {
+            self.wake.insert(at, t);
+        }
     }
 
     /// The first tick of the task's housekeeping at or after `t`.
