@@ -980,6 +980,38 @@ mod tests {
     }
 
     #[test]
+    fn could_request_from_agrees_with_the_next_pass() {
+        let cfg = SchedulerConfig {
+            min_window: 1,
+            max_window: 1,
+            patience_ms: 1_000,
+            ..Default::default()
+        };
+        let mut s = sched(8, cfg);
+        s.set_stripe(Some((0, 2)));
+        s.set_peer("near", Some(Bitfield::new(8)), 0);
+        s.set_peer("far", Some(Bitfield::new(8)), 2);
+        let (near, far) = (s.peer_handle("near").unwrap(), s.peer_handle("far").unwrap());
+        // A far holder of a piece outside this node's stripe: not before the patience.
+        s.peer_has_handle(far, 3, 0);
+        assert!(!s.could_request_from(far, 3, 10));
+        assert!(s.next_requests(10, 10).is_empty());
+        assert!(s.could_request_from(far, 3, 1_000));
+        // A near holder: at once; its window (1) then full, so a second piece not.
+        s.peer_has_handle(near, 5, 20);
+        assert!(s.could_request_from(near, 5, 20));
+        assert_eq!(s.next_requests(20, 10).len(), 1);
+        assert!(!s.could_request_from(near, 5, 20), "in flight");
+        s.peer_has_handle(near, 6, 21);
+        assert!(!s.could_request_from(near, 6, 21), "window full");
+        assert!(s.next_requests(21, 10).is_empty());
+        // The read head needs no window.
+        s.peer_has_handle(near, 0, 22);
+        assert!(s.could_request_from(near, 0, 22));
+        assert_eq!(s.next_requests(22, 10)[0].piece, 0);
+    }
+
+    #[test]
     fn windows_grow_with_the_measured_rate() {
         let cfg = SchedulerConfig {
             min_window: 2,
