@@ -74,17 +74,15 @@
 //!   (and the requests its completion triggers) start at the quantum's end. Error
 //!   grows with quantum / piece transfer time; see `quantum_mode_stays_close_to_exact_mode`
 //!   and the crate README figures.
-//! - Coarse pieces (`starling.piece_size`, e.g. 64–256 MiB for 1,000+ nodes): fewer
-//!   scheduler and solver events, but store-and-forward per piece costs one piece time
-//!   per hop, so results are pessimistic by about (tree depth × piece time). They also
-//!   hold upload slots longer: the slot is held until all but `socket_buffer` bytes of
-//!   the body are sent, i.e. for most of a 256 MiB piece but hardly at all for the
-//!   agent's 4 MiB, so coarse pieces see more 503s than the agent would.
-//! - Slower announces for huge swarms (`announce_interval_ms`, 1 s in the scale
-//!   scenarios against the agent's 250 ms): peers' views are staler and a peer dropped
-//!   after a 503 comes back later (pessimistic for P2P). At 10,000 nodes the run's
-//!   cost is the tracker's handouts (≈ 40 µs per announce) and the agents' refused
-//!   requests (millions, each re-planned by the `PieceScheduler`), see BENCHMARKS.md.
+//! - A coarser `starling.piece_size` than the agent's rule gives fewer scheduler and
+//!   solver events, but store-and-forward per piece costs one piece time per hop, so
+//!   results are pessimistic by about (tree depth × piece time). The shipped scenarios
+//!   use the rule (64 MiB at 25 Gbit/s).
+//! - Cost at scale: every HAVE goes to every channel open on the blob, and a download
+//!   task keeps every peer it connected to (the agent drops only stale links that are
+//!   not connected), about 150–200 per blob at 1,000 nodes and more at 10,000: HAVE
+//!   deliveries (tens to hundreds of millions) dominate the run, then the tracker's
+//!   handouts and the scheduling passes.
 #![forbid(unsafe_code)]
 
 pub mod cli;
