@@ -115,12 +115,8 @@ impl Engine<'_> {
     pub(crate) fn have_arrived(&mut self, s: u32, l: u32, piece: u32, h: u32) {
         let now_ms = self.now_ms();
         let i = self.pi(s, l);
-        let (hn, sn) = (
-            self.nodes[h as usize].node as usize,
-            self.nodes[s as usize].node,
-        );
+        let hn = self.nodes[h as usize].node as usize;
         let name = &self.names[hn];
-        let avail = self.nodes[s as usize].budget.available();
         let p = &mut self.pulls[i];
         if p.done || p.phase != Phase::Swarm {
             return;
@@ -143,7 +139,10 @@ impl Engine<'_> {
         let wanted = !sch.have().get(piece)
             && (!sch.is_inflight(piece)
                 || sch.have().len() - sch.have().count() <= self.sched_cfg.endgame);
-        let handle = p.links.get(&h).and_then(|k| k.handle);
+        let (handle, far) = p
+            .links
+            .get(&h)
+            .map_or((None, false), |k| (k.handle, k.distance > 0));
         match handle {
             Some(handle) => sch.peer_has_handle(handle, piece, now_ms),
             None => sch.peer_has(name, piece, now_ms),
@@ -155,13 +154,13 @@ impl Engine<'_> {
         // returned nothing. (A pass skipped here may still differ in the order of
         // requests sent in the same instant, by a tick that comes later.)
         let actionable = wanted
-            && (avail > p.budget_seen
-                || handle.is_none_or(|hd| sch.could_request_from(hd, piece, now_ms)));
+            && (handle.is_none_or(|hd| sch.could_request_from(hd, piece, now_ms))
+                || self.nodes[s as usize].budget.available() > p.budget_seen);
         let src_name = p
             .source
             .map(|x| self.names[self.nodes[x as usize].node as usize].as_str());
         let retarget = sch.retarget_on_have(piece, name, src_name);
-        let striped = p.striped && p.links.get(&h).is_some_and(|k| k.distance > 0);
+        let striped = p.striped && far;
         if let (Some(_), Some(src)) = (retarget, p.source) {
             if !self.is_receiving(src, s, l, piece) {
                 self.out.retargets += 1;
@@ -177,7 +176,6 @@ impl Engine<'_> {
                 );
             }
         }
-        let _ = sn;
         if hash_new {
             self.settle_unverified(s, l);
         }
