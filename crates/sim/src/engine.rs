@@ -290,6 +290,11 @@ pub struct Engine<'a> {
     pub(crate) conns: std::collections::HashSet<(u32, u32)>,
     /// Piece hashes per layer (hex), computed once the layout is known.
     pub(crate) hash_hex: Vec<Vec<String>>,
+    /// Per layer, per piece: the participant slots whose download task holds it. The
+    /// same bits as each task's scheduler has, in one place: a HAVE fan-out skips the
+    /// holders without touching their state (at 10,000 nodes each of those is a cache
+    /// miss, and half the fan-out goes to tasks that hold the piece).
+    pub(crate) held: Vec<Vec<swarm::Bitfield>>,
     pub(crate) flows: Vec<FlowRec>,
     pub(crate) free_flows: Vec<u32>,
     pub(crate) streams: Vec<Option<Stream>>,
@@ -413,6 +418,7 @@ impl<'a> Engine<'a> {
             pending_opens: vec![Vec::new(); per],
             conns: Default::default(),
             hash_hex: vec![Vec::new(); layers],
+            held: vec![Vec::new(); layers],
             flows: Vec::new(),
             free_flows: Vec::new(),
             streams: Vec::new(),

@@ -178,6 +178,7 @@ impl Engine<'_> {
         let n = layout.count();
         if self.hash_hex[l as usize].len() != n as usize {
             let d = self.digests[l as usize].to_string();
+            self.held[l as usize] = vec![Bitfield::new(self.nodes.len() as u32); n as usize];
             self.hash_hex[l as usize] = (0..n)
                 .map(|i| PieceHash::of(format!("{d}/{piece_size}/{i}").as_bytes()).to_hex())
                 .collect();

@@ -124,10 +124,9 @@ impl Engine<'_> {
         let Some(sch) = p.sched.as_mut() else {
             return;
         };
-        self.out.haves += 1;
-        // A piece this node holds cannot change what it asks for (the scheduler looks
-        // only at pieces it lacks); that the peer became complete arrives as the
-        // holder's `Complete` frame. Skipping these saves half the fan-out work.
+        // (`haves_arrive` skips tasks that hold the piece: it cannot change what they
+        // ask for, the scheduler looking only at pieces it lacks; that the peer became
+        // complete arrives as the holder's `Complete` frame.)
         if sch.have().get(piece) {
             return;
         }
@@ -250,12 +249,16 @@ impl Engine<'_> {
         let now = self.now;
         let now_ms = self.now_ms();
         let t0 = Instant::now();
-        let p = self.pull(s, l);
+        let i = self.pi(s, l);
+        let p = &mut self.pulls[i];
         let Some(sch) = p.sched.as_mut() else {
             return;
         };
         sch.on_done(piece, from, now_ms);
         let complete = sch.is_complete();
+        if let Some(b) = self.held[l as usize].get_mut(piece as usize) {
+            b.set(s);
+        }
         if piece < p.claimed.len() {
             p.claimed.clear(piece);
         }

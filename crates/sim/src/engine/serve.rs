@@ -83,8 +83,14 @@ impl Engine<'_> {
     pub(crate) fn haves_arrive(&mut self, h: u32, l: u32, piece: u32) {
         let i = self.pi(h, l);
         let subs = std::mem::take(&mut self.subs[i]);
+        self.out.haves += subs.len() as u64;
         for &s in &subs {
-            self.have_arrived(s, l, piece, h);
+            let held = self.held[l as usize]
+                .get(piece as usize)
+                .is_some_and(|b| b.get(s));
+            if !held {
+                self.have_arrived(s, l, piece, h);
+            }
         }
         // Channels opened meanwhile were answered with a bitfield that has the piece.
         let newer = std::mem::replace(&mut self.subs[i], subs);
