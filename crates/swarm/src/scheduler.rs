@@ -991,7 +991,8 @@ mod tests {
         s.set_stripe(Some((0, 2)));
         s.set_peer("near", Some(Bitfield::new(8)), 0);
         s.set_peer("far", Some(Bitfield::new(8)), 2);
-        let (near, far) = (s.peer_handle("near").unwrap(), s.peer_handle("far").unwrap());
+        let near = s.peer_handle("near").expect("a known peer");
+        let far = s.peer_handle("far").expect("a known peer");
         // A far holder of a piece outside this node's stripe: not before the patience.
         s.peer_has_handle(far, 3, 0);
         assert!(!s.could_request_from(far, 3, 10));
