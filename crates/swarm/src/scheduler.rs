@@ -337,6 +337,14 @@ impl PieceScheduler {
         self.slot(id).is_some_and(|(_, s)| s.have.is_none() && !s.banned)
     }
 
+    /// [`PieceScheduler::peer_is_complete`] by handle ([`PieceScheduler::peer_handle`]).
+    pub fn peer_is_complete_handle(&self, handle: u32) -> bool {
+        self.slots
+            .get(handle as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.have.is_none() && !s.banned)
+    }
+
     pub fn is_banned(&self, id: &str) -> bool {
         self.slot(id).is_some_and(|(_, s)| s.banned)
     }
