@@ -26,9 +26,14 @@ pub struct SimArgs {
     /// Run only these strategies (by name; repeatable).
     #[arg(long = "strategy")]
     pub strategies: Vec<String>,
-    /// Override the piece size (e.g. 64MiB): coarser pieces make huge scenarios faster.
+    /// Override the piece size every agent proposes (e.g. 4MiB), or "auto" for the
+    /// agent's rule.
     #[arg(long)]
     pub piece_size: Option<String>,
+    /// Override `sim.seed`: draws the pseudo-random latencies (who wins a source race)
+    /// anew.
+    #[arg(long)]
+    pub seed: Option<u64>,
     /// Override the rate-recompute quantum in ms (0 = exact event-driven).
     #[arg(long)]
     pub quantum_ms: Option<f64>,
@@ -63,8 +68,16 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
         }
     }
     if let Some(p) = &args.piece_size {
-        sc.starling.piece_size =
-            crate::scenario::Bytes(crate::scenario::parse_bytes(p).map_err(Error::Scenario)?);
+        sc.starling.piece_size = if p.trim() == "auto" {
+            None
+        } else {
+            Some(crate::scenario::Bytes(
+                crate::scenario::parse_bytes(p).map_err(Error::Scenario)?,
+            ))
+        };
+    }
+    if let Some(seed) = args.seed {
+        sc.sim.seed = seed;
     }
     if let Some(q) = args.quantum_ms {
         sc.sim.quantum_ms = q;
@@ -130,14 +143,13 @@ pub fn simulate_all(sc: &Scenario) -> Result<Report, Error> {
             })
             .sum::<f64>()
             / n as f64;
-        // Layers someone must fetch: their count and the largest one (bound terms).
+        // Layers someone must fetch (bound terms).
         let moving: Vec<f64> = (0..sc.image.layers.len())
             .filter(|&l| plan.job.iter().any(|&j| !plan.holds[j as usize][l]))
             .map(|l| sc.image.layers[l].size.0 as f64)
             .collect();
-        let largest = moving.iter().copied().fold(0.0, f64::max);
         let o = crate::engine::Engine::new(sc, &plan).run()?;
-        results.push(report::result(sc, spec, n, o, bytes, largest, moving.len()));
+        results.push(report::result(sc, spec, n, o, bytes, &moving));
     }
     let mut sweep = Vec::new();
     for &m in &sc.job.sweep_nodes {
@@ -169,7 +181,8 @@ pub fn simulate_all(sc: &Scenario) -> Result<Report, Error> {
         description: sc.description.clone(),
         nodes: n,
         image_bytes: sc.image.layers.iter().map(|l| l.size.0).sum(),
-        piece_size: sc.starling.piece_size.0,
+        piece_size: sc.starling.piece_size.map_or(0, |b| b.0),
+        warnings: sc.warnings.clone(),
         quantum_ms: sc.sim.quantum_ms,
         results,
         sweep,

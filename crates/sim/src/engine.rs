@@ -1,25 +1,40 @@
 //! The event loop: nodes arrive, pull layers (direct, through the shared cache, or
-//! through the swarm driven by the real `TrackerState` and `PieceScheduler`), flows
-//! share bandwidth max-min fairly, completions trigger the next requests.
+//! through the swarm), transfers share bandwidth max-min fairly, and their milestones
+//! (a piece delivered, an upload slot freed) and timers (frames between agents,
+//! tracker answers, registry answers) drive the agents' code.
+//!
+//! Domain files: `flows` (transfers, streams and the step loop's bookkeeping),
+//! `fetch` (direct pulls, the shared cache and the source's registry runs),
+//! `announce` (the download task's start and its tracker round trips), `download`
+//! (the task's links, HAVEs, requests and hashes), `serve` (the holder: its upload
+//! line and the pieces it writes), `pull` (a task's state) and `debug` (`SIM_DEBUG`).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::time::Instant;
 
 use oci::Digest;
-use swarm::pieces::piece_size_for;
-use swarm::scheduler::{seed_for, SchedulerConfig};
-use swarm::{PieceLayout, PieceScheduler, SwarmConfig, TrackerState};
+use swarm::scheduler::{mix, seed_for, SchedulerConfig};
+use swarm::upload::{RequestBudget, UploadConfig, UploadQueue};
+use swarm::wire::RejectReason;
+use swarm::{SwarmConfig, TrackerState};
 
-use crate::flow::{FlowPath, Solver};
-use crate::model::{Network, Origin};
+use crate::flow::Solver;
+use crate::model::Network;
 use crate::scenario::{Scenario, Transport};
 use crate::strategy::Plan;
 use crate::Error;
 
-mod p2p;
+mod announce;
+mod debug;
+mod download;
+mod fetch;
+mod flows;
+mod pull;
+mod serve;
 
-const REGISTRY_PEER: &str = "registry";
+use flows::{FlowRec, Stream};
+use pull::Pull;
 
 /// What one simulated run measured.
 #[derive(Clone, Debug, Default)]
@@ -29,20 +44,55 @@ pub struct Outcome {
     pub ready_s: Vec<f64>,
     pub registry_bytes: f64,
     pub cache_bytes: f64,
+    /// Piece bytes delivered between agents (including copies dropped as duplicates).
     pub p2p_bytes: f64,
+    /// Bytes that entered a rack from outside it (from peers in other racks, and from
+    /// the registry or the cache, which sit outside every rack).
     pub cross_rack_bytes: f64,
     pub source_elections: u32,
     /// Registry bytes streamed by each swarm source, by node name.
     pub source_bytes: BTreeMap<String, f64>,
+    /// Registry connections opened by swarm sources (one per slice).
+    pub registry_connections: u64,
     pub announces: u64,
     pub steps: u64,
+    /// Pieces received from peers and kept.
     pub piece_transfers: u64,
-    /// Piece requests to a peer that did not hold the piece.
-    pub failed_requests: u64,
-    /// Piece requests refused because the holder's upload slots were full (503).
-    pub refused_requests: u64,
-    /// Piece requests that waited for an upload slot.
-    pub queued_requests: u64,
+    /// Piece copies received but not kept (an endgame duplicate, or a copy already
+    /// claimed by another connection).
+    pub dropped_pieces: u64,
+    pub requests: u64,
+    /// Scheduling passes (`next_requests` calls).
+    pub passes: u64,
+    /// Requests answered "busy" (the holder's line was full).
+    pub busy_rejects: u64,
+    /// Requests answered "not held" (a stale view).
+    pub not_held_rejects: u64,
+    /// Requests cancelled while waiting in a source's line because a HAVE showed the
+    /// piece elsewhere (`retarget_on_have`), and endgame duplicates cancelled.
+    pub retargets: u64,
+    pub cancels: u64,
+    /// Pieces that arrived before their hash was known and waited for it.
+    pub hash_waits: u64,
+    pub hash_fetches: u64,
+    /// Hash lists asked of a complete peer (no source publishing).
+    pub peer_hash_lists: u64,
+    /// HAVE frames delivered and bitfields sent on channel opens.
+    pub haves: u64,
+    pub bitfields: u64,
+    /// Peer connections dialed (one per pair of nodes) and channels opened (per blob).
+    pub connections: u64,
+    pub channels: u64,
+    /// The most links any download task kept for one blob.
+    pub max_links: usize,
+    /// The most budgeted piece requests any node had in flight at once.
+    pub peak_requests: u32,
+    /// With `sim.trace`: every piece a holder handed to a connection's writer, in
+    /// order.
+    pub uploads: Vec<UploadRecord>,
+    /// Time to first byte of swarm blobs on nodes that did not fetch them from the
+    /// registry: from the blob's request to its first piece held (seconds).
+    pub non_seed_ttfb: Vec<f64>,
     pub wall_s: f64,
     pub tracker_wall_s: f64,
     pub scheduler_wall_s: f64,
@@ -51,154 +101,139 @@ pub struct Outcome {
     pub stuck: usize,
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    /// A whole layer from the registry (direct pull).
-    Whole { slot: u32, layer: u32 },
-    /// One piece of the source's sequential registry stream.
-    RegPiece { slot: u32, layer: u32, piece: u32 },
-    /// The holder paces one piece through its upload token bucket (its upload slot
-    /// held, as for the response body that follows).
-    Upload {
-        slot: u32,
-        layer: u32,
-        piece: u32,
-        from: u32,
-    },
-    /// The head of a piece's response body, while the holder's upload slot is held
-    /// (all but the last `socket_buffer` bytes).
-    Body {
-        slot: u32,
-        layer: u32,
-        piece: u32,
-        from: u32,
-    },
-    /// A piece request, then the (rest of the) response body, paced by the reader.
-    /// `wait`: the request may wait in line for the holder's upload slot.
-    Piece {
-        slot: u32,
-        layer: u32,
-        piece: u32,
-        from: u32,
-        wait: bool,
-    },
-    /// The shared cache filling from the registry.
-    CacheFill { layer: u32, piece: u32 },
-    /// A node reading one piece from the shared cache.
-    CacheRead { slot: u32, layer: u32 },
+/// A piece a holder began to send (`sim.trace`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct UploadRecord {
+    pub t: f64,
+    /// Cluster node indices.
+    pub holder: u32,
+    pub to: u32,
+    pub layer: u32,
+    pub piece: u32,
+    pub urgent: bool,
 }
 
-struct Flow {
-    path: FlowPath,
-    remaining: f64,
-    bytes: f64,
-    kind: Kind,
-    cross_rack: bool,
-}
-
+/// A frame or an answer on its way, or a task's wake-up.
 #[derive(Clone, Copy, Debug)]
-enum Timer {
+pub(crate) enum Timer {
     Arrive(u32),
-    Announce {
+    /// The node's pull client has the manifest: its layer fetches begin.
+    Manifest(u32),
+    /// A direct registry fetch's answer: its bytes start.
+    DirectStart {
         slot: u32,
         layer: u32,
     },
+    CacheStart {
+        slot: u32,
+        layer: u32,
+    },
+    CacheFillStart {
+        layer: u32,
+    },
+    /// A complete blob's heartbeat (`/swarm/v1/seeding`).
     Heartbeat {
         slot: u32,
         layer: u32,
     },
-    /// The node's pull client has the manifest: its layer fetches begin.
-    Manifest(u32),
-    Start(Kind),
-    /// A request waiting for `from`'s upload slot gives up (503) unless served.
-    UploadWait {
-        from: u32,
-        id: u64,
+    /// The answer to the announce in flight.
+    AnnounceReply {
+        slot: u32,
+        layer: u32,
     },
-}
-
-#[derive(Default)]
-struct Pull {
-    active: bool,
-    done: bool,
-    sched: Option<PieceScheduler>,
-    /// Peers from the latest tracker reply (the agent drops the others).
-    peers: Vec<String>,
-    layout: Option<PieceLayout>,
-    streaming: bool,
-    direct: bool,
-    known_hashes: u32,
-    hashes_sent: u32,
-    /// The tracker's latest `wait_for_upload_slots`.
-    wait: bool,
-    /// Cache read cursor.
-    cursor: u32,
-}
-
-struct NodeState {
-    node: u32,
-    job: bool,
-    queue: Vec<u32>,
-    active: usize,
-    left: usize,
-    ready: Option<f64>,
-}
-
-pub struct Engine<'a> {
-    sc: &'a Scenario,
-    net: Network,
-    transport: Transport,
-    tracker: TrackerState,
-    sched_cfg: SchedulerConfig,
-    names: Vec<String>,
-    digests: Vec<Digest>,
-    sizes: Vec<u64>,
-    piece_size: Vec<u64>,
-    nodes: Vec<NodeState>,
-    /// Cluster node → participant slot (`u32::MAX`: not taking part).
-    slot_index: Vec<u32>,
-    /// Piece uploads in progress per cluster node (the agent's upload slots).
-    uploads: Vec<u32>,
-    /// Requests waiting for a node's upload slot, in order (tokio's semaphore is
-    /// fair), each with the id of its give-up timer.
-    upload_waiting: Vec<VecDeque<(u64, Kind)>>,
-    upload_wait_ids: u64,
-    /// Piece requests running per participant (the agent-wide `max_piece_requests`
-    /// semaphore) and those waiting for it, in order (tokio's semaphore is fair).
-    requests: Vec<u32>,
-    request_queue: Vec<VecDeque<Kind>>,
-    /// The read-head lane: requests waiting for it, and the (layer, piece) of those
-    /// holding one of its permits.
-    head_queue: Vec<VecDeque<Kind>>,
-    head_running: Vec<Vec<(u32, u32)>>,
-    /// Token-bucket resources (Starling's limits), their tokens and per-step usage.
-    buckets: Vec<u32>,
-    tokens: Vec<f64>,
-    bucket_used: Vec<f64>,
-    pulls: Vec<Pull>,
-    layers: usize,
-    flows: Vec<Flow>,
-    rates: Vec<f64>,
-    dirty: bool,
-    solver: Solver,
-    timers: BinaryHeap<Reverse<(u64, u64, TimerBox)>>,
-    seq: u64,
-    now: f64,
-    cache_have: Vec<u32>,
-    cache_filling: Vec<bool>,
-    cache_waiters: Vec<Vec<u32>>,
-    /// Layers some job node must fetch (only those swarms get seed heartbeats).
-    needed: Vec<bool>,
-    /// Job nodes not ready yet.
-    pending: usize,
-    /// Last time any byte transfer completed.
-    last_progress: f64,
-    out: Outcome,
+    /// The download task's housekeeping tick (every 50 ms, as the agent's).
+    Tick {
+        slot: u32,
+        layer: u32,
+    },
+    /// A peer asks the tracker again whether the source has announced the size.
+    SizePoll {
+        slot: u32,
+        layer: u32,
+    },
+    /// The source's first registry GET answered (it learns the blob's size).
+    SourceGet {
+        slot: u32,
+        layer: u32,
+    },
+    /// A registry Range GET for pieces `[first, end)` answered: its bytes start.
+    RunStart {
+        slot: u32,
+        layer: u32,
+        first: u32,
+        end: u32,
+    },
+    /// A peer connection is up (or was already), and the channel's Open is sent.
+    Connected {
+        slot: u32,
+        layer: u32,
+        holder: u32,
+    },
+    /// The Open reaches the holder.
+    Open {
+        slot: u32,
+        layer: u32,
+        holder: u32,
+    },
+    /// The holder's bitfield (or "complete") reaches the downloader.
+    Holds {
+        slot: u32,
+        layer: u32,
+        holder: u32,
+    },
+    /// HAVE frames for `piece` reach the holder's subscribers.
+    Have {
+        holder: u32,
+        layer: u32,
+        piece: u32,
+    },
+    Request {
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        holder: u32,
+        urgent: bool,
+    },
+    Reject {
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        holder: u32,
+        reason: RejectReason,
+    },
+    Cancel {
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        holder: u32,
+    },
+    Close {
+        slot: u32,
+        layer: u32,
+        holder: u32,
+    },
+    /// A piece's last byte reaches the downloader.
+    Delivered {
+        slot: u32,
+        layer: u32,
+        piece: u32,
+        holder: u32,
+        claimed: bool,
+    },
+    HashReply {
+        slot: u32,
+        layer: u32,
+    },
+    /// A complete peer's hash list arrives (asked for when no source publishes).
+    PeerHashes {
+        slot: u32,
+        layer: u32,
+    },
 }
 
 /// Orders timers by (time in ns, sequence); the payload does not take part.
 #[derive(Clone, Copy, Debug)]
-struct TimerBox(Timer);
+pub(crate) struct TimerBox(Timer);
 impl PartialEq for TimerBox {
     fn eq(&self, _: &Self) -> bool {
         true
@@ -216,8 +251,76 @@ impl Ord for TimerBox {
     }
 }
 
-fn ns(t: f64) -> u64 {
+pub(crate) fn ns(t: f64) -> u64 {
     (t * 1e9).round().max(0.0) as u64
+}
+
+pub(crate) struct NodeState {
+    pub node: u32,
+    pub job: bool,
+    pub queue: Vec<u32>,
+    pub active: usize,
+    pub left: usize,
+    pub ready: Option<f64>,
+    /// The agent-wide request budget, shared by the node's download tasks.
+    pub budget: RequestBudget,
+    /// The node's upload line; connections are named by the downloader's slot.
+    pub uploads: UploadQueue<u32>,
+}
+
+pub struct Engine<'a> {
+    pub(crate) sc: &'a Scenario,
+    pub(crate) net: Network,
+    pub(crate) transport: Transport,
+    pub(crate) tracker: TrackerState,
+    pub(crate) sched_cfg: SchedulerConfig,
+    pub(crate) names: Vec<String>,
+    pub(crate) digests: Vec<Digest>,
+    pub(crate) sizes: Vec<u64>,
+    pub(crate) nodes: Vec<NodeState>,
+    /// Cluster node → participant slot (`u32::MAX`: not taking part).
+    pub(crate) slot_index: Vec<u32>,
+    pub(crate) pulls: Vec<Pull>,
+    pub(crate) layers: usize,
+    /// Per (holder slot, layer): downloader slots with an open channel (bitfield
+    /// sent), for HAVE fan-out; and channels opened before the holder could answer.
+    pub(crate) subs: Vec<Vec<u32>>,
+    pub(crate) pending_opens: Vec<Vec<u32>>,
+    /// Peer connections (dialer slot, holder slot): one per pair, shared by blobs.
+    pub(crate) conns: std::collections::HashSet<(u32, u32)>,
+    /// Piece hashes per layer (hex), computed once the layout is known.
+    pub(crate) hash_hex: Vec<Vec<String>>,
+    /// Per layer, per piece: the participant slots whose download task holds it. The
+    /// same bits as each task's scheduler has, in one place: a HAVE fan-out skips the
+    /// holders without touching their state (at 10,000 nodes each of those is a cache
+    /// miss, and half the fan-out goes to tasks that hold the piece).
+    pub(crate) held: Vec<Vec<swarm::Bitfield>>,
+    pub(crate) flows: Vec<FlowRec>,
+    pub(crate) free_flows: Vec<u32>,
+    pub(crate) streams: Vec<Option<Stream>>,
+    pub(crate) free_streams: Vec<u32>,
+    pub(crate) stream_of: HashMap<(u32, u32), u32>,
+    pub(crate) dirty: bool,
+    solver: Solver,
+    timers: BinaryHeap<Reverse<(u64, u64, TimerBox)>>,
+    seq: u64,
+    pub(crate) now: f64,
+    /// End of the current step: milestones up to here are processed in this step.
+    pub(crate) step_end: f64,
+    /// Milestones due in the current step: (time ns, seq, flow or stream).
+    due: BinaryHeap<Reverse<(u64, u64, flows::DueBox)>>,
+    /// Download tasks with something new to schedule.
+    pub(crate) to_pump: Vec<(u32, u32)>,
+    pub(crate) cache_have: Vec<u32>,
+    pub(crate) cache_filling: Vec<bool>,
+    pub(crate) cache_waiters: Vec<Vec<u32>>,
+    /// Layers some job node must fetch (only those swarms get seed heartbeats).
+    pub(crate) needed: Vec<bool>,
+    /// Job nodes not ready yet.
+    pub(crate) pending: usize,
+    /// Last time any byte transfer completed.
+    pub(crate) last_progress: f64,
+    pub(crate) out: Outcome,
 }
 
 impl<'a> Engine<'a> {
@@ -230,20 +333,23 @@ impl<'a> Engine<'a> {
             peer_ttl_ms: st.peer_ttl_ms,
             max_peers: st.max_peers,
             min_p2p_size: st.min_p2p_size.0,
-            piece_size: Some(st.piece_size.0),
+            // `starling demo --piece-size` configures the tracker and the agents
+            // alike; with "auto" the tracker falls back to its rule for announces that
+            // propose none (a seeding heartbeat proposes none).
+            piece_size: st.piece_size.map(|b| b.0),
             announce_interval_ms: st.announce_interval_ms,
+            stripe_min_members: st.stripe_min_members,
             ..SwarmConfig::default()
         };
         let sched_cfg = SchedulerConfig {
-            min_window: st.max_inflight_per_peer,
+            min_window: st.min_window,
+            max_window: st.max_window,
+            window_ms: st.window_ms,
             max_inflight_total: st.max_inflight_total,
+            patience_ms: st.patience_ms,
             ..SchedulerConfig::default()
         };
         let sizes: Vec<u64> = sc.image.layers.iter().map(|l| l.size.0).collect();
-        let piece_size = sizes
-            .iter()
-            .map(|&s| piece_size_for(s, None).max(st.piece_size.0))
-            .collect();
         let digests = sc
             .image
             .layers
@@ -255,6 +361,21 @@ impl<'a> Engine<'a> {
         let mut slot_of = vec![u32::MAX; n];
         let mut nodes = Vec::new();
         let mut needed = vec![false; layers];
+        let upload_cfg = UploadConfig {
+            max_active: st.max_uploads as usize,
+            max_queued_per_conn: st.upload_queue as usize,
+            max_queued_total: st.upload_queue_total as usize,
+        };
+        let node_state = |node: u32, job: bool, queue: Vec<u32>| NodeState {
+            node,
+            job,
+            left: queue.len(),
+            queue,
+            active: 0,
+            ready: None,
+            budget: RequestBudget::new(st.max_piece_requests),
+            uploads: UploadQueue::new(upload_cfg.clone()),
+        };
         for &j in &plan.job {
             slot_of[j as usize] = nodes.len() as u32;
             let queue: Vec<u32> = (0..layers as u32)
@@ -263,47 +384,23 @@ impl<'a> Engine<'a> {
             for &l in &queue {
                 needed[l as usize] = true;
             }
-            nodes.push(NodeState {
-                node: j,
-                job: true,
-                left: queue.len(),
-                queue,
-                active: 0,
-                ready: None,
-            });
+            nodes.push(node_state(j, true, queue));
         }
         if plan.transport == Transport::P2p {
             for (i, h) in plan.holds.iter().enumerate() {
                 if slot_of[i] == u32::MAX && h.iter().any(|&x| x) {
                     slot_of[i] = nodes.len() as u32;
-                    nodes.push(NodeState {
-                        node: i as u32,
-                        job: false,
-                        queue: vec![],
-                        active: 0,
-                        left: 0,
-                        ready: None,
-                    });
+                    nodes.push(node_state(i as u32, false, vec![]));
                 }
             }
         }
         let mut pulls = Vec::with_capacity(nodes.len() * layers);
         for ns in &nodes {
             for l in 0..layers {
-                let held = plan.holds[ns.node as usize][l];
-                pulls.push(Pull {
-                    done: held,
-                    ..Pull::default()
-                });
+                pulls.push(Pull::new(plan.holds[ns.node as usize][l]));
             }
         }
-        let participants = nodes.len();
-        let buckets: Vec<u32> = (0..net.burst.len() as u32)
-            .filter(|&r| net.burst[r as usize] > 0.0)
-            .collect();
-        // Buckets start full, as `TokenBucket::new` does.
-        let tokens = net.burst.clone();
-        let bucket_used = vec![0.0; net.burst.len()];
+        let per = nodes.len() * layers;
         Self {
             sc,
             net,
@@ -313,28 +410,28 @@ impl<'a> Engine<'a> {
             names: (0..n).map(|i| format!("n{i}")).collect(),
             digests,
             sizes,
-            piece_size,
             nodes,
             slot_index: slot_of,
-            uploads: vec![0; n],
-            upload_waiting: vec![VecDeque::new(); n],
-            upload_wait_ids: 0,
-            requests: vec![0; participants],
-            request_queue: vec![VecDeque::new(); participants],
-            head_queue: vec![VecDeque::new(); participants],
-            head_running: vec![Vec::new(); participants],
-            buckets,
-            tokens,
-            bucket_used,
             pulls,
             layers,
+            subs: vec![Vec::new(); per],
+            pending_opens: vec![Vec::new(); per],
+            conns: Default::default(),
+            hash_hex: vec![Vec::new(); layers],
+            held: vec![Vec::new(); layers],
             flows: Vec::new(),
-            rates: Vec::new(),
+            free_flows: Vec::new(),
+            streams: Vec::new(),
+            free_streams: Vec::new(),
+            stream_of: HashMap::new(),
             dirty: true,
             solver: Solver::default(),
             timers: BinaryHeap::new(),
             seq: 0,
             now: 0.0,
+            step_end: 0.0,
+            due: BinaryHeap::new(),
+            to_pump: Vec::new(),
             cache_have: vec![0; layers],
             cache_filling: vec![false; layers],
             cache_waiters: vec![Vec::new(); layers],
@@ -345,31 +442,56 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn at(&mut self, t: f64, timer: Timer) {
+    pub(crate) fn at(&mut self, t: f64, timer: Timer) {
         self.seq += 1;
         self.timers
             .push(Reverse((ns(t), self.seq, TimerBox(timer))));
     }
 
+    pub(crate) fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
     /// One registry request's latency for participant `s` and layer `l` (`u32::MAX`:
     /// the manifest): `latency_ms` plus a pseudo-random share of `latency_jitter_ms`
     /// that is fixed by (node, layer), so runs stay reproducible.
-    fn registry_latency(&self, s: u32, l: u32) -> f64 {
+    pub(crate) fn registry_latency(&self, s: u32, l: u32) -> f64 {
         let r = &self.sc.registry;
-        let u = seed_for(&format!("{s}/{l}")) as f64 / u64::MAX as f64;
-        (r.latency_ms + r.latency_jitter_ms * u) / 1e3
+        (r.latency_ms + r.latency_jitter_ms * self.draw("registry", s, l)) / 1e3
     }
 
-    fn pull(&mut self, slot: u32, layer: u32) -> &mut Pull {
+    /// A pseudo-random number in [0, 1) fixed by (what, node, layer, `sim.seed`).
+    pub(crate) fn draw(&self, what: &str, s: u32, l: u32) -> f64 {
+        // FNV-1a alone hardly moves its high bits when only the key's end changes:
+        // splitmix spreads them.
+        let key = format!("{what}/{s}/{l}");
+        (mix(seed_for(&key) ^ self.sc.sim.seed, 0) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    pub(crate) fn pull(&mut self, slot: u32, layer: u32) -> &mut Pull {
         &mut self.pulls[slot as usize * self.layers + layer as usize]
     }
 
-    fn count(&self, layer: u32) -> u32 {
-        PieceLayout::new(self.sizes[layer as usize], self.piece_size[layer as usize]).count()
+    pub(crate) fn pull_ref(&self, slot: u32, layer: u32) -> &Pull {
+        &self.pulls[slot as usize * self.layers + layer as usize]
     }
 
-    fn piece_len(&self, layer: u32, piece: u32) -> u64 {
-        PieceLayout::new(self.sizes[layer as usize], self.piece_size[layer as usize]).len(piece)
+    pub(crate) fn pi(&self, slot: u32, layer: u32) -> usize {
+        slot as usize * self.layers + layer as usize
+    }
+
+    /// The participant slot of a node named by the tracker (`n<index>`).
+    pub(crate) fn slot_named(&self, name: &str) -> Option<u32> {
+        let node: usize = name.strip_prefix('n')?.parse().ok()?;
+        self.slot_index
+            .get(node)
+            .copied()
+            .filter(|&s| s != u32::MAX)
+    }
+
+    pub(crate) fn peer_latency(&self) -> f64 {
+        self.sc.starling.peer_latency_ms / 1e3
     }
 
     /// Runs to completion.
@@ -382,7 +504,8 @@ impl<'a> Engine<'a> {
         // them in slot order would always elect `n0`, the name every scheduler prefers
         // on ties (`PieceScheduler::pick_peer`), and pile requests onto the source.
         let mut order: Vec<u32> = (0..self.nodes.len() as u32).collect();
-        order.sort_by_key(|&s| seed_for(&format!("arrive{s}")));
+        let seed = self.sc.sim.seed;
+        order.sort_by_key(|&s| mix(seed_for(&format!("arrive{s}")) ^ seed, 1));
         for s in order {
             let sn = &self.nodes[s as usize];
             let t = if sn.job && spread > 0.0 && job_nodes > 1 {
@@ -394,24 +517,17 @@ impl<'a> Engine<'a> {
         }
         let quantum = self.sc.sim.quantum_ms / 1e3;
         let max_t = self.sc.sim.max_seconds.unwrap_or(36_000.0);
-        let mut done_buf: Vec<(f64, Flow)> = Vec::new();
-        loop {
-            if self.pending == 0 {
-                break;
-            }
+        let stall = self.sc.sim.stall_seconds.unwrap_or(300.0);
+        let debug = std::env::var_os("SIM_DEBUG").is_some();
+        let mut next_sample = 0.0;
+        while self.pending > 0 {
             if self.dirty {
                 let t0 = Instant::now();
-                let paths: Vec<&FlowPath> = self.flows.iter().map(|f| &f.path).collect();
-                self.solver.solve(&self.net.caps, &paths, &mut self.rates);
+                self.solve();
                 self.out.solver_wall_s += t0.elapsed().as_secs_f64();
                 self.dirty = false;
             }
-            let mut next = f64::INFINITY;
-            for (f, &r) in self.flows.iter().zip(&self.rates) {
-                if r > 0.0 {
-                    next = next.min(self.now + f.remaining / r);
-                }
-            }
+            let mut next = self.next_milestone();
             if let Some(Reverse((t, _, _))) = self.timers.peek() {
                 next = next.min(*t as f64 / 1e9);
             }
@@ -420,57 +536,53 @@ impl<'a> Engine<'a> {
             }
             // Nothing has arrived anywhere for `stall_seconds`: the swarm is stuck (the
             // remaining nodes are reported as never ready).
-            if self.now - self.last_progress > self.sc.sim.stall_seconds.unwrap_or(300.0) {
+            if self.now - self.last_progress > stall {
                 break;
             }
-            let t_end = next.max(self.now + quantum);
+            self.step_end = next.max(self.now + quantum);
             self.out.steps += 1;
-            // Advance flows; collect those finishing by t_end with their exact time.
-            let dt = t_end - self.now;
-            if !self.buckets.is_empty() {
-                self.refill_buckets(dt);
-            }
-            let mut i = 0;
-            while i < self.flows.len() {
-                let r = self.rates[i];
-                let f = &mut self.flows[i];
-                if r > 0.0 && f.remaining <= r * dt * (1.0 + 1e-12) + 1e-3 {
-                    let fin = self.now + f.remaining / r;
-                    let f = self.flows.swap_remove(i);
-                    self.rates.swap_remove(i);
-                    done_buf.push((fin, f));
-                    self.dirty = true;
-                } else {
-                    f.remaining -= r * dt;
-                    i += 1;
-                }
-            }
-            done_buf.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let mut di = 0;
-            let done: Vec<(f64, Flow)> = std::mem::take(&mut done_buf);
+            self.collect_due();
             loop {
-                let tc = done.get(di).map(|d| d.0);
+                let tm = self.due.peek().map(|Reverse((t, s, _))| (*t, *s));
                 let tt = self
                     .timers
                     .peek()
-                    .map(|Reverse((t, _, _))| *t as f64 / 1e9)
-                    .filter(|&t| t <= t_end + 1e-12);
-                match (tc, tt) {
+                    .map(|Reverse((t, s, _))| (*t, *s))
+                    .filter(|&(t, _)| t as f64 / 1e9 <= self.step_end + 1e-12);
+                let fire_timer = match (tm, tt) {
                     (None, None) => break,
-                    (Some(c), Some(t)) if t < c => self.fire_timer(),
-                    (None, Some(_)) => self.fire_timer(),
-                    (Some(c), _) => {
-                        self.now = c.max(self.now);
-                        let kind = done[di].1.kind;
-                        let (bytes, cross) = (done[di].1.bytes, done[di].1.cross_rack);
-                        di += 1;
-                        self.flow_done(kind, bytes, cross);
+                    (Some(_), None) => false,
+                    (None, Some(_)) => true,
+                    (Some(m), Some(t)) => t < m,
+                };
+                let t = if fire_timer { tt } else { tm }.map_or(self.now, |x| x.0 as f64 / 1e9);
+                // The agents' tasks run between events: what the previous instant made
+                // schedulable is requested before time moves on.
+                if t > self.now + 1e-12 {
+                    self.pump_all();
+                    self.now = t;
+                }
+                if fire_timer {
+                    if let Some(Reverse((_, _, TimerBox(timer)))) = self.timers.pop() {
+                        self.fire(timer);
                     }
+                } else if let Some(Reverse((_, _, due))) = self.due.pop() {
+                    self.milestone(due);
                 }
             }
-            done_buf = done;
-            done_buf.clear();
-            self.now = t_end;
+            self.pump_all();
+            self.advance_all(self.step_end);
+            if debug && self.step_end >= next_sample {
+                next_sample += std::env::var("SIM_DEBUG_EVERY")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(5.0);
+                self.debug_sample();
+            }
+            self.now = self.step_end;
+        }
+        if std::env::var_os("SIM_DEBUG").is_some() {
+            self.debug_dump();
         }
         self.out.source_elections = self
             .tracker
@@ -491,29 +603,78 @@ impl<'a> Engine<'a> {
         Ok(self.out)
     }
 
-    fn fire_timer(&mut self) {
-        let Some(Reverse((t, _, TimerBox(timer)))) = self.timers.pop() else {
-            return;
-        };
-        self.now = self.now.max(t as f64 / 1e9);
+    fn fire(&mut self, timer: Timer) {
         match timer {
             Timer::Arrive(s) => self.arrive(s),
-            Timer::Announce { slot, layer } => {
-                let p = &self.pulls[slot as usize * self.layers + layer as usize];
-                if p.active && !p.done {
-                    self.announce(slot, layer);
-                }
-            }
-            Timer::Heartbeat { slot, layer } => {
-                self.announce(slot, layer);
-                let every = self.sc.starling.seed_heartbeat_ms as f64 / 1e3;
-                if self.pending > 0 {
-                    self.at(self.now + every, Timer::Heartbeat { slot, layer });
-                }
-            }
             Timer::Manifest(s) => self.start_more(s),
-            Timer::Start(kind) => self.start_flow(kind),
-            Timer::UploadWait { from, id } => self.upload_wait_over(from, id),
+            Timer::DirectStart { slot, layer } => self.direct_start(slot, layer),
+            Timer::CacheStart { slot, layer } => self.cache_next(slot, layer),
+            Timer::CacheFillStart { layer } => self.cache_fill_start(layer),
+            Timer::Heartbeat { slot, layer } => self.heartbeat(slot, layer),
+            Timer::AnnounceReply { slot, layer } => self.announce_reply(slot, layer),
+            Timer::Tick { slot, layer } => self.tick(slot, layer),
+            Timer::SourceGet { slot, layer } => self.source_get(slot, layer),
+            Timer::SizePoll { slot, layer } => self.size_poll(slot, layer),
+            Timer::RunStart {
+                slot,
+                layer,
+                first,
+                end,
+            } => self.run_start(slot, layer, first, end),
+            Timer::Connected {
+                slot,
+                layer,
+                holder,
+            } => self.connected(slot, layer, holder),
+            Timer::Open {
+                slot,
+                layer,
+                holder,
+            } => self.open_at_holder(slot, layer, holder),
+            Timer::Holds {
+                slot,
+                layer,
+                holder,
+            } => self.holds_arrived(slot, layer, holder),
+            Timer::Have {
+                holder,
+                layer,
+                piece,
+            } => self.haves_arrive(holder, layer, piece),
+            Timer::Request {
+                slot,
+                layer,
+                piece,
+                holder,
+                urgent,
+            } => self.request_at_holder(slot, layer, piece, holder, urgent),
+            Timer::Reject {
+                slot,
+                layer,
+                piece,
+                holder,
+                reason,
+            } => self.rejected(slot, layer, piece, holder, reason),
+            Timer::Cancel {
+                slot,
+                layer,
+                piece,
+                holder,
+            } => self.cancel_at_holder(slot, layer, piece, holder),
+            Timer::Close {
+                slot,
+                layer,
+                holder,
+            } => self.close_at_holder(slot, layer, holder),
+            Timer::Delivered {
+                slot,
+                layer,
+                piece,
+                holder,
+                claimed,
+            } => self.piece_arrived(slot, layer, piece, holder, claimed),
+            Timer::HashReply { slot, layer } => self.hash_reply(slot, layer),
+            Timer::PeerHashes { slot, layer } => self.peer_hashes(slot, layer),
         }
     }
 
@@ -525,11 +686,8 @@ impl<'a> Engine<'a> {
         // Seeds (complete holders) join the swarm and keep heartbeating.
         if self.transport == Transport::P2p {
             for l in 0..self.layers as u32 {
-                if self.pulls[s as usize * self.layers + l as usize].done && self.needed[l as usize]
-                {
-                    self.announce(s, l);
-                    let every = self.sc.starling.seed_heartbeat_ms as f64 / 1e3;
-                    self.at(self.now + every, Timer::Heartbeat { slot: s, layer: l });
+                if self.pull_ref(s, l).done && self.needed[l as usize] {
+                    self.heartbeat(s, l);
                 }
             }
         }
@@ -546,40 +704,29 @@ impl<'a> Engine<'a> {
         {
             let l = self.nodes[s as usize].queue.remove(0);
             self.nodes[s as usize].active += 1;
-            self.pull(s, l).active = true;
-            self.start_layer(s, l);
-        }
-    }
-
-    fn start_layer(&mut self, s: u32, l: u32) {
-        match self.transport {
-            Transport::Direct => self.start_direct(s, l),
-            Transport::SharedCache => {
-                let t = self.now + self.sc.cache.latency_ms / 1e3;
-                self.pull(s, l).cursor = 0;
-                self.at(t, Timer::Start(Kind::CacheRead { slot: s, layer: l }));
+            let now = self.now;
+            let p = self.pull(s, l);
+            p.active = true;
+            p.requested_at = now;
+            match self.transport {
+                Transport::Direct => self.start_direct(s, l),
+                Transport::SharedCache => {
+                    let t = self.now + self.sc.cache.latency_ms / 1e3;
+                    self.at(t, Timer::CacheStart { slot: s, layer: l });
+                }
+                Transport::P2p => self.swarm_start(s, l),
             }
-            Transport::P2p => self.announce(s, l),
         }
     }
 
-    fn start_direct(&mut self, s: u32, l: u32) {
-        let p = self.pull(s, l);
-        if p.direct {
-            return;
-        }
-        p.direct = true;
-        let t = self.now + self.registry_latency(s, l);
-        self.at(t, Timer::Start(Kind::Whole { slot: s, layer: l }));
-    }
-
-    fn layer_done(&mut self, s: u32, l: u32) {
+    pub(crate) fn layer_done(&mut self, s: u32, l: u32) {
+        let now = self.now;
         let p = self.pull(s, l);
         if p.done {
             return;
         }
         p.done = true;
-        p.sched = None;
+        p.finished_at = now;
         let n = &mut self.nodes[s as usize];
         n.active -= 1;
         n.left -= 1;
@@ -589,216 +736,7 @@ impl<'a> Engine<'a> {
                 self.pending -= 1;
             }
         }
-        if self.transport == Transport::P2p {
-            // Tell the tracker at once, then keep serving (heartbeats).
-            self.announce(s, l);
-            let every = self.sc.starling.seed_heartbeat_ms as f64 / 1e3;
-            self.at(self.now + every, Timer::Heartbeat { slot: s, layer: l });
-        }
         self.start_more(s);
-    }
-
-    fn add_flow(&mut self, origin: Origin, dst: Option<u32>, bytes: u64, kind: Kind) {
-        let (path, cross) = match dst {
-            Some(d) => (
-                self.net.path(origin, d),
-                matches!(origin, Origin::Node(_)) && self.net.cross_rack(origin, d),
-            ),
-            // Cache fill: only the registry side is modelled.
-            None => (FlowPath::new(&[0], self.net.per_connection), false),
-        };
-        self.add_flow_path(path, bytes, kind, cross);
-    }
-
-    /// Token buckets refill at their rate minus what their flows used over `dt`, up to
-    /// the burst. Called before the flows advance by `dt` at their current rates.
-    fn refill_buckets(&mut self, dt: f64) {
-        for &b in &self.buckets {
-            self.bucket_used[b as usize] = 0.0;
-        }
-        for (f, &r) in self.flows.iter().zip(&self.rates) {
-            let busy = if r > 0.0 {
-                (f.remaining / r).min(dt)
-            } else {
-                0.0
-            };
-            for &res in f.path.resources() {
-                if self.net.burst[res as usize] > 0.0 {
-                    self.bucket_used[res as usize] += r * busy;
-                }
-            }
-        }
-        for &b in &self.buckets {
-            let b = b as usize;
-            let spare = self.net.caps[b] * dt - self.bucket_used[b];
-            self.tokens[b] = (self.tokens[b] + spare).clamp(0.0, self.net.burst[b]);
-        }
-    }
-
-    fn add_flow_path(&mut self, path: FlowPath, bytes: u64, kind: Kind, cross_rack: bool) {
-        // A token bucket with tokens left lets the first bytes through at once (the
-        // links behind Starling's limits are much faster than the limits); the rest
-        // flows at the bucket's rate.
-        let mut remaining = bytes as f64;
-        if !self.buckets.is_empty() {
-            let free = path
-                .resources()
-                .iter()
-                .filter(|&&r| self.net.burst[r as usize] > 0.0)
-                .map(|&r| self.tokens[r as usize])
-                .fold(f64::INFINITY, f64::min);
-            if free.is_finite() && free > 0.0 {
-                let take = free.min(remaining);
-                remaining -= take;
-                for &r in path.resources() {
-                    if self.net.burst[r as usize] > 0.0 {
-                        self.tokens[r as usize] -= take;
-                    }
-                }
-            }
-        }
-        self.flows.push(Flow {
-            path,
-            remaining,
-            bytes: bytes as f64,
-            kind,
-            cross_rack,
-        });
-        self.rates.push(0.0);
-        self.dirty = true;
-    }
-
-    fn start_flow(&mut self, kind: Kind) {
-        match kind {
-            Kind::Whole { slot, layer } => {
-                let node = self.nodes[slot as usize].node;
-                self.add_flow(
-                    Origin::Registry,
-                    Some(node),
-                    self.sizes[layer as usize],
-                    kind,
-                );
-            }
-            Kind::RegPiece { slot, layer, piece } => {
-                let node = self.nodes[slot as usize].node;
-                let len = self.piece_len(layer, piece);
-                self.add_flow(Origin::Registry, Some(node), len, kind);
-            }
-            Kind::Piece {
-                slot,
-                layer,
-                piece,
-                from,
-                wait,
-            } => self.request_piece(slot, layer, piece, from, wait),
-            Kind::Upload { .. } | Kind::Body { .. } => {}
-            Kind::CacheFill { layer, piece } => {
-                let len = self.piece_len(layer, piece);
-                self.add_flow(Origin::Registry, None, len, kind);
-            }
-            Kind::CacheRead { slot, layer } => self.cache_next(slot, layer),
-        }
-    }
-
-    fn cache_next(&mut self, s: u32, l: u32) {
-        let count = self.count(l);
-        let cursor = self.pull(s, l).cursor;
-        if cursor >= count {
-            self.layer_done(s, l);
-            return;
-        }
-        if cursor < self.cache_have[l as usize] {
-            let node = self.nodes[s as usize].node;
-            let len = self.piece_len(l, cursor);
-            self.add_flow(
-                Origin::Cache,
-                Some(node),
-                len,
-                Kind::CacheRead { slot: s, layer: l },
-            );
-            return;
-        }
-        self.cache_waiters[l as usize].push(s);
-        if !self.cache_filling[l as usize] {
-            self.cache_filling[l as usize] = true;
-            let t = self.now + self.registry_latency(u32::MAX, l);
-            self.at(t, Timer::Start(Kind::CacheFill { layer: l, piece: 0 }));
-        }
-    }
-
-    fn flow_done(&mut self, kind: Kind, bytes: f64, cross: bool) {
-        self.last_progress = self.now;
-        match kind {
-            Kind::Whole { slot, layer } => {
-                self.out.registry_bytes += bytes;
-                self.layer_done(slot, layer);
-            }
-            Kind::RegPiece { slot, layer, piece } => {
-                self.out.registry_bytes += bytes;
-                let node = self.nodes[slot as usize].node as usize;
-                *self
-                    .out
-                    .source_bytes
-                    .entry(self.names[node].clone())
-                    .or_default() += bytes;
-                let count = self.count(layer);
-                let now_ms = (self.now * 1e3) as u64;
-                let p = self.pull(slot, layer);
-                let Some(sch) = p.sched.as_mut() else { return };
-                sch.on_done(piece, REGISTRY_PEER, now_ms);
-                if sch.is_complete() {
-                    p.streaming = false;
-                    self.layer_done(slot, layer);
-                } else {
-                    let next = (piece + 1..count).find(|&i| !sch.have().get(i));
-                    if let Some(nx) = next {
-                        self.start_flow(Kind::RegPiece {
-                            slot,
-                            layer,
-                            piece: nx,
-                        });
-                    }
-                }
-            }
-            Kind::Upload {
-                slot,
-                layer,
-                piece,
-                from,
-            } => self.start_body(slot, layer, piece, from),
-            Kind::Body {
-                slot,
-                layer,
-                piece,
-                from,
-            } => self.body_head_done(slot, layer, piece, from, bytes, cross),
-            Kind::Piece {
-                slot,
-                layer,
-                piece,
-                from,
-                ..
-            } => self.piece_done(slot, layer, piece, from, bytes, cross),
-            Kind::CacheFill { layer, piece } => {
-                self.out.registry_bytes += bytes;
-                self.cache_have[layer as usize] = piece + 1;
-                if piece + 1 < self.count(layer) {
-                    self.start_flow(Kind::CacheFill {
-                        layer,
-                        piece: piece + 1,
-                    });
-                }
-                let waiters = std::mem::take(&mut self.cache_waiters[layer as usize]);
-                for s in waiters {
-                    self.cache_next(s, layer);
-                }
-            }
-            Kind::CacheRead { slot, layer } => {
-                self.out.cache_bytes += bytes;
-                self.pull(slot, layer).cursor += 1;
-                self.cache_next(slot, layer);
-            }
-        }
     }
 }
 

@@ -26,10 +26,9 @@
 //!   registry on one connection, piece by piece, publishing piece hashes at its next
 //!   announces. `next_requests` decides every piece request (per-agent seed
 //!   `seed_for(node)`, `SchedulerConfig::default()` limits per peer and per blob).
-//!   Requests then wait for one of the agent-wide `max_piece_requests` permits (4; a
-//!   fair semaphore, so in order), and hold it until the response ends; a request for
-//!   a blob's first missing piece (its read head) uses a lane of its own instead
-//!   (`head_requests`, 4 per agent).
+//!   Non-urgent requests take from the agent-wide `RequestBudget`
+//!   (`max_piece_requests`, 16) until their response ends; a blob's read head is
+//!   requested urgently, outside the budget.
 //! - Serving a piece (serve.rs): the holder takes one of its `max_uploads` slots; if
 //!   none is free, a request that asked to wait (the tracker sets
 //!   `wait_for_upload_slots` for swarms of more than 256 members) joins a line of at
@@ -42,10 +41,6 @@
 //!   the slot is held through both; without one, through the body. On a 503 (or 404) the
 //!   requester calls `on_failed` and `remove_peer` until the tracker hands the peer out
 //!   again (download.rs, `Event::Piece` with an error).
-//! - Token buckets (Starling's upload and download limits, the agent's
-//!   `TokenBucket::new`): they start full and refill up to a burst of 1/20 s worth
-//!   (≥ 256 KiB) while under-used; a transfer starting on a bucket with tokens gets that
-//!   many bytes through at once.
 //! - The pull client (`oci::pull`): one registry round trip for the manifest, then the
 //!   image's blobs in order (`--oci-layout` reads the config and the layers) with
 //!   `layer_concurrency` at once. Every registry request takes `registry.latency_ms`
@@ -62,7 +57,12 @@
 //! # Approximations
 //!
 //! - Flow-level: no TCP slow start, no per-request overhead beyond a fixed latency
-//!   (`registry.latency_ms` once per registry request, `peer_latency_ms` per piece).
+//!   (`registry.latency_ms` once per registry request, `peer_latency_ms` one way for
+//!   every frame between agents: a piece's request, and its last byte's arrival).
+//! - Token buckets are rates: the agent's buckets start full and keep a burst of
+//!   1/20 s worth (≥ 256 KiB) while under-used, which lets that much through at once
+//!   after an idle spell; the simulator does not (pessimistic by at most one burst
+//!   per idle spell).
 //! - Pieces are verified the moment they arrive (the agent waits for the piece's hash
 //!   from the tracker; the source publishes hashes ahead of the holders' bitfields, so
 //!   this rarely costs anything) and unpacking is not modelled.
@@ -74,17 +74,15 @@
 //!   (and the requests its completion triggers) start at the quantum's end. Error
 //!   grows with quantum / piece transfer time; see `quantum_mode_stays_close_to_exact_mode`
 //!   and the crate README figures.
-//! - Coarse pieces (`starling.piece_size`, e.g. 64–256 MiB for 1,000+ nodes): fewer
-//!   scheduler and solver events, but store-and-forward per piece costs one piece time
-//!   per hop, so results are pessimistic by about (tree depth × piece time). They also
-//!   hold upload slots longer: the slot is held until all but `socket_buffer` bytes of
-//!   the body are sent, i.e. for most of a 256 MiB piece but hardly at all for the
-//!   agent's 4 MiB, so coarse pieces see more 503s than the agent would.
-//! - Slower announces for huge swarms (`announce_interval_ms`, 1 s in the scale
-//!   scenarios against the agent's 250 ms): peers' views are staler and a peer dropped
-//!   after a 503 comes back later (pessimistic for P2P). At 10,000 nodes the run's
-//!   cost is the tracker's handouts (≈ 40 µs per announce) and the agents' refused
-//!   requests (millions, each re-planned by the `PieceScheduler`), see BENCHMARKS.md.
+//! - A coarser `starling.piece_size` than the agent's rule gives fewer scheduler and
+//!   solver events, but store-and-forward per piece costs one piece time per hop, so
+//!   results are pessimistic by about (tree depth × piece time). The shipped scenarios
+//!   use the rule (64 MiB at 25 Gbit/s).
+//! - Cost at scale: every HAVE goes to every channel open on the blob, and a download
+//!   task keeps every peer it connected to (the agent drops only stale links that are
+//!   not connected), about 150–200 per blob at 1,000 nodes and more at 10,000: HAVE
+//!   deliveries (tens to hundreds of millions) dominate the run, then the tracker's
+//!   handouts and the scheduling passes.
 #![forbid(unsafe_code)]
 
 pub mod cli;
@@ -96,7 +94,7 @@ pub mod scenario;
 pub mod strategy;
 
 pub use cli::{run, SimArgs};
-pub use engine::{simulate, Outcome};
+pub use engine::{simulate, Outcome, UploadRecord};
 pub use report::{Report, StrategyResult};
 pub use scenario::Scenario;
 

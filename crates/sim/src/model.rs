@@ -32,14 +32,9 @@ pub struct Network {
     host: Option<ResId>,
     /// First of the per-node upload token buckets (P2P with `starling.upload_limit`).
     upload_buckets: Option<ResId>,
-    /// Per resource: the burst of the token bucket it stands for (0: a plain link).
-    pub burst: Vec<f64>,
-}
-
-/// The agent's token-bucket burst for a limit of `rate` bytes/s: 1/20 s worth, at least
-/// 256 KiB (`origin::limiter::default_burst`, which `TokenBucket::new` uses).
-pub fn default_burst(rate: f64) -> f64 {
-    (rate / 20.0).max(256.0 * 1024.0)
+    /// The link the agent's piece-size rule plans for (bytes/s): the tighter of its
+    /// limits, or the NIC when it has none.
+    pub link_rate: u64,
 }
 
 const REGISTRY: ResId = 0;
@@ -47,7 +42,8 @@ const CACHE: ResId = 1;
 
 impl Network {
     /// Resources: registry egress, cache egress, per node up and down, per rack up and
-    /// down, per zone up and down. `transport` decides whether Starling's own limits apply.
+    /// down, per zone up and down, the shared host, per node upload bucket.
+    /// `transport` decides whether Starling's own limits apply.
     pub fn build(sc: &Scenario, transport: Transport) -> Self {
         let n = sc.cluster_nodes();
         let c = &sc.cluster;
@@ -68,18 +64,15 @@ impl Network {
         if let Some(d) = c.disk_write {
             down = down.min(d.0);
         }
-        // The agent paces uploads with a token bucket while it holds an upload slot,
-        // before the response body is written (crates/agent/src/p2p/serve.rs), so the
-        // upload limit is its own stage (see `upload_bucket`), not part of the uplink.
-        // The download bucket paces reading the body and the source's registry stream.
-        let upload_limit = sc
-            .starling
-            .upload_limit
-            .filter(|_| transport == Transport::P2p);
-        let mut down_bucket = false;
-        if transport == Transport::P2p {
+        // The holder paces what it writes into the socket with its upload bucket
+        // (serve.rs `send_piece`), so that limit is a stage of its own (a stream's
+        // writer, see `upload_bucket`), not part of the network path. The download
+        // bucket paces what the receiver reads (conn.rs) and the source's registry
+        // stream: it is part of the node's downlink.
+        let p2p = transport == Transport::P2p;
+        let upload_limit = sc.starling.upload_limit.filter(|_| p2p);
+        if p2p {
             if let Some(l) = sc.starling.download_limit {
-                down_bucket = l.0 < down;
                 down = down.min(l.0);
             }
         }
@@ -99,19 +92,14 @@ impl Network {
             caps.extend(std::iter::repeat_n(l.0, n));
             first
         });
-        let mut burst = vec![0.0; caps.len()];
-        if let Some(first) = upload_buckets {
-            for i in 0..n {
-                let r = first as usize + i;
-                burst[r] = default_burst(caps[r]);
-            }
-        }
-        if down_bucket {
-            for i in 0..n {
-                let r = 2 + n + i;
-                burst[r] = default_burst(caps[r]);
-            }
-        }
+        // As `P2p::from_config`: both limits → the smaller, one → that one; none →
+        // the NIC (the agent itself assumes 10 Gbit/s then: see the scenario docs).
+        let st = &sc.starling;
+        let link_rate = match (st.upload_limit, st.download_limit) {
+            (Some(a), Some(b)) => a.0.min(b.0),
+            (Some(a), None) | (None, Some(a)) => a.0,
+            (None, None) => c.nic_up.0.min(c.nic_down.0),
+        } as u64;
         let rack_of: Vec<u32> = (0..n).map(|i| (i / per_rack) as u32).collect();
         let zone_of_rack: Vec<u32> = (0..racks).map(|r| (r / per_zone) as u32).collect();
         let has_racks = c.nodes_per_rack > 0;
@@ -142,7 +130,16 @@ impl Network {
             topology,
             host,
             upload_buckets,
-            burst,
+            link_rate,
+        }
+    }
+
+    /// Racks in the model (1 without topology).
+    pub fn racks(&self) -> usize {
+        if self.has_racks {
+            self.racks
+        } else {
+            1
         }
     }
 
@@ -175,7 +172,7 @@ impl Network {
         self.rack_of[i as usize]
     }
 
-    /// Whether bytes from `o` to node `dst` cross a rack uplink.
+    /// Whether bytes from `o` to node `dst` cross into `dst`'s rack from outside it.
     pub fn cross_rack(&self, o: Origin, dst: u32) -> bool {
         match o {
             Origin::Node(s) => self.has_racks && self.rack(s) != self.rack(dst),

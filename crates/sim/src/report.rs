@@ -24,22 +24,46 @@ pub struct StrategyResult {
     pub registry_bytes: f64,
     pub cache_bytes: f64,
     pub p2p_bytes: f64,
+    /// Bytes that entered a rack from outside it (peers elsewhere, the registry, the
+    /// cache).
     pub cross_rack_bytes: f64,
+    /// `cross_rack_bytes` ÷ (racks × bytes a node needed): 1 means each rack took
+    /// the image from outside exactly once.
+    pub cross_rack_multiple: f64,
+    pub racks: usize,
     /// Bytes each job node had to fetch (layers it did not hold), averaged.
     pub bytes_per_node: f64,
-    /// Physical limit for the bytes moved: direct pulls N·S/U_registry; otherwise
-    /// max(S/U_origin, S/D_node, N·S/(U_origin + N·U_node)).
+    /// Physical limit for the bytes moved (the largest of `bound_terms`).
     pub bound_s: f64,
+    pub bound_terms: Bound,
     pub source_elections: u32,
     /// Registry bytes each swarm source streamed, by node (which agents the tracker
     /// elected decides how fast the image enters the cluster).
     pub source_bytes: std::collections::BTreeMap<String, f64>,
+    pub registry_connections: u64,
     pub announces: u64,
     pub piece_transfers: u64,
-    pub failed_requests: u64,
-    pub refused_requests: u64,
-    /// Piece requests that waited in line for an upload slot (large swarms).
-    pub queued_requests: u64,
+    pub dropped_pieces: u64,
+    pub requests: u64,
+    pub passes: u64,
+    pub busy_rejects: u64,
+    pub not_held_rejects: u64,
+    pub retargets: u64,
+    pub cancels: u64,
+    pub hash_waits: u64,
+    pub hash_fetches: u64,
+    pub peer_hash_lists: u64,
+    pub haves: u64,
+    pub bitfields: u64,
+    pub connections: u64,
+    pub channels: u64,
+    pub max_links: usize,
+    pub peak_requests: u32,
+    /// Time to first byte of swarm blobs on nodes that did not fetch them from the
+    /// registry (the demo's `non_seed_first_byte_*`).
+    pub non_seed_ttfb_p50_s: f64,
+    pub non_seed_ttfb_p95_s: f64,
+    pub non_seed_ttfb_max_s: f64,
     pub steps: u64,
     pub stuck_nodes: usize,
     pub wall_s: f64,
@@ -67,7 +91,10 @@ pub struct Report {
     pub description: String,
     pub nodes: usize,
     pub image_bytes: u64,
+    /// The piece size every agent proposes (0: the agent's rule, per blob).
     pub piece_size: u64,
+    /// Scenario keys accepted but ignored.
+    pub warnings: Vec<String>,
     pub quantum_ms: f64,
     pub results: Vec<StrategyResult>,
     pub sweep: Vec<SweepPoint>,
@@ -85,17 +112,64 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// The transfer-time lower bound for `n` nodes each fetching `s` bytes.
-pub fn bound(
-    sc: &Scenario,
-    transport: Transport,
-    n: usize,
-    s: f64,
-    largest_layer: f64,
-    layers: usize,
-) -> f64 {
+/// The terms of the physical bound, each a time no strategy can beat.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Bound {
+    /// Every byte leaves the registry once: S / U_registry, where U_registry is the
+    /// registry's total egress, or the per-connection cap times the connections the
+    /// strategy opens if that is less (`registry_note` says which).
+    pub registry_s: f64,
+    pub registry_note: String,
+    /// The largest layer through the connections that carry it.
+    pub largest_layer_s: f64,
+    /// Every node receives S at its download rate (NIC, disk, download limit).
+    pub download_s: f64,
+    /// N·S bytes through the registry plus every node's upload (P2P), or N·S through
+    /// the registry (direct), or through the cache.
+    pub upload_s: f64,
+}
+
+impl Bound {
+    pub fn max(&self) -> f64 {
+        self.registry_s
+            .max(self.largest_layer_s)
+            .max(self.download_s)
+            .max(self.upload_s)
+    }
+}
+
+/// The number of registry connections one blob's source opens, and the registry
+/// rate they can draw: one per slice (`registry_streams_for`), capped per connection.
+fn registry_rate(sc: &Scenario, connections: u32) -> (f64, String) {
+    let reg = sc.registry.egress.0;
+    match sc.registry.per_connection {
+        Some(c) if c.0 * connections as f64 <= reg => (
+            c.0 * connections as f64,
+            format!(
+                "{connections} connections × {:.2} Gbit/s per connection (below the {:.2} Gbit/s egress)",
+                c.0 * 8e-9,
+                reg * 8e-9
+            ),
+        ),
+        Some(c) => (
+            reg,
+            format!(
+                "registry egress {:.2} Gbit/s ({connections} connections × {:.2} Gbit/s per connection would carry more)",
+                reg * 8e-9,
+                c.0 * 8e-9
+            ),
+        ),
+        None => (reg, format!("registry egress {:.2} Gbit/s", reg * 8e-9)),
+    }
+}
+
+/// The transfer-time lower bound for `n` nodes each fetching the layers `moving`
+/// (sizes, bytes).
+pub fn bound(sc: &Scenario, transport: Transport, n: usize, moving: &[f64]) -> Bound {
+    let s: f64 = moving.iter().sum();
+    let largest = moving.iter().copied().fold(0.0, f64::max);
     if s <= 0.0 || n == 0 {
-        return 0.0;
+        return Bound::default();
     }
     let mut down = sc.cluster.nic_down.0;
     if let Some(d) = sc.cluster.disk_write {
@@ -104,13 +178,29 @@ pub fn bound(
     let mut up = sc.cluster.nic_up.0;
     let reg = sc.registry.egress.0;
     let conn = sc.registry.per_connection.map_or(f64::INFINITY, |r| r.0);
-    let n = n as f64;
+    let nf = n as f64;
     match transport {
-        Transport::Direct => (n * s / reg).max(s / down.min(conn)),
-        Transport::SharedCache => (s / reg.min(conn * layers.max(1) as f64))
-            .max(largest_layer / reg.min(conn))
-            .max(s / down)
-            .max(n * s / sc.cache.egress.0),
+        Transport::Direct => {
+            // Every node pulls every layer over its own connection.
+            let (u, note) = registry_rate(sc, (n * moving.len()) as u32);
+            Bound {
+                registry_s: nf * s / u,
+                registry_note: note,
+                largest_layer_s: largest / down.min(conn),
+                download_s: s / down,
+                upload_s: 0.0,
+            }
+        }
+        Transport::SharedCache => {
+            let (u, note) = registry_rate(sc, moving.len() as u32);
+            Bound {
+                registry_s: s / u,
+                registry_note: note,
+                largest_layer_s: largest / reg.min(conn),
+                download_s: s / down,
+                upload_s: nf * s / sc.cache.egress.0,
+            }
+        }
         Transport::P2p => {
             if let Some(l) = sc.starling.upload_limit {
                 up = up.min(l.0);
@@ -118,14 +208,28 @@ pub fn bound(
             if let Some(l) = sc.starling.download_limit {
                 down = down.min(l.0);
             }
-            // One source per layer, each on one registry connection.
-            let origin = reg.min(conn * layers.max(1) as f64);
-            (s / origin)
-                .max(largest_layer / reg.min(conn))
-                .max(s / down)
-                .max(n * s / (origin + n * up))
+            // One source per layer, each over `registry_streams_for` connections, all
+            // at once; the source's own download rate caps each layer's intake.
+            let k = |b: f64| {
+                swarm::pieces::registry_streams_for(b as u64, sc.starling.registry_streams)
+            };
+            let total_conns: u32 = moving.iter().map(|&b| k(b)).sum();
+            let (u, note) = registry_rate(sc, total_conns);
+            let u_largest = reg.min(conn * k(largest) as f64).min(down);
+            Bound {
+                registry_s: s / u,
+                registry_note: note,
+                largest_layer_s: largest / u_largest,
+                download_s: s / down,
+                upload_s: nf * s / (u + nf * up),
+            }
         }
     }
+}
+
+fn percentile_or_nan(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    percentile(v, p)
 }
 
 pub fn result(
@@ -134,8 +238,7 @@ pub fn result(
     nodes: usize,
     o: Outcome,
     bytes_per_node: f64,
-    largest_layer: f64,
-    layers: usize,
+    moving: &[f64],
 ) -> StrategyResult {
     let mut r = o.ready_s.clone();
     r.sort_by(f64::total_cmp);
@@ -144,7 +247,13 @@ pub fn result(
     } else {
         r.iter().sum::<f64>() / r.len() as f64
     };
-    let needing = nodes; // bound over the nodes of the job
+    let racks = if sc.cluster.nodes_per_rack == 0 {
+        1
+    } else {
+        sc.cluster_nodes().div_ceil(sc.cluster.nodes_per_rack)
+    };
+    let b = bound(sc, spec.transport(), nodes, moving);
+    let mut ttfb = o.non_seed_ttfb.clone();
     StrategyResult {
         strategy: spec.label(),
         kind: format!("{:?}", spec.kind).to_lowercase(),
@@ -158,22 +267,39 @@ pub fn result(
         cache_bytes: o.cache_bytes,
         p2p_bytes: o.p2p_bytes,
         cross_rack_bytes: o.cross_rack_bytes,
+        cross_rack_multiple: if bytes_per_node > 0.0 {
+            o.cross_rack_bytes / (racks as f64 * bytes_per_node)
+        } else {
+            0.0
+        },
+        racks,
         bytes_per_node,
-        bound_s: bound(
-            sc,
-            spec.transport(),
-            needing,
-            bytes_per_node,
-            largest_layer,
-            layers,
-        ),
-        failed_requests: o.failed_requests,
-        refused_requests: o.refused_requests,
-        queued_requests: o.queued_requests,
+        bound_s: b.max(),
+        bound_terms: b,
         source_elections: o.source_elections,
         source_bytes: o.source_bytes,
+        registry_connections: o.registry_connections,
         announces: o.announces,
         piece_transfers: o.piece_transfers,
+        dropped_pieces: o.dropped_pieces,
+        requests: o.requests,
+        passes: o.passes,
+        busy_rejects: o.busy_rejects,
+        not_held_rejects: o.not_held_rejects,
+        retargets: o.retargets,
+        cancels: o.cancels,
+        hash_waits: o.hash_waits,
+        hash_fetches: o.hash_fetches,
+        peer_hash_lists: o.peer_hash_lists,
+        haves: o.haves,
+        bitfields: o.bitfields,
+        connections: o.connections,
+        channels: o.channels,
+        max_links: o.max_links,
+        peak_requests: o.peak_requests,
+        non_seed_ttfb_p50_s: percentile_or_nan(&mut ttfb, 50.0),
+        non_seed_ttfb_p95_s: percentile_or_nan(&mut ttfb, 95.0),
+        non_seed_ttfb_max_s: ttfb.last().copied().unwrap_or(f64::NAN),
         steps: o.steps,
         stuck_nodes: o.stuck,
         wall_s: o.wall_s,
@@ -221,11 +347,15 @@ impl Report {
         let mut t = String::new();
         let _ = writeln!(
             t,
-            "scenario {}: {} nodes, image {}, piece {}{}",
+            "scenario {}: {} nodes, image {}, pieces {}{}",
             self.scenario,
             self.nodes,
             human_bytes(self.image_bytes as f64),
-            human_bytes(self.piece_size as f64),
+            if self.piece_size == 0 {
+                "by the agent's rule".to_owned()
+            } else {
+                human_bytes(self.piece_size as f64)
+            },
             if self.quantum_ms > 0.0 {
                 format!(", quantum {} ms", self.quantum_ms)
             } else {
@@ -234,6 +364,9 @@ impl Report {
         );
         if !self.description.is_empty() {
             let _ = writeln!(t, "  {}", self.description);
+        }
+        for w in &self.warnings {
+            let _ = writeln!(t, "  warning: {w}");
         }
         let _ = writeln!(
             t,
@@ -258,6 +391,25 @@ impl Report {
                 } else {
                     String::new()
                 }
+            );
+        }
+        for r in self.results.iter().filter(|r| r.transport == "p2p") {
+            let b = &r.bound_terms;
+            let _ = writeln!(
+                t,
+                "  {}: bound {} = max(registry {} [{}], largest layer {}, download {}, upload {}); cross-rack {:.2} × (racks × image); {} requests, {} busy, {} retargeted, {} hash waits",
+                r.strategy,
+                human_secs(r.bound_s),
+                human_secs(b.registry_s),
+                b.registry_note,
+                human_secs(b.largest_layer_s),
+                human_secs(b.download_s),
+                human_secs(b.upload_s),
+                r.cross_rack_multiple,
+                r.requests,
+                r.busy_rejects,
+                r.retargets,
+                r.hash_waits
             );
         }
         if !self.sweep.is_empty() {

@@ -117,8 +117,13 @@ pub struct Scenario {
     pub registry: Registry,
     #[serde(default)]
     pub cache: Cache,
-    #[serde(default)]
+    #[serde(default, rename = "starling")]
+    starling_raw: Option<StarlingPartial>,
+    #[serde(skip)]
     pub starling: Starling,
+    /// Things in the file that were accepted but have no effect (old keys).
+    #[serde(skip)]
+    pub warnings: Vec<String>,
     pub image: Image,
     pub job: Job,
     #[serde(default)]
@@ -185,41 +190,65 @@ impl Default for Cache {
     }
 }
 
+/// Starling's settings. Every default is the agent's, read from the `swarm` crate
+/// (`SwarmConfig`, `SchedulerConfig`, `UploadConfig` and the constants beside them),
+/// so the simulator follows the agent when its defaults move.
 #[derive(Clone, Debug)]
 pub struct Starling {
     pub upload_limit: Option<Rate>,
     pub download_limit: Option<Rate>,
-    pub piece_size: Bytes,
+    /// The piece size of the agents and the tracker (`starling demo --piece-size`);
+    /// `None` ("auto", the default): the first announcer proposes one by the agent's
+    /// rule, `swarm::pieces::piece_size_for(blob, link)`, with the link the tighter of
+    /// the two limits, or the NIC rate when neither is set; a swarm started by seeding
+    /// heartbeats (which propose none) gets the tracker's rule for an unknown link.
+    pub piece_size: Option<Bytes>,
+    /// The tracker's `interval_ms` (how often a downloading agent announces).
     pub announce_interval_ms: u64,
     pub peer_ttl_ms: u64,
     pub max_peers: usize,
     pub min_p2p_size: Bytes,
-    pub max_inflight_per_peer: u32,
+    /// Swarms of at least this many members get rack stripes.
+    pub stripe_min_members: usize,
+    /// The scheduler's per-peer window: at least `min_window` requests, enough for
+    /// `window_ms` at the measured rate, at most `max_window`.
+    pub min_window: u32,
+    pub max_window: u32,
+    pub window_ms: u64,
     pub max_inflight_total: u32,
-    /// Latency of one piece request between agents.
+    /// Rack stripes: how long a piece seen only outside the rack waits for the member
+    /// whose stripe it is in.
+    pub patience_ms: u64,
+    /// One-way delay of a frame between two agents (request, HAVE, bitfield, reject,
+    /// cancel); a new connection costs three (TCP and the HELLO/AUTH exchange).
     pub peer_latency_ms: f64,
-    /// Concurrent piece uploads per agent; further requests wait for a slot.
+    /// Round trip of an announce or a hash fetch to the tracker.
+    pub tracker_rtt_ms: f64,
+    /// A blob request from the pull client reaches the agent's swarm code (and its
+    /// first announce the tracker) after a pseudo-random share of this, fixed per
+    /// (node, blob, `sim.seed`): the scheduling noise of a busy host. The first
+    /// announcer of a blob becomes its source, so this decides how the sourcing is
+    /// shared when nodes start together (see swarm16.toml for the measured value).
+    pub request_jitter_ms: f64,
+    /// Pieces a holder sends at once (`UploadQueue`'s `max_active`).
     pub max_uploads: u32,
-    /// Requests that may wait for an upload slot (the agent's `upload_queue`), when the
-    /// tracker tells requesters to ask for it (large swarms); beyond that, or after
-    /// `upload_wait_ms`, they are refused (503).
+    /// Requests one connection may have waiting in a holder's line; beyond, "busy".
     pub upload_queue: u32,
-    pub upload_wait_ms: f64,
-    /// Piece requests running at once per agent, over all its blobs (the agent's
-    /// `max_piece_requests`); further requests wait in order.
+    /// Requests a holder keeps waiting over all connections; beyond, "busy".
+    pub upload_queue_total: u32,
+    /// The agent-wide `RequestBudget` (read heads aside).
     pub max_piece_requests: u32,
-    /// Read-head requests running at once per agent, over all its blobs, in a lane of
-    /// their own (the agent's `HEAD_REQUESTS`).
-    pub head_requests: u32,
+    /// Registry connections a source may use for one blob.
+    pub registry_streams: u32,
     /// How often an agent re-announces the complete blobs it holds (the agent's
     /// `/swarm/v1/seeding` loop: every second).
     pub seed_heartbeat_ms: u64,
-    /// How much of a piece's body the kernel's socket buffers take before the holder
-    /// has written it all. The agent releases the upload slot once the last byte is in
-    /// the socket (serve.rs), so this is how far ahead of the requester's reading the
-    /// slot frees. Default 4 MiB, Linux's `net.ipv4.tcp_wmem` maximum; on loopback with
-    /// a reader paced at 8 MiB/s, `sendall` of a 4–16 MiB body returned when 2.7–4 MiB
-    /// of it were still unread, and a 1 MiB body went in whole.
+    /// How far a holder's writes can run ahead of the reader: the socket buffers
+    /// between them. The upload slot is held until a piece's last byte is written into
+    /// the socket (serve.rs), so with pieces larger than this it is held for all but
+    /// its last `socket_buffer` bytes. Default 4 MiB, Linux's `net.ipv4.tcp_wmem`
+    /// maximum; on loopback with a reader paced at 8 MiB/s, `sendall` of a 4–16 MiB
+    /// body returned when 2.7–4 MiB of it were still unread (BENCHMARKS.md, issue 6).
     pub socket_buffer: Bytes,
 }
 
@@ -227,89 +256,140 @@ impl Default for Starling {
     fn default() -> Self {
         let s = swarm::SwarmConfig::default();
         let p = swarm::scheduler::SchedulerConfig::default();
+        let u = swarm::upload::UploadConfig::default();
         Self {
             upload_limit: None,
             download_limit: None,
-            piece_size: Bytes(s.piece_size.unwrap_or(1 << 20)),
+            piece_size: s.piece_size.map(Bytes),
             announce_interval_ms: s.announce_interval_ms,
             peer_ttl_ms: s.peer_ttl_ms,
             max_peers: s.max_peers,
             min_p2p_size: Bytes(s.min_p2p_size),
-            // The agent's downloader uses `SchedulerConfig::default()` (2 per peer, 4 per blob).
-            max_inflight_per_peer: p.min_window,
+            stripe_min_members: s.stripe_min_members,
+            min_window: p.min_window,
+            max_window: p.max_window,
+            window_ms: p.window_ms,
             max_inflight_total: p.max_inflight_total,
-            peer_latency_ms: 0.5,
-            // The agent's default `max_uploads`.
-            max_uploads: 2,
-            // The agent's defaults `upload_queue` and `upload_wait`.
-            upload_queue: 8,
-            upload_wait_ms: 1000.0,
-            // The agent's default `max_piece_requests`.
-            max_piece_requests: 4,
-            head_requests: 4,
+            patience_ms: p.patience_ms,
+            peer_latency_ms: 0.25,
+            tracker_rtt_ms: 2.0,
+            request_jitter_ms: 0.0,
+            max_uploads: u.max_active as u32,
+            upload_queue: u.max_queued_per_conn as u32,
+            upload_queue_total: u.max_queued_total as u32,
+            max_piece_requests: swarm::upload::DEFAULT_REQUEST_BUDGET,
+            registry_streams: swarm::pieces::DEFAULT_REGISTRY_STREAMS,
             seed_heartbeat_ms: 1000,
             socket_buffer: Bytes(4 << 20),
         }
     }
 }
 
-// serde(default) on individual fields of Starling: a partial [starling] table keeps the
-// other defaults.
+/// Keys of the old protocol's model (one HTTP request per piece, 503s, a timed wait
+/// line, a read-head request lane): accepted so old scenario files still load, and
+/// reported as ignored.
+const OLD_KEYS: [&str; 2] = ["upload_wait_ms", "head_requests"];
+
 impl Starling {
-    fn fill(partial: StarlingPartial) -> Self {
+    fn fill(partial: StarlingPartial, warnings: &mut Vec<String>) -> Self {
         let d = Self::default();
+        for (k, set) in OLD_KEYS.iter().zip([
+            partial.upload_wait_ms.is_some(),
+            partial.head_requests.is_some(),
+        ]) {
+            if set {
+                warnings.push(format!(
+                    "starling.{k} is ignored: it modelled the old peer protocol (the agent now queues every request and has no read-head lane)"
+                ));
+            }
+        }
         Self {
             upload_limit: partial.upload_limit,
             download_limit: partial.download_limit,
-            piece_size: partial.piece_size.unwrap_or(d.piece_size),
+            piece_size: match partial.piece_size {
+                Some(PieceSize::Auto) => None,
+                Some(PieceSize::Fixed(b)) => Some(b),
+                None => d.piece_size,
+            },
             announce_interval_ms: partial
                 .announce_interval_ms
                 .unwrap_or(d.announce_interval_ms),
             peer_ttl_ms: partial.peer_ttl_ms.unwrap_or(d.peer_ttl_ms),
             max_peers: partial.max_peers.unwrap_or(d.max_peers),
             min_p2p_size: partial.min_p2p_size.unwrap_or(d.min_p2p_size),
-            max_inflight_per_peer: partial
-                .max_inflight_per_peer
-                .unwrap_or(d.max_inflight_per_peer),
+            stripe_min_members: partial.stripe_min_members.unwrap_or(d.stripe_min_members),
+            min_window: partial
+                .min_window
+                .or(partial.max_inflight_per_peer)
+                .unwrap_or(d.min_window),
+            max_window: partial.max_window.unwrap_or(d.max_window),
+            window_ms: partial.window_ms.unwrap_or(d.window_ms),
             max_inflight_total: partial.max_inflight_total.unwrap_or(d.max_inflight_total),
+            patience_ms: partial.patience_ms.unwrap_or(d.patience_ms),
             peer_latency_ms: partial.peer_latency_ms.unwrap_or(d.peer_latency_ms),
+            tracker_rtt_ms: partial.tracker_rtt_ms.unwrap_or(d.tracker_rtt_ms),
+            request_jitter_ms: partial.request_jitter_ms.unwrap_or(d.request_jitter_ms),
             max_uploads: partial.max_uploads.unwrap_or(d.max_uploads),
             upload_queue: partial.upload_queue.unwrap_or(d.upload_queue),
-            upload_wait_ms: partial.upload_wait_ms.unwrap_or(d.upload_wait_ms),
+            upload_queue_total: partial.upload_queue_total.unwrap_or(d.upload_queue_total),
             max_piece_requests: partial.max_piece_requests.unwrap_or(d.max_piece_requests),
-            head_requests: partial.head_requests.unwrap_or(d.head_requests),
+            registry_streams: partial.registry_streams.unwrap_or(d.registry_streams),
             seed_heartbeat_ms: partial.seed_heartbeat_ms.unwrap_or(d.seed_heartbeat_ms),
             socket_buffer: partial.socket_buffer.unwrap_or(d.socket_buffer),
         }
     }
 }
 
-#[derive(Deserialize)]
+/// `piece_size = "auto"` or a size.
+#[derive(Clone, Copy, Debug)]
+enum PieceSize {
+    Auto,
+    Fixed(Bytes),
+}
+
+impl<'de> Deserialize<'de> for PieceSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match NumOrStr::deserialize(d)? {
+            NumOrStr::Str(s) if s.trim() == "auto" => Ok(PieceSize::Auto),
+            NumOrStr::Str(s) => parse_bytes(&s)
+                .map(|b| PieceSize::Fixed(Bytes(b)))
+                .map_err(serde::de::Error::custom),
+            NumOrStr::Int(n) => Ok(PieceSize::Fixed(Bytes(n))),
+            NumOrStr::Float(f) => Ok(PieceSize::Fixed(Bytes(f as u64))),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct StarlingPartial {
     upload_limit: Option<Rate>,
     download_limit: Option<Rate>,
-    piece_size: Option<Bytes>,
+    piece_size: Option<PieceSize>,
     announce_interval_ms: Option<u64>,
     peer_ttl_ms: Option<u64>,
     max_peers: Option<usize>,
     min_p2p_size: Option<Bytes>,
+    stripe_min_members: Option<usize>,
+    min_window: Option<u32>,
+    /// The old name of `min_window`.
     max_inflight_per_peer: Option<u32>,
+    max_window: Option<u32>,
+    window_ms: Option<u64>,
     max_inflight_total: Option<u32>,
+    patience_ms: Option<u64>,
     peer_latency_ms: Option<f64>,
+    tracker_rtt_ms: Option<f64>,
+    request_jitter_ms: Option<f64>,
     max_uploads: Option<u32>,
     upload_queue: Option<u32>,
-    upload_wait_ms: Option<f64>,
+    upload_queue_total: Option<u32>,
     max_piece_requests: Option<u32>,
-    head_requests: Option<u32>,
+    registry_streams: Option<u32>,
     seed_heartbeat_ms: Option<u64>,
     socket_buffer: Option<Bytes>,
-}
-
-impl<'de> Deserialize<'de> for Starling {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        StarlingPartial::deserialize(d).map(Starling::fill)
-    }
+    upload_wait_ms: Option<f64>,
+    head_requests: Option<u32>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -373,6 +453,9 @@ pub struct SimCfg {
     /// still waiting are reported as never ready.
     #[serde(default)]
     pub stall_seconds: Option<f64>,
+    /// Record every piece a holder begins to send (`Outcome::uploads`).
+    #[serde(default)]
+    pub trace: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -437,6 +520,8 @@ impl StrategySpec {
 impl Scenario {
     pub fn parse(text: &str, base_dir: &Path) -> Result<Self, Error> {
         let mut s: Scenario = toml::from_str(text).map_err(|e| Error::Scenario(e.to_string()))?;
+        let raw = s.starling_raw.take().unwrap_or_default();
+        s.starling = Starling::fill(raw, &mut s.warnings);
         if let Some(dir) = s.image.oci_layout.clone() {
             let dir = if dir.is_absolute() {
                 dir
@@ -509,17 +594,33 @@ impl Scenario {
                 }
             }
         }
-        if self.starling.piece_size.0 < 4096 {
-            return bad("starling.piece_size must be at least 4KiB".into());
+        if let Some(p) = self.starling.piece_size {
+            if !(swarm::pieces::MIN_PIECE_SIZE..=swarm::pieces::MAX_PIECE_SIZE).contains(&p.0)
+                || !p.0.is_power_of_two()
+            {
+                return bad(format!(
+                    "starling.piece_size {} must be \"auto\" or a power of two between 64KiB and 256MiB (the agent refuses other geometries)",
+                    p.0
+                ));
+            }
         }
-        if self.starling.announce_interval_ms == 0
-            || self.starling.max_inflight_total == 0
-            || self.starling.max_inflight_per_peer == 0
-            || self.starling.max_uploads == 0
-            || self.starling.max_piece_requests == 0
-            || self.starling.seed_heartbeat_ms == 0
+        let st = &self.starling;
+        if st.announce_interval_ms == 0
+            || st.max_inflight_total == 0
+            || st.min_window == 0
+            || st.max_uploads == 0
+            || st.upload_queue == 0
+            || st.max_piece_requests == 0
+            || st.registry_streams == 0
+            || st.seed_heartbeat_ms == 0
         {
-            return bad("starling: announce_interval_ms, max_inflight_per_peer, max_inflight_total, max_uploads and max_piece_requests must be > 0".into());
+            return bad("starling: announce_interval_ms, min_window, max_inflight_total, max_uploads, upload_queue, max_piece_requests, registry_streams and seed_heartbeat_ms must be > 0".into());
+        }
+        if !(st.peer_latency_ms >= 0.0 && st.tracker_rtt_ms >= 0.0 && st.request_jitter_ms >= 0.0) {
+            return bad(
+                "starling: peer_latency_ms, tracker_rtt_ms and request_jitter_ms must be ≥ 0"
+                    .into(),
+            );
         }
         if self.job.layer_concurrency == 0 {
             return bad("job.layer_concurrency must be at least 1".into());

@@ -265,13 +265,24 @@ impl PieceScheduler {
 
     /// A HAVE: the peer now holds `piece`. Unknown peers and pieces are ignored.
     pub fn peer_has(&mut self, id: &str, piece: u32, now_ms: u64) {
+        if let Some(&i) = self.by_name.get(id) {
+            self.peer_has_handle(i, piece, now_ms);
+        }
+    }
+
+    /// The peer's handle for [`PieceScheduler::peer_has_handle`]: valid until the peer
+    /// is removed (its slot may then go to another peer).
+    pub fn peer_handle(&self, id: &str) -> Option<u32> {
+        self.by_name.get(id).copied()
+    }
+
+    /// [`PieceScheduler::peer_has`] by handle: a simulated swarm delivers millions of
+    /// HAVEs, and looking each peer's name up dominated its run.
+    pub fn peer_has_handle(&mut self, i: u32, piece: u32, now_ms: u64) {
         if piece >= self.have.len() {
             return;
         }
-        let Some(&i) = self.by_name.get(id) else {
-            return;
-        };
-        let Some(s) = self.slots[i as usize].as_mut() else {
+        let Some(s) = self.slots.get_mut(i as usize).and_then(Option::as_mut) else {
             return;
         };
         let Some(h) = s.have.as_mut() else {
@@ -325,6 +336,14 @@ impl PieceScheduler {
     pub fn peer_is_complete(&self, id: &str) -> bool {
         self.slot(id)
             .is_some_and(|(_, s)| s.have.is_none() && !s.banned)
+    }
+
+    /// [`PieceScheduler::peer_is_complete`] by handle ([`PieceScheduler::peer_handle`]).
+    pub fn peer_is_complete_handle(&self, handle: u32) -> bool {
+        self.slots
+            .get(handle as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.have.is_none() && !s.banned)
     }
 
     pub fn is_banned(&self, id: &str) -> bool {
@@ -406,7 +425,7 @@ impl PieceScheduler {
         // Fill windows, one request at a time to the least-loaded peer that can take
         // one, so requests spread over peers instead of filling the first.
         let mut total = self.inflight_count();
-        if budget > 0 && total < total_cap {
+        if budget > 0 && total < total_cap && self.any_open_piece() {
             let mut cands = self.fill_candidates(now_ms);
             while budget > 0 && total < total_cap {
                 let Some(k) = self.least_loaded_of(&cands) else {
@@ -536,6 +555,51 @@ impl PieceScheduler {
             }
         }
         best.map(|(k, _)| k)
+    }
+
+    /// Whether a scheduling pass could now ask the peer with this handle for `piece`
+    /// (or for another of its pieces, which is no different for the caller): the piece
+    /// is open, the peer usable and allowed to serve it, with room in its window (the
+    /// read head needs none); in endgame, always. A caller that ran a pass since
+    /// anything else changed needs no new pass for a HAVE without this.
+    pub fn could_request_from(&self, handle: u32, piece: u32, now_ms: u64) -> bool {
+        if piece >= self.have.len() || self.have.get(piece) {
+            return false;
+        }
+        if self.have.len() - self.have.count() <= self.cfg.endgame {
+            return true;
+        }
+        if self.inflight_any.get(piece) {
+            return false;
+        }
+        let Some(s) = self.slots.get(handle as usize).and_then(Option::as_ref) else {
+            return false;
+        };
+        s.holds(piece)
+            && s.busy_until_ms <= now_ms
+            && self.far_allowed(piece, s.distance, now_ms)
+            && (piece == self.have.prefix() || s.inflight < self.window(s))
+    }
+
+    /// Whether some unbanned peer may hold a piece neither held nor in flight: without
+    /// one no peer has an open piece, and the fill loop need not look at each peer.
+    fn any_open_piece(&self) -> bool {
+        if self.complete_holders > 0 {
+            return true;
+        }
+        let have = self.have.as_bytes();
+        let busy = self.inflight_any.as_bytes();
+        have.iter().zip(busy).enumerate().any(|(byte, (&mine, &infl))| {
+            let mut open = !mine & !infl;
+            while open != 0 {
+                let piece = byte as u32 * 8 + open.trailing_zeros();
+                open &= open - 1;
+                if piece < self.have.len() && self.avail[piece as usize] > 0 {
+                    return true;
+                }
+            }
+            false
+        })
     }
 
     /// Whether `best_piece_for` would find a piece for this peer.
@@ -949,6 +1013,39 @@ mod tests {
         }
         assert!(!s.knows_peer("b"));
         assert_eq!(s.orphans(), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn could_request_from_agrees_with_the_next_pass() {
+        let cfg = SchedulerConfig {
+            min_window: 1,
+            max_window: 1,
+            patience_ms: 1_000,
+            ..Default::default()
+        };
+        let mut s = sched(8, cfg);
+        s.set_stripe(Some((0, 2)));
+        s.set_peer("near", Some(Bitfield::new(8)), 0);
+        s.set_peer("far", Some(Bitfield::new(8)), 2);
+        let near = s.peer_handle("near").expect("a known peer");
+        let far = s.peer_handle("far").expect("a known peer");
+        // A far holder of a piece outside this node's stripe: not before the patience.
+        s.peer_has_handle(far, 3, 0);
+        assert!(!s.could_request_from(far, 3, 10));
+        assert!(s.next_requests(10, 10).is_empty());
+        assert!(s.could_request_from(far, 3, 1_000));
+        // A near holder: at once; its window (1) then full, so a second piece not.
+        s.peer_has_handle(near, 5, 20);
+        assert!(s.could_request_from(near, 5, 20));
+        assert_eq!(s.next_requests(20, 10).len(), 1);
+        assert!(!s.could_request_from(near, 5, 20), "in flight");
+        s.peer_has_handle(near, 6, 21);
+        assert!(!s.could_request_from(near, 6, 21), "window full");
+        assert!(s.next_requests(21, 10).is_empty());
+        // The read head needs no window.
+        s.peer_has_handle(near, 0, 22);
+        assert!(s.could_request_from(near, 0, 22));
+        assert_eq!(s.next_requests(22, 10)[0].piece, 0);
     }
 
     #[test]

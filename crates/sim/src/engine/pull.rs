@@ -1,0 +1,183 @@
+//! One node's fetch of one layer: the download task's state (`p2p/download.rs`'s
+//! `Download`, what the simulator needs of it), or a direct or cache pull.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use swarm::{AnnounceResponse, Bitfield, PieceLayout, PieceScheduler, Role};
+
+/// How far a pull has come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Idle,
+    /// Announced, waiting for the tracker (and, as a peer, for the source to learn
+    /// the blob's size; as the source, for the registry's answer).
+    Starting,
+    /// The download task runs.
+    Swarm,
+    /// Not a swarm blob: the plain registry path.
+    Direct,
+    /// Through the shared cache.
+    Cache,
+}
+
+/// A peer the tracker handed out, and our channel to it (download.rs `Link`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Link {
+    pub distance: u8,
+    pub connected: bool,
+    pub connecting: bool,
+    /// Whether the latest tracker answer named it.
+    pub fresh: bool,
+    /// The peer's handle in the scheduler, once its bitfield arrived.
+    pub handle: Option<u32>,
+}
+
+/// A registry run: pieces `[first, end)` over one registry connection; `next` is
+/// the piece whose bytes arrive now.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Run {
+    pub first: u32,
+    pub end: u32,
+    pub next: u32,
+    pub flow: u32,
+}
+
+pub(crate) struct Pull {
+    pub active: bool,
+    pub done: bool,
+    pub phase: Phase,
+    pub requested_at: f64,
+    pub finished_at: f64,
+    pub layout: Option<PieceLayout>,
+    pub sched: Option<PieceScheduler>,
+    pub role: Role,
+    /// The elected source's slot, whose HAVE hashes this task trusts.
+    pub source: Option<u32>,
+    pub links: HashMap<u32, Link>,
+    /// Links handed out but not dialed yet.
+    pub to_dial: Vec<u32>,
+    /// Piece hashes known (from the tracker, or from the source's HAVEs).
+    pub hashes: Bitfield,
+    /// Hashes this agent computed from registry bytes, not yet sent to the tracker.
+    pub publish: Vec<u32>,
+    /// Pieces received before their hash was known, and from whom.
+    pub unverified: HashMap<u32, u32>,
+    /// Pieces a connection is receiving or that wait for their hash (the writer's
+    /// claims): another copy of them is dropped.
+    pub claimed: Bitfield,
+    pub runs: Vec<Run>,
+    /// Registry GETs sent whose runs have not started yet.
+    pub pending_runs: u32,
+    pub registry_bytes: f64,
+    /// How many of `publish` the announce in flight carries.
+    pub publish_sent: usize,
+    /// Requests that took from the node's budget: (piece, holder slot).
+    pub budgeted: HashSet<(u32, u32)>,
+    pub announcing: bool,
+    pub reply: Option<AnnounceResponse>,
+    pub last_announce: f64,
+    pub interval: f64,
+    /// The task's start: its housekeeping ticks fall on `t0 + k · 50 ms`.
+    pub t0: f64,
+    pub last_hash_fetch: Option<f64>,
+    /// Last time this task asked a complete peer for its hash list (no source).
+    pub last_peer_hash_ask: Option<f64>,
+    pub hash_reply: Option<std::collections::BTreeMap<u32, String>>,
+    pub registry_retry_at: f64,
+    /// Peers (by request) until the tracker knows the size: poll deadline.
+    pub size_deadline: f64,
+    pub queued_pump: bool,
+    /// The node's budget grew since this task last scheduled.
+    pub budget_seen: u32,
+    /// Times at which something time-dependent in the scheduler ripens (a rested
+    /// peer, stripe patience), in order.
+    pub wake: VecDeque<f64>,
+    /// The tracker gave this task a rack stripe.
+    pub striped: bool,
+    pub first_piece_at: Option<f64>,
+    /// Cache read cursor.
+    pub cursor: u32,
+}
+
+impl Pull {
+    pub fn new(held: bool) -> Self {
+        Self {
+            active: false,
+            done: held,
+            phase: Phase::Idle,
+            requested_at: 0.0,
+            finished_at: 0.0,
+            layout: None,
+            sched: None,
+            role: Role::Peer,
+            source: None,
+            links: HashMap::new(),
+            to_dial: Vec::new(),
+            hashes: Bitfield::new(0),
+            publish: Vec::new(),
+            unverified: HashMap::new(),
+            claimed: Bitfield::new(0),
+            runs: Vec::new(),
+            pending_runs: 0,
+            registry_bytes: 0.0,
+            publish_sent: 0,
+            budgeted: HashSet::new(),
+            announcing: false,
+            reply: None,
+            last_announce: 0.0,
+            interval: 1.0,
+            t0: 0.0,
+            last_hash_fetch: None,
+            last_peer_hash_ask: None,
+            hash_reply: None,
+            registry_retry_at: 0.0,
+            size_deadline: 0.0,
+            queued_pump: false,
+            budget_seen: 0,
+            wake: VecDeque::new(),
+            striped: false,
+            first_piece_at: None,
+            cursor: 0,
+        }
+    }
+
+    /// Whether this node can serve `piece` now (serve.rs `holds`).
+    pub fn holds(&self, piece: u32) -> bool {
+        self.done || self.sched.as_ref().is_some_and(|s| s.have().get(piece))
+    }
+
+    /// Asks for a scheduling pass at the first housekeeping tick at or after `t` (the
+    /// agent's tick passes through `schedule`): a tick earlier than `t` would find
+    /// what ripens at `t` (a rested peer, a stripe's patience) not ripe yet.
+    pub fn wake_at(&mut self, t: f64) {
+        let t = self.tick_at(t);
+        let at = self.wake.partition_point(|&x| x < t - 1e-9);
+        if self.wake.get(at).is_none_or(|&x| x > t + 1e-9) {
+            self.wake.insert(at, t);
+        }
+    }
+
+    /// The first tick of the task's housekeeping at or after `t`.
+    pub fn tick_at(&self, t: f64) -> f64 {
+        let k = ((t - self.t0) / TICK - 1e-9).ceil().max(0.0);
+        self.t0 + k * TICK
+    }
+}
+
+/// The download task's housekeeping interval (download.rs `tick`).
+pub(crate) const TICK: f64 = 0.050;
+/// How often a source pushes new piece hashes to the tracker, at most
+/// (download.rs `HASH_PUSH_EVERY`).
+pub(crate) const HASH_PUSH_EVERY: f64 = 0.100;
+/// How often a task holding unverified pieces asks the tracker for hashes, at most.
+pub(crate) const HASH_FETCH_EVERY: f64 = 0.200;
+/// With no source publishing, a task missing hashes asks a complete peer for its
+/// hash list this often, at most.
+pub(crate) const PEER_HASH_ASK_EVERY: f64 = 2.0;
+/// Peers poll the tracker this often until the source has announced the size, for at
+/// most `SIZE_WAIT`.
+pub(crate) const SIZE_POLL: f64 = 0.020;
+pub(crate) const SIZE_WAIT: f64 = 10.0;
+/// Peer links kept per blob (download.rs `MAX_LINKS`): only stale links that are
+/// not connected are dropped beyond it.
+pub(crate) const MAX_LINKS: usize = 48;

@@ -1,0 +1,197 @@
+//! The holder, as `p2p/serve.rs` runs it: channels opened by downloaders get the
+//! bitfield (or "complete") and then a HAVE per piece as it is held; requests go into
+//! the node's `UploadQueue` (busy beyond its bounds, `NotHeld` for pieces it lacks);
+//! the dispatcher hands the next one to its connection's writer while a slot is free;
+//! a waiting request can be cancelled; a closed channel's waiting requests leave.
+
+use swarm::upload::{Admit, Queued};
+use swarm::wire::RejectReason;
+
+use super::pull::Phase;
+use super::{Engine, Timer};
+
+impl Engine<'_> {
+    /// A channel's Open reaches the holder (serve.rs `watch_blob`): the bitfield goes
+    /// back once the holder has the blob in piece mode, or "complete".
+    pub(crate) fn open_at_holder(&mut self, s: u32, l: u32, h: u32) {
+        let hp = self.pull_ref(h, l);
+        if hp.done || hp.phase == Phase::Swarm {
+            self.subscribe(h, l, s);
+        } else {
+            let i = self.pi(h, l);
+            self.pending_opens[i].push(s);
+        }
+    }
+
+    /// The holder can answer the channels that waited (its task started, or it
+    /// completed the blob some other way).
+    pub(crate) fn flush_opens(&mut self, h: u32, l: u32) {
+        let i = self.pi(h, l);
+        for s in std::mem::take(&mut self.pending_opens[i]) {
+            self.subscribe(h, l, s);
+        }
+    }
+
+    fn subscribe(&mut self, h: u32, l: u32, s: u32) {
+        let i = self.pi(h, l);
+        if !self.subs[i].contains(&s) {
+            self.subs[i].push(s);
+        }
+        let t = self.now + self.peer_latency();
+        self.at(
+            t,
+            Timer::Holds {
+                slot: s,
+                layer: l,
+                holder: h,
+            },
+        );
+    }
+
+    /// `h` holds a new piece: a HAVE goes to every open channel.
+    pub(crate) fn have_out(&mut self, h: u32, l: u32, piece: u32) {
+        if !self.subs[self.pi(h, l)].is_empty() {
+            let t = self.now + self.peer_latency();
+            self.at(
+                t,
+                Timer::Have {
+                    holder: h,
+                    layer: l,
+                    piece,
+                },
+            );
+        }
+    }
+
+    /// `h` completed the blob: its channels hear `Complete` (the scheduler then counts
+    /// it as holding everything).
+    pub(crate) fn complete_out(&mut self, h: u32, l: u32) {
+        let i = self.pi(h, l);
+        let t = self.now + self.peer_latency();
+        for s in self.subs[i].clone() {
+            self.at(
+                t,
+                Timer::Holds {
+                    slot: s,
+                    layer: l,
+                    holder: h,
+                },
+            );
+        }
+    }
+
+    pub(crate) fn haves_arrive(&mut self, h: u32, l: u32, piece: u32) {
+        let i = self.pi(h, l);
+        let subs = std::mem::take(&mut self.subs[i]);
+        self.out.haves += subs.len() as u64;
+        for &s in &subs {
+            let held = self.held[l as usize]
+                .get(piece as usize)
+                .is_some_and(|b| b.get(s));
+            if !held {
+                self.have_arrived(s, l, piece, h);
+            }
+        }
+        // Channels opened meanwhile were answered with a bitfield that has the piece.
+        let newer = std::mem::replace(&mut self.subs[i], subs);
+        for s in newer {
+            if !self.subs[i].contains(&s) {
+                self.subs[i].push(s);
+            }
+        }
+    }
+
+    /// A piece request reaches the holder.
+    pub(crate) fn request_at_holder(&mut self, s: u32, l: u32, piece: u32, h: u32, urgent: bool) {
+        let reply = |reason| Timer::Reject {
+            slot: s,
+            layer: l,
+            piece,
+            holder: h,
+            reason,
+        };
+        let t = self.now + self.peer_latency();
+        if !self.pull_ref(h, l).holds(piece) {
+            self.at(t, reply(RejectReason::NotHeld));
+            return;
+        }
+        let q = Queued {
+            chan: l,
+            blob: l as u64,
+            piece,
+            urgent,
+        };
+        if std::env::var("SIM_TRACE")
+            .ok()
+            .is_some_and(|v| v == format!("{s}/{l}/{piece}"))
+        {
+            eprintln!(
+                "{:.4} request s{s} l{l} p{piece} at {h} urgent {urgent}",
+                self.now
+            );
+        }
+        match self.nodes[h as usize].uploads.push(s, q) {
+            Admit::Busy => self.at(t, reply(RejectReason::Busy)),
+            Admit::Queued => self.dispatch(h),
+        }
+    }
+
+    /// Hands queued requests to their connections' writers while slots are free.
+    pub(crate) fn dispatch(&mut self, h: u32) {
+        while let Some((s, q)) = self.nodes[h as usize].uploads.next() {
+            let layout = self.pull_ref(s, q.chan).layout;
+            let Some(len) = layout.map(|x| x.len(q.piece)) else {
+                self.nodes[h as usize].uploads.done();
+                continue;
+            };
+            if self.sc.sim.trace {
+                self.out.uploads.push(super::UploadRecord {
+                    t: self.now,
+                    holder: self.nodes[h as usize].node,
+                    to: self.nodes[s as usize].node,
+                    layer: q.chan,
+                    piece: q.piece,
+                    urgent: q.urgent,
+                });
+            }
+            let freed = self.append_job(h, s, q.chan, q.piece, len);
+            for _ in 0..freed {
+                self.nodes[h as usize].uploads.done();
+            }
+        }
+    }
+
+    /// Pieces wholly written into their sockets: their slots go to the next requests.
+    pub(crate) fn slots_freed(&mut self, h: u32, n: u32) {
+        for _ in 0..n {
+            self.nodes[h as usize].uploads.done();
+        }
+        self.dispatch(h);
+    }
+
+    /// Only a request still waiting is cancelled; one being sent goes on.
+    pub(crate) fn cancel_at_holder(&mut self, s: u32, l: u32, piece: u32, h: u32) {
+        if self.nodes[h as usize].uploads.cancel(s, l, piece) {
+            let t = self.now + self.peer_latency();
+            self.at(
+                t,
+                Timer::Reject {
+                    slot: s,
+                    layer: l,
+                    piece,
+                    holder: h,
+                    reason: RejectReason::Cancelled,
+                },
+            );
+        }
+    }
+
+    /// The downloader closed its channel (it has the blob): its waiting requests
+    /// leave the line and it hears no more HAVEs.
+    pub(crate) fn close_at_holder(&mut self, s: u32, l: u32, h: u32) {
+        self.nodes[h as usize].uploads.drop_waiting(s, Some(l));
+        let i = self.pi(h, l);
+        self.subs[i].retain(|&x| x != s);
+        self.pending_opens[i].retain(|&x| x != s);
+    }
+}
