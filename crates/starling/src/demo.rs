@@ -60,6 +60,12 @@ pub struct DemoArgs {
     /// a bare-metal node does not pay. The report says whether it was on.
     #[arg(long)]
     pub pretouch: bool,
+    /// Run the cluster with mutual TLS: a throwaway cluster CA, the tracker on HTTPS
+    /// with client certificates, agents joining with a bootstrap token and speaking the
+    /// peer protocol over TLS. Without it the demo runs plain HTTP with a cluster
+    /// token (and says so): the way to measure what TLS costs.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 #[derive(Serialize)]
@@ -103,6 +109,8 @@ struct Report {
     machine_cpu_busy: f64,
     /// Whether `--pretouch` backed the page cache's memory before the run.
     pretouch: bool,
+    /// Whether the cluster ran with mutual TLS (`--tls`) or plain HTTP.
+    tls: bool,
     /// Time to first byte of swarm blobs on nodes that did not fetch them from the
     /// registry: 50th and 95th percentile and maximum (seconds).
     non_seed_first_byte_p50: f64,
@@ -132,6 +140,44 @@ async fn pretouch_page_cache(path: &Path, bytes: u64) -> Result<()> {
         Ok(())
     })
     .await?
+}
+
+/// A throwaway cluster CA for `--tls`: the pin and a bootstrap token the agents join
+/// with, and a viewer certificate for the demo's own queries.
+struct DemoTls {
+    dir: PathBuf,
+    pin: String,
+    token: String,
+    viewer_pem: String,
+    ca_pem: String,
+}
+
+impl DemoTls {
+    fn create(dir: &Path) -> Result<DemoTls> {
+        let _ = std::fs::remove_dir_all(dir);
+        let (ca, key) = pki::init_pki_dir(dir, "starling-demo", pki::DEFAULT_CA_LIFETIME)?;
+        let token = key.create_token(Duration::from_secs(3600), None)?;
+        let viewer = ca.issue(&pki::CertRequest::new(pki::Identity::viewer("demo")?))?;
+        let viewer_pem = format!(
+            "{}{}",
+            viewer.chain_pem(),
+            viewer.key_pem().unwrap_or_default()
+        );
+        Ok(DemoTls {
+            dir: dir.to_owned(),
+            pin: ca.pin().to_string(),
+            token,
+            viewer_pem,
+            ca_pem: ca.cert_pem().to_owned(),
+        })
+    }
+
+    fn viewer_client(&self) -> Result<reqwest::Client> {
+        Ok(reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(self.ca_pem.as_bytes())?)
+            .identity(reqwest::Identity::from_pem(self.viewer_pem.as_bytes())?)
+            .build()?)
+    }
 }
 
 /// (busy, total) jiffies of the whole machine.
@@ -191,8 +237,14 @@ fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
 }
 
 async fn wait_ready(url: &str) -> Result<()> {
+    wait_ready_with(&reqwest::Client::new(), url).await
+}
+
+async fn wait_ready_with(http: &reqwest::Client, url: &str) -> Result<()> {
     for _ in 0..400 {
-        if reqwest::get(url)
+        if http
+            .get(url)
+            .send()
             .await
             .is_ok_and(|r| r.status().is_success())
         {
@@ -291,6 +343,20 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     let mut procs = Procs(Vec::new());
     let token = format!("demo-{:x}", std::process::id());
     let tport = free_port()?;
+    let tls = if a.tls {
+        Some(DemoTls::create(&work.join("pki"))?)
+    } else {
+        say(
+            "plain HTTP between tracker and agents (cluster token only): --tls for mutual TLS"
+                .into(),
+        );
+        None
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let http = match &tls {
+        Some(t) => t.viewer_client()?,
+        None => reqwest::Client::new(),
+    };
     say(format!(
         "[3/6] tracker on 127.0.0.1:{tport}, {} agents limited to {}/s up and down each",
         a.nodes, a.node_limit
@@ -301,8 +367,6 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             "tracker".into(),
             "--listen".into(),
             format!("127.0.0.1:{tport}"),
-            "--cluster-token".into(),
-            token.clone(),
             "--p2p-threshold".into(),
             a.p2p_threshold.clone(),
             "--piece-size".into(),
@@ -311,10 +375,16 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             a.announce_interval.clone(),
             "--data-dir".into(),
             work.join("tracker-data").display().to_string(),
-        ],
+        ]
+        .into_iter()
+        .chain(match &tls {
+            Some(t) => vec!["--pki".into(), t.dir.display().to_string()],
+            None => vec!["--cluster-token".into(), token.clone()],
+        })
+        .collect::<Vec<String>>(),
         &work.join("tracker.log"),
     )?);
-    wait_ready(&format!("http://127.0.0.1:{tport}/healthz")).await?;
+    wait_ready_with(&http, &format!("{scheme}://127.0.0.1:{tport}/healthz")).await?;
     let mut agents = Vec::new();
     for i in 0..a.nodes {
         let port = free_port()?;
@@ -332,9 +402,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             "--registry-endpoint".into(),
             format!("{origin_host}=http://{origin_host}"),
             "--tracker".into(),
-            format!("http://127.0.0.1:{tport}"),
-            "--cluster-token".into(),
-            token.clone(),
+            format!("{scheme}://127.0.0.1:{tport}"),
             "--node-name".into(),
             name.clone(),
             "--zone".into(),
@@ -355,7 +423,18 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             a.max_uploads.to_string(),
             "--max-piece-requests".into(),
             a.max_piece_requests.to_string(),
-        ];
+        ]
+        .into_iter()
+        .chain(match &tls {
+            Some(t) => vec![
+                "--join".into(),
+                t.token.clone(),
+                "--ca-pin".into(),
+                t.pin.clone(),
+            ],
+            None => vec!["--cluster-token".into(), token.clone()],
+        })
+        .collect();
         let child = spawn(&exe, &args, &work.join(format!("{name}.log")))?;
         agents.push((name, port, child.id()));
         procs.0.push(child);
@@ -488,8 +567,8 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     let machine_cpu_busy = (jiffies_after.0 - jiffies_before.0) as f64
         / (jiffies_after.1 - jiffies_before.1).max(1) as f64;
     // Which node fetched each swarm blob from the registry, and its piece size.
-    let swarms: Vec<swarm::state::SwarmStats> = reqwest::Client::new()
-        .get(format!("http://127.0.0.1:{tport}/swarm/v1/swarms"))
+    let swarms: Vec<swarm::state::SwarmStats> = http
+        .get(format!("{scheme}://127.0.0.1:{tport}/swarm/v1/swarms"))
         .bearer_auth(&token)
         .send()
         .await?
@@ -578,6 +657,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         speedup_vs_direct: direct_secs.map(|d| d / all_nodes),
         agent_cpu_seconds_per_gib: cpu / (n * sf / (1u64 << 30) as f64),
         pretouch: a.pretouch,
+        tls: a.tls,
         agent_peak_rss_mib_max: rss_max,
         machine_cpu_busy,
         non_seed_first_byte_p50: percentile(&ttfb, 0.5),

@@ -108,7 +108,18 @@ async fn kill_9_mid_download_then_restart_resumes_and_never_serves_partial_as_co
     );
     let body = reqwest::get(&url).await.unwrap().bytes().await.unwrap();
     assert_eq!(oci::Digest::of(&body), layer.digest);
-    assert!(complete.exists());
+    // The last byte is released at verification; fsync and the rename into the store
+    // follow without making the client wait, so the file appears a moment later.
+    for _ in 0..200 {
+        if complete.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        complete.exists(),
+        "the verified blob is in the complete store"
+    );
     let resumed_bytes = origin.stats().snapshot().blob_bytes_sent - sent_before_restart;
     assert!(
         resumed_bytes <= layer.size - partial_len + (4 << 20),

@@ -589,17 +589,20 @@ impl PieceScheduler {
         }
         let have = self.have.as_bytes();
         let busy = self.inflight_any.as_bytes();
-        have.iter().zip(busy).enumerate().any(|(byte, (&mine, &infl))| {
-            let mut open = !mine & !infl;
-            while open != 0 {
-                let piece = byte as u32 * 8 + open.trailing_zeros();
-                open &= open - 1;
-                if piece < self.have.len() && self.avail[piece as usize] > 0 {
-                    return true;
+        have.iter()
+            .zip(busy)
+            .enumerate()
+            .any(|(byte, (&mine, &infl))| {
+                let mut open = !mine & !infl;
+                while open != 0 {
+                    let piece = byte as u32 * 8 + open.trailing_zeros();
+                    open &= open - 1;
+                    if piece < self.have.len() && self.avail[piece as usize] > 0 {
+                        return true;
+                    }
                 }
-            }
-            false
-        })
+                false
+            })
     }
 
     /// Whether `best_piece_for` would find a piece for this peer.
