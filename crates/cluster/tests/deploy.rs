@@ -232,7 +232,11 @@ fn agent_daemonset_host_network_cache_init_step_probes() {
     // The agent config parses and points at the tracker Service.
     let cm = find(&objs, "ConfigMap", "starling-agent");
     let cfg: toml::Value = toml::from_str(s(cm, &["data", "agent.toml"])).expect("agent.toml");
-    assert_eq!(cfg["listen"].as_str(), Some("0.0.0.0:5050"));
+    assert_eq!(
+        cfg["listen"].as_str(),
+        Some("127.0.0.1:5050"),
+        "the mirror serves the node's own runtimes only"
+    );
     assert_eq!(cfg["cache_dir"].as_str(), Some("/var/lib/starling"));
     assert_eq!(cfg["tracker"].as_str(), Some(tracker_url(&objs).as_str()));
     assert!(
@@ -254,7 +258,7 @@ fn tracker_url(objs: &[Value]) -> String {
     let port = seq(svc, &["spec", "ports"])[0]["port"]
         .as_u64()
         .expect("port");
-    format!("http://starling-tracker.starling.svc.cluster.local:{port}")
+    format!("https://starling-tracker.starling.svc.cluster.local:{port}")
 }
 
 #[test]
@@ -266,6 +270,28 @@ fn tracker_deployment_and_service() {
     assert_eq!(s(dep, &["spec", "strategy", "type"]), "Recreate");
     let c = &seq(dep, &["spec", "template", "spec", "containers"])[0];
     assert_eq!(s(c, &["readinessProbe", "httpGet", "path"]), "/healthz");
+    assert_eq!(s(c, &["readinessProbe", "httpGet", "scheme"]), "HTTPS");
+    // Mutual TLS: the cluster CA comes from a Secret mounted where --pki points.
+    let args: Vec<&str> = seq(c, &["args"])
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    let pki_dir = args
+        .iter()
+        .position(|a| *a == "--pki")
+        .and_then(|i| args.get(i + 1))
+        .expect("tracker runs with --pki");
+    let spec = &dep["spec"]["template"]["spec"];
+    let mount = seq(c, &["volumeMounts"])
+        .iter()
+        .find(|m| s(m, &["mountPath"]) == *pki_dir)
+        .expect("the PKI directory is mounted");
+    assert!(
+        volume(spec, s(mount, &["name"]))["secret"]["secretName"]
+            .as_str()
+            .is_some(),
+        "the PKI directory comes from a Secret"
+    );
     let ports = seq(c, &["ports"]);
     assert_eq!(
         (s(&ports[0], &["name"]), ports[0]["containerPort"].as_u64()),
@@ -292,6 +318,14 @@ async fn scheduler_config_points_at_routes_the_router_serves() {
     assert_eq!(ext["ignorable"].as_bool(), Some(true));
     assert!(ext["weight"].as_u64().is_some_and(|w| w >= 1));
     assert_eq!(s(ext, &["httpTimeout"]), "2s");
+    // The tracker needs a client certificate on every route but /healthz.
+    assert_eq!(ext["enableHTTPS"].as_bool(), Some(true));
+    for key in ["certFile", "keyFile", "caFile"] {
+        assert!(
+            ext["tlsConfig"][key].as_str().is_some(),
+            "extender tlsConfig.{key}"
+        );
+    }
     let disabled = seq(&seq(c, &["profiles"])[0], &["plugins", "score", "disabled"]);
     assert_eq!(s(&disabled[0], &["name"]), "ImageLocality");
 
