@@ -591,3 +591,86 @@ async fn an_operator_prewarms_nodes_that_report_progress_over_mutual_tls() {
     }
     assert_eq!(status, "done");
 }
+
+/// Eight agents joined over mutual TLS pull one image at once; the elected source is
+/// killed with SIGKILL mid-transfer. Every other client's stream completes (a
+/// replacement source is elected) and the registry serves the big layer about once
+/// per election, not once per node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_tls_agents_survive_a_kill_9_of_the_source() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .expect("registry");
+    let image = TestImage::push_multilayer(&registry, "swarm/tls-kill", "1", &[32 << 20], 23)
+        .expect("image");
+    let pki = TestPki::init(dir.path(), "pki");
+    let t = TlsTracker::start(dir.path(), &pki, &["--peer-ttl", "1s"]).await;
+    let token = pki.token(Some("gpu-*"));
+    let slow = ["--download-limit", "8MiB", "--upload-limit", "8MiB"];
+    let start = |name: String| {
+        let port = testkit::free_port();
+        let mut a = agent_args(dir.path(), &name, port, &t.url(), &registry);
+        a.extend(common::args(&["--join", &token, "--ca-pin", &pki.pin]));
+        a.extend(common::args(&slow));
+        Proc::start(
+            a,
+            port,
+            dir.path().join(format!("{name}.log")),
+            dir.path().join(&name),
+        )
+    };
+    let mut src = start("gpu-0".into()).await;
+    // The first node gets a head start, so it is the one elected.
+    let src_url = src.url();
+    let img = image.clone();
+    let src_pull = tokio::spawn(async move { pull_via(&src_url, &img).await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let mut peers = Vec::new();
+    for i in 1..8 {
+        peers.push(start(format!("gpu-{i}")).await);
+    }
+    let pulls: Vec<_> = peers
+        .iter()
+        .map(|p| {
+            let (u, img) = (p.url(), image.clone());
+            tokio::spawn(async move { pull_via(&u, &img).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    src.kill9();
+    let _ = src_pull.await;
+    for h in pulls {
+        let r = h
+            .await
+            .expect("join")
+            .expect("client stream survives the source's death");
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    let operator = client_for(&pki.ca_file(), &pki.issue("operator", "ops"), "operator");
+    let swarms: serde_json::Value = operator
+        .get(format!("{}/swarm/v1/swarms", t.url()))
+        .send()
+        .await
+        .expect("swarms")
+        .json()
+        .await
+        .expect("json");
+    let big = swarms
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|s| s["size"].as_u64() == Some(image.layers[0].size))
+        .cloned()
+        .expect("the big layer's swarm");
+    let elections = big["source_elections"].as_u64().expect("elections");
+    assert!(elections >= 2, "a replacement source was elected: {big}");
+    let mut from_registry = 0;
+    for p in &peers {
+        from_registry += common::metric(&p.url(), "starling_agent_p2p_registry_bytes_total").await;
+    }
+    assert!(
+        from_registry <= (elections + 1) * image.layers[0].size,
+        "the registry served the big layer about once per election, not per node: {from_registry} bytes for {elections} elections"
+    );
+}
