@@ -313,27 +313,9 @@ impl std::fmt::Debug for RegistryConfig {
     }
 }
 
-/// Parses sizes like `512MiB`, `200GiB`, `1.5TB`, `1048576`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("invalid size {s:?}"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1000,
-        "kib" | "ki" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" | "mi" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" | "gi" => 1 << 30,
-        "t" | "tb" => 1_000_000_000_000,
-        "tib" | "ti" => 1 << 40,
-        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
-    };
-    Ok((n * mult as f64) as u64)
+/// Sizes like `512MiB`, `200GiB`, `1.5TB`, `1048576` (the project's one parser).
+pub fn parse_size(s: &str) -> Result<u64, crate::Error> {
+    oci::size::parse_size(s).map_err(|e| crate::Error::Config(e.to_string()))
 }
 
 mod humantime_serde_compat {

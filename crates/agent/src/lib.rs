@@ -138,8 +138,8 @@ pub struct Agent {
 impl Agent {
     pub fn new(cfg: AgentConfig) -> Result<Self, Error> {
         let mut store_cfg = StoreConfig::new(&cfg.cache_dir);
-        store_cfg.budget_bytes = config::parse_size(&cfg.cache_budget).map_err(Error::Config)?;
-        store_cfg.min_free_bytes = config::parse_size(&cfg.min_free).map_err(Error::Config)?;
+        store_cfg.budget_bytes = config::parse_size(&cfg.cache_budget)?;
+        store_cfg.min_free_bytes = config::parse_size(&cfg.min_free)?;
         store_cfg.high_watermark = cfg.gc_high_watermark;
         store_cfg.low_watermark = cfg.gc_low_watermark;
         if !(0.0 < cfg.gc_low_watermark
@@ -188,7 +188,7 @@ impl Agent {
         let download_limit = cfg
             .download_limit
             .as_deref()
-            .map(|v| config::parse_size(v).map_err(Error::Config))
+            .map(|v| config::parse_size(v))
             .transpose()?
             .map(|rate| Arc::new(ratelimit::TokenBucket::new(rate)));
         let (peer_listener, advertised) = match &cfg.tracker {

@@ -156,24 +156,9 @@ fn split_number(s: &str) -> Option<(f64, &str)> {
     Some((n, &s[end..]))
 }
 
-/// Parses a size: `123`, `500MiB`, `2GB`, `1.5GiB`, `10k`.
+/// Parses a size: `123`, `500MiB`, `2GB`, `1.5GiB`, `10k` (the project's one parser).
 pub fn parse_size(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let (num, unit) = split_number(&lower).ok_or_else(|| Error::Argument(format!("size {t:?}")))?;
-    let mult: f64 = match unit.trim() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "kib" => 1024.0,
-        "m" | "mb" => 1e6,
-        "mib" => 1048576.0,
-        "g" | "gb" => 1e9,
-        "gib" => 1073741824.0,
-        "t" | "tb" => 1e12,
-        "tib" => 1099511627776.0,
-        _ => return Err(Error::Argument(format!("size unit in {t:?}"))),
-    };
-    Ok((num * mult).round() as u64)
+    oci::size::parse_size(s).map_err(|e| Error::Argument(e.to_string()))
 }
 
 /// `1.50 GiB`-style rendering.

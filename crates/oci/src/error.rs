@@ -104,6 +104,9 @@ pub enum Error {
     ManifestInvalid(String),
     #[error("invalid range: {0}")]
     RangeInvalid(String),
+    /// A size in configuration or on a command line (`512MiB`, `2GB`, `4096`).
+    #[error("invalid size {0}")]
+    SizeInvalid(String),
     /// The upstream answered with an HTTP error status.
     #[error("upstream {registry} answered {status}: {message}")]
     Upstream {
@@ -165,6 +168,7 @@ impl Error {
             Self::TagInvalid(_) => (400, ErrorCode::ManifestInvalid),
             Self::ManifestInvalid(_) => (502, ErrorCode::ManifestInvalid),
             Self::RangeInvalid(_) => (400, ErrorCode::RangeInvalid),
+            Self::SizeInvalid(_) => (400, ErrorCode::Unsupported),
             // The upstream sent wrong bytes: a gateway fault, so clients move to their next host.
             Self::DigestMismatch { .. } | Self::SizeMismatch { .. } => {
                 (502, ErrorCode::Unavailable)

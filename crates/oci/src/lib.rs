@@ -8,6 +8,7 @@ pub mod error;
 pub mod media;
 pub mod range;
 pub mod reference;
+pub mod size;
 
 pub use digest::{Digest, Verifier};
 pub use error::{Error, ErrorBody, ErrorCode};

@@ -50,13 +50,9 @@ fn unit_bytes(u: &str) -> Option<f64> {
     })
 }
 
-/// Parses `"5GB"`, `"512MiB"`, `"4096"`.
+/// Parses `"5GB"`, `"512MiB"`, `"4096"` (the project's one size parser).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let (n, u) = split_num(s)?;
-    let m = unit_bytes(&u).ok_or_else(|| {
-        format!("`{s}`: unknown size unit `{u}` (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    })?;
-    Ok((n * m).round() as u64)
+    oci::size::parse_size(s).map_err(|e| e.to_string())
 }
 
 /// Parses `"200Mbit/s"`, `"10Gbps"`, `"50MiB/s"`, `"1.25GB/s"` into bytes/s.

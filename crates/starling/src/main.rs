@@ -148,7 +148,5 @@ pub(crate) async fn shutdown_signal() {
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<u64> {
-    agent::config::parse_size(s)
-        .map_err(anyhow::Error::msg)
-        .context("size")
+    oci::size::parse_size(s).context("size")
 }

@@ -197,9 +197,7 @@ impl P2p {
             return Ok(None);
         };
         let limit = |s: &Option<String>| -> Result<Option<u64>, Error> {
-            s.as_deref()
-                .map(|v| parse_size(v).map_err(Error::Config))
-                .transpose()
+            s.as_deref().map(|v| parse_size(v)).transpose()
         };
         let (up, down) = (limit(&cfg.upload_limit)?, limit(&cfg.download_limit)?);
         let link = match (up, down) {
@@ -243,11 +241,11 @@ impl P2p {
             downloads: parking_lot::Mutex::new(HashMap::new()),
             sched_cfg: SchedulerConfig::default(),
             hash_cache: parking_lot::Mutex::new(HashMap::new()),
-            threshold: parse_size(&cfg.p2p_threshold).map_err(Error::Config)?,
+            threshold: parse_size(&cfg.p2p_threshold)?,
             registry_streams: cfg.registry_streams.clamp(1, 16) as u32,
             piece_size: match cfg.piece_size.as_deref() {
                 None | Some("auto") => None,
-                Some(v) => Some(parse_size(v).map_err(Error::Config)?),
+                Some(v) => Some(parse_size(v)?),
             },
             corrupt: cfg.corrupt_pieces,
             metrics: P2pMetrics::register(registry),
