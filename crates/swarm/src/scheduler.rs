@@ -449,32 +449,46 @@ impl PieceScheduler {
         // read head is urgent like the head; any other duplicate is an ordinary
         // request and takes from `max_new` (found by the scheduler property test: the
         // duplicates overdrew the agent-wide request budget).
+        self.endgame_requests(head, budget, now_ms, &mut out);
+        out
+    }
+
+    /// Endgame: when every missing piece is in flight and few remain, a second peer is
+    /// asked for each. A duplicate of the read head is urgent; others take `budget`.
+    fn endgame_requests(
+        &mut self,
+        head: u32,
+        mut budget: u32,
+        now_ms: u64,
+        out: &mut Vec<Request>,
+    ) {
         let missing = self.have.len() - self.have.count();
-        if missing <= self.cfg.endgame {
-            let pieces: Vec<u32> = (0..self.have.len())
-                .filter(|&i| !self.have.get(i))
-                .collect();
-            if pieces.iter().all(|&i| self.inflight_any.get(i)) {
-                for piece in pieces {
-                    let urgent = piece == head;
-                    if self.inflight[piece as usize].len() >= 2
-                        || self.claimed.get(piece)
-                        || (!urgent && budget == 0)
-                    {
-                        continue;
-                    }
-                    let busy = self.inflight[piece as usize].clone();
-                    if let Some(p) = self.pick_peer(piece, now_ms, false, &busy) {
-                        self.assign(piece, p, now_ms);
-                        out.push(self.request(piece, p, urgent));
-                        if !urgent {
-                            budget -= 1;
-                        }
-                    }
+        if missing > self.cfg.endgame {
+            return;
+        }
+        let pieces: Vec<u32> = (0..self.have.len())
+            .filter(|&i| !self.have.get(i))
+            .collect();
+        if !pieces.iter().all(|&i| self.inflight_any.get(i)) {
+            return;
+        }
+        for piece in pieces {
+            let urgent = piece == head;
+            if self.inflight[piece as usize].len() >= 2
+                || self.claimed.get(piece)
+                || (!urgent && budget == 0)
+            {
+                continue;
+            }
+            let busy = self.inflight[piece as usize].clone();
+            if let Some(p) = self.pick_peer(piece, now_ms, false, &busy) {
+                self.assign(piece, p, now_ms);
+                out.push(self.request(piece, p, urgent));
+                if !urgent {
+                    budget -= 1;
                 }
             }
         }
-        out
     }
 
     fn request(&self, piece: u32, slot: u32, urgent: bool) -> Request {
@@ -1323,29 +1337,7 @@ mod tests {
                 None => exhausted.push(p),
             }
         }
-        let missing = s.have.len() - s.have.count();
-        if missing <= s.cfg.endgame {
-            let pieces: Vec<u32> = (0..s.have.len()).filter(|&i| !s.have.get(i)).collect();
-            if pieces.iter().all(|&i| s.inflight_any.get(i)) {
-                for piece in pieces {
-                    let urgent = piece == head;
-                    if s.inflight[piece as usize].len() >= 2
-                        || s.claimed.get(piece)
-                        || (!urgent && budget == 0)
-                    {
-                        continue;
-                    }
-                    let busy = s.inflight[piece as usize].clone();
-                    if let Some(p) = s.pick_peer(piece, now_ms, false, &busy) {
-                        s.assign(piece, p, now_ms);
-                        out.push(s.request(piece, p, urgent));
-                        if !urgent {
-                            budget -= 1;
-                        }
-                    }
-                }
-            }
-        }
+        s.endgame_requests(head, budget, now_ms, &mut out);
         out
     }
 
