@@ -36,26 +36,10 @@ mod serve;
 use flows::{FlowRec, Stream};
 use pull::Pull;
 
-/// What one simulated run measured.
-#[derive(Clone, Debug, Default)]
-pub struct Outcome {
-    /// Time-to-ready per job node (seconds after the job starts; includes arrival
-    /// offset and `start_overhead_s`).
-    pub ready_s: Vec<f64>,
-    pub registry_bytes: f64,
-    pub cache_bytes: f64,
-    /// Piece bytes delivered between agents (including copies dropped as duplicates).
-    pub p2p_bytes: f64,
-    /// Bytes that entered a rack from outside it (from peers in other racks, and from
-    /// the registry or the cache, which sit outside every rack).
-    pub cross_rack_bytes: f64,
-    pub source_elections: u32,
-    /// Registry bytes streamed by each swarm source, by node name.
-    pub source_bytes: BTreeMap<String, f64>,
-    /// Registry connections opened by swarm sources (one per slice).
-    pub registry_connections: u64,
+/// Counts of what the swarm protocol did in one run: messages, answers, transfers.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SwarmCounters {
     pub announces: u64,
-    pub steps: u64,
     /// Pieces received from peers and kept.
     pub piece_transfers: u64,
     /// Piece copies received but not kept (an endgame duplicate, or a copy already
@@ -87,6 +71,29 @@ pub struct Outcome {
     pub max_links: usize,
     /// The most budgeted piece requests any node had in flight at once.
     pub peak_requests: u32,
+}
+
+/// What one simulated run measured.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Time-to-ready per job node (seconds after the job starts; includes arrival
+    /// offset and `start_overhead_s`).
+    pub ready_s: Vec<f64>,
+    pub registry_bytes: f64,
+    pub cache_bytes: f64,
+    /// Piece bytes delivered between agents (including copies dropped as duplicates).
+    pub p2p_bytes: f64,
+    /// Bytes that entered a rack from outside it (from peers in other racks, and from
+    /// the registry or the cache, which sit outside every rack).
+    pub cross_rack_bytes: f64,
+    pub source_elections: u32,
+    /// Registry bytes streamed by each swarm source, by node name.
+    pub source_bytes: BTreeMap<String, f64>,
+    /// Registry connections opened by swarm sources (one per slice).
+    pub registry_connections: u64,
+    pub steps: u64,
+    /// What the swarm protocol did (also in the report, under the same names).
+    pub counters: SwarmCounters,
     /// With `sim.trace`: every piece a holder handed to a connection's writer, in
     /// order.
     pub uploads: Vec<UploadRecord>,

@@ -128,7 +128,7 @@ fn p2p_registry_egress_is_one_copy_and_one_source_per_blob() {
         vec![32.0 * MIB, 64.0 * MIB],
         "each blob streamed once"
     );
-    assert_eq!(o.not_held_rejects, 0);
+    assert_eq!(o.counters.not_held_rejects, 0);
     assert_eq!(o.stuck, 0);
     // Every other node received each byte once (plus endgame duplicates).
     let needed = (n - 1) as f64 * 96.0 * MIB;
@@ -425,7 +425,7 @@ fn the_request_budget_caps_requests_in_flight() {
         );
         let o = simulate(&sc, &pre, 2).expect("runs");
         assert_eq!(o.stuck, 0);
-        (max(&o), o.peak_requests)
+        (max(&o), o.counters.peak_requests)
     };
     let (one, peak_one) = run(1);
     let (many, peak_many) = run(16);
@@ -453,11 +453,11 @@ fn haves_make_pieces_requestable_without_waiting_for_announces() {
     assert_eq!(o.stuck, 0);
     let t = max(&o);
     assert!(t < 10.0, "done long before a second announce: {t} s");
-    assert!(o.haves > 0);
+    assert!(o.counters.haves > 0);
     assert!(
-        o.announces < 4 * n as u64 * 2,
+        o.counters.announces < 4 * n as u64 * 2,
         "hardly any announces: {}",
-        o.announces
+        o.counters.announces
     );
     // Each non-source node got the blob once from peers (not only from the source).
     let needed = (n - 1) as f64 * 64.0 * MIB;

@@ -72,7 +72,7 @@ impl Engine<'_> {
         let t0 = Instant::now();
         let resp = self.tracker.announce(&req, self.now_ms());
         self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
-        self.out.announces += 1;
+        self.out.counters.announces += 1;
         let now = self.now;
         let sent = req.hashes.len();
         let p = self.pull(s, l);
@@ -93,7 +93,7 @@ impl Engine<'_> {
         let t0 = Instant::now();
         let _ = self.tracker.announce(&req, self.now_ms());
         self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
-        self.out.announces += 1;
+        self.out.counters.announces += 1;
         if self.pending > 0 {
             let every = self.sc.starling.seed_heartbeat_ms as f64 / 1e3;
             self.at(self.now + every, Timer::Heartbeat { slot: s, layer: l });
@@ -266,7 +266,7 @@ impl Engine<'_> {
             }
         }
         let n = p.links.len();
-        self.out.max_links = self.out.max_links.max(n);
+        self.out.counters.max_links = self.out.counters.max_links.max(n);
         self.mark(s, l);
     }
 
@@ -276,6 +276,6 @@ impl Engine<'_> {
         let t0 = Instant::now();
         let _ = self.tracker.announce(&req, self.now_ms());
         self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
-        self.out.announces += 1;
+        self.out.counters.announces += 1;
     }
 }

@@ -37,7 +37,7 @@ impl Engine<'_> {
             }
             // TCP, then HELLO and AUTH: three one-way trips before the channel opens.
             let delay = if self.conns.insert((s, h)) {
-                self.out.connections += 1;
+                self.out.counters.connections += 1;
                 3.0 * lat
             } else {
                 0.0
@@ -63,7 +63,7 @@ impl Engine<'_> {
             }
             _ => return,
         }
-        self.out.channels += 1;
+        self.out.counters.channels += 1;
         let t = self.now + self.peer_latency();
         self.at(
             t,
@@ -103,7 +103,7 @@ impl Engine<'_> {
             }
         }
         self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
-        self.out.bitfields += 1;
+        self.out.counters.bitfields += 1;
         if distance > 0 && self.pull_ref(s, l).striped {
             let t = self.now + patience;
             self.pull(s, l).wake_at(t);
@@ -162,7 +162,7 @@ impl Engine<'_> {
         let striped = p.striped && far;
         if let (Some(_), Some(src)) = (retarget, p.source) {
             if !self.is_receiving(src, s, l, piece) {
-                self.out.retargets += 1;
+                self.out.counters.retargets += 1;
                 let t = self.now + self.peer_latency();
                 self.at(
                     t,
@@ -214,13 +214,13 @@ impl Engine<'_> {
         let p = self.pull_ref(s, l);
         if p.done || p.phase != Phase::Swarm {
             // The channel is closed: the bytes were read and skipped.
-            self.out.dropped_pieces += 1;
+            self.out.counters.dropped_pieces += 1;
             return;
         }
         self.request_ended(s, l, piece, h);
         let name = self.names[self.nodes[h as usize].node as usize].clone();
         if !claimed {
-            self.out.dropped_pieces += 1;
+            self.out.counters.dropped_pieces += 1;
             if let Some(sch) = self.pull(s, l).sched.as_mut() {
                 sch.forget(piece, &name);
             }
@@ -228,12 +228,12 @@ impl Engine<'_> {
             return;
         }
         if self.pull_ref(s, l).hashes.get(piece) {
-            self.out.piece_transfers += 1;
+            self.out.counters.piece_transfers += 1;
             self.piece_held(s, l, piece, &name);
             self.cancel_duplicates(s, l, piece);
         } else {
             // Held in the file, claimed, until the hash arrives.
-            self.out.hash_waits += 1;
+            self.out.counters.hash_waits += 1;
             let p = self.pull(s, l);
             if let Some(sch) = p.sched.as_mut() {
                 sch.forget(piece, &name);
@@ -301,7 +301,7 @@ impl Engine<'_> {
                 sch.forget(piece, &peer);
             }
             self.request_ended(s, l, piece, h);
-            self.out.cancels += 1;
+            self.out.counters.cancels += 1;
             let t = self.now + self.peer_latency();
             self.at(
                 t,
@@ -339,11 +339,11 @@ impl Engine<'_> {
                 sch.on_busy(piece, &name, now_ms);
                 let t = self.now + backoff;
                 self.pull(s, l).wake_at(t);
-                self.out.busy_rejects += 1;
+                self.out.counters.busy_rejects += 1;
             }
             RejectReason::NotHeld => {
                 sch.on_not_held(piece, &name);
-                self.out.not_held_rejects += 1;
+                self.out.counters.not_held_rejects += 1;
             }
             RejectReason::Invalid => sch.on_failed(piece, &name, false),
             RejectReason::Cancelled => sch.forget(piece, &name),
@@ -372,7 +372,7 @@ impl Engine<'_> {
             return;
         }
         p.hashes = Bitfield::full(p.hashes.len());
-        self.out.peer_hash_lists += 1;
+        self.out.counters.peer_hash_lists += 1;
         self.settle_unverified(s, l);
     }
 
@@ -396,7 +396,7 @@ impl Engine<'_> {
             if let Some(sch) = p.sched.as_mut() {
                 sch.unclaim(piece);
             }
-            self.out.piece_transfers += 1;
+            self.out.counters.piece_transfers += 1;
             self.piece_held(s, l, piece, &name);
             if self.pull_ref(s, l).done {
                 return;
@@ -430,7 +430,7 @@ impl Engine<'_> {
             let t0 = Instant::now();
             let h: BTreeMap<u32, String> = self.tracker.hashes(&self.digests[l as usize], from);
             self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
-            self.out.hash_fetches += 1;
+            self.out.counters.hash_fetches += 1;
             let p = self.pull(s, l);
             p.last_hash_fetch = Some(now);
             p.hash_reply = Some(h);
@@ -531,7 +531,7 @@ impl Engine<'_> {
         if p.done || p.phase != Phase::Swarm || !self.could_request(s, l) {
             return;
         }
-        self.out.passes += 1;
+        self.out.counters.passes += 1;
         let Some(sch) = self.pull(s, l).sched.as_mut() else {
             return;
         };
@@ -553,7 +553,7 @@ impl Engine<'_> {
                 p.budgeted.insert((r.piece, h));
                 self.nodes[s as usize].budget.take(1);
             }
-            self.out.requests += 1;
+            self.out.counters.requests += 1;
             self.at(
                 self.now + lat,
                 Timer::Request {
@@ -566,7 +566,7 @@ impl Engine<'_> {
             );
         }
         let used = self.nodes[s as usize].budget.used();
-        self.out.peak_requests = self.out.peak_requests.max(used);
+        self.out.counters.peak_requests = self.out.counters.peak_requests.max(used);
         let avail = self.nodes[s as usize].budget.available();
         self.pull(s, l).budget_seen = avail;
     }

@@ -83,7 +83,7 @@ impl Engine<'_> {
     pub(crate) fn haves_arrive(&mut self, h: u32, l: u32, piece: u32) {
         let i = self.pi(h, l);
         let subs = std::mem::take(&mut self.subs[i]);
-        self.out.haves += subs.len() as u64;
+        self.out.counters.haves += subs.len() as u64;
         for &s in &subs {
             let held = self.held[l as usize]
                 .get(piece as usize)
