@@ -69,8 +69,12 @@ pub struct AgentConfig {
     pub labels: std::collections::BTreeMap<String, String>,
     /// Tracker URL; without it the agent is a plain caching mirror.
     pub tracker: Option<String>,
-    /// Shared secret for the tracker and for peers.
+    /// Shared secret for the tracker and for peers (plain-HTTP mode).
     pub cluster_token: Option<String>,
+    /// Opt in to an `http://` tracker: cluster and peer traffic unencrypted, nodes
+    /// authenticated only by `cluster_token`. Without it an `http://` tracker is refused
+    /// at start, so plain HTTP is never what a deployment gets by omission.
+    pub insecure_plain_http: bool,
     /// Bootstrap token (`starling certs token`) to join a cluster whose tracker is
     /// `https://`: used once, when `<cache_dir>/pki/` holds no valid node certificate.
     pub join_token: Option<String>,
@@ -97,6 +101,13 @@ pub struct AgentConfig {
     /// the background (the runtime's requests join them). Turn off for lazy pullers
     /// (eStargz, SOCI), which read only parts of layers.
     pub prefetch_layers: bool,
+    /// A second listener that serves only `/metrics` and `/healthz`, for a scraper on
+    /// another host (Prometheus). Unset: `/metrics` is on the mirror's listener, where
+    /// it and the node's `/api/v1/*` answer local clients only.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Bearer token a scraper must present on `metrics_listen`. Without it that
+    /// listener answers whoever reaches it (bind it accordingly).
+    pub metrics_token: Option<String>,
     /// Serve the `/v2` mirror to clients on other hosts even though this agent holds
     /// registry credentials. Off: with credentials, only local (loopback) clients get
     /// an answer, so private content stays on the node that was allowed to pull it.
@@ -175,6 +186,9 @@ impl Default for AgentConfig {
             labels: Default::default(),
             tracker: None,
             cluster_token: None,
+            insecure_plain_http: false,
+            metrics_listen: None,
+            metrics_token: None,
             join_token: None,
             ca_pin: None,
             upload_limit: None,
@@ -232,6 +246,12 @@ impl AgentConfig {
             .any(|r| r.username.is_some() || r.password.is_some())
     }
 
+    /// Whether `client` is on this host: loopback, or this host's own address (the
+    /// connection's local end).
+    pub fn is_local_client(client: std::net::SocketAddr, local: std::net::SocketAddr) -> bool {
+        client.ip().is_loopback() || client.ip() == local.ip()
+    }
+
     /// Whether a `/v2` request on a connection from `client` to `local` is refused:
     /// another host (neither loopback nor this host's own address), while this agent
     /// holds registry credentials and `mirror_remote_clients` is off.
@@ -240,8 +260,7 @@ impl AgentConfig {
         client: std::net::SocketAddr,
         local: std::net::SocketAddr,
     ) -> bool {
-        !client.ip().is_loopback()
-            && client.ip() != local.ip()
+        !Self::is_local_client(client, local)
             && !self.mirror_remote_clients
             && self.holds_registry_credentials()
     }
@@ -263,6 +282,9 @@ impl AgentConfig {
         }
         if c.join_token.is_some() {
             c.join_token = Some(REDACTED.into());
+        }
+        if c.metrics_token.is_some() {
+            c.metrics_token = Some(REDACTED.into());
         }
         c
     }

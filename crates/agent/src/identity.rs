@@ -260,16 +260,7 @@ pub fn tracker_client(id: &NodeIdentity) -> Result<reqwest::Client, IdentityErro
 pub fn spawn_renewal(id: NodeIdentity, http: reqwest::Client, tracker: String) {
     tokio::spawn(async move {
         loop {
-            let info = id.cert.info();
-            let wait = info
-                .renew_at()
-                .duration_since(SystemTime::now())
-                .unwrap_or_default()
-                // Wake up at least every minute (clock jumps, suspended VMs) and never
-                // spin: a certificate that is due at once after renewal (a lifetime
-                // shorter than the clock-skew backdating) renews every few seconds.
-                .clamp(Duration::from_secs(2), Duration::from_secs(60));
-            tokio::time::sleep(wait).await;
+            tokio::time::sleep(id.cert.next_check(SystemTime::now())).await;
             if !id.cert.needs_renewal(SystemTime::now()) {
                 continue;
             }

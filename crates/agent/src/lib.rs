@@ -150,6 +150,7 @@ impl Agent {
                 "need 0 < gc_low_watermark <= gc_high_watermark <= 1".into(),
             ));
         }
+        check_cluster_transport(&cfg)?;
         let mut up = UpstreamConfig {
             connect_timeout: cfg.connect_timeout,
             stall_timeout: cfg.stall_timeout,
@@ -220,12 +221,31 @@ impl Agent {
     }
 
     pub fn router(&self) -> Router {
-        Router::new()
+        // The node's own views (metrics, cache, inventory report) are for this host:
+        // remote readers get them through the tracker or `metrics_listen`.
+        let local_only = Router::new()
             .route("/metrics", axum::routing::get(metrics_handler))
-            .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/api/v1/cache", axum::routing::get(cache_handler))
             .route("/api/v1/report", axum::routing::get(report_handler))
+            .route_layer(axum::middleware::from_fn(local_clients_only));
+        Router::new()
+            .merge(local_only)
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
             .fallback(registry_handler)
+            .with_state(self.clone())
+    }
+
+    /// The `metrics_listen` listener's routes: `/metrics` (behind `metrics_token` when
+    /// set) and `/healthz`, nothing else.
+    fn metrics_router(&self) -> Router {
+        Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(metrics_handler).route_layer(
+                    axum::middleware::from_fn_with_state(self.clone(), metrics_bearer),
+                ),
+            )
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
             .with_state(self.clone())
     }
 
@@ -262,7 +282,40 @@ impl Agent {
             refused: self.metrics.connections_refused.clone(),
             open: self.metrics.connections_open.clone(),
         };
-        server::serve(listener, self.router(), shutdown, limits).await;
+        let metrics_listener = match self.cfg.metrics_listen {
+            None => None,
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| Error::Listen { addr, source: e })?,
+            ),
+        };
+        let Some(metrics_listener) = metrics_listener else {
+            server::serve(listener, self.router(), shutdown, limits).await;
+            return Ok(());
+        };
+        info!(addr = %self.cfg.metrics_listen.unwrap_or(addr), token = self.cfg.metrics_token.is_some(), "metrics listener up");
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let metrics_limits = server::Limits {
+            max_connections: METRICS_MAX_CONNECTIONS,
+            ..limits.clone()
+        };
+        tokio::join!(
+            server::serve(listener, self.router(), stopped(stop_rx.clone()), limits),
+            server::serve(
+                metrics_listener,
+                self.metrics_router(),
+                stopped(stop_rx),
+                metrics_limits
+            ),
+        );
         Ok(())
     }
 
@@ -428,6 +481,83 @@ fn bind_peer_listener(cfg: &AgentConfig) -> Result<(std::net::TcpListener, Strin
     })?;
     let advertised = advertise.unwrap_or_else(|| local.to_string());
     Ok((l, advertised))
+}
+
+/// An `https://` tracker means mutual TLS with the tracker and between peers; an
+/// `http://` one is accepted only with the explicit `insecure_plain_http` opt-in.
+fn check_cluster_transport(cfg: &AgentConfig) -> Result<(), Error> {
+    let Some(tracker) = &cfg.tracker else {
+        return Ok(());
+    };
+    if tracker.starts_with("https://") {
+        return Ok(());
+    }
+    if !tracker.starts_with("http://") {
+        return Err(Error::Config(format!(
+            "tracker {tracker:?}: must start with https:// (or http:// with insecure_plain_http)"
+        )));
+    }
+    if !cfg.insecure_plain_http {
+        return Err(Error::Config(format!(
+            "tracker {tracker} is plain http://: cluster and peer traffic would be unencrypted \
+             and nodes authenticated only by the cluster token. Use an https:// tracker \
+             (--join TOKEN --ca-pin sha256:…, see `starling certs`), or opt in with \
+             --insecure-plain-http"
+        )));
+    }
+    warn!(%tracker, "insecure plain-HTTP cluster mode (--insecure-plain-http): tracker and peer traffic are unencrypted");
+    Ok(())
+}
+
+/// Scrapers at once on `metrics_listen`: a handful is normal, and the cap keeps a flood
+/// there from taking descriptors the mirror needs.
+const METRICS_MAX_CONNECTIONS: usize = 64;
+
+fn refusal(status: StatusCode, message: &str) -> Response {
+    json_response(
+        status,
+        serde_json::json!({ "error": message })
+            .to_string()
+            .into_bytes(),
+    )
+}
+
+/// Lets through requests from this host only (see [`AgentConfig::is_local_client`]).
+async fn local_clients_only(req: Request, next: axum::middleware::Next) -> Response {
+    let local = req
+        .extensions()
+        .get::<server::ClientAddr>()
+        .is_none_or(|c| AgentConfig::is_local_client(c.peer, c.local));
+    if !local {
+        return refusal(
+            StatusCode::FORBIDDEN,
+            "this endpoint serves clients on this host only (metrics: see metrics_listen)",
+        );
+    }
+    next.run(req).await
+}
+
+/// `metrics_token`, when set, as `Authorization: Bearer …` on `metrics_listen`.
+async fn metrics_bearer(
+    State(agent): State<Agent>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(want) = &agent.cfg.metrics_token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !pki::secrets_equal(given.as_bytes(), want.as_bytes()) {
+            return refusal(
+                StatusCode::UNAUTHORIZED,
+                "metrics need the metrics bearer token",
+            );
+        }
+    }
+    next.run(req).await
 }
 
 async fn metrics_handler(State(agent): State<Agent>) -> Response {

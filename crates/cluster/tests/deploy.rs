@@ -102,7 +102,7 @@ fn every_object_has_identity_and_the_expected_kinds_exist() {
         ("Deployment", 1),
         ("Namespace", 1),
         ("PersistentVolumeClaim", 1),
-        ("Secret", 1),
+        ("Secret", 2),
         ("Service", 1),
         ("ServiceAccount", 2),
     ]
@@ -238,6 +238,25 @@ fn agent_daemonset_host_network_cache_init_step_probes() {
         "the mirror serves the node's own runtimes only"
     );
     assert_eq!(cfg["cache_dir"].as_str(), Some("/var/lib/starling"));
+    // Prometheus scrapes the metrics listener, not the loopback mirror, with a token.
+    let metrics_port = cfg["metrics_listen"]
+        .as_str()
+        .and_then(|l| l.rsplit(':').next())
+        .expect("metrics_listen host:port");
+    assert_eq!(
+        s(
+            &ds["spec"]["template"]["metadata"],
+            &["annotations", "prometheus.io/port"]
+        ),
+        metrics_port
+    );
+    assert!(
+        seq(agent, &["env"]).iter().any(|e| {
+            s(e, &["name"]) == "STARLING_METRICS_TOKEN"
+                && s(e, &["valueFrom", "secretKeyRef", "name"]) == "starling-metrics"
+        }),
+        "the metrics token comes from a Secret"
+    );
     assert_eq!(cfg["tracker"].as_str(), Some(tracker_url(&objs).as_str()));
     assert!(
         cfg["pin"].as_array().is_some_and(|p| !p.is_empty()),

@@ -160,6 +160,33 @@ impl Error {
         }
     }
 
+    /// A short, fixed label for metrics (`reason="expired"`): bounded cardinality, no
+    /// names or addresses from the peer.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::InvalidName { .. } | Error::InvalidIdentity { .. } => "invalid_name",
+            Error::BadInput { .. } => "bad_input",
+            Error::NoIdentity | Error::MultipleIdentities { .. } => "no_identity",
+            Error::MalformedToken(_) | Error::TokenNotAuthentic => "bad_token",
+            Error::TokenExpired { .. } => "token_expired",
+            Error::TtlTooLong { .. } => "ttl_too_long",
+            Error::NameNotAllowed { .. } => "name_not_allowed",
+            Error::Expired => "expired",
+            Error::NotYetValid => "not_yet_valid",
+            Error::UnknownCa => "unknown_ca",
+            Error::WrongIdentity { .. } => "wrong_identity",
+            Error::WrongRole { .. } => "wrong_role",
+            Error::WrongName(_) => "wrong_name",
+            Error::PinMismatch { .. } => "pin_mismatch",
+            Error::NoPeerCertificate => "no_certificate",
+            Error::RefusedByPeer(_) => "refused_by_peer",
+            Error::Tls(_) => "tls",
+            Error::Connection(_) => "connection",
+            Error::Io { .. } | Error::AlreadyExists { .. } => "io",
+            Error::Generate(_) | Error::Rng => "internal",
+        }
+    }
+
     /// The rustls error a verifier reports for this rejection; the original is kept inside
     /// so [`Error::from_handshake`] can recover it on the side that refused.
     pub(crate) fn into_certificate_error(self) -> rustls::Error {

@@ -131,7 +131,9 @@ pub use net::{
     accept, acceptor, connect, connector, peer_identity, server_identity, PeerConnector,
 };
 pub use reload::CertSource;
-pub use token::{BootstrapKey, NamePattern, TokenClaims, BOOTSTRAP_KEY_FILE, MAX_TOKEN_TTL};
+pub use token::{
+    secrets_equal, BootstrapKey, NamePattern, TokenClaims, BOOTSTRAP_KEY_FILE, MAX_TOKEN_TTL,
+};
 pub use trust::{CaPin, ClusterTrust};
 
 /// Re-exported so users name the same versions this crate was built with.

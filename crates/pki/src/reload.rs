@@ -119,6 +119,22 @@ impl CertSource {
     pub fn needs_renewal(&self, now: SystemTime) -> bool {
         self.current.load().info.needs_renewal(now)
     }
+
+    /// How long a renewal loop sleeps before it looks at [`CertSource::needs_renewal`]
+    /// again: until the renewal time, but at least every minute (clock jumps, suspended
+    /// VMs) and never less than 2 s, so a certificate that is due at once after renewal
+    /// (a lifetime shorter than the clock-skew backdating) renews every few seconds
+    /// instead of spinning.
+    pub fn next_check(&self, now: SystemTime) -> std::time::Duration {
+        use std::time::Duration;
+        self.current
+            .load()
+            .info
+            .renew_at()
+            .duration_since(now)
+            .unwrap_or_default()
+            .clamp(Duration::from_secs(2), Duration::from_secs(60))
+    }
 }
 
 impl fmt::Debug for CertSource {

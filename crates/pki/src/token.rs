@@ -343,3 +343,15 @@ impl fmt::Display for NamePattern {
 #[cfg(test)]
 #[path = "token_tests.rs"]
 mod tests;
+
+/// Compares a presented shared secret (a cluster or metrics bearer token) with the
+/// configured one in time that does not depend on where they differ, so a secret cannot
+/// be guessed byte by byte from response times. Only the length leaks.
+pub fn secrets_equal(given: &[u8], want: &[u8]) -> bool {
+    given.len() == want.len()
+        && given
+            .iter()
+            .zip(want)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}

@@ -288,3 +288,11 @@ fn key_files() {
         Err(Error::Io { .. })
     ));
 }
+
+#[test]
+fn secrets_compare_whole_and_by_length() {
+    assert!(crate::secrets_equal(b"abc", b"abc"));
+    assert!(!crate::secrets_equal(b"abd", b"abc"));
+    assert!(!crate::secrets_equal(b"ab", b"abc"));
+    assert!(!crate::secrets_equal(b"", b"abc"));
+}

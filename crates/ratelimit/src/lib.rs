@@ -1,5 +1,6 @@
-//! Byte-rate limiting: a token bucket shared by every stream it limits (an origin's
+//! Rate limiting. Bytes: a token bucket shared by every stream it limits (an origin's
 //! total egress, an agent's upload or download link, a prewarm assignment's rate).
+//! Requests: [`KeyedAdmission`], a refusing bucket per client (joins at the tracker).
 //! Its own crate so the agent and the demo registry share it without depending on
 //! each other.
 //!
@@ -22,6 +23,10 @@
 //! supplied clock so it can be tested exactly, without wall-clock assertions.
 
 #![forbid(unsafe_code)]
+
+mod admission;
+
+pub use admission::KeyedAdmission;
 
 use std::sync::Mutex;
 use std::time::Duration;

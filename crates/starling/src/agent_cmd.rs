@@ -79,9 +79,20 @@ pub struct AgentArgs {
     /// piece into a rack about once and spread it inside.
     #[arg(long, env = "STARLING_RACK")]
     rack: Option<String>,
-    /// Shared cluster secret for the tracker and peers.
+    /// Shared cluster secret for the tracker and peers (plain-HTTP mode).
     #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
+    /// A second listener serving only /metrics and /healthz, for a scraper on another
+    /// host (without it /metrics answers local clients only).
+    #[arg(long, env = "STARLING_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    /// Bearer token scrapers must present on --metrics-listen.
+    #[arg(long, env = "STARLING_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
+    /// Accept an http:// tracker: cluster and peer traffic unencrypted, nodes
+    /// authenticated only by --cluster-token. Without it an http:// tracker is refused.
+    #[arg(long, env = "STARLING_INSECURE_PLAIN_HTTP")]
+    insecure_plain_http: bool,
     /// Bootstrap token to join a cluster with an https:// tracker (used once: the
     /// certificate is kept in CACHE_DIR/pki and renewed by the agent).
     #[arg(
@@ -253,6 +264,8 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
         cluster_token,
         join_token,
         ca_pin,
+        metrics_listen,
+        metrics_token,
         upload_limit,
         download_limit
     );
@@ -267,6 +280,9 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     }
     if a.mirror_remote_clients {
         cfg.mirror_remote_clients = true;
+    }
+    if a.insecure_plain_http {
+        cfg.insecure_plain_http = true;
     }
     if let Some(v) = a.registry_streams {
         cfg.registry_streams = v;
@@ -552,9 +568,17 @@ pub struct TrackerArgs {
     /// removed node loses access).
     #[arg(long, default_value = "24h", env = "STARLING_TRACKER_NODE_CERT_TTL")]
     node_cert_ttl: humantime::Duration,
-    /// Serve plain HTTP without --pki (the default for now): unencrypted, nodes not
-    /// authenticated beyond --cluster-token. Says so in the log either way.
-    #[arg(long)]
+    /// Lifetime of the tracker's own certificate; re-issued from the CA at 2/3 of it
+    /// while the tracker runs.
+    #[arg(long, default_value = "365days", env = "STARLING_TRACKER_CERT_TTL")]
+    tls_cert_ttl: humantime::Duration,
+    /// Join requests one client address may make per minute (and in a burst); more get
+    /// 429. A node joins once; this bounds token guessing and crash loops.
+    #[arg(long, default_value_t = 10, env = "STARLING_TRACKER_JOIN_LIMIT")]
+    join_limit: u32,
+    /// Serve plain HTTP, without --pki: unencrypted, nodes not authenticated beyond
+    /// --cluster-token. Without --pki or this flag the tracker does not start.
+    #[arg(long, env = "STARLING_INSECURE_PLAIN_HTTP")]
     insecure_plain_http: bool,
     /// Blobs below this size skip P2P.
     #[arg(long, default_value = "1MiB")]
@@ -695,6 +719,13 @@ impl Args for TrackerRegistryTlsArgs {
 }
 
 pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
+    if a.pki.is_none() && !a.insecure_plain_http {
+        bail!(
+            "no cluster TLS: give --pki DIR (create it with `starling certs init --dir DIR`), \
+             or --insecure-plain-http to serve plain HTTP with only --cluster-token \
+             (unencrypted; anyone on the network can read and forge cluster traffic)"
+        );
+    }
     let cfg = swarm::SwarmConfig {
         min_p2p_size: crate::parse_size(&a.p2p_threshold)?,
         piece_size: match a.piece_size.as_str() {
@@ -787,6 +818,8 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
             sans: a.tls_sans.clone(),
             name: a.tls_name.clone(),
             node_cert_lifetime: a.node_cert_ttl.into(),
+            cert_lifetime: a.tls_cert_ttl.into(),
+            joins_per_minute: a.join_limit,
             ..tracker::TlsOptions::new(dir)
         };
         t = t.with_tls(tracker::TrackerTls::load(&opts)?);

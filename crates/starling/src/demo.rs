@@ -347,7 +347,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         Some(DemoTls::create(&work.join("pki"))?)
     } else {
         say(
-            "plain HTTP between tracker and agents (cluster token only): --tls for mutual TLS"
+            "INSECURE plain HTTP between tracker and agents (--insecure-plain-http, cluster token only): --tls for mutual TLS"
                 .into(),
         );
         None
@@ -378,8 +378,18 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         ]
         .into_iter()
         .chain(match &tls {
-            Some(t) => vec!["--pki".into(), t.dir.display().to_string()],
-            None => vec!["--cluster-token".into(), token.clone()],
+            // Every demo agent joins from 127.0.0.1: one address, many nodes.
+            Some(t) => vec![
+                "--pki".into(),
+                t.dir.display().to_string(),
+                "--join-limit".into(),
+                (a.nodes * 2).max(10).to_string(),
+            ],
+            None => vec![
+                "--cluster-token".into(),
+                token.clone(),
+                "--insecure-plain-http".into(),
+            ],
         })
         .collect::<Vec<String>>(),
         &work.join("tracker.log"),
@@ -432,7 +442,11 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
                 "--ca-pin".into(),
                 t.pin.clone(),
             ],
-            None => vec!["--cluster-token".into(), token.clone()],
+            None => vec![
+                "--cluster-token".into(),
+                token.clone(),
+                "--insecure-plain-http".into(),
+            ],
         })
         .collect();
         let child = spawn(&exe, &args, &work.join(format!("{name}.log")))?;

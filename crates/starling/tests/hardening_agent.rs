@@ -175,7 +175,13 @@ async fn the_agent_warns_when_the_tracker_refuses_its_report() {
         dir.path(),
         "n-stale",
         &registry,
-        &["--tracker", &tracker.url(), "--cluster-token", TOKEN],
+        &[
+            "--tracker",
+            &tracker.url(),
+            "--cluster-token",
+            TOKEN,
+            "--insecure-plain-http",
+        ],
         &[],
     )
     .await;
@@ -211,7 +217,13 @@ async fn assignments_are_collected_by_agents_and_no_reported_address_is_ever_dia
         dir.path(),
         "n-pre",
         &registry,
-        &["--tracker", &tracker.url(), "--cluster-token", TOKEN],
+        &[
+            "--tracker",
+            &tracker.url(),
+            "--cluster-token",
+            TOKEN,
+            "--insecure-plain-http",
+        ],
         &[],
     )
     .await;
@@ -365,6 +377,7 @@ async fn print_config_and_logs_never_show_secrets() {
             &tracker.url(),
             "--cluster-token",
             "log-secret-Tok5",
+            "--insecure-plain-http",
         ],
         &[("STARLING_LOG", "debug")],
     )
@@ -431,6 +444,11 @@ impl OtherHost {
 
     /// The HTTP status `url` answers to a client inside the other host.
     fn status(&self, url: &str) -> String {
+        self.status_with(url, &[])
+    }
+
+    /// As [`OtherHost::status`], sending `headers` ("Name: value").
+    fn status_with(&self, url: &str, headers: &[&str]) -> String {
         let out = std::process::Command::new("ip")
             .args([
                 "netns",
@@ -443,6 +461,7 @@ impl OtherHost {
                 "-m",
                 "5",
             ])
+            .args(headers.iter().flat_map(|h| ["-H", h]))
             .args(["-w", "%{http_code}", url])
             .output()
             .expect("curl in the namespace");
@@ -533,4 +552,72 @@ async fn a_credentialed_mirror_serves_private_content_to_local_clients_only() {
         "200",
         "--mirror-remote-clients serves other hosts"
     );
+}
+
+/// Issue 12, item 1 (agent routes): the node's own views — metrics, cache, inventory
+/// report — answer clients on this host only; a scraper on another host reads metrics
+/// on the dedicated `--metrics-listen` port, with the bearer token when one is set, and
+/// that port serves nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_node_api_answers_this_host_and_metrics_need_the_scrape_token() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let other = OtherHost::create();
+    let port = testkit::free_port();
+    let metrics_port = testkit::free_port();
+    let cache = dir.path().join("n-api");
+    let agent = start_with_env(
+        args(&[
+            "agent",
+            "--listen",
+            &format!("0.0.0.0:{port}"),
+            "--cache-dir",
+            &cache.display().to_string(),
+            "--min-free",
+            "0",
+            "--metrics-listen",
+            &format!("0.0.0.0:{metrics_port}"),
+            "--metrics-token",
+            "scrape-Tok7",
+        ]),
+        &[],
+        port,
+        dir.path().join("n-api.log"),
+        cache,
+    )
+    .await;
+    for path in ["/metrics", "/api/v1/cache", "/api/v1/report"] {
+        let r = reqwest::get(format!("{}{path}", agent.url()))
+            .await
+            .expect("local request");
+        assert_eq!(r.status(), 200, "{path} for a local client");
+        let remote = format!("http://{}:{port}{path}", other.host_ip);
+        assert_eq!(
+            other.status(&remote),
+            "403",
+            "{path} served to another host"
+        );
+    }
+    let health = format!("http://{}:{port}/healthz", other.host_ip);
+    assert_eq!(other.status(&health), "200", "health checks stay open");
+
+    let scrape = format!("http://{}:{metrics_port}/metrics", other.host_ip);
+    assert_eq!(other.status(&scrape), "401", "metrics without the token");
+    assert_eq!(
+        other.status_with(&scrape, &["Authorization: Bearer wrong-Tok"]),
+        "401",
+        "metrics with a wrong token"
+    );
+    assert_eq!(
+        other.status_with(&scrape, &["Authorization: Bearer scrape-Tok7"]),
+        "200",
+        "metrics with the token"
+    );
+    for path in ["/api/v1/cache", "/api/v1/report", "/v2/"] {
+        let url = format!("http://{}:{metrics_port}{path}", other.host_ip);
+        assert_eq!(
+            other.status_with(&url, &["Authorization: Bearer scrape-Tok7"]),
+            "404",
+            "the metrics port serves {path}"
+        );
+    }
 }

@@ -21,6 +21,7 @@ async fn tracker(dir: &Path, extra: &[&str]) -> Proc {
         format!("127.0.0.1:{port}"),
         "--cluster-token".into(),
         TOKEN.into(),
+        "--insecure-plain-http".into(),
         "--data-dir".into(),
         data.display().to_string(),
     ];
@@ -52,6 +53,7 @@ async fn agent(dir: &Path, name: &str, tracker: &str, registry: &Registry, extra
         tracker.into(),
         "--cluster-token".into(),
         TOKEN.into(),
+        "--insecure-plain-http".into(),
         "--node-name".into(),
         name.into(),
         "--min-free".into(),

@@ -402,7 +402,7 @@ async fn peers_are_the_node_of_their_certificate_whatever_hello_says() {
         "--advertise",
         &peer_addr,
     ]));
-    let _agent = Proc::start(
+    let agent = Proc::start(
         a,
         port,
         dir.path().join("gpu-0.log"),
@@ -470,6 +470,26 @@ async fn peers_are_the_node_of_their_certificate_whatever_hello_says() {
     assert!(
         matches!(wrong, Err(pki::Error::WrongIdentity { .. })),
         "dialing gpu-5 reached gpu-0: {wrong:?}"
+    );
+
+    // The holder counted the foreign certificate's refusal by reason.
+    let metrics = reqwest::get(format!("{}/metrics", agent.url()))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    let unknown_ca = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "starling_agent_p2p_tls_handshakes_refused_total{reason=\"unknown_ca\"} ",
+            )
+        })
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(
+        unknown_ca.is_some_and(|n| n >= 1),
+        "no unknown_ca refusal counted:\n{metrics}"
     );
 }
 

@@ -450,6 +450,91 @@ async fn certificates_of_another_ca_or_expired_are_refused() {
     );
     let s = status(stale.post(format!("{t}/api/v1/reports")).json(&report)).await;
     assert_eq!(s, None, "an expired certificate got an answer: {s:?}");
+
+    // Every refusal is counted by reason, for an operator's alert.
+    let viewer = client_for(&ca, &pki.issue("viewer", "v"), "viewer");
+    let metrics = metrics_text(&viewer, &t).await;
+    for reason in ["unknown_ca", "expired"] {
+        assert!(
+            counter(
+                &metrics,
+                "starling_tracker_tls_handshakes_refused_total",
+                reason
+            ) >= 1,
+            "no {reason} refusal counted:\n{metrics}"
+        );
+    }
+}
+
+async fn metrics_text(client: &reqwest::Client, tracker: &str) -> String {
+    client
+        .get(format!("{tracker}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body")
+}
+
+/// The value of `name{reason="reason"}` in an OpenMetrics text, 0 when absent.
+fn counter(metrics: &str, name: &str, reason: &str) -> u64 {
+    let prefix = format!("{name}{{reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |v| v.trim().parse().expect("counter value"))
+}
+
+/// Issue 12: joining is the one route anyone may call, so each client address gets a
+/// small budget; guesses beyond it get 429 with Retry-After before any token check, and
+/// every outcome is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn joins_are_rate_limited_per_address_and_counted() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pki = TestPki::init(dir.path(), "pki");
+    let tracker = TlsTracker::start(dir.path(), &pki, &["--join-limit", "3"]).await;
+    let t = tracker.url();
+    let anonymous = client_pem(&pki.ca_file(), None);
+    let (_key, csr) = pki::generate_node_csr("n-guess").expect("csr");
+    let guess = serde_json::json!({"token": "stb1.guess.guess", "node": "n-guess", "csr": csr});
+    for i in 0..3 {
+        let s = status(anonymous.post(format!("{t}/certs/v1/join")).json(&guess)).await;
+        assert_eq!(s, Some(401), "guess {i}");
+    }
+    let r = anonymous
+        .post(format!("{t}/certs/v1/join"))
+        .json(&guess)
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(r.status(), 429, "the fourth guess within a minute");
+    let retry: u64 = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    // A valid token from the same address waits too: the budget is spent.
+    let token = pki.token(Some("n-*"));
+    let join = serde_json::json!({"token": token, "node": "n-late", "csr": csr});
+    assert_eq!(
+        status(anonymous.post(format!("{t}/certs/v1/join")).json(&join)).await,
+        Some(429)
+    );
+    let viewer = client_for(&pki.ca_file(), &pki.issue("viewer", "v"), "viewer");
+    let metrics = metrics_text(&viewer, &t).await;
+    assert_eq!(
+        counter(&metrics, "starling_tracker_joins_total", "bad_token"),
+        3,
+        "{metrics}"
+    );
+    assert_eq!(
+        counter(&metrics, "starling_tracker_joins_total", "rate_limited"),
+        2,
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -579,4 +664,98 @@ async fn plain_http_mode_says_it_is_insecure() {
     let tracker = common::start_tracker(dir.path(), &[], &[]).await;
     let log = tracker.log_text();
     assert!(log.contains("INSECURE"), "{log}");
+}
+
+/// Plain HTTP is never what a deployment gets by leaving a flag out: a tracker without
+/// `--pki` and an agent given an `http://` tracker both refuse to start unless
+/// `--insecure-plain-http` says so, and the error names the way out.
+#[test]
+fn plain_http_is_refused_without_the_explicit_opt_in() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = testkit::free_port();
+    let tracker = std::process::Command::new(env!("CARGO_BIN_EXE_starling"))
+        .args(["tracker", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--data-dir")
+        .arg(dir.path().join("tdata"))
+        .output()
+        .expect("run starling tracker");
+    let err = String::from_utf8_lossy(&tracker.stderr);
+    assert!(!tracker.status.success(), "a plain tracker started: {err}");
+    assert!(
+        err.contains("--pki") && err.contains("--insecure-plain-http"),
+        "{err}"
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "the refused tracker still listens"
+    );
+
+    let agent = std::process::Command::new(env!("CARGO_BIN_EXE_starling"))
+        .args(["agent", "--listen", "127.0.0.1:0", "--min-free", "0"])
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .args(["--tracker", &format!("http://127.0.0.1:{port}")])
+        .output()
+        .expect("run starling agent");
+    let err = String::from_utf8_lossy(&agent.stderr);
+    assert!(
+        !agent.status.success(),
+        "an agent joined a plain tracker: {err}"
+    );
+    assert!(
+        err.contains("https://") && err.contains("--insecure-plain-http"),
+        "{err}"
+    );
+}
+
+/// The serial of the certificate the tracker at 127.0.0.1:`port` presents now.
+async fn tracker_cert_serial(pki: &TestPki, port: u16) -> String {
+    let trust = pki::ClusterTrust::from_file(&pki.ca_file()).expect("CA file");
+    let config = pki::tracker_client_config(&trust, None).expect("client config");
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let tls = pki::connect(&pki::connector(config), "127.0.0.1", tcp)
+        .await
+        .expect("handshake with the tracker's current certificate");
+    let der = tls.get_ref().1.peer_certificates().expect("server chain")[0].clone();
+    pki::CertInfo::from_der(&der).expect("parse").serial_hex()
+}
+
+/// Issue 12, item 2 ("certificates rotate without a restart"), the tracker's side: its
+/// own certificate is re-issued from the CA at 2/3 of its lifetime while it runs, and
+/// nodes keep working across the change. Certificates are backdated by 5 minutes for
+/// clock skew, so with a 155 s lifetime 2/3 of it is reached about 3 s after issue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_tracker_renews_its_own_certificate_while_running() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pki = TestPki::init(dir.path(), "pki");
+    let tracker = TlsTracker::start(dir.path(), &pki, &["--tls-cert-ttl", "155s"]).await;
+    let port = tracker.proc.port;
+    let first = tracker_cert_serial(&pki, port).await;
+    let viewer = client_for(&pki.ca_file(), &pki.issue("viewer", "v-rot"), "viewer");
+    let mut renewed = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = tracker_cert_serial(&pki, port).await;
+        if now != first {
+            renewed = Some(now);
+            break;
+        }
+    }
+    assert!(
+        renewed.is_some(),
+        "the tracker still presents certificate {first}; log:\n{}",
+        tracker.proc.log_text()
+    );
+    let r = viewer
+        .get(format!("{}/api/v1/nodes", tracker.url()))
+        .send()
+        .await
+        .expect("a client reaches the tracker after the renewal");
+    assert_eq!(r.status(), 200);
+    assert!(tracker
+        .proc
+        .log_text()
+        .contains("tracker certificate renewed"));
 }

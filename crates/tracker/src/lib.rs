@@ -52,6 +52,12 @@ struct RouteLabels {
     status: u16,
 }
 
+/// A fixed reason or outcome label (`pki::Error::reason`, join outcomes).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReasonLabels {
+    pub reason: &'static str,
+}
+
 pub struct Metrics {
     pub registry: prometheus_client::registry::Registry,
     requests: Family<RouteLabels, Counter>,
@@ -61,6 +67,8 @@ pub struct Metrics {
     elections: Gauge,
     connections_refused: Counter,
     connections_open: Gauge,
+    tls_handshakes_refused: Family<ReasonLabels, Counter>,
+    joins: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -101,6 +109,18 @@ impl Default for Metrics {
             "Client connections being served",
             connections_open.clone(),
         );
+        let tls_handshakes_refused = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "tls_handshakes_refused",
+            "TLS handshakes that failed, by reason (expired, unknown_ca, timeout, ...)",
+            tls_handshakes_refused.clone(),
+        );
+        let joins = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "joins",
+            "Join requests by outcome (issued, rate_limited, bad_token, name_not_allowed, ...)",
+            joins.clone(),
+        );
         Self {
             registry,
             requests,
@@ -110,6 +130,8 @@ impl Default for Metrics {
             elections,
             connections_refused,
             connections_open,
+            tls_handshakes_refused,
+            joins,
         }
     }
 }
@@ -163,7 +185,8 @@ impl Tracker {
     /// Serve HTTPS with the cluster certificate, require client certificates and apply
     /// the role table ([`access`]). The bearer token, if any, is no longer checked: it
     /// is the plain-HTTP mode's authentication.
-    pub fn with_tls(mut self, tls: TrackerTls) -> Self {
+    pub fn with_tls(mut self, mut tls: TrackerTls) -> Self {
+        tls.join_outcomes = self.metrics.joins.clone();
         self.token = None;
         self.tls = Some(tls);
         self
@@ -263,10 +286,14 @@ impl Tracker {
             );
         }
         self.spawn_expiry();
+        if let Some(tls) = &self.tls {
+            tls.spawn_renewal();
+        }
         if let Some(c) = &self.cluster {
             assignments::spawn_planner(c.clone(), self.mailboxes.clone());
         }
         let gauges = server::Gauges {
+            handshakes_refused: self.metrics.tls_handshakes_refused.clone(),
             refused: self.metrics.connections_refused.clone(),
             open: self.metrics.connections_open.clone(),
         };
@@ -283,16 +310,6 @@ impl Tracker {
     }
 }
 
-/// Constant-time comparison so the token cannot be guessed byte by byte from timing.
-fn token_matches(given: &[u8], want: &[u8]) -> bool {
-    given.len() == want.len()
-        && given
-            .iter()
-            .zip(want)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
-}
-
 async fn auth(State(t): State<Tracker>, req: Request, next: Next) -> Response {
     if let Some(want) = &t.token {
         let given = req
@@ -301,7 +318,7 @@ async fn auth(State(t): State<Tracker>, req: Request, next: Next) -> Response {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !token_matches(given.as_bytes(), want.as_bytes()) {
+        if !pki::secrets_equal(given.as_bytes(), want.as_bytes()) {
             return (
                 StatusCode::UNAUTHORIZED,
                 Json(serde_json::json!({"error": "missing or wrong cluster token"})),
@@ -438,16 +455,4 @@ async fn metrics(State(t): State<Tracker>) -> Response {
         out,
     )
         .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_compare() {
-        assert!(token_matches(b"abc", b"abc"));
-        assert!(!token_matches(b"abd", b"abc"));
-        assert!(!token_matches(b"ab", b"abc"));
-    }
 }

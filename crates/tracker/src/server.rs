@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -26,6 +27,7 @@ use tracing::{debug, warn};
 
 use crate::access::Caller;
 use crate::tls::TrackerTls;
+use crate::ReasonLabels;
 
 /// Connection and request limits of the tracker's server.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,7 +53,12 @@ impl Default for ServerLimits {
 pub(crate) struct Gauges {
     pub refused: Counter,
     pub open: Gauge,
+    pub handshakes_refused: Family<ReasonLabels, Counter>,
 }
+
+/// The address a request's connection came from (a request extension).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClientIp(pub std::net::IpAddr);
 
 pub(crate) async fn serve(
     listener: TcpListener,
@@ -71,8 +78,8 @@ pub(crate) async fn serve(
             _ = &mut shutdown => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
-                let tcp = match accepted {
-                    Ok((tcp, _)) => tcp,
+                let (tcp, client) = match accepted {
+                    Ok((tcp, addr)) => (tcp, ClientIp(addr.ip())),
                     Err(e) => {
                         // Out of descriptors and the like: back off instead of spinning.
                         warn!(error = %e, "accept failed");
@@ -93,11 +100,12 @@ pub(crate) async fn serve(
                 let (router, stop, open) = (router.clone(), stop_rx.clone(), gauges.open.clone());
                 let header_timeout = limits.header_read_timeout;
                 let tls = tls.clone();
+                let handshakes_refused = gauges.handshakes_refused.clone();
                 connections.spawn(async move {
                     let _slot = slot;
                     let _open = OpenGuard::new(open);
                     match tls {
-                        None => serve_connection(tcp, router, None, header_timeout, stop).await,
+                        None => serve_connection(tcp, router, client, None, header_timeout, stop).await,
                         Some(tls) => {
                             // The handshake gets the header timeout too: a client that
                             // opens a connection and never says hello must not keep it.
@@ -109,10 +117,18 @@ pub(crate) async fn serve(
                             match accepted {
                                 Ok(Ok(stream)) => {
                                     let caller = Some(Caller::of(&stream));
-                                    serve_connection(stream, router, caller, header_timeout, stop).await
+                                    serve_connection(stream, router, client, caller, header_timeout, stop).await
                                 }
-                                Ok(Err(e)) => debug!(error = %pki::Error::from_handshake(e), "TLS handshake refused"),
-                                Err(_) => debug!("TLS handshake timed out"),
+                                Ok(Err(e)) => {
+                                    let e = pki::Error::from_handshake(e);
+                                    let reason = e.reason();
+                                    handshakes_refused.get_or_create(&ReasonLabels { reason }).inc();
+                                    debug!(client = %client.0, error = %e, "TLS handshake refused");
+                                }
+                                Err(_) => {
+                                    handshakes_refused.get_or_create(&ReasonLabels { reason: "timeout" }).inc();
+                                    debug!(client = %client.0, "TLS handshake timed out");
+                                }
                             }
                         }
                     }
@@ -140,6 +156,7 @@ pub(crate) async fn serve(
 async fn serve_connection<IO>(
     io: IO,
     router: Router,
+    client: ClientIp,
     caller: Option<Caller>,
     header_timeout: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -151,6 +168,7 @@ async fn serve_connection<IO>(
         let caller = caller.clone();
         async move {
             let mut req = req.map(axum::body::Body::new);
+            req.extensions_mut().insert(client);
             if let Some(caller) = caller {
                 req.extensions_mut().insert(caller);
             }

@@ -7,7 +7,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -15,11 +15,14 @@ use axum::{Extension, Json};
 use http::StatusCode;
 use pki::tokio_rustls::TlsAcceptor;
 use pki::{BootstrapKey, CertRequest, CertSource, ClusterCa, Identity, Role};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde::{Deserialize, Serialize};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::access::Caller;
-use crate::Error;
+use crate::server::ClientIp;
+use crate::{Error, ReasonLabels};
 
 /// What `--pki` and its companion flags say.
 #[derive(Clone, Debug)]
@@ -33,7 +36,17 @@ pub struct TlsOptions {
     pub sans: Vec<String>,
     /// Lifetime of node certificates signed at join and renewal.
     pub node_cert_lifetime: Duration,
+    /// Lifetime of the tracker's own server certificate; it is re-issued at 2/3 of it
+    /// while the tracker runs.
+    pub cert_lifetime: Duration,
+    /// Join requests one client address may make a minute (and at once): a node joins
+    /// once, so more is someone guessing tokens or a crash loop.
+    pub joins_per_minute: u32,
 }
+
+/// Client addresses whose join budget is tracked at once (see
+/// [`ratelimit::KeyedAdmission`]: beyond this, new addresses share one bucket).
+const JOIN_TRACKED_ADDRESSES: usize = 16_384;
 
 impl TlsOptions {
     /// Defaults for `pki_dir`: name `tracker`, no extra SANs, [`pki::DEFAULT_NODE_LIFETIME`].
@@ -43,6 +56,8 @@ impl TlsOptions {
             name: "tracker".into(),
             sans: Vec::new(),
             node_cert_lifetime: pki::DEFAULT_NODE_LIFETIME,
+            cert_lifetime: pki::DEFAULT_TRACKER_LIFETIME,
+            joins_per_minute: 10,
         }
     }
 }
@@ -54,6 +69,15 @@ pub struct TrackerTls {
     ca: Arc<ClusterCa>,
     bootstrap: Arc<BootstrapKey>,
     node_cert_lifetime: Duration,
+    /// The tracker's own certificate, read at every handshake.
+    cert: CertSource,
+    /// What the tracker's certificate is issued from, again at each renewal.
+    cert_request: Arc<CertRequest>,
+    join_admission: Arc<ratelimit::KeyedAdmission<IpAddr>>,
+    /// The clock of `join_admission`.
+    started: std::time::Instant,
+    /// Join outcomes, a metric family of the tracker's registry (set by `with_tls`).
+    pub(crate) join_outcomes: Family<ReasonLabels, Counter>,
 }
 
 impl std::fmt::Debug for TrackerTls {
@@ -79,7 +103,8 @@ impl TrackerTls {
         )
         .dns_name("localhost")
         .ip_address(IpAddr::from([127, 0, 0, 1]))
-        .ip_address(IpAddr::from(std::net::Ipv6Addr::LOCALHOST));
+        .ip_address(IpAddr::from(std::net::Ipv6Addr::LOCALHOST))
+        .lifetime(opts.cert_lifetime);
         for san in &opts.sans {
             request = match san.parse::<IpAddr>() {
                 Ok(ip) => request.ip_address(ip),
@@ -106,7 +131,51 @@ impl TrackerTls {
             ca: Arc::new(ca),
             bootstrap: Arc::new(bootstrap),
             node_cert_lifetime: opts.node_cert_lifetime,
+            cert,
+            cert_request: Arc::new(request),
+            join_admission: Arc::new(ratelimit::KeyedAdmission::new(
+                opts.joins_per_minute,
+                opts.joins_per_minute,
+                JOIN_TRACKED_ADDRESSES,
+            )),
+            started: std::time::Instant::now(),
+            join_outcomes: Family::default(),
         })
+    }
+
+    /// The certificate the tracker presents right now.
+    pub fn cert_info(&self) -> pki::CertInfo {
+        self.cert.info()
+    }
+
+    /// Re-issues the tracker's certificate from the cluster CA at 2/3 of its lifetime,
+    /// for as long as the tracker runs: new handshakes get the new one, established
+    /// connections keep theirs, and nothing restarts.
+    pub(crate) fn spawn_renewal(&self) {
+        let tls = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(tls.cert.next_check(SystemTime::now())).await;
+                if !tls.cert.needs_renewal(SystemTime::now()) {
+                    continue;
+                }
+                let renewed = tls.ca.issue(&tls.cert_request).and_then(|issued| {
+                    let key = issued.key_pem().unwrap_or_default().to_owned();
+                    tls.cert.replace_pem(&issued.chain_pem(), &key)
+                });
+                match renewed {
+                    Ok(info) => info!(
+                        serial = %info.serial_hex(),
+                        not_after = %humantime::format_rfc3339_seconds(info.not_after),
+                        "tracker certificate renewed"
+                    ),
+                    Err(e) => {
+                        warn!(error = %e, "tracker certificate renewal failed; retrying");
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -176,8 +245,43 @@ fn sign(tls: &TrackerTls, csr: &str, identity: Identity) -> Result<CertResponse,
     })
 }
 
-pub(crate) async fn join(State(tls): State<TrackerTls>, Json(req): Json<JoinRequest>) -> Response {
-    // The token first: it is a cheap MAC check, and nothing else is parsed for a caller
+pub(crate) async fn join(
+    State(tls): State<TrackerTls>,
+    client: Option<Extension<ClientIp>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let outcome = |reason: &'static str| {
+        tls.join_outcomes
+            .get_or_create(&ReasonLabels { reason })
+            .inc()
+    };
+    // The budget first, before any parsing or token check: guessing tokens costs a
+    // client its address's budget, and a flood costs the tracker a map lookup.
+    if let Some(Extension(ClientIp(ip))) = client {
+        if let Err(wait) = tls.join_admission.admit_at(&ip, tls.started.elapsed()) {
+            outcome("rate_limited");
+            debug!(client = %ip, "join refused: too many from this address");
+            let mut r = refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                format_args!(
+                    "too many join requests from {ip}; retry in {} s",
+                    wait.as_secs() + 1
+                ),
+            );
+            if let Ok(v) = http::HeaderValue::from_str(&(wait.as_secs() + 1).to_string()) {
+                r.headers_mut().insert(http::header::RETRY_AFTER, v);
+            }
+            return r;
+        }
+    }
+    let req: JoinRequest = match serde_json::from_slice(&body) {
+        Ok(req) => req,
+        Err(e) => {
+            outcome("bad_request");
+            return refuse(StatusCode::BAD_REQUEST, format_args!("join request: {e}"));
+        }
+    };
+    // The token next: it is a cheap MAC check, and the CSR is not parsed for a caller
     // that has none.
     let identity = match tls
         .bootstrap
@@ -186,16 +290,21 @@ pub(crate) async fn join(State(tls): State<TrackerTls>, Json(req): Json<JoinRequ
     {
         Ok(identity) => identity,
         Err(e) => {
+            outcome(e.reason());
             warn!(node = %req.node, error = %e, "join refused");
             return refuse(status_of(&e), e);
         }
     };
     match sign(&tls, &req.csr, identity) {
         Ok(resp) => {
+            outcome("issued");
             info!(node = %req.node, "node joined: certificate issued");
             Json(resp).into_response()
         }
-        Err(e) => refuse(status_of(&e), e),
+        Err(e) => {
+            outcome(e.reason());
+            refuse(status_of(&e), e)
+        }
     }
 }
 

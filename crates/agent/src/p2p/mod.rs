@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use ratelimit::TokenBucket;
 use swarm::scheduler::SchedulerConfig;
@@ -21,6 +22,7 @@ use swarm::{AnnounceRequest, AnnounceResponse, PieceHash, Topology};
 pub(crate) use download::{start, Start};
 
 use crate::config::{parse_size, AgentConfig};
+use crate::metrics::ReasonLabels;
 use crate::Error;
 
 pub struct P2pMetrics {
@@ -35,6 +37,7 @@ pub struct P2pMetrics {
     pub swarm_peers: Gauge,
     pub source_roles: Counter,
     pub peer_auth_failures: Counter,
+    pub tls_handshakes_refused: Family<ReasonLabels, Counter>,
     pub peers_stalled: Counter,
     pub store_write_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
@@ -53,6 +56,7 @@ impl P2pMetrics {
             swarm_peers: Gauge::default(),
             source_roles: Counter::default(),
             peer_auth_failures: Counter::default(),
+            tls_handshakes_refused: Family::default(),
             peers_stalled: Counter::default(),
             store_write_seconds: Counter::default(),
         };
@@ -108,8 +112,13 @@ impl P2pMetrics {
         );
         r.register(
             "p2p_peer_auth_failures",
-            "Peer connections that failed the cluster-token challenge",
+            "Peer connections that failed the cluster-token challenge or mutual TLS",
             m.peer_auth_failures.clone(),
+        );
+        r.register(
+            "p2p_tls_handshakes_refused",
+            "Incoming peer TLS handshakes that failed, by reason (unknown_ca, expired, timeout, ...)",
+            m.tls_handshakes_refused.clone(),
         );
         r.register(
             "p2p_store_write_seconds",

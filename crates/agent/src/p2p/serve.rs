@@ -27,6 +27,7 @@ use super::wire_io::{
     DATA_CHUNK, HANDSHAKE_TIMEOUT,
 };
 use super::P2p;
+use crate::metrics::ReasonLabels;
 use crate::{Agent, Error};
 
 /// How long a channel opened on a blob this node has not started yet waits for it.
@@ -176,11 +177,21 @@ async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), E
             (r, w, None)
         }
         Some(tls) => {
+            let refused = |reason: &'static str| {
+                p2p.metrics
+                    .tls_handshakes_refused
+                    .get_or_create(&ReasonLabels { reason })
+                    .inc();
+            };
             let accepted = tokio::time::timeout(HANDSHAKE_TIMEOUT, pki::accept(&tls.acceptor, tcp))
                 .await
-                .map_err(|_| peer_err("?", "TLS handshake timed out"))?;
+                .map_err(|_| {
+                    refused("timeout");
+                    peer_err("?", "TLS handshake timed out")
+                })?;
             let (stream, identity) = accepted.map_err(|e| {
                 p2p.metrics.peer_auth_failures.inc();
+                refused(e.reason());
                 peer_err("?", format!("TLS: {e}"))
             })?;
             // peer_server_config requires a node certificate, so there is one.

@@ -140,6 +140,7 @@ pub fn args(a: &[&str]) -> Vec<String> {
 }
 
 /// A tracker on a free port with its data in `dir`; `extra` flags and `envs` added.
+/// Plain HTTP (`--insecure-plain-http`) unless `extra` has `--pki`.
 pub async fn start_tracker(dir: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Proc {
     let port = testkit::free_port();
     let mut a = args(&[
@@ -149,6 +150,9 @@ pub async fn start_tracker(dir: &Path, extra: &[&str], envs: &[(&str, &str)]) ->
         "--data-dir",
         &dir.join("tdata").display().to_string(),
     ]);
+    if !extra.contains(&"--pki") {
+        a.push("--insecure-plain-http".into());
+    }
     a.extend(args(extra));
     start_with_env(a, envs, port, dir.join("tracker.log"), dir.to_owned()).await
 }
