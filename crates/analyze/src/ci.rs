@@ -10,10 +10,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::{human_bytes, parse_size};
+use crate::cost::parse_size;
 use crate::error::{Error, Result};
 use crate::report::Report;
 use crate::rules::Rule;
+use oci::size::format_size;
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
@@ -91,7 +92,7 @@ pub fn check(r: &Report, t: &Thresholds) -> Vec<Failure> {
             format!(
                 "; largest waste /{} ({})",
                 w.path,
-                human_bytes(w.wasted_bytes)
+                format_size(w.wasted_bytes)
             )
         })
         .unwrap_or_default();
@@ -102,8 +103,8 @@ pub fn check(r: &Report, t: &Thresholds) -> Vec<Failure> {
                 message: format!(
                     "efficiency {:.4} is below the minimum {min:.4}: {} of {} file bytes are wasted{worst}",
                     e.efficiency,
-                    human_bytes(e.wasted_bytes),
-                    human_bytes(e.cumulative_bytes)
+                    format_size(e.wasted_bytes),
+                    format_size(e.cumulative_bytes)
                 ),
             });
         }
@@ -124,14 +125,14 @@ pub fn check(r: &Report, t: &Thresholds) -> Vec<Failure> {
             let ex: Vec<String> = f
                 .examples
                 .iter()
-                .map(|(p, s)| format!("/{p} ({})", human_bytes(*s)))
+                .map(|(p, s)| format!("/{p} ({})", format_size(*s)))
                 .collect();
             out.push(Failure {
                 rule: "forbid_weights".into(),
                 message: format!(
                     "{} weight file(s), {} baked in: {}; {}",
                     f.files,
-                    human_bytes(f.bytes),
+                    format_size(f.bytes),
                     ex.join(", "),
                     f.fix
                 ),

@@ -161,22 +161,6 @@ pub fn parse_size(s: &str) -> Result<u64> {
     oci::size::parse_size(s).map_err(|e| Error::Argument(e.to_string()))
 }
 
-/// `1.50 GiB`-style rendering.
-pub fn human_bytes(b: u64) -> String {
-    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", U[i])
-    }
-}
-
 pub fn human_seconds(s: f64) -> String {
     if s < 1.0 {
         format!("{:.0} ms", s * 1000.0)
@@ -232,6 +216,6 @@ mod tests {
         assert_eq!(parse_size("2GB").unwrap(), 2_000_000_000);
         assert_eq!(parse_size("17").unwrap(), 17);
         assert!(parse_size("3 parsecs").is_err());
-        assert_eq!(human_bytes(1536), "1.50 KiB");
+        assert_eq!(oci::size::format_size(1536), "1.50 KiB");
     }
 }

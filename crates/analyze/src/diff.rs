@@ -6,9 +6,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::cost::{human_bytes, human_seconds, Bandwidths, Estimate};
+use crate::cost::{human_seconds, Bandwidths, Estimate};
 use crate::engine::{EntryKind, LayerScan, Problem};
 use crate::report::Style;
+use oci::size::format_size;
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct SharedLayer {
@@ -141,7 +142,7 @@ pub fn render_text(d: &DiffReport, st: Style) -> String {
         "\n{} {} layer(s), {}",
         st.bold("Shared"),
         d.shared.len(),
-        human_bytes(d.shared_bytes)
+        format_size(d.shared_bytes)
     );
     for s in &d.shared {
         let _ = writeln!(
@@ -150,14 +151,14 @@ pub fn render_text(d: &DiffReport, st: Style) -> String {
             s.index_a,
             s.index_b,
             &s.digest.hex()[..12],
-            human_bytes(s.size)
+            format_size(s.size)
         );
     }
     let _ = writeln!(
         o,
         "\n{} a node holding A fetches {} in {} layer(s)",
         st.bold("Fetch"),
-        st.yellow(&human_bytes(d.fetch_bytes)),
+        st.yellow(&format_size(d.fetch_bytes)),
         d.changed.len()
     );
     for c in &d.changed {
@@ -171,10 +172,10 @@ pub fn render_text(d: &DiffReport, st: Style) -> String {
             "  B#{} {}  {}  files {}  already in A: {} ({pct:.1} %)  new: {}  {}",
             c.index,
             &c.digest.hex()[..12],
-            human_bytes(c.compressed_size),
+            format_size(c.compressed_size),
             c.files,
-            human_bytes(c.reused_bytes),
-            human_bytes(c.new_bytes),
+            format_size(c.reused_bytes),
+            format_size(c.new_bytes),
             st.dim(&crate::rules::clean_created_by(
                 c.created_by.as_deref().unwrap_or("")
             ))
@@ -183,9 +184,9 @@ pub fn render_text(d: &DiffReport, st: Style) -> String {
     let _ = writeln!(
         o,
         "\n  {} of the changed content already existed in A; a layer order that kept it in unchanged layers would fetch ≈ {} instead of {}",
-        human_bytes(d.reused_bytes),
-        st.green(&human_bytes(d.ideal_fetch_bytes)),
-        human_bytes(d.fetch_bytes)
+        format_size(d.reused_bytes),
+        st.green(&format_size(d.ideal_fetch_bytes)),
+        format_size(d.fetch_bytes)
     );
     let _ = writeln!(
         o,

@@ -5,11 +5,12 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::cost::{distribution_cost, human_bytes, human_seconds, Bandwidths, DistributionCost};
+use crate::cost::{distribution_cost, human_seconds, Bandwidths, DistributionCost};
 use crate::engine::{scan_layers, LayerScan, Problem, ScanOptions};
 use crate::model::{Efficiency, LayerChanges, Model, WastedPath};
 use crate::rules::{self, Category, Finding, LayerRole, RuleOptions};
 use crate::source::Image;
+use oci::size::format_size;
 
 /// Everything `analyze` can be told.
 #[derive(Clone, Debug)]
@@ -231,8 +232,8 @@ pub fn render_text(r: &Report, st: Style) -> String {
         o,
         "  {} layers, {} compressed, {} uncompressed\n",
         r.layers.len(),
-        human_bytes(r.total_compressed),
-        human_bytes(r.total_uncompressed)
+        format_size(r.total_compressed),
+        format_size(r.total_uncompressed)
     );
     let _ = writeln!(o, "{}", st.bold("Layers"));
     let _ = writeln!(
@@ -247,8 +248,8 @@ pub fn render_text(r: &Report, st: Style) -> String {
             "  {:>3}  {:<12}  {:>10}  {:>10}  {:>6} {:>6} {:>6}  {:<9}  {}",
             l.index,
             short(&l.digest),
-            human_bytes(l.declared_size),
-            human_bytes(l.uncompressed_size),
+            format_size(l.declared_size),
+            format_size(l.uncompressed_size),
             l.changes.added,
             l.changes.changed,
             l.changes.deleted,
@@ -272,8 +273,8 @@ pub fn render_text(r: &Report, st: Style) -> String {
         o,
         "\n{} efficiency {eff}, wasted {} of {}",
         st.bold("Efficiency"),
-        human_bytes(e.wasted_bytes),
-        human_bytes(e.cumulative_bytes)
+        format_size(e.wasted_bytes),
+        format_size(e.cumulative_bytes)
     );
     for w in &r.wasted {
         let why = match w.deleted_in {
@@ -283,7 +284,7 @@ pub fn render_text(r: &Report, st: Style) -> String {
         let _ = writeln!(
             o,
             "  {:>10}  /{}  ({why}, layers {:?})",
-            human_bytes(w.wasted_bytes),
+            format_size(w.wasted_bytes),
             w.path,
             w.layers
         );
@@ -294,7 +295,7 @@ pub fn render_text(r: &Report, st: Style) -> String {
     }
     for f in &r.findings {
         let bytes = if f.bytes > 0 {
-            human_bytes(f.bytes)
+            format_size(f.bytes)
         } else {
             "-".into()
         };
@@ -312,7 +313,7 @@ pub fn render_text(r: &Report, st: Style) -> String {
             );
         }
         for (p, s) in &f.examples {
-            let _ = writeln!(o, "              {:>10}  /{}", human_bytes(*s), p);
+            let _ = writeln!(o, "              {:>10}  /{}", format_size(*s), p);
         }
         let _ = writeln!(o, "              {} {}", st.green("fix:"), f.fix);
     }
@@ -321,7 +322,7 @@ pub fn render_text(r: &Report, st: Style) -> String {
     let _ = writeln!(
         o,
         "  cold node pulls          {}",
-        human_bytes(c.cold_bytes)
+        format_size(c.cold_bytes)
     );
     let from = match (c.update_from_layer, c.update_assumed) {
         (Some(l), false) => format!(
@@ -334,7 +335,7 @@ pub fn render_text(r: &Report, st: Style) -> String {
     let _ = writeln!(
         o,
         "  code-only update pulls   {}  {}",
-        human_bytes(c.update_bytes),
+        format_size(c.update_bytes),
         st.dim(&from)
     );
     let bw = &c.bandwidths;
@@ -406,7 +407,7 @@ pub fn render_svg(r: &Report) -> String {
             r#"<text x="4" y="{}">layer {} ({})</text>"#,
             y + 15.0,
             l.index,
-            html_escape(&human_bytes(l.declared_size))
+            html_escape(&format_size(l.declared_size))
         );
         let mut x = left;
         for c in Category::ALL {
@@ -421,7 +422,7 @@ pub fn render_svg(r: &Report) -> String {
                 row - 6.0,
                 c.color(),
                 c.label(),
-                human_bytes(b)
+                format_size(b)
             );
             x += w;
         }
@@ -431,7 +432,7 @@ pub fn render_svg(r: &Report) -> String {
             r#"<text x="{:.1}" y="{}">{}</text>"#,
             x + 4.0,
             y + 15.0,
-            html_escape(&human_bytes(total))
+            html_escape(&format_size(total))
         );
     }
     let mut x = 4.0;
@@ -460,10 +461,10 @@ pub fn render_html(r: &Report) -> String {
         o,
         "<p>{} layers, {} compressed, {} uncompressed. Efficiency <b>{:.2} %</b>, wasted <b>{}</b>.</p>",
         r.layers.len(),
-        human_bytes(r.total_compressed),
-        human_bytes(r.total_uncompressed),
+        format_size(r.total_compressed),
+        format_size(r.total_uncompressed),
         e.efficiency * 100.0,
-        human_bytes(e.wasted_bytes)
+        format_size(e.wasted_bytes)
     );
     o.push_str("<h2>Where the bytes are</h2>");
     o.push_str(&render_svg(r));
@@ -472,12 +473,12 @@ pub fn render_html(r: &Report) -> String {
         let ex: Vec<String> = f
             .examples
             .iter()
-            .map(|(p, s)| format!("<code>/{}</code> {}", html_escape(p), human_bytes(*s)))
+            .map(|(p, s)| format!("<code>/{}</code> {}", html_escape(p), format_size(*s)))
             .collect();
         let _ = write!(
             o,
             "<tr><td class=n>{}</td><td>{}<br><small>{}</small></td><td>{}</td></tr>",
-            human_bytes(f.bytes),
+            format_size(f.bytes),
             html_escape(&f.title),
             ex.join("<br>"),
             html_escape(&f.fix)
@@ -489,8 +490,8 @@ pub fn render_html(r: &Report) -> String {
             o,
             "<tr><td>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td><td><code>{}</code></td></tr>",
             l.index,
-            human_bytes(l.declared_size),
-            human_bytes(l.uncompressed_size),
+            format_size(l.declared_size),
+            format_size(l.uncompressed_size),
             l.changes.added,
             l.changes.changed,
             l.changes.deleted,
@@ -502,10 +503,10 @@ pub fn render_html(r: &Report) -> String {
         o,
         "</table><h2>Distribution to {} nodes</h2><table><tr><th></th><th>bytes</th><th>direct</th><th>P2P</th></tr><tr><td>cold</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td></tr><tr><td>code-only update</td><td class=n>{}</td><td class=n>{}</td><td class=n>{}</td></tr></table>",
         c.cold.nodes,
-        human_bytes(c.cold_bytes),
+        format_size(c.cold_bytes),
         human_seconds(c.cold.direct_seconds),
         human_seconds(c.cold.p2p_seconds),
-        human_bytes(c.update_bytes),
+        format_size(c.update_bytes),
         human_seconds(c.update.direct_seconds),
         human_seconds(c.update.p2p_seconds)
     );

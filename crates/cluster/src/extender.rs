@@ -326,7 +326,7 @@ pub fn estimate(
     out
 }
 
-use crate::text::bytes as fmt_bytes;
+use oci::size::format_size;
 
 /// Whether the pod asks for warm nodes only.
 pub fn requires_warm(pod: &Pod) -> bool {
@@ -351,7 +351,7 @@ pub fn filter(
     if requires_warm(&args.pod) {
         let w = Workload::new(&pod_images(&args.pod), catalog);
         let est = estimate(&w, &names, inv, now, &ScoreConfig::default());
-        let total = fmt_bytes(w.total_bytes);
+        let total = format_size(w.total_bytes);
         let mut reasons: std::collections::HashMap<u64, String> = std::collections::HashMap::new();
         for e in est {
             let reason = match e.presence {
@@ -371,7 +371,7 @@ pub fn filter(
                         .or_insert_with(|| {
                             format!(
                                 "starling: missing {} of {} for {} image(s); require-warm",
-                                fmt_bytes(e.missing_bytes),
+                                format_size(e.missing_bytes),
                                 total,
                                 w.resolved.len()
                             )
@@ -515,13 +515,6 @@ pub fn rank(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fmt_bytes_units() {
-        assert_eq!(fmt_bytes(512), "512 B");
-        assert_eq!(fmt_bytes(1536), "1.5 KiB");
-        assert_eq!(fmt_bytes(3 * 1024 * 1024 * 1024), "3.0 GiB");
-    }
 
     #[test]
     fn pod_images_dedups_and_includes_init_containers() {

@@ -1,6 +1,7 @@
 //! Plain-text tables for the CLI (`starling nodes`, `starling where IMAGE`,
 //! `starling prewarm`): the binary fetches the JSON and prints these.
 
+use oci::size::format_size;
 use serde::{Deserialize, Serialize};
 
 use crate::inventory::{Holding, NodeStatus, NodeSummary};
@@ -13,22 +14,6 @@ pub struct WhereReply {
     pub manifest_digest: oci::Digest,
     pub total_bytes: u64,
     pub nodes: Vec<Holding>,
-}
-
-/// Human-readable bytes with binary units ("1.5 GiB").
-pub fn bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }
 
 fn status(s: NodeStatus) -> &'static str {
@@ -80,8 +65,8 @@ pub fn nodes_table(nodes: &[NodeSummary]) -> String {
             n.name.clone(),
             status(n.status).to_owned(),
             format!("{}s ago", n.seconds_since_heartbeat),
-            bytes(n.bytes_held),
-            bytes(n.cache_budget),
+            format_size(n.bytes_held),
+            format_size(n.cache_budget),
             n.images.to_string(),
             n.downloads_in_flight.to_string(),
         ]);
@@ -95,7 +80,7 @@ pub fn where_table(w: &WhereReply) -> String {
         "{} ({}, {})\n",
         w.image,
         w.manifest_digest,
-        bytes(w.total_bytes)
+        format_size(w.total_bytes)
     );
     if w.nodes.is_empty() {
         out.push_str("no node holds any of its bytes\n");
@@ -113,7 +98,7 @@ pub fn where_table(w: &WhereReply) -> String {
         rows.push(vec![
             h.node.clone(),
             status(h.status).to_owned(),
-            bytes(h.bytes_held),
+            format_size(h.bytes_held),
             format!("{pct:.1}%"),
         ]);
     }
@@ -131,8 +116,8 @@ pub fn job_table(v: &JobView) -> String {
     let mut out = format!(
         "job {}: {status}, {} of {}{}\n",
         v.job.id,
-        bytes(p.bytes_done),
-        bytes(p.bytes_total),
+        format_size(p.bytes_done),
+        format_size(p.bytes_total),
         p.eta_seconds
             .map(|e| format!(", ETA {e:.0} s"))
             .unwrap_or_default()
@@ -154,7 +139,11 @@ pub fn job_table(v: &JobView) -> String {
             NodeJobState::Failed { reason } => ("failed", reason.clone()),
             NodeJobState::DoesNotFit { needed, budget } => (
                 "does not fit",
-                format!("needs {}, cache budget {}", bytes(*needed), bytes(*budget)),
+                format!(
+                    "needs {}, cache budget {}",
+                    format_size(*needed),
+                    format_size(*budget)
+                ),
             ),
             NodeJobState::Cancelled => ("cancelled", String::new()),
             NodeJobState::Unknown => ("unknown", "node stopped reporting".into()),
@@ -162,7 +151,11 @@ pub fn job_table(v: &JobView) -> String {
         rows.push(vec![
             name.clone(),
             state.to_owned(),
-            format!("{} / {}", bytes(n.bytes_done), bytes(n.bytes_total)),
+            format!(
+                "{} / {}",
+                format_size(n.bytes_done),
+                format_size(n.bytes_total)
+            ),
             n.eta_seconds
                 .map(|e| format!("{e:.0} s"))
                 .unwrap_or_else(|| "-".into()),
@@ -202,10 +195,10 @@ mod tests {
         assert_eq!(
             where_table(&w),
             format!(
-                "docker.io/library/busybox:1.36 ({d}, 2.0 MiB)\n\
-                 NODE    STATUS   HELD       PERCENT\n\
-                 gpu-a   known    2.0 MiB    100.0%\n\
-                 gpu-bb  UNKNOWN  512.0 KiB  25.0%\n"
+                "docker.io/library/busybox:1.36 ({d}, 2.00 MiB)\n\
+                 NODE    STATUS   HELD        PERCENT\n\
+                 gpu-a   known    2.00 MiB    100.0%\n\
+                 gpu-bb  UNKNOWN  512.00 KiB  25.0%\n"
             )
         );
     }
@@ -231,8 +224,8 @@ mod tests {
         };
         assert_eq!(
             nodes_table(&[n]),
-            "NODE     STATUS  LAST SEEN  CACHED   BUDGET     IMAGES  DOWNLOADS\n\
-             dgx-017  known   3s ago     3.0 GiB  200.0 GiB  2       1\n"
+            "NODE     STATUS  LAST SEEN  CACHED    BUDGET      IMAGES  DOWNLOADS\n\
+             dgx-017  known   3s ago     3.00 GiB  200.00 GiB  2       1\n"
         );
     }
 }

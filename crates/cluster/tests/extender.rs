@@ -80,8 +80,8 @@ fn filter_with_require_warm_and_node_names() {
             "Nodes": null,
             "NodeNames": ["gpu-a"],
             "FailedNodes": {
-                "gpu-b": "starling: missing 2.0 GiB of 3.1 GiB for 2 image(s); require-warm",
-                "gpu-c": "starling: missing 3.1 GiB of 3.1 GiB for 2 image(s); require-warm",
+                "gpu-b": "starling: missing 2.00 GiB of 3.10 GiB for 2 image(s); require-warm",
+                "gpu-c": "starling: missing 3.10 GiB of 3.10 GiB for 2 image(s); require-warm",
                 "gpu-d": "starling: node unknown to the tracker (no agent report); require-warm",
                 "gpu-e": "starling: agent has not reported for over 60 s, cache contents unknown; require-warm"
             },

@@ -40,6 +40,23 @@ pub fn parse_size(s: &str) -> Result<u64, Error> {
     Ok(bytes as u64)
 }
 
+/// Renders a byte count for people, in binary units with two decimals: `812 B`,
+/// `1.50 GiB`. The one formatter behind every report, table and log line.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +81,17 @@ mod tests {
             let e = parse_size(bad).expect_err(bad);
             assert!(e.to_string().contains("invalid size"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn sizes_render_in_binary_units() {
+        assert_eq!(format_size(0), "0 B");
+        assert_eq!(format_size(1023), "1023 B");
+        assert_eq!(format_size(1536), "1.50 KiB");
+        assert_eq!(format_size(15 << 30), "15.00 GiB");
+        assert_eq!(format_size(u64::MAX), "16384.00 PiB");
+        // What the parser reads back is within the rounding of two decimals.
+        let shown = format_size(1_610_612_736);
+        assert_eq!(parse_size(&shown).expect("parses"), 1_610_612_736);
     }
 }

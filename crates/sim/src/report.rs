@@ -2,6 +2,7 @@
 //! bytes; a text table, JSON, and hand-written SVG charts (CDF of time-to-ready per
 //! strategy; time vs nodes when the scenario sweeps job sizes).
 
+use oci::size::format_size;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -284,21 +285,6 @@ pub fn peak_rss_kib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
-pub fn human_bytes(b: f64) -> String {
-    let units = ["B", "KB", "MB", "GB", "TB", "PB"];
-    let mut v = b;
-    let mut i = 0;
-    while v >= 1000.0 && i < units.len() - 1 {
-        v /= 1000.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{v:.0} B")
-    } else {
-        format!("{v:.2} {}", units[i])
-    }
-}
-
 pub fn human_secs(s: f64) -> String {
     if !s.is_finite() {
         "-".into()
@@ -317,11 +303,11 @@ impl Report {
             "scenario {}: {} nodes, image {}, pieces {}{}",
             self.scenario,
             self.nodes,
-            human_bytes(self.image_bytes as f64),
+            format_size(self.image_bytes),
             if self.piece_size == 0 {
                 "by the agent's rule".to_owned()
             } else {
-                human_bytes(self.piece_size as f64)
+                format_size(self.piece_size)
             },
             if self.quantum_ms > 0.0 {
                 format!(", quantum {} ms", self.quantum_ms)
@@ -349,9 +335,9 @@ impl Report {
                 human_secs(r.p99_s),
                 human_secs(r.max_s),
                 human_secs(r.bound_s),
-                human_bytes(r.registry_bytes),
-                human_bytes(r.cross_rack_bytes),
-                human_bytes(r.p2p_bytes),
+                format_size(r.registry_bytes as u64),
+                format_size(r.cross_rack_bytes as u64),
+                format_size(r.p2p_bytes as u64),
                 r.wall_s,
                 if r.stuck_nodes > 0 {
                     format!("  ({} nodes never ready)", r.stuck_nodes)
@@ -394,7 +380,7 @@ impl Report {
                     p.nodes,
                     human_secs(p.p50_s),
                     human_secs(p.max_s),
-                    human_bytes(p.registry_bytes)
+                    format_size(p.registry_bytes as u64)
                 );
             }
         }

@@ -176,6 +176,13 @@ pub struct AgentArgs {
     /// On shutdown, how long responses in flight may still run (default 10s).
     #[arg(long, env = "STARLING_SHUTDOWN_GRACE")]
     shutdown_grace: Option<humantime::Duration>,
+    /// Longest time to open a connection to a registry (default 5s).
+    #[arg(long, env = "STARLING_CONNECT_TIMEOUT")]
+    connect_timeout: Option<humantime::Duration>,
+    /// A registry body with no bytes for this long counts as dead and is resumed
+    /// elsewhere (default 20s).
+    #[arg(long, env = "STARLING_STALL_TIMEOUT")]
+    stall_timeout: Option<humantime::Duration>,
     /// Print the effective configuration as TOML (secrets redacted) and exit.
     #[arg(long)]
     print_config: bool,
@@ -329,6 +336,12 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     }
     if let Some(v) = a.shutdown_grace {
         cfg.shutdown_grace = v.into();
+    }
+    if let Some(v) = a.connect_timeout {
+        cfg.connect_timeout = v.into();
+    }
+    if let Some(v) = a.stall_timeout {
+        cfg.stall_timeout = v.into();
     }
     Ok(cfg)
 }

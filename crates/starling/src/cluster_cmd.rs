@@ -87,8 +87,11 @@ pub struct PrewarmArgs {
     /// Node pool (label starling.io/pool).
     #[arg(long)]
     pool: Option<String>,
-    #[arg(long)]
+    /// Warm only this many of the matching nodes (those already holding most of the
+    /// image first).
+    #[arg(long, conflicts_with = "percentage")]
     count: Option<u32>,
+    /// Warm only this share of the matching nodes, in (0, 100].
     #[arg(long)]
     percentage: Option<f64>,
     /// Nodes downloading at once after the seed.
@@ -106,6 +109,7 @@ pub struct PrewarmArgs {
     /// Keep the content pinned this long, e.g. 24h.
     #[arg(long)]
     pin_ttl: Option<humantime::Duration>,
+    /// Jobs with a higher priority are dispatched first.
     #[arg(long, default_value_t = 0)]
     priority: i32,
     /// Warm mutable tags (e.g. latest) anyway.

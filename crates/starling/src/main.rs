@@ -16,10 +16,21 @@ use clap::{Parser, Subcommand};
 #[command(name = "starling", version, about = "Container images to GPU nodes, fast: a caching P2P registry mirror on every node", long_about = None)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "agent=debug".
-    #[arg(long, global = true, env = "STARLING_LOG", default_value = "info")]
+    #[arg(
+        long,
+        global = true,
+        env = "STARLING_LOG",
+        default_value = "info",
+        help_heading = "Global options"
+    )]
     log: String,
     /// Log as JSON lines.
-    #[arg(long, global = true, env = "STARLING_LOG_JSON")]
+    #[arg(
+        long,
+        global = true,
+        env = "STARLING_LOG_JSON",
+        help_heading = "Global options"
+    )]
     log_json: bool,
     #[command(subcommand)]
     command: Command,
@@ -53,7 +64,8 @@ enum Command {
     /// Cluster PKI: create the CA, bootstrap tokens for joining nodes, certificates.
     #[command(subcommand)]
     Certs(certs_cmd::CertsCmd),
-    /// Self-contained demo: synthetic training image, origin, agent, cold and warm pulls.
+    /// Self-contained demo: a synthetic training image behind a rate-limited registry,
+    /// a tracker and N agents pulling it at once through the swarm, against the bound T*.
     Demo(demo::DemoArgs),
     /// Benchmarks that compare against a baseline in the same run.
     #[command(subcommand)]
