@@ -335,15 +335,12 @@ fn plan(specs: Option<&[oci::range::RangeSpec]>, total: u64) -> Result<Plan, Err
     }
 }
 
-/// Marker carried through `Error::Upstream` so the HTTP layer answers 416 with the
-/// `Content-Range: bytes */total` the spec asks for.
+/// A range that selects nothing answers 416 with the `Content-Range: bytes */total`
+/// the spec asks for.
 fn unsatisfiable(e: Error, total: u64) -> Error {
-    Error::Upstream {
-        registry: "range".into(),
-        status: 416,
-        code: Some(oci::ErrorCode::RangeInvalid),
-        message: format!("{e}; total={total}"),
-        retry_after: None,
+    Error::RangeNotSatisfiable {
+        total,
+        reason: e.to_string(),
     }
 }
 

@@ -335,11 +335,8 @@ pub(crate) fn store_err(e: store::Error) -> Error {
             digest,
             reason,
             retryable: false,
-        } => Error::ManifestInvalid(format!("blob {digest} failed verification: {reason}")),
-        other => Error::Transport {
-            registry: "cache".into(),
-            message: other.to_string(),
-        },
+        } => Error::CacheCorrupt(format!("blob {digest}: {reason}")),
+        other => Error::Cache(other.to_string()),
     }
 }
 

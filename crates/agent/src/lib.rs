@@ -28,7 +28,7 @@ use axum::Router;
 use http::{header, HeaderMap, Method, StatusCode};
 use oci::reference::{canonical_registry, validate_registry};
 use oci::upstream::{Credentials, Upstream, UpstreamConfig};
-use oci::{ErrorBody, ErrorCode};
+use oci::ErrorBody;
 use store::{Store, StoreConfig};
 use tracing::{debug, info, warn};
 
@@ -85,6 +85,38 @@ pub enum Error {
     /// unreadable, or the join failed.
     #[error("cluster identity: {0}")]
     Identity(#[from] identity::IdentityError),
+}
+
+impl Error {
+    /// Where the error came from (the parties a swarm agent talks to).
+    pub fn error_source(&self) -> oci::ErrorSource {
+        match self {
+            Error::Config(_) | Error::Listen { .. } | Error::Runtime(_) | Error::Identity(_) => {
+                oci::ErrorSource::Internal
+            }
+            Error::Store(e) => e.error_source(),
+            Error::Oci(e) => e.error_source(),
+            Error::Peer { .. } => oci::ErrorSource::Peer,
+            // Assignments come from the tracker; a refused one is its request's fault.
+            Error::Tracker { .. } | Error::Prewarm(_) => oci::ErrorSource::Tracker,
+        }
+    }
+
+    /// Whether falling back makes sense: to another peer or the registry after a peer
+    /// or tracker failure, to another source after a retryable content error. Not for
+    /// configuration, identity or a refused assignment.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Peer { .. } | Error::Tracker { .. } => true,
+            Error::Store(e) => e.is_retryable(),
+            Error::Oci(e) => e.is_retryable(),
+            Error::Config(_)
+            | Error::Listen { .. }
+            | Error::Prewarm(_)
+            | Error::Runtime(_)
+            | Error::Identity(_) => false,
+        }
+    }
 }
 
 /// Reads a response body, refusing more than `max` bytes (network input is bounded
@@ -604,26 +636,32 @@ pub fn error_response(e: &oci::Error) -> Response {
     {
         builder = builder.header(header::RETRY_AFTER, ra.as_secs().max(1));
     }
-    if let oci::Error::Upstream {
-        status: 416,
-        message,
-        ..
-    } = e
-    {
-        if let Some(total) = message.rsplit("total=").next() {
-            builder = builder.header(header::CONTENT_RANGE, format!("bytes */{total}"));
-        }
+    if let oci::Error::RangeNotSatisfiable { total, .. } = e {
+        builder = builder.header(header::CONTENT_RANGE, format!("bytes */{total}"));
     }
     if status == 401 {
         builder = builder.header(header::WWW_AUTHENTICATE, "Basic realm=\"starling\"");
     }
     let message = match e {
-        oci::Error::Upstream { status: 416, .. } => "requested range not satisfiable".to_owned(),
+        oci::Error::RangeNotSatisfiable { .. } => "requested range not satisfiable".to_owned(),
         other => other.to_string(),
     };
     builder
         .body(Body::from(ErrorBody::single(code, message).to_json()))
         .or_internal_error()
+}
+
+/// The client's error answer, counted by where the error came from.
+fn failed(agent: &Agent, e: &oci::Error) -> Response {
+    agent
+        .metrics
+        .error_responses
+        .get_or_create(&metrics::ErrorLabels {
+            source: e.error_source().as_str(),
+            retryable: e.is_retryable(),
+        })
+        .inc();
+    error_response(e)
 }
 
 /// Content fetched with this agent's registry credentials is served over `/v2` to
@@ -635,15 +673,14 @@ fn refuse_remote_client(agent: &Agent, client: Option<server::ClientAddr>) -> Op
         return None;
     }
     debug!(client = %peer, "mirror request from another host refused: this agent holds registry credentials");
-    Some(error_response(&oci::Error::Upstream {
-        registry: "-".into(),
-        status: 403,
-        code: Some(ErrorCode::Denied),
-        message: "this mirror serves local clients only: it holds registry credentials \
-                  (mirror_remote_clients = true to serve other hosts)"
-            .into(),
-        retry_after: None,
-    }))
+    Some(failed(
+        agent,
+        &oci::Error::ClientDenied(
+            "this mirror serves local clients only: it holds registry credentials \
+         (mirror_remote_clients = true to serve other hosts)"
+                .into(),
+        ),
+    ))
 }
 
 async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response {
@@ -658,16 +695,10 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
     }
     let route = match routes::parse(&path) {
         None => {
-            let r = error_response(&oci::Error::Upstream {
-                registry: "-".into(),
-                status: 404,
-                code: Some(ErrorCode::NameUnknown),
-                message: format!("no such route {path:.200}"),
-                retry_after: None,
-            });
+            let r = failed(&agent, &oci::Error::RouteUnknown(format!("{path:.200}")));
             return record(&agent, "unknown", r);
         }
-        Some(Err(e)) => return record(&agent, "invalid", error_response(&e)),
+        Some(Err(e)) => return record(&agent, "invalid", failed(&agent, &e)),
         Some(Ok(r)) => r,
     };
     let label = route.label();
@@ -694,8 +725,8 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
     {
         Ok(r) => r,
         Err(e) => {
-            debug!(%path, error = %e, "request failed");
-            error_response(&e)
+            debug!(%path, error = %e, source = e.error_source().as_str(), "request failed");
+            failed(&agent, &e)
         }
     };
     let mut resp = record(&agent, label, resp);

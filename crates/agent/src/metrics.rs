@@ -7,6 +7,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// Where an error answered to a client came from, and whether the agent could have
+/// fallen back (`oci::ErrorSource`, `is_retryable`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub source: &'static str,
+    pub retryable: bool,
+}
+
 /// A fixed reason label (`pki::Error::reason`, "timeout"): bounded cardinality.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -43,6 +51,7 @@ pub struct Metrics {
     /// Connections closed at accept because `max_connections` were open.
     pub connections_refused: Counter,
     pub connections_open: Gauge,
+    pub error_responses: Family<ErrorLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -64,6 +73,12 @@ impl Default for Metrics {
         let disk_full = Counter::default();
         let connections_refused = Counter::default();
         let connections_open = Gauge::default();
+        let error_responses = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "error_responses",
+            "Error answers to clients by where the error came from (client, upstream, cache, ...)",
+            error_responses.clone(),
+        );
         registry.register(
             "connections_refused",
             "Connections closed as they arrived because max_connections were open",
@@ -146,6 +161,7 @@ impl Default for Metrics {
             disk_full,
             connections_refused,
             connections_open,
+            error_responses,
         }
     }
 }

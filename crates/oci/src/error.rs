@@ -86,6 +86,38 @@ impl ErrorBody {
     }
 }
 
+/// Where an error came from (pingora's `ErrorSource`, with the parties a mirror in a
+/// swarm talks to): what to blame in a log line or a metric, and who can fix it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorSource {
+    /// The request itself: a bad name, digest, range or route; a refused client.
+    Client,
+    /// The upstream registry: its answers, its connection, its TLS, its credentials.
+    Upstream,
+    /// Another agent in the swarm.
+    Peer,
+    /// The tracker.
+    Tracker,
+    /// This node's cache or disk.
+    Cache,
+    /// This process: configuration, a bug, an exhausted resource.
+    Internal,
+}
+
+impl ErrorSource {
+    /// A fixed metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorSource::Client => "client",
+            ErrorSource::Upstream => "upstream",
+            ErrorSource::Peer => "peer",
+            ErrorSource::Tracker => "tracker",
+            ErrorSource::Cache => "cache",
+            ErrorSource::Internal => "internal",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("invalid digest: {0}")]
@@ -104,6 +136,24 @@ pub enum Error {
     ManifestInvalid(String),
     #[error("invalid range: {0}")]
     RangeInvalid(String),
+    /// A well-formed Range that selects nothing of a `total`-byte blob: 416 with
+    /// `Content-Range: bytes */total`.
+    #[error("range not satisfiable for {total} bytes: {reason}")]
+    RangeNotSatisfiable { total: u64, reason: String },
+    /// A path that is no distribution-spec route.
+    #[error("no such route {0}")]
+    RouteUnknown(String),
+    /// The client may not use this endpoint (e.g. another host asking a mirror that
+    /// holds registry credentials).
+    #[error("{0}")]
+    ClientDenied(String),
+    /// The local cache could not store or read content.
+    #[error("cache: {0}")]
+    Cache(String),
+    /// Content in the cache failed verification when read back: it is not served, and
+    /// fetching it again can succeed.
+    #[error("cached content failed verification: {0}")]
+    CacheCorrupt(String),
     /// A size in configuration or on a command line (`512MiB`, `2GB`, `4096`).
     #[error("invalid size {0}")]
     SizeInvalid(String),
@@ -155,7 +205,37 @@ impl Error {
             Self::Transport { .. } | Self::Timeout { .. } | Self::Io(_) => true,
             Self::Upstream { status, .. } => *status == 429 || *status >= 500,
             Self::DigestMismatch { .. } | Self::SizeMismatch { .. } => true,
+            Self::Cache(_) | Self::CacheCorrupt(_) => true,
             _ => false,
+        }
+    }
+
+    /// Where the error came from.
+    pub fn error_source(&self) -> ErrorSource {
+        match self {
+            Self::DigestInvalid(_)
+            | Self::Unsupported(_)
+            | Self::NameInvalid(_)
+            | Self::TagInvalid(_)
+            | Self::RangeInvalid(_)
+            | Self::RangeNotSatisfiable { .. }
+            | Self::RouteUnknown(_)
+            | Self::ClientDenied(_) => ErrorSource::Client,
+            // Bytes that do not match their digest came from whoever sent them: the
+            // upstream here (peers' pieces are checked by the swarm with their own errors).
+            Self::DigestMismatch { .. }
+            | Self::SizeMismatch { .. }
+            | Self::ManifestInvalid(_)
+            | Self::Upstream { .. }
+            | Self::Transport { .. }
+            | Self::Timeout { .. }
+            | Self::Auth { .. }
+            | Self::TooLarge { .. }
+            | Self::Tls { .. } => ErrorSource::Upstream,
+            // A registry outside the allow-list was asked for by the request.
+            Self::Denied { .. } => ErrorSource::Client,
+            Self::Cache(_) | Self::CacheCorrupt(_) => ErrorSource::Cache,
+            Self::SizeInvalid(_) | Self::TlsConfig { .. } | Self::Io(_) => ErrorSource::Internal,
         }
     }
 
@@ -168,6 +248,12 @@ impl Error {
             Self::TagInvalid(_) => (400, ErrorCode::ManifestInvalid),
             Self::ManifestInvalid(_) => (502, ErrorCode::ManifestInvalid),
             Self::RangeInvalid(_) => (400, ErrorCode::RangeInvalid),
+            Self::RangeNotSatisfiable { .. } => (416, ErrorCode::RangeInvalid),
+            Self::RouteUnknown(_) => (404, ErrorCode::NameUnknown),
+            Self::ClientDenied(_) => (403, ErrorCode::Denied),
+            // As for the upstream's faults: a gateway error, so clients move to their next
+            // host (containerd falls back to the registry).
+            Self::Cache(_) | Self::CacheCorrupt(_) => (502, ErrorCode::Unavailable),
             Self::SizeInvalid(_) => (400, ErrorCode::Unsupported),
             // The upstream sent wrong bytes: a gateway fault, so clients move to their next host.
             Self::DigestMismatch { .. } | Self::SizeMismatch { .. } => {
@@ -222,5 +308,81 @@ impl Error {
 
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::Upstream { status: 404, .. })
+    }
+}
+
+#[cfg(test)]
+mod source_tests {
+    use super::*;
+
+    #[test]
+    fn errors_say_where_they_came_from_and_whether_to_fall_back() {
+        let upstream_503 = Error::Upstream {
+            registry: "r.example".into(),
+            status: 503,
+            code: None,
+            message: "busy".into(),
+            retry_after: None,
+        };
+        let cases: Vec<(Error, ErrorSource, bool, u16)> = vec![
+            (
+                Error::RouteUnknown("/x".into()),
+                ErrorSource::Client,
+                false,
+                404,
+            ),
+            (
+                Error::ClientDenied("no".into()),
+                ErrorSource::Client,
+                false,
+                403,
+            ),
+            (
+                Error::RangeNotSatisfiable {
+                    total: 10,
+                    reason: "start beyond end".into(),
+                },
+                ErrorSource::Client,
+                false,
+                416,
+            ),
+            (upstream_503, ErrorSource::Upstream, true, 502),
+            (
+                Error::Transport {
+                    registry: "r".into(),
+                    message: "reset".into(),
+                },
+                ErrorSource::Upstream,
+                true,
+                502,
+            ),
+            (Error::Cache("disk".into()), ErrorSource::Cache, true, 502),
+            (
+                Error::CacheCorrupt("bad".into()),
+                ErrorSource::Cache,
+                true,
+                502,
+            ),
+            (
+                Error::Denied {
+                    registry: "169.254.169.254".into(),
+                    message: "not allowed".into(),
+                },
+                ErrorSource::Client,
+                false,
+                403,
+            ),
+            (
+                Error::SizeInvalid("x".into()),
+                ErrorSource::Internal,
+                false,
+                400,
+            ),
+        ];
+        for (e, source, retryable, status) in cases {
+            assert_eq!(e.error_source(), source, "{e}");
+            assert_eq!(e.is_retryable(), retryable, "{e}");
+            assert_eq!(e.oci_status().0, status, "{e}");
+        }
     }
 }

@@ -11,7 +11,7 @@ pub mod reference;
 pub mod size;
 
 pub use digest::{Digest, Verifier};
-pub use error::{Error, ErrorBody, ErrorCode};
+pub use error::{Error, ErrorBody, ErrorCode, ErrorSource};
 pub use media::{Descriptor, Manifest, Platform};
 pub use reference::{ImageReference, ManifestRef};
 pub mod upstream;

@@ -29,6 +29,27 @@ impl Error {
         }
     }
 
+    /// Where the error came from: the bytes' sender for content errors and failed
+    /// downloads (the writer's source: registry or peers), this node's disk otherwise.
+    pub fn error_source(&self) -> oci::ErrorSource {
+        match self {
+            Self::Content(e) => e.error_source(),
+            Self::DownloadFailed { .. } => oci::ErrorSource::Upstream,
+            Self::Io { .. } | Self::Db(_) | Self::DiskFull { .. } => oci::ErrorSource::Cache,
+        }
+    }
+
+    /// Whether another attempt (another reader joining, another source) can succeed:
+    /// the download's own verdict, or the content error's.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Content(e) => e.is_retryable(),
+            Self::DownloadFailed { retryable, .. } => *retryable,
+            Self::Io { .. } | Self::Db(_) => true,
+            Self::DiskFull { .. } => false,
+        }
+    }
+
     pub fn is_disk_full(&self) -> bool {
         match self {
             Self::DiskFull { .. } => true,
