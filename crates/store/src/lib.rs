@@ -11,11 +11,14 @@
 //! - Pinned content, blobs being written and blobs being served are never evicted.
 #![forbid(unsafe_code)]
 
+mod catalog;
 mod error;
+mod eviction;
 pub mod gc;
 pub mod inflight;
 pub mod meta;
 mod piecewise;
+mod space;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
@@ -25,7 +28,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -399,191 +401,12 @@ impl Store {
         Ok(Begin::Lead(writer))
     }
 
-    /// Ensures `needed` more bytes fit in the budget and on the disk, evicting if needed.
-    pub fn make_room(&self, needed: u64) -> Result<(), Error> {
-        self.make_room_excluding(needed, None)
-    }
-
-    fn used_excluding(&self, exclude: Option<&Digest>) -> u64 {
-        let st = self.inner.state.lock();
-        st.index.values().map(|r| r.size).sum::<u64>()
-            + st.inflight
-                .iter()
-                .filter(|(d, _)| Some(*d) != exclude)
-                .map(|(_, i)| {
-                    let p = i.progress.borrow();
-                    p.total.unwrap_or(p.written)
-                })
-                .sum::<u64>()
-    }
-
-    /// Bytes other downloads still have to write: the disk must keep room for them,
-    /// or concurrent downloads that each fit would together fill it.
-    fn promised_excluding(&self, exclude: Option<&Digest>) -> u64 {
-        let st = self.inner.state.lock();
-        st.inflight
-            .iter()
-            .filter(|(d, _)| Some(*d) != exclude)
-            .map(|(_, i)| {
-                let p = i.progress.borrow();
-                p.total.unwrap_or(p.written).saturating_sub(p.written)
-            })
-            .sum()
-    }
-
     pub(crate) fn make_room_excluding_pub(
         &self,
         needed: u64,
         exclude: Option<&Digest>,
     ) -> Result<(), Error> {
         self.make_room_excluding(needed, exclude)
-    }
-
-    fn make_room_excluding(&self, needed: u64, exclude: Option<&Digest>) -> Result<(), Error> {
-        let cfg = &self.inner.cfg;
-        let used = self.used_excluding(exclude);
-        if used + needed > (cfg.budget_bytes as f64 * cfg.high_watermark) as u64 {
-            let target =
-                ((cfg.budget_bytes as f64 * cfg.low_watermark) as u64).saturating_sub(needed);
-            self.gc_to(target)?;
-        }
-        let needed_on_disk = needed + cfg.min_free_bytes + self.promised_excluding(exclude);
-        let mut free = available_space(&cfg.root).unwrap_or(u64::MAX);
-        if free < needed_on_disk && self.sweep_partials(std::time::Duration::ZERO) > 0 {
-            free = available_space(&cfg.root).unwrap_or(u64::MAX);
-        }
-        if free < needed_on_disk {
-            let over = needed_on_disk - free;
-            let used = self.used_excluding(exclude);
-            self.gc_to(used.saturating_sub(over))?;
-            let free = available_space(&cfg.root).unwrap_or(u64::MAX);
-            if free < needed_on_disk {
-                return Err(Error::DiskFull { needed, free });
-            }
-        }
-        let used = self.used_excluding(exclude);
-        if used + needed > cfg.budget_bytes {
-            return Err(Error::DiskFull {
-                needed,
-                free: cfg.budget_bytes.saturating_sub(used),
-            });
-        }
-        Ok(())
-    }
-
-    /// Stores a manifest (small; written whole). The caller has verified its digest.
-    pub fn put_manifest(
-        &self,
-        d: &Digest,
-        media_type: &str,
-        bytes: &[u8],
-        children: Vec<Digest>,
-    ) -> Result<(), Error> {
-        if Digest::of(bytes) != *d {
-            return Err(oci::Error::DigestMismatch {
-                expected: d.clone(),
-                actual: Digest::of(bytes),
-            }
-            .into());
-        }
-        if self
-            .stat(d)
-            .is_some_and(|r| r.media_type.as_deref() == Some(media_type))
-        {
-            return Ok(());
-        }
-        let path = self.blob_path(d);
-        let tmp = self.inner.partial_dir.join(format!("{}.manifest", d.hex()));
-        std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-        let rec = BlobRecord {
-            size: bytes.len() as u64,
-            media_type: Some(media_type.to_owned()),
-            children: children.iter().map(|c| c.to_string()).collect(),
-            last_access: now_secs(),
-            created: now_secs(),
-            source: "registry".into(),
-        };
-        meta::put(&self.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
-        self.inner.state.lock().index.insert(d.clone(), rec);
-        Ok(())
-    }
-
-    /// A cached manifest: media type and exact bytes.
-    pub fn get_manifest(&self, d: &Digest) -> Result<Option<(String, Bytes)>, Error> {
-        let media_type = {
-            let mut st = self.inner.state.lock();
-            let Some(mt) = st.index.get(d).and_then(|r| r.media_type.clone()) else {
-                return Ok(None);
-            };
-            self.touch(&mut st, d);
-            mt
-        };
-        let path = self.blob_path(d);
-        match std::fs::read(&path) {
-            Ok(b) if Digest::of(&b) == *d => Ok(Some((media_type, Bytes::from(b)))),
-            Ok(_) => {
-                warn!(digest = %d, "cached manifest corrupt on disk; dropping it");
-                std::fs::remove_file(&path).ok();
-                self.forget(d)?;
-                Ok(None)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                self.forget(d)?;
-                Ok(None)
-            }
-            Err(e) => Err(Error::io(&path, e)),
-        }
-    }
-
-    pub fn put_tag(&self, rec: &TagRecord) -> Result<(), Error> {
-        meta::put(&self.inner.db, meta::TAGS, &rec.key(), rec)
-    }
-
-    /// Every media type this tag was last seen as.
-    pub fn tags(&self, registry: &str, repo: &str, tag: &str) -> Result<Vec<TagRecord>, Error> {
-        Ok(meta::scan(
-            &self.inner.db,
-            meta::TAGS,
-            &meta::tag_prefix(registry, repo, tag),
-        )?
-        .into_iter()
-        .map(|(_, v)| v)
-        .collect())
-    }
-
-    pub fn all_tags(&self) -> Result<Vec<TagRecord>, Error> {
-        Ok(meta::scan(&self.inner.db, meta::TAGS, "")?
-            .into_iter()
-            .map(|(_, v)| v)
-            .collect())
-    }
-
-    /// Pins a manifest and everything it references until `until` (Unix seconds).
-    pub fn pin(&self, d: &Digest, until: Option<u64>, reason: &str) -> Result<(), Error> {
-        let rec = PinRecord {
-            until,
-            reason: reason.to_owned(),
-        };
-        meta::put(&self.inner.db, meta::PINS, &d.to_string(), &rec)?;
-        self.inner.state.lock().pins.insert(d.clone(), rec);
-        Ok(())
-    }
-
-    pub fn unpin(&self, d: &Digest) -> Result<(), Error> {
-        meta::remove(&self.inner.db, meta::PINS, &[d.to_string()])?;
-        self.inner.state.lock().pins.remove(d);
-        Ok(())
-    }
-
-    pub fn pins(&self) -> Vec<(Digest, PinRecord)> {
-        self.inner
-            .state
-            .lock()
-            .pins
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
     }
 
     /// Downloads in progress: digest, bytes on disk in order, total when known.
@@ -611,33 +434,6 @@ impl Store {
             .collect()
     }
 
-    pub fn usage(&self) -> Usage {
-        let st = self.inner.state.lock();
-        let complete_bytes: u64 = st.index.values().map(|r| r.size).sum();
-        let inflight_bytes: u64 = st
-            .inflight
-            .values()
-            .map(|i| {
-                i.progress
-                    .borrow()
-                    .total
-                    .unwrap_or(i.progress.borrow().written)
-            })
-            .sum();
-        Usage {
-            budget_bytes: self.inner.cfg.budget_bytes,
-            used_bytes: complete_bytes + inflight_bytes,
-            complete_blobs: st.index.len() as u64,
-            complete_bytes,
-            inflight: st.inflight.len() as u64,
-            inflight_bytes,
-            pinned_manifests: st.pins.len() as u64,
-            evictions: st.evictions,
-            evicted_bytes: st.evicted_bytes,
-            free_disk_bytes: available_space(&self.inner.cfg.root).unwrap_or(0),
-        }
-    }
-
     /// Writes batched access times to the database.
     pub fn flush_access(&self) -> Result<(), Error> {
         let items: Vec<(String, BlobRecord)> = {
@@ -652,119 +448,6 @@ impl Store {
             return Ok(());
         }
         meta::put_many(&self.inner.db, meta::BLOBS, &items)
-    }
-
-    /// Runs GC if usage is above the high watermark.
-    pub fn maybe_gc(&self) -> Result<gc::GcReport, Error> {
-        self.sweep_partials(PARTIAL_IDLE_LIMIT);
-        let cfg = &self.inner.cfg;
-        let used = self.usage().used_bytes;
-        if used as f64 > cfg.budget_bytes as f64 * cfg.high_watermark {
-            self.gc_to((cfg.budget_bytes as f64 * cfg.low_watermark) as u64)
-        } else {
-            Ok(gc::GcReport::default())
-        }
-    }
-
-    /// Deletes partial downloads nobody is writing that were last touched `idle_for`
-    /// ago or earlier, and returns the bytes freed. A partial is only worth its space
-    /// while a resume is likely; abandoned ones would otherwise fill the disk forever.
-    pub fn sweep_partials(&self, idle_for: std::time::Duration) -> u64 {
-        let Ok(entries) = std::fs::read_dir(&self.inner.partial_dir) else {
-            return 0;
-        };
-        // Under the state lock: `begin` opens partial files under it too, so a download
-        // cannot start on a file that is being deleted.
-        let st = self.inner.state.lock();
-        let cutoff = std::time::SystemTime::now()
-            .checked_sub(idle_for)
-            .unwrap_or(std::time::UNIX_EPOCH);
-        let mut freed = 0;
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let hex = name.split('.').next().unwrap_or_default();
-            let busy =
-                Digest::parse(&format!("sha256:{hex}")).is_ok_and(|d| st.inflight.contains_key(&d));
-            let Ok(meta) = e.metadata() else { continue };
-            if busy || meta.modified().is_ok_and(|m| m > cutoff) {
-                continue;
-            }
-            if std::fs::remove_file(e.path()).is_ok() {
-                freed += meta.len();
-            }
-        }
-        if freed > 0 {
-            info!(bytes = freed, "removed abandoned partial downloads");
-        }
-        freed
-    }
-
-    /// Evicts least-recently-used unprotected blobs until usage ≤ `target` bytes.
-    pub fn gc_to(&self, target: u64) -> Result<gc::GcReport, Error> {
-        let victims = {
-            let st = self.inner.state.lock();
-            let now = now_secs();
-            let roots: Vec<Digest> = st
-                .pins
-                .iter()
-                .filter(|(_, p)| p.until.is_none_or(|u| u > now))
-                .map(|(d, _)| d.clone())
-                .collect();
-            let protected = gc::closure(&roots, |d| {
-                st.index
-                    .get(d)
-                    .map(|r| r.children.clone())
-                    .unwrap_or_default()
-            });
-            let used: u64 = st.index.values().map(|r| r.size).sum::<u64>()
-                + st.inflight
-                    .values()
-                    .map(|i| i.progress.borrow().total.unwrap_or(0))
-                    .sum::<u64>();
-            let candidates = st
-                .index
-                .iter()
-                .filter(|(d, _)| {
-                    !protected.contains(*d)
-                        && !st.serving.contains_key(*d)
-                        && !st.inflight.contains_key(*d)
-                })
-                .map(|(d, r)| gc::Candidate {
-                    digest: d.clone(),
-                    size: r.size,
-                    last_access: r.last_access,
-                });
-            gc::choose_victims(candidates, used, target)
-        };
-        let mut report = gc::GcReport::default();
-        if victims.is_empty() {
-            return Ok(report);
-        }
-        let mut keys = Vec::new();
-        {
-            let mut st = self.inner.state.lock();
-            for v in &victims {
-                // Re-check under the lock: a reader may have opened it meanwhile.
-                if st.serving.contains_key(&v.digest) || st.inflight.contains_key(&v.digest) {
-                    continue;
-                }
-                if let Some(rec) = st.index.remove(&v.digest) {
-                    report.evicted += 1;
-                    report.bytes += rec.size;
-                    keys.push(v.digest.to_string());
-                    std::fs::remove_file(self.blob_path(&v.digest)).ok();
-                }
-            }
-            st.evictions += report.evicted;
-            st.evicted_bytes += report.bytes;
-        }
-        meta::remove(&self.inner.db, meta::BLOBS, &keys)?;
-        info!(
-            evicted = report.evicted,
-            bytes = report.bytes,
-            "gc evicted blobs"
-        );
-        Ok(report)
     }
 }
 
@@ -781,10 +464,4 @@ fn verify_file(path: &Path, d: &Digest) -> Result<(), Error> {
         v.update(&buf[..n]);
     }
     Ok(v.finish()?)
-}
-
-/// Bytes an unprivileged writer may still use on the filesystem holding `path`.
-fn available_space(path: &std::path::Path) -> std::io::Result<u64> {
-    let st = rustix::fs::statvfs(path)?;
-    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
