@@ -473,24 +473,12 @@ async fn peers_are_the_node_of_their_certificate_whatever_hello_says() {
     );
 
     // The holder counted the foreign certificate's refusal by reason.
-    let metrics = reqwest::get(format!("{}/metrics", agent.url()))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
-    let unknown_ca = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(
-                "starling_agent_p2p_tls_handshakes_refused_total{reason=\"unknown_ca\"} ",
-            )
-        })
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    assert!(
-        unknown_ca.is_some_and(|n| n >= 1),
-        "no unknown_ca refusal counted:\n{metrics}"
-    );
+    let unknown_ca = common::metric(
+        &agent.url(),
+        "starling_agent_p2p_tls_handshakes_refused_total{reason=\"unknown_ca\"}",
+    )
+    .await;
+    assert!(unknown_ca >= 1, "no unknown_ca refusal counted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -479,11 +479,7 @@ async fn metrics_text(client: &reqwest::Client, tracker: &str) -> String {
 
 /// The value of `name{reason="reason"}` in an OpenMetrics text, 0 when absent.
 fn counter(metrics: &str, name: &str, reason: &str) -> u64 {
-    let prefix = format!("{name}{{reason=\"{reason}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map_or(0, |v| v.trim().parse().expect("counter value"))
+    common::sum_samples(metrics, &format!("{name}{{reason=\"{reason}\"}} "))
 }
 
 /// Issue 12: joining is the one route anyone may call, so each client address gets a

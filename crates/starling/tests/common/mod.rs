@@ -90,8 +90,14 @@ pub async fn metric(base_url: &str, name: &str) -> u64 {
         .text()
         .await
         .expect("metrics body");
+    sum_samples(&text, name)
+}
+
+/// Sum of the samples in an OpenMetrics text whose series starts with `series`: a
+/// metric name (all its label sets) or a name with its labels (`x_total{reason="a"}`).
+pub fn sum_samples(text: &str, series: &str) -> u64 {
     text.lines()
-        .filter(|l| l.starts_with(name))
+        .filter(|l| l.starts_with(series))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
