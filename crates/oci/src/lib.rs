@@ -5,6 +5,7 @@
 
 pub mod digest;
 pub mod error;
+pub mod layout;
 pub mod media;
 pub mod range;
 pub mod reference;

@@ -8,65 +8,46 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use oci::{Descriptor, Digest};
-use serde::Deserialize;
 
 use crate::Error;
 
-/// The annotation carrying a tag in `index.json`.
-pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+pub use oci::layout::REF_NAME;
 
 /// Largest manifest the origin will serve (manifests are read into memory).
 pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
 
+/// A layout served read-only: [`oci::layout::Layout`] for the index and paths, plus the
+/// async blob access the server streams from.
 #[derive(Clone, Debug)]
 pub struct Layout {
-    root: PathBuf,
+    layout: oci::layout::Layout,
 }
 
-#[derive(Deserialize)]
-struct IndexJson {
-    #[serde(default)]
-    manifests: Vec<Descriptor>,
+fn layout_err(root: &Path) -> impl Fn(oci::Error) -> Error + '_ {
+    move |e| Error::Layout {
+        path: root.to_owned(),
+        reason: e.to_string(),
+    }
 }
 
 impl Layout {
     /// Opens a layout, checking that `oci-layout` and `index.json` are present and valid.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, Error> {
         let root = root.into();
-        let marker = root.join("oci-layout");
-        let text = std::fs::read(&marker).map_err(Error::io(&marker))?;
-        let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| Error::Layout {
-            path: root.clone(),
-            reason: format!("oci-layout: {e}"),
-        })?;
-        if v.get("imageLayoutVersion")
-            .and_then(|v| v.as_str())
-            .is_none()
-        {
-            return Err(Error::Layout {
-                path: root,
-                reason: "oci-layout lacks imageLayoutVersion".into(),
-            });
-        }
-        let layout = Self { root };
+        let layout = oci::layout::Layout::open(&root).map_err(layout_err(&root))?;
+        let layout = Self { layout };
         layout.index()?;
         Ok(layout)
     }
 
     pub fn root(&self) -> &Path {
-        &self.root
+        self.layout.root()
     }
 
     /// The descriptors listed in `index.json` (read on every call: cheap, and a layout
     /// rewritten while served is picked up).
     pub fn index(&self) -> Result<Vec<Descriptor>, Error> {
-        let path = self.root.join("index.json");
-        let text = std::fs::read(&path).map_err(Error::io(&path))?;
-        let idx: IndexJson = serde_json::from_slice(&text).map_err(|e| Error::Layout {
-            path: self.root.clone(),
-            reason: format!("index.json: {e}"),
-        })?;
-        Ok(idx.manifests)
+        self.layout.index().map_err(layout_err(self.root()))
     }
 
     /// Tag → descriptor, from the `org.opencontainers.image.ref.name` annotations.
@@ -74,12 +55,7 @@ impl Layout {
     pub fn tags(&self) -> Result<BTreeMap<String, Descriptor>, Error> {
         let mut out = BTreeMap::new();
         for d in self.index()? {
-            if let Some(tag) = d
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(REF_NAME))
-                .cloned()
-            {
+            if let Some(tag) = oci::layout::Layout::tag_of(&d).map(str::to_owned) {
                 out.entry(tag).or_insert(d);
             }
         }
@@ -87,7 +63,7 @@ impl Layout {
     }
 
     pub fn blob_path(&self, digest: &Digest) -> PathBuf {
-        self.root.join("blobs").join("sha256").join(digest.hex())
+        self.layout.blob_path(digest)
     }
 
     /// Opens a blob for reading and returns it with its length; `Ok(None)` if absent

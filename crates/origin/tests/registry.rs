@@ -629,9 +629,10 @@ async fn bind_rejects_a_directory_that_is_not_a_layout() {
         egress_limit_bytes_per_sec: None,
         repository: None,
     };
+    // Named as what it is: not a layout (no oci-layout marker).
     assert!(matches!(
         origin::bind(cfg).await,
-        Err(origin::Error::Io { .. })
+        Err(origin::Error::Layout { ref reason, .. }) if reason.contains("not an OCI image layout")
     ));
 }
 

@@ -243,64 +243,44 @@ fn blobs_from_oci_layout(
     dir: &Path,
     reference: Option<&str>,
 ) -> Result<(Option<Layer>, Vec<Layer>), Error> {
-    let read = |p: &Path| -> Result<serde_json::Value, Error> {
-        let text = std::fs::read(p).map_err(|e| Error::Io(format!("{}: {e}", p.display())))?;
-        serde_json::from_slice(&text).map_err(|e| Error::Scenario(format!("{}: {e}", p.display())))
+    let scenario_err = |e: oci::Error| Error::Scenario(format!("{}: {e}", dir.display()));
+    let layout = oci::layout::Layout::open(dir).map_err(scenario_err)?;
+    let read = |d: &oci::Descriptor| -> Result<oci::Manifest, Error> {
+        oci::Manifest::parse(&layout.read_json_blob(d).map_err(scenario_err)?).map_err(scenario_err)
     };
-    let blob = |digest: &str| -> Result<serde_json::Value, Error> {
-        let d = oci::Digest::parse(digest)
-            .map_err(|e| Error::Scenario(format!("bad digest {digest}: {e}")))?;
-        read(&dir.join("blobs").join("sha256").join(d.hex()))
-    };
-    let index = read(&dir.join("index.json"))?;
-    let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
-    let chosen = manifests
-        .iter()
-        .find(|m| match reference {
-            None => true,
-            Some(r) => {
-                m["digest"].as_str() == Some(r)
-                    || m["annotations"]["org.opencontainers.image.ref.name"].as_str() == Some(r)
-            }
-        })
-        .ok_or_else(|| {
-            Error::Scenario(format!(
-                "{}: no manifest {}",
-                dir.display(),
-                reference.unwrap_or("(any)")
-            ))
-        })?;
-    let mut m = blob(chosen["digest"].as_str().unwrap_or_default())?;
+    let mut m = read(&layout.find(reference).map_err(scenario_err)?)?;
     // An index: take the first (linux/amd64 preferred) manifest.
-    if let Some(list) = m["manifests"].as_array().cloned() {
-        let pick = list
+    if m.is_index() {
+        let pick = m
+            .manifests
             .iter()
-            .find(|x| x["platform"]["architecture"].as_str() == Some("amd64"))
-            .or_else(|| list.first())
+            .find(|x| {
+                x.platform
+                    .as_ref()
+                    .is_some_and(|p| p.architecture == "amd64")
+            })
+            .or_else(|| m.manifests.first())
+            .cloned()
             .ok_or_else(|| Error::Scenario("empty image index".into()))?;
-        m = blob(pick["digest"].as_str().unwrap_or_default())?;
+        m = read(&pick)?;
     }
-    let layers = m["layers"].as_array().cloned().unwrap_or_default();
-    if layers.is_empty() {
+    if m.layers.is_empty() {
         return Err(Error::Scenario(format!(
             "{}: manifest has no layers",
             dir.display()
         )));
     }
-    let config = m["config"]["size"].as_u64().map(|size| Layer {
+    let config = m.config.as_ref().map(|c| Layer {
         name: "config".into(),
-        size: crate::scenario::Bytes(size),
+        size: crate::scenario::Bytes(c.size),
     });
-    let layers = layers
+    let layers = m
+        .layers
         .iter()
         .enumerate()
-        .map(|(i, l)| {
-            let d = l["digest"].as_str().unwrap_or_default();
-            let short = d.strip_prefix("sha256:").unwrap_or(d);
-            Layer {
-                name: format!("{i}:{}", &short[..short.len().min(12)]),
-                size: crate::scenario::Bytes(l["size"].as_u64().unwrap_or(0)),
-            }
+        .map(|(i, l)| Layer {
+            name: format!("{i}:{}", &l.digest.hex()[..12]),
+            size: crate::scenario::Bytes(l.size),
         })
         .collect();
     Ok((config, layers))

@@ -325,6 +325,11 @@ fn oci_layout_layers_are_read() {
         manifest.len()
     );
     std::fs::write(dir.path().join("index.json"), index).expect("write");
+    std::fs::write(
+        dir.path().join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .expect("write");
     let text = format!(
         "[cluster]\nnic_up = \"1Gbit/s\"\nnic_down = \"1Gbit/s\"\n[registry]\negress = \"1Gbit/s\"\n[image]\noci_layout = {:?}\nreference = \"v1\"\n[job]\nnodes = 2\n[[strategy]]\nkind = \"direct\"\n",
         dir.path().display().to_string()

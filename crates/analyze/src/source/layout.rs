@@ -2,39 +2,20 @@
 
 use std::fs::File;
 use std::io::{BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use oci::{Descriptor, Digest, Manifest};
+use oci::{Descriptor, Manifest};
 
-use super::{
-    read_limited, select_platform, verify_blob, Image, ImageConfig, LayerOpener, OpenOptions,
-    MAX_JSON_BYTES,
-};
+use super::{select_platform, Image, ImageConfig, LayerOpener, OpenOptions};
 use crate::error::{Error, Result};
 
-const REF_NAME: &str = "org.opencontainers.image.ref.name";
-
 pub struct LayoutOpener {
-    dir: PathBuf,
-}
-
-impl LayoutOpener {
-    fn blob_path(&self, d: &Digest) -> PathBuf {
-        self.dir.join("blobs").join("sha256").join(d.hex())
-    }
-
-    fn read_json_blob(&self, desc: &Descriptor, what: &str) -> Result<Vec<u8>> {
-        let path = self.blob_path(&desc.digest);
-        let f = File::open(&path).map_err(|e| Error::io(path.display().to_string(), e))?;
-        let bytes = read_limited(f, MAX_JSON_BYTES, what)?;
-        verify_blob(desc, &bytes, what)?;
-        Ok(bytes)
-    }
+    layout: oci::layout::Layout,
 }
 
 impl LayerOpener for LayoutOpener {
     fn open_layer(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>> {
-        let path = self.blob_path(&desc.digest);
+        let path = self.layout.blob_path(&desc.digest);
         let f = File::open(&path).map_err(|e| Error::io(path.display().to_string(), e))?;
         Ok(Box::new(BufReader::with_capacity(256 << 10, f)))
     }
@@ -42,54 +23,17 @@ impl LayerOpener for LayoutOpener {
 
 /// Opens the image tagged `tag` (or the only one) in a layout directory.
 pub fn open(dir: &Path, tag: Option<&str>, opts: &OpenOptions) -> Result<Image> {
-    if !dir.join("oci-layout").is_file() {
-        return Err(Error::Source(format!(
-            "{}: not an OCI image layout (no oci-layout file)",
-            dir.display()
-        )));
-    }
-    let index_path = dir.join("index.json");
-    let f = File::open(&index_path).map_err(|e| Error::io(index_path.display().to_string(), e))?;
-    let index = Manifest::parse(&read_limited(f, MAX_JSON_BYTES, "index.json")?)?;
-    let name_of = |d: &Descriptor| {
-        d.annotations
-            .as_ref()
-            .and_then(|a| a.get(REF_NAME))
-            .cloned()
-    };
-    let chosen = match tag {
-        Some(t) => index
-            .manifests
-            .iter()
-            .find(|d| name_of(d).as_deref() == Some(t))
-            .ok_or_else(|| {
-                let tags: Vec<String> = index.manifests.iter().filter_map(name_of).collect();
-                Error::Source(format!(
-                    "{}: no tag {t} (tags: {})",
-                    dir.display(),
-                    tags.join(", ")
-                ))
-            })?,
-        None if index.manifests.len() == 1 => &index.manifests[0],
-        None => {
-            let tags: Vec<String> = index.manifests.iter().filter_map(name_of).collect();
-            return Err(Error::Source(format!(
-                "{}: holds {} images; name one as DIR:TAG (tags: {})",
-                dir.display(),
-                index.manifests.len(),
-                tags.join(", ")
-            )));
-        }
-    };
-    let shown_tag = tag.map(str::to_owned).or_else(|| name_of(chosen));
-    let opener = LayoutOpener {
-        dir: dir.to_owned(),
-    };
+    let layout = oci::layout::Layout::open(dir)?;
+    let chosen = layout.find(tag)?;
+    let shown_tag = tag
+        .map(str::to_owned)
+        .or_else(|| oci::layout::Layout::tag_of(&chosen).map(str::to_owned));
+    let opener = LayoutOpener { layout };
     let mut desc = chosen.clone();
     let mut platform = None;
     // Follow (possibly nested) indexes down to an image manifest.
     for _ in 0..4 {
-        let bytes = opener.read_json_blob(&desc, "manifest")?;
+        let bytes = opener.layout.read_json_blob(&desc)?;
         let m = Manifest::parse(&bytes)?;
         if m.is_index() {
             let d = select_platform(&m, opts.platform.as_deref())?;
@@ -104,7 +48,7 @@ pub fn open(dir: &Path, tag: Option<&str>, opts: &OpenOptions) -> Result<Image> 
             .config
             .clone()
             .ok_or_else(|| Error::Manifest("image manifest has no config".into()))?;
-        let config = ImageConfig::parse(&opener.read_json_blob(&config_desc, "config")?)?;
+        let config = ImageConfig::parse(&opener.layout.read_json_blob(&config_desc)?)?;
         return Ok(Image {
             name: format!(
                 "oci:{}{}",
