@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster::inventory::{BlobHolding, BlobRef, Download, ImageRecord, Pin, SourceBytes};
-use cluster::prewarm::NodeUpdate;
-use cluster::{Assignment, NodeReport};
+use cluster::wire::{
+    Assignment, BlobHolding, BlobRef, Download, ImageRecord, NodeReport, NodeUpdate, Pin,
+    SourceBytes,
+};
 use oci::{Digest, ImageReference, Manifest, ManifestRef};
 use tracing::{debug, info, warn};
 
@@ -487,23 +488,23 @@ async fn read_prefix(r: reqwest::Response, cap: usize) -> String {
 /// tracker and would keep content pinned for decades.
 fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), Error> {
     let max_pin = now
-        .saturating_add(cluster::prewarm::MAX_PIN_TTL_SECONDS)
+        .saturating_add(cluster::wire::MAX_PIN_TTL_SECONDS)
         .saturating_add(CLOCK_SKEW_SECONDS);
     if a.pin_until > max_pin {
         return Err(Error::Prewarm(format!(
             "pin_until {} is more than {} s (the maximum pin TTL) from now ({now})",
             a.pin_until,
-            cluster::prewarm::MAX_PIN_TTL_SECONDS
+            cluster::wire::MAX_PIN_TTL_SECONDS
         )));
     }
     if let Some(d) = a.deadline_at {
         let max_deadline = now
-            .saturating_add(cluster::prewarm::MAX_DEADLINE_SECONDS)
+            .saturating_add(cluster::wire::MAX_DEADLINE_SECONDS)
             .saturating_add(CLOCK_SKEW_SECONDS);
         if d > max_deadline {
             return Err(Error::Prewarm(format!(
                 "deadline_at {d} is more than {} s (the maximum deadline) from now ({now})",
-                cluster::prewarm::MAX_DEADLINE_SECONDS
+                cluster::wire::MAX_DEADLINE_SECONDS
             )));
         }
     }
@@ -511,7 +512,7 @@ fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), Error> {
 }
 
 /// Most assignments taken from one collection: what the tracker keeps per node.
-const MAX_ASSIGNMENTS_PER_POLL: usize = cluster::prewarm::MAX_WAITING_ASSIGNMENTS;
+const MAX_ASSIGNMENTS_PER_POLL: usize = cluster::wire::MAX_WAITING_ASSIGNMENTS;
 
 /// How often the agent asks the tracker for prewarm assignments.
 const ASSIGNMENT_POLL: Duration = Duration::from_secs(1);

@@ -14,6 +14,7 @@ pub mod prewarm;
 pub mod selector;
 mod state;
 pub mod text;
+pub mod wire;
 
 pub use error::{Error, Result};
 pub use extender::{ImageCatalog, Lookup, LookupFuture, ScoreConfig};

@@ -18,69 +18,10 @@ use crate::inventory::{union_blobs, BlobRef, Inventory, NodeStatus, ResolvedImag
 use crate::selector::Selector;
 pub use store::JobStore;
 
-/// Default label that names a node's pool.
-pub const DEFAULT_POOL_LABEL: &str = "starling.io/pool";
-/// Pin TTL when the request gives none.
-pub const DEFAULT_PIN_TTL_SECONDS: u64 = 24 * 3600;
-/// Longest pin: content a prewarm pins is beyond GC's reach until then, so a typo (or
-/// a forged request) must not pin for decades. Agents refuse longer pins too.
-pub const MAX_PIN_TTL_SECONDS: u64 = 30 * 24 * 3600;
-/// Longest deadline: a prewarm is for a job about to start.
-pub const MAX_DEADLINE_SECONDS: u64 = 7 * 24 * 3600;
-
-/// Which nodes to warm: explicit `nodes`, or a population (nodes matching
-/// `selector` and/or `pool`, all nodes when neither) of which `count` or
-/// `percentage` are taken (all when neither).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Targets {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nodes: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<String>,
-    /// Label key holding the pool name (default `starling.io/pool`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool_label: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub count: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub percentage: Option<f64>,
-}
-
-/// `POST /api/v1/prewarm` body.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct PrewarmRequest {
-    pub images: Vec<String>,
-    pub targets: Targets,
-    /// Nodes downloading at once (default: all targets, after the seed).
-    #[serde(default)]
-    pub parallelism: Option<u32>,
-    #[serde(default)]
-    pub per_node_bytes_per_sec: Option<u64>,
-    /// Split evenly over `parallelism` slots.
-    #[serde(default)]
-    pub total_bytes_per_sec: Option<u64>,
-    /// Seconds from submission; unfinished nodes fail after it.
-    #[serde(default)]
-    pub deadline_seconds: Option<u64>,
-    /// Seconds from submission the agents keep the content pinned (default 24 h).
-    #[serde(default)]
-    pub pin_ttl_seconds: Option<u64>,
-    /// Higher first.
-    #[serde(default)]
-    pub priority: i32,
-    /// Warm mutable tags anyway.
-    #[serde(default)]
-    pub force: bool,
-    /// Tags the caller has seen moving (refused unless `force`).
-    #[serde(default)]
-    pub moving_tags: Vec<String>,
-    /// Also pull the image into the node's containerd and label it
-    /// `io.cri-containerd.pinned=pinned`, so kubelet image GC keeps it.
-    #[serde(default)]
-    pub into_runtime: bool,
-}
+pub use crate::wire::{
+    PrewarmRequest, Targets, DEFAULT_PIN_TTL_SECONDS, DEFAULT_POOL_LABEL, MAX_DEADLINE_SECONDS,
+    MAX_PIN_TTL_SECONDS,
+};
 
 /// Checks the request's shape and its images' tags. Returns the parsed references.
 pub fn validate(req: &PrewarmRequest, inv: &Inventory) -> Result<Vec<ImageReference>> {
@@ -551,34 +492,4 @@ impl Job {
     }
 }
 
-/// What an agent tells the tracker about its part of a job.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum NodeUpdate {
-    Progress { bytes_done: u64 },
-    Done,
-    Failed { reason: String },
-}
-
-/// Assignments waiting for one node at the tracker at most (and so the most an agent
-/// takes from one collection).
-pub const MAX_WAITING_ASSIGNMENTS: usize = 64;
-
-/// One instruction for a node, collected by its agent from the tracker.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Assignment {
-    pub job_id: u64,
-    pub node: String,
-    /// (reference, digest): fetch and pin by digest.
-    pub images: Vec<(String, String)>,
-    pub blobs: Vec<BlobRef>,
-    pub bytes_per_sec: Option<u64>,
-    pub pin_until: u64,
-    pub deadline_at: Option<u64>,
-    pub priority: i32,
-    /// First node of a job nobody holds yet: the only one that goes to the registry.
-    pub seed: bool,
-    /// Pull into containerd and pin there too.
-    #[serde(default)]
-    pub into_runtime: bool,
-}
+pub use crate::wire::{Assignment, NodeUpdate, MAX_WAITING_ASSIGNMENTS};

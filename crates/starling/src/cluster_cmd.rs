@@ -198,9 +198,9 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         println!("{}", r.text().await?);
         return Ok(());
     }
-    let req = cluster::PrewarmRequest {
+    let req = cluster::wire::PrewarmRequest {
         images: a.images.clone(),
-        targets: cluster::prewarm::Targets {
+        targets: cluster::wire::Targets {
             nodes: a.nodes.clone(),
             selector: a.selector.clone(),
             pool: a.pool.clone(),

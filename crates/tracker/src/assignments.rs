@@ -16,14 +16,14 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cluster::http::AuthenticatedNode;
-use cluster::prewarm::{Assignment, NodeUpdate};
+use cluster::wire::{Assignment, NodeUpdate};
 use cluster::ClusterState;
 use http::StatusCode;
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
 /// Assignments one node may have waiting; more means the node is not collecting.
-pub const MAILBOX_MAX: usize = cluster::prewarm::MAX_WAITING_ASSIGNMENTS;
+pub const MAILBOX_MAX: usize = cluster::wire::MAX_WAITING_ASSIGNMENTS;
 /// An assignment not collected within this is failed, so its job moves on.
 pub const COLLECT_WITHIN: Duration = Duration::from_secs(30);
 
