@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use oci::size::ByteSize;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -16,11 +17,11 @@ pub struct AgentConfig {
     /// Cache directory: blobs, partial downloads and the metadata database.
     pub cache_dir: PathBuf,
     /// Cache budget, e.g. "200GiB".
-    pub cache_budget: String,
+    pub cache_budget: ByteSize,
     pub gc_high_watermark: f64,
     pub gc_low_watermark: f64,
     /// Space always left free on the cache filesystem, e.g. "1GiB".
-    pub min_free: String,
+    pub min_free: ByteSize,
     /// Registry used when a request carries no `?ns=` (Docker `registry-mirrors`, skopeo).
     pub default_registry: String,
     /// How long a tag's digest is trusted before it is checked again with a HEAD.
@@ -83,8 +84,8 @@ pub struct AgentConfig {
     pub ca_pin: Option<String>,
     /// Token-bucket limits per second, e.g. "1GiB": what this node may send to peers
     /// and receive from peers and the registry.
-    pub upload_limit: Option<String>,
-    pub download_limit: Option<String>,
+    pub upload_limit: Option<ByteSize>,
+    pub download_limit: Option<ByteSize>,
     /// Pieces sent to peers at once. Few fast uploads beat many slow ones: a piece is
     /// useful to the swarm only once whole, so splitting the uplink delays every piece.
     pub max_uploads: usize,
@@ -96,7 +97,7 @@ pub struct AgentConfig {
     /// each piece arrive later.
     pub max_piece_requests: usize,
     /// Blobs below this go straight to the registry (through the cache).
-    pub p2p_threshold: String,
+    pub p2p_threshold: ByteSize,
     /// When a client gets an image manifest, start fetching all its layers at once in
     /// the background (the runtime's requests join them). Turn off for lazy pullers
     /// (eStargz, SOCI), which read only parts of layers.
@@ -159,10 +160,10 @@ impl Default for AgentConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 5050)),
             cache_dir: PathBuf::from("/var/lib/starling"),
-            cache_budget: "100GiB".into(),
+            cache_budget: ByteSize(100 << 30),
             gc_high_watermark: 0.90,
             gc_low_watermark: 0.80,
-            min_free: "1GiB".into(),
+            min_free: ByteSize(1 << 30),
             default_registry: "docker.io".into(),
             tag_ttl: Duration::from_secs(60),
             serve_stale_tags: true,
@@ -197,7 +198,7 @@ impl Default for AgentConfig {
             max_uploads: swarm::upload::DEFAULT_MAX_ACTIVE,
             upload_queue: swarm::upload::DEFAULT_QUEUE_PER_CONN,
             max_piece_requests: swarm::upload::DEFAULT_REQUEST_BUDGET as usize,
-            p2p_threshold: "1MiB".into(),
+            p2p_threshold: ByteSize(swarm::SwarmConfig::default().min_p2p_size),
             registry_streams: swarm::pieces::DEFAULT_REGISTRY_STREAMS as usize,
             prefetch_layers: true,
             mirror_remote_clients: false,
@@ -244,6 +245,96 @@ impl AgentConfig {
         self.registries
             .values()
             .any(|r| r.username.is_some() || r.password.is_some())
+    }
+
+    /// Every problem with this configuration at once (so an operator fixes them in one
+    /// round), as one [`crate::Error::Config`] naming each key.
+    pub fn validate(&self) -> Result<(), crate::Error> {
+        let mut problems: Vec<String> = Vec::new();
+        if !(0.0 < self.gc_low_watermark
+            && self.gc_low_watermark <= self.gc_high_watermark
+            && self.gc_high_watermark <= 1.0)
+        {
+            problems.push(format!(
+                "gc_low_watermark {} / gc_high_watermark {}: need 0 < low <= high <= 1",
+                self.gc_low_watermark, self.gc_high_watermark
+            ));
+        }
+        if self.cache_budget.bytes() == 0 {
+            problems.push("cache_budget: must be more than 0".into());
+        }
+        for (name, r) in &self.registries {
+            if let Err(e) =
+                oci::reference::validate_registry(&oci::reference::canonical_registry(name))
+            {
+                problems.push(format!("registries.{name:?}: {e}"));
+            }
+            if let Some(ep) = &r.endpoint {
+                if !(ep.starts_with("http://") || ep.starts_with("https://")) {
+                    problems.push(format!(
+                        "registries.{name:?}.endpoint {ep:?}: must start with http:// or https://"
+                    ));
+                }
+            }
+            if r.username.is_some() != r.password.is_some() {
+                problems.push(format!(
+                    "registries.{name:?}: username and password go together"
+                ));
+            }
+        }
+        match self.tracker.as_deref() {
+            None => {
+                for (key, set) in [
+                    ("join_token", self.join_token.is_some()),
+                    ("cluster_token", self.cluster_token.is_some()),
+                    ("advertise", self.advertise.is_some()),
+                    ("peer_listen", self.peer_listen.is_some()),
+                ] {
+                    if set {
+                        problems.push(format!(
+                            "{key}: set, but there is no tracker (it only applies to a swarm)"
+                        ));
+                    }
+                }
+            }
+            Some(t) if t.starts_with("https://") => {
+                if self.cluster_token.is_some() {
+                    problems.push("cluster_token: not used with an https:// tracker (nodes are their certificates)".into());
+                }
+            }
+            Some(t) if t.starts_with("http://") => {
+                if !self.insecure_plain_http {
+                    problems.push(format!(
+                        "tracker {t}: plain http:// would leave cluster and peer traffic unencrypted \
+                         and nodes authenticated only by the cluster token. Use an https:// tracker \
+                         (--join TOKEN --ca-pin sha256:…, see `starling certs`), or opt in with \
+                         --insecure-plain-http"
+                    ));
+                }
+            }
+            Some(t) => problems.push(format!(
+                "tracker {t:?}: must start with https:// (or http:// with insecure_plain_http)"
+            )),
+        }
+        if let Some(pin) = &self.ca_pin {
+            if pin.parse::<pki::CaPin>().is_err() {
+                problems.push(format!("ca_pin {pin:?}: expected sha256:<64 hex>"));
+            }
+        }
+        if self.metrics_token.is_some() && self.metrics_listen.is_none() {
+            problems.push(
+                "metrics_token: set without metrics_listen (it guards that listener only)".into(),
+            );
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(crate::Error::Config(format!(
+                "{} problem(s):\n  - {}",
+                problems.len(),
+                problems.join("\n  - ")
+            )))
+        }
     }
 
     /// Whether `client` is on this host: loopback, or this host's own address (the
@@ -475,5 +566,53 @@ mod tests {
         assert!(cfg.refuses_mirror_client(lan6, me6));
         cfg.mirror_remote_clients = true;
         assert!(!cfg.refuses_mirror_client(lan, me), "explicit opt-in");
+    }
+
+    #[test]
+    fn validation_reports_every_problem_at_once() {
+        assert!(
+            AgentConfig::default().validate().is_ok(),
+            "defaults are valid"
+        );
+        let cfg: AgentConfig = toml::from_str(
+            r#"
+            cache_budget = "0"
+            gc_high_watermark = 0.5
+            gc_low_watermark = 0.9
+            tracker = "http://tracker:7070"
+            metrics_token = "t"
+            ca_pin = "md5:abc"
+            [registries."reg.example.com"]
+            endpoint = "ftp://reg"
+            username = "u"
+            "#,
+        )
+        .expect("parses");
+        let msg = cfg.validate().expect_err("invalid").to_string();
+        for key in [
+            "cache_budget",
+            "gc_low_watermark",
+            "tracker http://tracker:7070",
+            "metrics_token",
+            "ca_pin",
+            "endpoint \"ftp://reg\"",
+            "username and password",
+        ] {
+            assert!(msg.contains(key), "{key} missing from:\n{msg}");
+        }
+        assert!(msg.starts_with("configuration: 7 problem(s)"), "{msg}");
+    }
+
+    #[test]
+    fn sizes_are_read_when_the_configuration_is() {
+        let cfg: AgentConfig =
+            toml::from_str("cache_budget = \"200GiB\"\nupload_limit = 1048576\n").expect("parses");
+        assert_eq!(cfg.cache_budget.bytes(), 200 << 30);
+        assert_eq!(cfg.upload_limit.map(|b| b.bytes()), Some(1 << 20));
+        let bad = toml::from_str::<AgentConfig>("cache_budget = \"lots\"\n")
+            .err()
+            .expect("refused at load")
+            .to_string();
+        assert!(bad.contains("cache_budget"), "{bad}");
     }
 }

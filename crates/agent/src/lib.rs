@@ -170,19 +170,18 @@ pub struct Agent {
 impl Agent {
     pub fn new(cfg: AgentConfig) -> Result<Self, Error> {
         let mut store_cfg = StoreConfig::new(&cfg.cache_dir);
-        store_cfg.budget_bytes = config::parse_size(&cfg.cache_budget)?;
-        store_cfg.min_free_bytes = config::parse_size(&cfg.min_free)?;
+        store_cfg.budget_bytes = cfg.cache_budget.bytes();
+        store_cfg.min_free_bytes = cfg.min_free.bytes();
         store_cfg.high_watermark = cfg.gc_high_watermark;
         store_cfg.low_watermark = cfg.gc_low_watermark;
-        if !(0.0 < cfg.gc_low_watermark
-            && cfg.gc_low_watermark <= cfg.gc_high_watermark
-            && cfg.gc_high_watermark <= 1.0)
+        cfg.validate()?;
+        if cfg
+            .tracker
+            .as_deref()
+            .is_some_and(|t| t.starts_with("http://"))
         {
-            return Err(Error::Config(
-                "need 0 < gc_low_watermark <= gc_high_watermark <= 1".into(),
-            ));
+            warn!("insecure plain-HTTP cluster mode (--insecure-plain-http): tracker and peer traffic are unencrypted");
         }
-        check_cluster_transport(&cfg)?;
         let mut up = UpstreamConfig {
             connect_timeout: cfg.connect_timeout,
             stall_timeout: cfg.stall_timeout,
@@ -191,13 +190,7 @@ impl Agent {
         };
         for (name, r) in &cfg.registries {
             let reg = canonical_registry(name);
-            validate_registry(&reg).map_err(|e| Error::Config(e.to_string()))?;
             if let Some(ep) = &r.endpoint {
-                if !(ep.starts_with("http://") || ep.starts_with("https://")) {
-                    return Err(Error::Config(format!(
-                        "registry {name}: endpoint must start with http:// or https://"
-                    )));
-                }
                 up.endpoints.insert(reg.clone(), ep.clone());
             }
             let tls = r.tls();
@@ -220,10 +213,7 @@ impl Agent {
         let mut metrics = metrics::Metrics::default();
         let download_limit = cfg
             .download_limit
-            .as_deref()
-            .map(|v| config::parse_size(v))
-            .transpose()?
-            .map(|rate| Arc::new(ratelimit::TokenBucket::new(rate)));
+            .map(|rate| Arc::new(ratelimit::TokenBucket::new(rate.bytes())));
         let (peer_listener, advertised) = match &cfg.tracker {
             Some(_) => {
                 let (l, a) = bind_peer_listener(&cfg)?;
@@ -513,32 +503,6 @@ fn bind_peer_listener(cfg: &AgentConfig) -> Result<(std::net::TcpListener, Strin
     })?;
     let advertised = advertise.unwrap_or_else(|| local.to_string());
     Ok((l, advertised))
-}
-
-/// An `https://` tracker means mutual TLS with the tracker and between peers; an
-/// `http://` one is accepted only with the explicit `insecure_plain_http` opt-in.
-fn check_cluster_transport(cfg: &AgentConfig) -> Result<(), Error> {
-    let Some(tracker) = &cfg.tracker else {
-        return Ok(());
-    };
-    if tracker.starts_with("https://") {
-        return Ok(());
-    }
-    if !tracker.starts_with("http://") {
-        return Err(Error::Config(format!(
-            "tracker {tracker:?}: must start with https:// (or http:// with insecure_plain_http)"
-        )));
-    }
-    if !cfg.insecure_plain_http {
-        return Err(Error::Config(format!(
-            "tracker {tracker} is plain http://: cluster and peer traffic would be unencrypted \
-             and nodes authenticated only by the cluster token. Use an https:// tracker \
-             (--join TOKEN --ca-pin sha256:…, see `starling certs`), or opt in with \
-             --insecure-plain-http"
-        )));
-    }
-    warn!(%tracker, "insecure plain-HTTP cluster mode (--insecure-plain-http): tracker and peer traffic are unencrypted");
-    Ok(())
 }
 
 /// Scrapers at once on `metrics_listen`: a handful is normal, and the cap keeps a flood

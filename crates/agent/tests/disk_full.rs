@@ -167,7 +167,7 @@ async fn concurrent_downloads_that_do_not_fit_together_lose_nothing() {
     let fs = Tmpfs::mount("10m");
     let cache = fs.path().join("cache");
     let agent = start_agent(&cache, &registry.host(), &registry.url(), None, |c| {
-        c.cache_budget = "1GiB".into();
+        c.cache_budget = oci::size::ByteSize(1 << 30);
     })
     .await;
     let fetches = img.layers.iter().map(|l| {
@@ -209,7 +209,7 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
     let fs = Tmpfs::mount("16m");
     let cache = fs.path().join("cache");
     let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
-        c.cache_budget = "1GiB".into();
+        c.cache_budget = oci::size::ByteSize(1 << 30);
     })
     .await;
     let url = format!("{}/v2/full/other/blobs/{}", agent.url(), layer.digest);

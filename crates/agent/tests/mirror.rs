@@ -490,7 +490,7 @@ async fn a_cache_that_cannot_take_the_blob_streams_it_without_caching() {
     let cache = tempfile::tempdir().unwrap();
     // A 1 MiB budget plays a full disk: the 6 MiB layer cannot be stored.
     let agent = start_agent(cache.path(), &registry.host(), &registry.url(), None, |c| {
-        c.cache_budget = "1MiB".into()
+        c.cache_budget = oci::size::ByteSize(1 << 20)
     })
     .await;
     let url = format!("{}/v2/full/disk/blobs/{}", agent.url(), layer.digest);

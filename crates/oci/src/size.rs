@@ -57,6 +57,73 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+/// A byte count in configuration: read from what operators type (`"200GiB"`, `"1.5GB"`,
+/// or a plain integer) when the configuration is loaded, so a bad value is an error at
+/// start-up and code downstream holds a number. Written back exactly (`"200GiB"`,
+/// `"1536KiB"`, `"1000"`), so a printed configuration reads back to the same value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    pub const fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::str::FromStr for ByteSize {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        parse_size(s).map(ByteSize)
+    }
+}
+
+impl std::fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const UNITS: [(u64, &str); 4] = [
+            (1 << 40, "TiB"),
+            (1 << 30, "GiB"),
+            (1 << 20, "MiB"),
+            (1 << 10, "KiB"),
+        ];
+        for (unit, name) in UNITS {
+            if self.0 >= unit && self.0 % unit == 0 {
+                return write!(f, "{}{name}", self.0 / unit);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+impl serde::Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = ByteSize;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a size such as \"200GiB\", \"512MB\" or a number of bytes")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<ByteSize, E> {
+                Ok(ByteSize(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<ByteSize, E> {
+                u64::try_from(v)
+                    .map(ByteSize)
+                    .map_err(|_| E::custom(format!("size {v} is negative")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteSize, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +160,35 @@ mod tests {
         // What the parser reads back is within the rounding of two decimals.
         let shown = format_size(1_610_612_736);
         assert_eq!(parse_size(&shown).expect("parses"), 1_610_612_736);
+    }
+
+    #[test]
+    fn byte_sizes_read_and_write_back_exactly() {
+        for (typed, bytes, shown) in [
+            ("200GiB", 200u64 << 30, "200GiB"),
+            ("1.5KiB", 1536, "1536"),
+            ("1536KiB", 1536 << 10, "1536KiB"),
+            ("2GB", 2_000_000_000, "1953125KiB"),
+            ("0", 0, "0"),
+        ] {
+            let b: ByteSize = typed.parse().expect("parses");
+            assert_eq!(b.bytes(), bytes, "{typed}");
+            assert_eq!(b.to_string(), shown);
+            assert_eq!(b.to_string().parse::<ByteSize>().expect("reads back"), b);
+        }
+        assert_eq!(ByteSize(1536 << 10).to_string(), "1536KiB");
+        assert_eq!(ByteSize(3 << 20).to_string(), "3MiB");
+        #[derive(serde::Deserialize)]
+        struct C {
+            a: ByteSize,
+            b: ByteSize,
+        }
+        let c: C = serde_json::from_str(r#"{"a": "1MiB", "b": 4096}"#).expect("json");
+        assert_eq!((c.a.bytes(), c.b.bytes()), (1 << 20, 4096));
+        let bad = serde_json::from_str::<C>(r#"{"a": "1 parsec", "b": 1}"#)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(bad.contains("unknown unit"), "{bad}");
     }
 }

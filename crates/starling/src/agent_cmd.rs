@@ -3,6 +3,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use oci::size::ByteSize;
 
 #[derive(Args)]
 pub struct AgentArgs {
@@ -17,14 +18,14 @@ pub struct AgentArgs {
     cache_dir: Option<PathBuf>,
     /// Cache budget, e.g. 200GiB. GC keeps usage between the watermarks below it.
     #[arg(long, env = "STARLING_CACHE_BUDGET")]
-    cache_budget: Option<String>,
+    cache_budget: Option<ByteSize>,
     #[arg(long, env = "STARLING_GC_HIGH_WATERMARK")]
     gc_high_watermark: Option<f64>,
     #[arg(long, env = "STARLING_GC_LOW_WATERMARK")]
     gc_low_watermark: Option<f64>,
     /// Space always left free on the cache filesystem, e.g. 1GiB.
     #[arg(long, env = "STARLING_MIN_FREE")]
-    min_free: Option<String>,
+    min_free: Option<ByteSize>,
     /// Registry for requests without ?ns= (Docker registry-mirrors, skopeo).
     #[arg(long, env = "STARLING_DEFAULT_REGISTRY")]
     default_registry: Option<String>,
@@ -108,10 +109,10 @@ pub struct AgentArgs {
     ca_pin: Option<String>,
     /// Bytes per second this node may send to peers, e.g. 1GiB.
     #[arg(long, env = "STARLING_UPLOAD_LIMIT")]
-    upload_limit: Option<String>,
+    upload_limit: Option<ByteSize>,
     /// Bytes per second this node may receive from peers and the registry.
     #[arg(long, env = "STARLING_DOWNLOAD_LIMIT")]
-    download_limit: Option<String>,
+    download_limit: Option<ByteSize>,
     /// Pieces sent to peers at once (default 4).
     #[arg(long, env = "STARLING_MAX_UPLOADS")]
     max_uploads: Option<usize>,
@@ -135,7 +136,7 @@ pub struct AgentArgs {
     registry_streams: Option<usize>,
     /// Blobs below this size skip P2P.
     #[arg(long, env = "STARLING_P2P_THRESHOLD")]
-    p2p_threshold: Option<String>,
+    p2p_threshold: Option<ByteSize>,
     /// Piece size this agent proposes for swarms it starts, e.g. 4MiB, or "auto" (the
     /// rule: from the blob size and the node's link limits).
     #[arg(long, env = "STARLING_PIECE_SIZE")]
@@ -203,9 +204,8 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     if let Some(v) = &a.cache_dir {
         cfg.cache_dir = v.clone();
     }
-    if let Some(v) = &a.cache_budget {
-        crate::parse_size(v)?;
-        cfg.cache_budget = v.clone();
+    if let Some(v) = a.cache_budget {
+        cfg.cache_budget = v;
     }
     if let Some(v) = a.gc_high_watermark {
         cfg.gc_high_watermark = v;
@@ -213,8 +213,8 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     if let Some(v) = a.gc_low_watermark {
         cfg.gc_low_watermark = v;
     }
-    if let Some(v) = &a.min_free {
-        cfg.min_free = v.clone();
+    if let Some(v) = a.min_free {
+        cfg.min_free = v;
     }
     if let Some(v) = &a.default_registry {
         cfg.default_registry = v.clone();
@@ -300,9 +300,8 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     if let Some(v) = a.upload_queue {
         cfg.upload_queue = v;
     }
-    if let Some(v) = &a.p2p_threshold {
-        crate::parse_size(v)?;
-        cfg.p2p_threshold = v.clone();
+    if let Some(v) = a.p2p_threshold {
+        cfg.p2p_threshold = v;
     }
     if let Some(v) = &a.piece_size {
         if v != "auto" {

@@ -205,10 +205,10 @@ impl P2p {
         let Some(tracker) = &cfg.tracker else {
             return Ok(None);
         };
-        let limit = |s: &Option<String>| -> Result<Option<u64>, Error> {
-            s.as_deref().map(|v| parse_size(v)).transpose()
-        };
-        let (up, down) = (limit(&cfg.upload_limit)?, limit(&cfg.download_limit)?);
+        let (up, down) = (
+            cfg.upload_limit.map(|b| b.bytes()),
+            cfg.download_limit.map(|b| b.bytes()),
+        );
         let link = match (up, down) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -250,7 +250,7 @@ impl P2p {
             downloads: parking_lot::Mutex::new(HashMap::new()),
             sched_cfg: SchedulerConfig::default(),
             hash_cache: parking_lot::Mutex::new(HashMap::new()),
-            threshold: parse_size(&cfg.p2p_threshold)?,
+            threshold: cfg.p2p_threshold.bytes(),
             registry_streams: cfg.registry_streams.clamp(1, 16) as u32,
             piece_size: match cfg.piece_size.as_deref() {
                 None | Some("auto") => None,

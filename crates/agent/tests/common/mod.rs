@@ -43,7 +43,7 @@ pub async fn start_agent(
     let mut cfg = AgentConfig {
         cache_dir: cache.to_owned(),
         default_registry: registry_host.to_owned(),
-        min_free: "0".into(),
+        min_free: oci::size::ByteSize(0),
         ..Default::default()
     };
     cfg.registries.insert(
