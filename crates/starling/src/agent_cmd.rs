@@ -536,11 +536,11 @@ pub async fn run_pull(a: PullArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "pulled {} ({}) : {} blobs, {:.1} MiB in {:.2}s ({:.1} MiB/s), every blob sha256-verified",
+            "pulled {} ({}) : {} blobs, {} in {:.2}s ({:.1} MiB/s), every blob sha256-verified",
             report.reference,
             report.manifest_digest,
             report.blobs.len(),
-            report.bytes as f64 / 1048576.0,
+            oci::size::format_size(report.bytes),
             report.seconds,
             report.bytes as f64 / 1048576.0 / report.seconds.max(1e-6)
         );
