@@ -329,6 +329,7 @@ impl Download {
         self.source = resp.source.clone();
         self.interval = Duration::from_millis(resp.interval_ms.clamp(50, 10_000));
         self.sched.set_stripe(resp.stripe.map(|[i, n]| (i, n)));
+        self.sched.set_members(resp.members, self.now_ms());
         self.learn_hashes(resp.hashes);
         self.p2p.metrics.swarm_peers.set(resp.peers.len() as i64);
         for l in self.links.values_mut() {
@@ -691,7 +692,7 @@ impl Download {
                     RejectReason::Busy => self.sched.on_busy(piece, &peer, now),
                     RejectReason::NotHeld => self.sched.on_not_held(piece, &peer),
                     RejectReason::Invalid => self.sched.on_failed(piece, &peer, false),
-                    RejectReason::Cancelled => self.sched.forget(piece, &peer),
+                    RejectReason::Cancelled => self.sched.on_cancelled(piece, &peer, now),
                 }
             }
             PeerEvent::Hashes {
@@ -729,6 +730,21 @@ impl Download {
         if let Some((conn, chan)) = self.links.get(&source).and_then(|l| l.conn.clone()) {
             if !conn.is_receiving(chan, piece) {
                 conn.cancel(chan, piece).await;
+            }
+        }
+    }
+
+    /// Requests kept waiting past the stall timeout (swarms of 64 or more): cancelled
+    /// unless their bytes have begun; the holder's REJECT (cancelled) then opens the
+    /// piece for another holder (`PieceScheduler::on_cancelled`).
+    async fn cancel_stalled(&mut self) {
+        let now = self.now_ms();
+        for r in self.sched.stalled_requests(now) {
+            if let Some((conn, chan)) = self.links.get(&r.peer).and_then(|l| l.conn.clone()) {
+                if !conn.is_receiving(chan, r.piece) {
+                    self.p2p.metrics.stall_cancels.inc();
+                    conn.cancel(chan, r.piece).await;
+                }
             }
         }
     }
@@ -781,6 +797,7 @@ impl Download {
             self.spawn_announce(false);
         }
         self.connect_links();
+        self.cancel_stalled().await;
         // Pieces waiting for hashes: ask the tracker (it has them from the source).
         if (!self.unverified.is_empty() || !self.claims.is_empty())
             && self

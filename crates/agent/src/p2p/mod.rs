@@ -36,6 +36,7 @@ pub struct P2pMetrics {
     pub source_roles: Counter,
     pub peer_auth_failures: Counter,
     pub peers_stalled: Counter,
+    pub stall_cancels: Counter,
     pub store_write_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
@@ -54,6 +55,7 @@ impl P2pMetrics {
             source_roles: Counter::default(),
             peer_auth_failures: Counter::default(),
             peers_stalled: Counter::default(),
+            stall_cancels: Counter::default(),
             store_write_seconds: Counter::default(),
         };
         r.register(
@@ -120,6 +122,11 @@ impl P2pMetrics {
             "p2p_peers_stalled",
             "Peer connections dropped because they sent nothing while holding requests",
             m.peers_stalled.clone(),
+        );
+        r.register(
+            "p2p_stall_cancels",
+            "Piece requests cancelled because a holder kept them waiting past the stall timeout",
+            m.stall_cancels.clone(),
         );
         m
     }

@@ -211,6 +211,7 @@ impl Engine<'_> {
     }
 
     fn absorb(&mut self, s: u32, l: u32, resp: AnnounceResponse) {
+        let now_ms = self.now_ms();
         let source = resp.source.as_deref().and_then(|n| self.slot_named(n));
         let me = self.nodes[s as usize].node as usize;
         let links: Vec<(u32, u8)> = resp
@@ -227,6 +228,7 @@ impl Engine<'_> {
         p.interval = resp.interval_ms.clamp(50, 10_000) as f64 / 1e3;
         if let Some(sch) = p.sched.as_mut() {
             sch.set_stripe(resp.stripe.map(|[i, n]| (i, n)));
+            sch.set_members(resp.members, now_ms);
         }
         p.striped = resp.stripe.is_some_and(|[i, n]| n > 1 && i < n);
         for i in resp.hashes.keys() {
