@@ -46,9 +46,8 @@ const HASH_PUSH_EVERY: Duration = Duration::from_millis(100);
 /// A registry run that yields nothing for this long publishes what it has buffered.
 const RUN_QUIET: Duration = Duration::from_millis(5);
 
-/// Peer links kept per blob: twice the tracker's handout, so peers handed out in
-/// earlier announces stay connected while they are useful.
-const MAX_LINKS: usize = 48;
+/// Peer links kept per blob (`swarm::links`).
+const MAX_LINKS: usize = swarm::links::MAX_LINKS;
 
 pub(crate) enum Start {
     /// The swarm download runs; stream from this inflight.
@@ -207,7 +206,9 @@ pub(crate) async fn start(
         pieces_by_peer: BTreeMap::new(),
         registry_retry_at: None,
     };
-    dl.absorb(resp);
+    for (conn, chan) in dl.absorb(resp) {
+        conn.close(chan).await;
+    }
     dl.p2p
         .downloads
         .lock()
@@ -231,6 +232,9 @@ struct Link {
     retry_at: Option<Instant>,
     /// Whether the tracker still hands it out.
     fresh: bool,
+    /// When it last gave a piece, or when it was handed out (ms since the task's
+    /// start), for `swarm::links::to_drop`.
+    useful_ms: u64,
 }
 
 /// A registry run in progress: pieces `[first, end)` over one registry connection.
@@ -320,7 +324,9 @@ impl Download {
         r
     }
 
-    fn absorb(&mut self, resp: AnnounceResponse) {
+    /// Takes in a tracker answer; returns the channels of links it dropped, to close.
+    fn absorb(&mut self, resp: AnnounceResponse) -> Vec<(Arc<PeerConn>, ChannelId)> {
+        let now = self.now_ms();
         if resp.role == Role::Source && self.role != Role::Source {
             info!(digest = %self.d, "elected to fetch from the registry");
             self.p2p.metrics.source_roles.inc();
@@ -347,6 +353,7 @@ impl Download {
                 connecting: false,
                 retry_at: None,
                 fresh: true,
+                useful_ms: now,
             });
             link.fresh = true;
             link.distance = distance;
@@ -354,19 +361,30 @@ impl Download {
                 link.addr = p.addr.clone();
             }
         }
-        // Too many links: drop stale ones that are not connected first.
-        if self.links.len() > MAX_LINKS {
-            let mut stale: Vec<String> = self
-                .links
-                .iter()
-                .filter(|(_, l)| !l.fresh && l.conn.is_none() && !l.connecting)
-                .map(|(n, _)| n.clone())
-                .collect();
-            stale.truncate(self.links.len() - MAX_LINKS);
-            for n in stale {
-                self.links.remove(&n);
+        // The links to keep (`swarm::links`): beyond the cap, stale ones without a
+        // channel go; in large swarms, idle far links beyond a few.
+        let states: Vec<swarm::links::LinkState<String>> = self
+            .links
+            .iter()
+            .map(|(n, l)| swarm::links::LinkState {
+                key: n.clone(),
+                distance: l.distance,
+                live: l.conn.is_some() || l.connecting,
+                fresh: l.fresh,
+                inflight: self.sched.inflight_to(n),
+                useful_ms: l.useful_ms,
+            })
+            .collect();
+        let mut close = Vec::new();
+        for n in swarm::links::to_drop(&states, resp.members, now) {
+            for piece in self.sched.remove_peer(&n) {
+                self.request_ended(piece, &n);
+            }
+            if let Some(conn) = self.links.remove(&n).and_then(|l| l.conn) {
+                close.push(conn);
             }
         }
+        close
     }
 
     fn learn_hashes(&mut self, hashes: BTreeMap<u32, String>) {
@@ -623,6 +641,7 @@ impl Download {
                             connecting: false,
                             retry_at: None,
                             fresh: true,
+                            useful_ms: now,
                         },
                     );
                     self.connect_links();
@@ -676,6 +695,9 @@ impl Download {
 
             PeerEvent::Received { peer, piece, hash } => {
                 self.request_ended(piece, &peer);
+                if let Some(l) = self.links.get_mut(&peer) {
+                    l.useful_ms = now;
+                }
                 self.check_piece(piece, &peer, hash).await?;
             }
             PeerEvent::Dropped { peer, piece } => {
@@ -770,7 +792,9 @@ impl Download {
                             self.publish.remove(k);
                         }
                         self.bad.retain(|b| !sent_bad.contains(b));
-                        self.absorb(resp);
+                        for (conn, chan) in self.absorb(resp) {
+                            conn.close(chan).await;
+                        }
                         self.connect_links();
                         if let Err(e) = self.settle_unverified().await {
                             warn!(digest = %self.d, error = %e, "cannot keep verified pieces");

@@ -53,6 +53,37 @@ impl Engine<'_> {
         }
     }
 
+    /// Drops a link (`swarm::links::to_drop`): its channel is closed and the peer
+    /// leaves the scheduler (a link with requests in flight is never dropped; any
+    /// released are given back all the same).
+    pub(crate) fn drop_link(&mut self, s: u32, l: u32, h: u32) {
+        let name = self.names[self.nodes[h as usize].node as usize].clone();
+        let p = self.pull(s, l);
+        let Some(k) = p.links.remove(&h) else {
+            return;
+        };
+        let released = p
+            .sched
+            .as_mut()
+            .map(|x| x.remove_peer(&name))
+            .unwrap_or_default();
+        for piece in released {
+            self.request_ended(s, l, piece, h);
+        }
+        if k.connected {
+            self.out.counters.links_dropped += 1;
+            let t = self.now + self.peer_latency();
+            self.at(
+                t,
+                Timer::Close {
+                    slot: s,
+                    layer: l,
+                    holder: h,
+                },
+            );
+        }
+    }
+
     pub(crate) fn connected(&mut self, s: u32, l: u32, h: u32) {
         let p = self.pull(s, l);
         let live = !p.done && p.phase == Phase::Swarm;
@@ -224,6 +255,10 @@ impl Engine<'_> {
             return;
         }
         self.request_ended(s, l, piece, h);
+        let now_ms = self.now_ms();
+        if let Some(k) = self.pull(s, l).links.get_mut(&h) {
+            k.useful_ms = now_ms;
+        }
         let name = self.names[self.nodes[h as usize].node as usize].clone();
         if !claimed {
             self.out.counters.dropped_pieces += 1;
