@@ -655,7 +655,7 @@ impl PieceScheduler {
         let busy = self.inflight_any.as_bytes();
         let mut open: Vec<u8> = have.iter().zip(busy).map(|(&m, &b)| !m & !b).collect();
         if let Some(last) = open.last_mut() {
-            if len % 8 != 0 {
+            if !len.is_multiple_of(8) {
                 *last &= (1u8 << (len % 8)) - 1;
             }
         }
