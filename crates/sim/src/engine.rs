@@ -56,6 +56,11 @@ pub struct SwarmCounters {
     /// piece elsewhere (`retarget_on_have`), and endgame duplicates cancelled.
     pub retargets: u64,
     pub cancels: u64,
+    /// Requests cancelled because their bytes had not begun within the stall timeout
+    /// (`SchedulerConfig::stall_ms`, swarms of 64 or more).
+    pub stall_cancels: u64,
+    /// Links dropped by `swarm::links::to_drop` with their channel open.
+    pub links_dropped: u64,
     /// Pieces that arrived before their hash was known and waited for it.
     pub hash_waits: u64,
     pub hash_fetches: u64,

@@ -29,18 +29,13 @@
 //!   Non-urgent requests take from the agent-wide `RequestBudget`
 //!   (`max_piece_requests`, 16) until their response ends; a blob's read head is
 //!   requested urgently, outside the budget.
-//! - Serving a piece (serve.rs): the holder takes one of its `max_uploads` slots; if
-//!   none is free, a request that asked to wait (the tracker sets
-//!   `wait_for_upload_slots` for swarms of more than 256 members) joins a line of at
-//!   most `upload_queue` for at most `upload_wait_ms` (fair: first in, first served),
-//!   and any other answers 503. Then it pays its upload token bucket for the whole
-//!   piece, then streams the
-//!   body (sendfile), and keeps the slot until the body's last byte is in the socket.
-//!   So with an upload limit a piece crosses two stages, the holder's upload bucket and
-//!   then the network to the requester (paced by the requester's download bucket), and
-//!   the slot is held through both; without one, through the body. On a 503 (or 404) the
-//!   requester calls `on_failed` and `remove_peer` until the tracker hands the peer out
-//!   again (download.rs, `Event::Piece` with an error).
+//! - Serving a piece (serve.rs): the holder's `swarm::upload::UploadQueue` (its
+//!   `max_uploads` slots, urgent first, then the piece it sent fewest times), the
+//!   upload bucket and the body through the socket; a full line answers busy and the
+//!   requester rests that peer. In swarms of 64 or more members the requester's
+//!   `PieceScheduler::stalled_requests` cancels what waited 200 ms without bytes (the
+//!   holder confirms, the piece goes elsewhere), and above 256 members
+//!   `swarm::links::to_drop` bounds the far links each download keeps.
 //! - The pull client (`oci::pull`): one registry round trip for the manifest, then the
 //!   image's blobs in order (`--oci-layout` reads the config and the layers) with
 //!   `layer_concurrency` at once. Every registry request takes `registry.latency_ms`
@@ -78,11 +73,9 @@
 //!   solver events, but store-and-forward per piece costs one piece time per hop, so
 //!   results are pessimistic by about (tree depth × piece time). The shipped scenarios
 //!   use the rule (64 MiB at 25 Gbit/s).
-//! - Cost at scale: every HAVE goes to every channel open on the blob, and a download
-//!   task keeps every peer it connected to (the agent drops only stale links that are
-//!   not connected), about 150–200 per blob at 1,000 nodes and more at 10,000: HAVE
-//!   deliveries (tens to hundreds of millions) dominate the run, then the tracker's
-//!   handouts and the scheduling passes.
+//! - Cost at scale: every HAVE goes to every channel open on the blob, so HAVE
+//!   deliveries (pieces × nodes × links) dominate a large run, then the scheduling
+//!   passes and the tracker's handouts (BENCHMARKS.md, issue 11 proof 5).
 #![forbid(unsafe_code)]
 
 pub mod cli;

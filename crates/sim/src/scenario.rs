@@ -518,6 +518,18 @@ impl Scenario {
         let mut s: Scenario = toml::from_str(text).map_err(|e| Error::Scenario(e.to_string()))?;
         let raw = s.starling_raw.take().unwrap_or_default();
         s.starling = Starling::fill(raw, &mut s.warnings);
+        // A new transfer gets bandwidth only at a quantum's end: a quantum near the
+        // requesters' stall timeout makes waiting requests look stalled (at 10,000
+        // nodes a 250 ms quantum turned 8 M requests into stall cancels).
+        let stall = swarm::scheduler::SchedulerConfig::default().stall_ms as f64;
+        if s.sim.quantum_ms * 2.0 > stall {
+            s.warnings.push(format!(
+                "sim.quantum_ms = {} is more than half the agents' stall timeout ({stall} ms, swarms of {}+ members): requests will look stalled; use {} or less",
+                s.sim.quantum_ms,
+                swarm::scheduler::STALL_MIN_MEMBERS,
+                stall / 4.0
+            ));
+        }
         if let Some(dir) = s.image.oci_layout.clone() {
             let dir = if dir.is_absolute() {
                 dir

@@ -2,10 +2,12 @@
 //! it: piece geometry and hashes, bitfields, the announce protocol and the tracker's
 //! swarm state (who holds what, who fetches from the registry, which peers to hand
 //! out), the peer wire protocol's frames, the downloader's piece scheduler (which
-//! piece from which peer next) and the holder's upload line (which request next).
+//! piece from which peer next), the links it keeps (`links`) and the holder's upload
+//! line (which request next).
 #![forbid(unsafe_code)]
 
 pub mod bitfield;
+pub mod links;
 mod peers;
 pub mod pieces;
 pub mod protocol;

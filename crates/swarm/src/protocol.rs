@@ -135,4 +135,9 @@ pub struct AnnounceResponse {
     /// `p % count == index` (large swarms; see `scheduler`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stripe: Option<[u32; 2]>,
+    /// Members of the swarm as the tracker counts them: large swarms get bounded
+    /// neighbour sets and request stall timeouts (`links`, `scheduler`). 0 from a
+    /// tracker that does not say: the small-swarm rules.
+    #[serde(default)]
+    pub members: u32,
 }

@@ -21,12 +21,30 @@
 //!   business: it pings, then drops the connection, and the peer is removed.)
 //! - Endgame: when every missing piece is in flight and few remain, each is also asked
 //!   of a second peer, so one slow peer cannot hold up the tail.
+//! - Swarms of [`STALL_MIN_MEMBERS`] or more (the tracker's count, `set_members`): a
+//!   request whose bytes have not begun after `stall_ms` is reported by
+//!   [`PieceScheduler::stalled_requests`] for the caller to cancel; once the holder
+//!   confirms ([`PieceScheduler::on_cancelled`]) the piece is open again and that
+//!   holder rests for `stall_backoff_ms`, so the piece goes to another holder instead
+//!   of waiting behind a long line. (The simulator showed lines of 100–240 requests at
+//!   the few holders near where pieces enter the swarm while half the nodes received
+//!   nothing.) This bounds how long a request waits in any holder's line. Swarms of
+//!   more than [`LARGE_SWARM_MEMBERS`] wait `large_patience_ms` for a near holder
+//!   before fetching outside their stripe: with stalls cancelled, a piece soon has a
+//!   near holder, and far fetches cost the rack's uplink.
 
 use std::collections::HashMap;
 
 use crate::Bitfield;
 
 pub type PeerId = String;
+
+/// Swarms with at least this many members get stall timeouts (the size at which the
+/// tracker gives rack stripes; the benchmarks of 4–16 nodes run without).
+pub const STALL_MIN_MEMBERS: u32 = 64;
+/// Swarms with more members than this wait `large_patience_ms` before fetching
+/// outside their stripe (the size at which the tracker's handout spreads load).
+pub const LARGE_SWARM_MEMBERS: u32 = 256;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -53,6 +71,13 @@ pub struct SchedulerConfig {
     /// Rack stripes: how long a piece available only outside the rack waits for the
     /// member whose stripe it is in.
     pub patience_ms: u64,
+    /// ... in swarms of more than [`LARGE_SWARM_MEMBERS`].
+    pub large_patience_ms: u64,
+    /// Swarms of [`STALL_MIN_MEMBERS`] or more: a request whose bytes have not begun
+    /// after this long is cancelled and asked elsewhere.
+    pub stall_ms: u64,
+    /// ... and the holder that kept it waiting rests this long.
+    pub stall_backoff_ms: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -67,6 +92,9 @@ impl Default for SchedulerConfig {
             seed: 0,
             busy_backoff_ms: 25,
             patience_ms: 1_500,
+            large_patience_ms: 4_000,
+            stall_ms: 200,
+            stall_backoff_ms: 1_000,
         }
     }
 }
@@ -136,6 +164,15 @@ pub struct PieceScheduler {
     name_rank: Vec<u32>,
     ranks_stale: bool,
     stripe: Option<(u32, u32)>,
+    /// The swarm's members as the tracker counted them last.
+    members: u32,
+    /// Stall timeouts on (`members` ≥ [`STALL_MIN_MEMBERS`]).
+    large: bool,
+    /// Requests in flight to peers: (piece, slot, when asked or last checked, ms).
+    /// Kept only with stall timeouts on; a few dozen at most.
+    asked: Vec<(u32, u32, u64)>,
+    /// Requests cancelled for a stall, waiting for the holder's answer.
+    stall_cancelled: Vec<(u32, u32)>,
 }
 
 impl PieceScheduler {
@@ -156,6 +193,83 @@ impl PieceScheduler {
             name_rank: Vec::new(),
             ranks_stale: false,
             stripe: None,
+            members: 0,
+            large: false,
+            asked: Vec::new(),
+            stall_cancelled: Vec::new(),
+        }
+    }
+
+    /// The swarm's size as the tracker counts it (`AnnounceResponse::members`): it
+    /// switches stall timeouts and the large swarms' patience on or off.
+    pub fn set_members(&mut self, members: u32, now_ms: u64) {
+        self.members = members;
+        let large = members >= STALL_MIN_MEMBERS;
+        if large && !self.large {
+            // Requests sent before count from now.
+            self.asked = (0..self.inflight.len() as u32)
+                .flat_map(|p| {
+                    self.inflight[p as usize]
+                        .iter()
+                        .map(move |&sl| (p, sl, now_ms))
+                })
+                .collect();
+        }
+        if !large {
+            self.asked.clear();
+            self.stall_cancelled.clear();
+        }
+        self.large = large;
+    }
+
+    /// How long a piece available only outside the rack waits for the stripe's member.
+    pub fn patience_ms(&self) -> u64 {
+        if self.members > LARGE_SWARM_MEMBERS {
+            self.cfg.large_patience_ms
+        } else {
+            self.cfg.patience_ms
+        }
+    }
+
+    /// Requests whose bytes may not have begun for `stall_ms` (swarms of
+    /// [`STALL_MIN_MEMBERS`] or more).
+    /// Each is reported once per `stall_ms`; the caller cancels those whose bytes have
+    /// not begun (a holder that has begun sending goes on) and tells the scheduler the
+    /// holder's answer with [`PieceScheduler::on_cancelled`].
+    pub fn stalled_requests(&mut self, now_ms: u64) -> Vec<Request> {
+        if !self.large {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for k in 0..self.asked.len() {
+            let (piece, slot, at) = self.asked[k];
+            if now_ms.saturating_sub(at) < self.cfg.stall_ms {
+                continue;
+            }
+            self.asked[k].2 = now_ms;
+            if !self.stall_cancelled.contains(&(piece, slot)) {
+                self.stall_cancelled.push((piece, slot));
+            }
+            out.push(self.request(piece, slot, piece == self.have.prefix()));
+        }
+        out
+    }
+
+    /// The holder confirmed a cancel: the request is gone. One cancelled for a stall
+    /// rests the holder, so the piece is asked of someone else.
+    pub fn on_cancelled(&mut self, piece: u32, peer: &str, now_ms: u64) {
+        let Some(&i) = self.by_name.get(peer) else {
+            return;
+        };
+        let stalled = self.stall_cancelled.contains(&(piece, i));
+        if piece < self.have.len() {
+            self.release(piece, i);
+        }
+        if stalled {
+            let backoff = self.cfg.stall_backoff_ms;
+            if let Some(s) = self.slots[i as usize].as_mut() {
+                s.busy_until_ms = s.busy_until_ms.max(now_ms + backoff);
+            }
         }
     }
 
@@ -350,6 +464,19 @@ impl PieceScheduler {
         self.slot(id).is_some_and(|(_, s)| s.banned)
     }
 
+    /// Requests in flight to a peer (by handle, [`PieceScheduler::peer_handle`]).
+    pub fn inflight_to_handle(&self, handle: u32) -> u32 {
+        self.slots
+            .get(handle as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |s| s.inflight)
+    }
+
+    /// Requests in flight to a peer.
+    pub fn inflight_to(&self, id: &str) -> u32 {
+        self.slot(id).map_or(0, |(_, s)| s.inflight)
+    }
+
     /// Measured throughput from a peer, bytes per second (0: not measured yet).
     pub fn peer_rate(&self, id: &str) -> f64 {
         self.slot(id).map_or(0.0, |(_, s)| s.rate)
@@ -398,8 +525,7 @@ impl PieceScheduler {
         match self.stripe {
             Some((idx, n)) if distance > 0 => {
                 piece % n == idx
-                    || now_ms.saturating_sub(self.first_seen[piece as usize])
-                        >= self.cfg.patience_ms
+                    || now_ms.saturating_sub(self.first_seen[piece as usize]) >= self.patience_ms()
             }
             _ => true,
         }
@@ -521,13 +647,43 @@ impl PieceScheduler {
             self.name_rank = ranks;
             self.ranks_stale = false;
         }
+        // The open pieces (neither held nor in flight), and those of them a far peer
+        // may give, once per pass: each peer is then one AND over the bytes (at 1,000
+        // nodes, testing each peer's pieces one by one was a fifth of the run).
+        let len = self.have.len();
+        let have = self.have.as_bytes();
+        let busy = self.inflight_any.as_bytes();
+        let mut open: Vec<u8> = have.iter().zip(busy).map(|(&m, &b)| !m & !b).collect();
+        if let Some(last) = open.last_mut() {
+            if !len.is_multiple_of(8) {
+                *last &= (1u8 << (len % 8)) - 1;
+            }
+        }
+        let mut open_far = open.clone();
+        if self.stripe.is_some() {
+            for (byte, bits) in open_far.iter_mut().enumerate() {
+                let mut rest = *bits;
+                while rest != 0 {
+                    let bit = rest.trailing_zeros();
+                    rest &= rest - 1;
+                    if !self.far_allowed(byte as u32 * 8 + bit, 2, now_ms) {
+                        *bits &= !(1u8 << bit);
+                    }
+                }
+            }
+        }
+        let any_open = |s: &Slot| {
+            let mask = if s.distance > 0 { &open_far } else { &open };
+            match &s.have {
+                None => mask.iter().any(|&b| b != 0),
+                Some(h) => mask.iter().zip(h.as_bytes()).any(|(&m, &t)| m & t != 0),
+            }
+        };
         self.slots
             .iter()
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().map(|s| (i as u32, s)))
-            .filter(|(i, s)| {
-                !s.banned && s.busy_until_ms <= now_ms && self.has_open_piece(*i, s, now_ms)
-            })
+            .filter(|(_, s)| !s.banned && s.busy_until_ms <= now_ms && any_open(s))
             .map(|(i, s)| Cand {
                 slot: i,
                 window: self.window(s),
@@ -619,28 +775,6 @@ impl PieceScheduler {
             })
     }
 
-    /// Whether `best_piece_for` would find a piece for this peer.
-    fn has_open_piece(&self, _slot: u32, s: &Slot, now_ms: u64) -> bool {
-        let have = self.have.as_bytes();
-        let busy = self.inflight_any.as_bytes();
-        let theirs = s.have.as_ref().map(|h| h.as_bytes());
-        for (byte, (&mine, &infl)) in have.iter().zip(busy).enumerate() {
-            let mut open = !mine & !infl;
-            if let Some(t) = theirs {
-                open &= t[byte];
-            }
-            while open != 0 {
-                let bit = open.trailing_zeros();
-                open &= open - 1;
-                let piece = byte as u32 * 8 + bit;
-                if piece < self.have.len() && self.far_allowed(piece, s.distance, now_ms) {
-                    return true;
-                }
-            }
-        }
-        false
-    }
-
     /// Load order: fewest in flight relative to the window, then nearest, then fastest,
     /// then partial before complete (so seeds are not the only uploaders).
     #[cfg(test)]
@@ -724,6 +858,9 @@ impl PieceScheduler {
     fn assign(&mut self, piece: u32, slot: u32, now_ms: u64) {
         self.inflight[piece as usize].push(slot);
         self.inflight_any.set(piece);
+        if self.large {
+            self.asked.push((piece, slot, now_ms));
+        }
         if let Some(s) = self.slots[slot as usize].as_mut() {
             if s.inflight == 0 {
                 s.mark_ms = Some(now_ms);
@@ -737,6 +874,20 @@ impl PieceScheduler {
         let v = &mut self.inflight[piece as usize];
         if let Some(at) = v.iter().position(|&x| x == slot) {
             v.swap_remove(at);
+            if let Some(k) = self
+                .asked
+                .iter()
+                .position(|&(p, sl, _)| p == piece && sl == slot)
+            {
+                self.asked.swap_remove(k);
+            }
+            if let Some(k) = self
+                .stall_cancelled
+                .iter()
+                .position(|&x| x == (piece, slot))
+            {
+                self.stall_cancelled.swap_remove(k);
+            }
             if let Some(s) = self.slots[slot as usize].as_mut() {
                 s.inflight = s.inflight.saturating_sub(1);
                 if s.inflight == 0 {
@@ -846,7 +997,8 @@ impl PieceScheduler {
         }
         let backoff = self.cfg.busy_backoff_ms;
         if let Some(s) = self.slots[i as usize].as_mut() {
-            s.busy_until_ms = now_ms + backoff;
+            // Never shortens a longer rest (after a stall; found by the property test).
+            s.busy_until_ms = s.busy_until_ms.max(now_ms + backoff);
         }
     }
 
@@ -1267,6 +1419,81 @@ mod tests {
         );
         assert_eq!(s.retarget_on_have(p, "src", Some("src")), None);
         assert_eq!(s.retarget_on_have(7 - p.min(7), "x", None), None);
+    }
+
+    #[test]
+    fn a_request_stalled_in_a_holders_line_moves_to_another_holder() {
+        let cfg = SchedulerConfig {
+            min_window: 2,
+            max_window: 2,
+            ..Default::default()
+        };
+        let stall = cfg.stall_ms;
+        let mut s = sched(8, cfg);
+        s.set_members(STALL_MIN_MEMBERS, 0);
+        s.set_peer("slow", Some(bits(8, &[0, 1, 2, 3, 4, 5, 6, 7])), 0);
+        let first = s.next_requests(0, 8);
+        assert_eq!(
+            first.len(),
+            2,
+            "a window of two, the read head in it: {first:?}"
+        );
+        assert!(s.stalled_requests(stall - 1).is_empty(), "not yet");
+        let stalled = s.stalled_requests(stall);
+        assert_eq!(stalled.len(), 2, "both wait past the timeout: {stalled:?}");
+        assert!(
+            s.stalled_requests(stall + 1).is_empty(),
+            "reported once per timeout"
+        );
+        // The holder confirms both cancels; another holder appears.
+        for r in &stalled {
+            s.on_cancelled(r.piece, "slow", stall + 2);
+        }
+        s.set_peer("other", None, 0);
+        let again = s.next_requests(stall + 2, 8);
+        assert!(!again.is_empty());
+        assert!(
+            again.iter().all(|r| r.peer == "other"),
+            "the holder that kept them waiting rests: {again:?}"
+        );
+        assert!(again.iter().any(|r| r.piece == first[0].piece && r.urgent));
+    }
+
+    #[test]
+    fn small_swarms_have_no_stall_timeout_and_a_plain_cancel_rests_nobody() {
+        let mut s = sched(8, SchedulerConfig::default());
+        s.set_members(STALL_MIN_MEMBERS - 1, 0);
+        s.set_peer("a", None, 0);
+        let r = s.next_requests(0, 8);
+        assert!(!r.is_empty());
+        assert!(s.stalled_requests(60_000).is_empty());
+        // A cancel that was not for a stall (a retarget) leaves the holder usable.
+        s.on_cancelled(r[0].piece, "a", 60_000);
+        let again = s.next_requests(60_000, 8);
+        assert!(again.iter().any(|x| x.piece == r[0].piece && x.peer == "a"));
+        // A swarm that grows past the threshold: requests sent before count from then.
+        s.set_members(1_000, 60_000);
+        assert!(s.stalled_requests(60_100).is_empty());
+        assert!(!s.stalled_requests(60_000 + s.config().stall_ms).is_empty());
+    }
+
+    #[test]
+    fn large_swarms_wait_longer_for_a_near_holder() {
+        let cfg = SchedulerConfig {
+            patience_ms: 1_000,
+            large_patience_ms: 3_000,
+            ..Default::default()
+        };
+        let mut s = sched(8, cfg);
+        s.set_stripe(Some((0, 2)));
+        s.set_peer_at("far", None, 2, 0);
+        assert_eq!(s.patience_ms(), 1_000);
+        let far = s.peer_handle("far").expect("known");
+        assert!(s.could_request_from(far, 3, 1_000));
+        s.set_members(LARGE_SWARM_MEMBERS + 1, 0);
+        assert_eq!(s.patience_ms(), 3_000);
+        assert!(!s.could_request_from(far, 3, 1_000));
+        assert!(s.could_request_from(far, 3, 3_000));
     }
 
     #[test]

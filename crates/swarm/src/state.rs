@@ -372,6 +372,7 @@ impl TrackerState {
             source: swarm.source.clone(),
             interval_ms: cfg.announce_interval_ms,
             stripe,
+            members: swarm.peers.len().min(u32::MAX as usize) as u32,
         })
     }
 
@@ -764,5 +765,22 @@ mod tests {
         let small = Digest::of(b"few");
         let resp = ann(&mut t, &req("solo", &small), 0);
         assert_eq!(resp.stripe, None);
+    }
+
+    #[test]
+    fn answers_say_how_many_members_the_swarm_has() {
+        let d = Digest::of(b"members");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        for i in 0..5 {
+            assert_eq!(ann(&mut t, &req(&format!("n{i}"), &d), 0).members, i + 1);
+        }
+        let mut gone = req("n0", &d);
+        gone.leaving = true;
+        assert_eq!(ann(&mut t, &gone, 1).members, 4);
+        // An answer from a tracker that does not say parses as 0 (small-swarm rules).
+        let mut v = serde_json::to_value(ann(&mut t, &req("n1", &d), 2)).expect("json");
+        v.as_object_mut().expect("object").remove("members");
+        let old: AnnounceResponse = serde_json::from_value(v).expect("parses");
+        assert_eq!(old.members, 0);
     }
 }

@@ -387,6 +387,10 @@ enum SchedOp {
     Claim(u32),
     Unclaim(u32),
     Advance(u64),
+    /// The tracker's member count (stall timeouts from 64 on).
+    Members(u32),
+    /// The housekeeping's stall check.
+    Stalls,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -397,6 +401,8 @@ enum End {
     Busy,
     NotHeld,
     Forget,
+    /// The holder confirmed a cancel.
+    Cancelled,
 }
 
 fn sched_op(pieces: u32) -> impl Strategy<Value = SchedOp> {
@@ -409,12 +415,15 @@ fn sched_op(pieces: u32) -> impl Strategy<Value = SchedOp> {
         5 => (0u32..6).prop_map(SchedOp::Next),
         6 => (any::<usize>(), prop_oneof![
             4 => Just(End::Done), 1 => Just(End::Failed), 1 => Just(End::Corrupt),
-            1 => Just(End::Busy), 1 => Just(End::NotHeld), 1 => Just(End::Forget)
+            1 => Just(End::Busy), 1 => Just(End::NotHeld), 1 => Just(End::Forget),
+            3 => Just(End::Cancelled)
         ]).prop_map(|(i, e)| SchedOp::End(i, e)),
         1 => p.clone().prop_map(SchedOp::DoneElsewhere),
         1 => p.clone().prop_map(SchedOp::Claim),
         1 => p.prop_map(SchedOp::Unclaim),
-        1 => (1u64..100).prop_map(SchedOp::Advance),
+        3 => (1u64..400).prop_map(SchedOp::Advance),
+        2 => prop_oneof![1 => Just(10u32), 1 => Just(64), 2 => Just(10_000)].prop_map(SchedOp::Members),
+        3 => Just(SchedOp::Stalls),
     ]
 }
 
@@ -429,6 +438,20 @@ struct SchedModel {
     /// Requests sent and not ended: (piece, peer).
     outstanding: Vec<(u32, String)>,
     claimed: BTreeSet<u32>,
+    /// Stall timeouts on, when each outstanding request was asked (or last reported
+    /// stalled), which were reported, and peers resting after a stall until when.
+    stall_timeouts: bool,
+    asked_at: HashMap<(u32, String), u64>,
+    stall_reported: HashSet<(u32, String)>,
+    resting: HashMap<String, u64>,
+}
+
+impl SchedModel {
+    fn ended(&mut self, piece: u32, peer: &str) {
+        let key = (piece, peer.to_owned());
+        self.asked_at.remove(&key);
+        self.stall_reported.remove(&key);
+    }
 }
 
 impl SchedModel {
@@ -481,7 +504,13 @@ fn run_scheduler(
         banned: HashSet::new(),
         outstanding: Vec::new(),
         claimed: BTreeSet::new(),
+        stall_timeouts: false,
+        asked_at: HashMap::new(),
+        stall_reported: HashSet::new(),
+        resting: HashMap::new(),
     };
+    let stall_ms = s.config().stall_ms;
+    let stall_backoff_ms = s.config().stall_backoff_ms;
     let mut now = 0u64;
     for op in ops {
         match op {
@@ -517,9 +546,14 @@ fn run_scheduler(
                     .collect();
                 expected.sort_unstable();
                 prop_assert_eq!(released, expected, "remove_peer releases its requests");
+                for (x, _) in m.outstanding.clone().iter().filter(|(_, p)| *p == peer(*i)) {
+                    m.ended(*x, &peer(*i));
+                }
                 m.outstanding.retain(|(_, p)| *p != peer(*i));
                 m.peers.remove(&peer(*i));
                 m.banned.remove(&peer(*i));
+                // A peer that comes back is a new one: no rest carried over.
+                m.resting.remove(&peer(*i));
             }
             SchedOp::Next(max_new) => {
                 let held_before = s.have().clone();
@@ -561,12 +595,18 @@ fn run_scheduler(
                         r.peer,
                         r.piece
                     );
+                    prop_assert!(
+                        m.resting.get(&r.peer).is_none_or(|&until| until <= now),
+                        "asked {} while it rests after a stall",
+                        r.peer
+                    );
                     let pair = (r.piece, r.peer.clone());
                     prop_assert!(
                         !m.outstanding.contains(&pair),
                         "second request for {:?}",
                         pair
                     );
+                    m.asked_at.insert(pair.clone(), now);
                     m.outstanding.push(pair);
                 }
             }
@@ -574,8 +614,21 @@ fn run_scheduler(
                 if m.outstanding.is_empty() {
                     continue;
                 }
-                let (piece, p) = m.outstanding.remove(i % m.outstanding.len());
+                // A confirmed cancel is most often one the stall check asked for.
+                let mut at = i % m.outstanding.len();
+                if matches!(how, End::Cancelled) && i % 4 != 0 {
+                    if let Some(k) = m
+                        .outstanding
+                        .iter()
+                        .position(|pair| m.stall_reported.contains(pair))
+                    {
+                        at = k;
+                    }
+                }
+                let (piece, p) = m.outstanding.remove(at);
                 tally.add("request ended");
+                let stalled = m.stall_reported.contains(&(piece, p.clone()));
+                m.ended(piece, &p);
                 match how {
                     End::Done => {
                         s.on_done(piece, &p, now);
@@ -600,6 +653,14 @@ fn run_scheduler(
                         }
                     }
                     End::Forget => s.forget(piece, &p),
+                    End::Cancelled => {
+                        s.on_cancelled(piece, &p, now);
+                        if stalled {
+                            tally.add("stalled request cancelled");
+                            let until = m.resting.entry(p.clone()).or_insert(0);
+                            *until = (*until).max(now + stall_backoff_ms);
+                        }
+                    }
                 }
             }
             SchedOp::DoneElsewhere(piece) => {
@@ -617,6 +678,47 @@ fn run_scheduler(
                 m.claimed.remove(piece);
             }
             SchedOp::Advance(ms) => now += ms,
+            SchedOp::Members(n) => {
+                s.set_members(*n, now);
+                let on = *n >= swarm::scheduler::STALL_MIN_MEMBERS;
+                if on && !m.stall_timeouts {
+                    for pair in &m.outstanding {
+                        m.asked_at.insert(pair.clone(), now);
+                    }
+                }
+                if !on {
+                    m.stall_reported.clear();
+                }
+                m.stall_timeouts = on;
+            }
+            SchedOp::Stalls => {
+                let mut got: Vec<(u32, String)> = s
+                    .stalled_requests(now)
+                    .into_iter()
+                    .map(|r| (r.piece, r.peer))
+                    .collect();
+                got.sort();
+                let mut want: Vec<(u32, String)> = if m.stall_timeouts {
+                    m.outstanding
+                        .iter()
+                        .filter(|pair| {
+                            m.asked_at
+                                .get(*pair)
+                                .is_some_and(|&at| now.saturating_sub(at) >= stall_ms)
+                        })
+                        .cloned()
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                want.sort();
+                prop_assert_eq!(&got, &want, "stalled requests at {}", now);
+                for pair in got {
+                    tally.add("stalled request");
+                    m.asked_at.insert(pair.clone(), now);
+                    m.stall_reported.insert(pair);
+                }
+            }
         }
         check_counts(&s, &m)?;
     }
@@ -869,6 +971,8 @@ fn the_sequences_reach_the_interesting_cases() {
         "served",
         "served urgent first",
         "cancelled",
+        "stalled request",
+        "stalled request cancelled",
     ] {
         let n = tally.0.get(what).copied().unwrap_or(0);
         assert!(

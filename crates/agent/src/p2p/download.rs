@@ -46,9 +46,8 @@ const HASH_PUSH_EVERY: Duration = Duration::from_millis(100);
 /// A registry run that yields nothing for this long publishes what it has buffered.
 const RUN_QUIET: Duration = Duration::from_millis(5);
 
-/// Peer links kept per blob: twice the tracker's handout, so peers handed out in
-/// earlier announces stay connected while they are useful.
-const MAX_LINKS: usize = 48;
+/// Peer links kept per blob (`swarm::links`).
+const MAX_LINKS: usize = swarm::links::MAX_LINKS;
 
 pub(crate) enum Start {
     /// The swarm download runs; stream from this inflight.
@@ -207,7 +206,9 @@ pub(crate) async fn start(
         pieces_by_peer: BTreeMap::new(),
         registry_retry_at: None,
     };
-    dl.absorb(resp);
+    for (conn, chan) in dl.absorb(resp) {
+        conn.close(chan).await;
+    }
     dl.p2p
         .downloads
         .lock()
@@ -231,6 +232,9 @@ struct Link {
     retry_at: Option<Instant>,
     /// Whether the tracker still hands it out.
     fresh: bool,
+    /// When it last gave a piece, or when it was handed out (ms since the task's
+    /// start), for `swarm::links::to_drop`.
+    useful_ms: u64,
 }
 
 /// A registry run in progress: pieces `[first, end)` over one registry connection.
@@ -320,7 +324,9 @@ impl Download {
         r
     }
 
-    fn absorb(&mut self, resp: AnnounceResponse) {
+    /// Takes in a tracker answer; returns the channels of links it dropped, to close.
+    fn absorb(&mut self, resp: AnnounceResponse) -> Vec<(Arc<PeerConn>, ChannelId)> {
+        let now = self.now_ms();
         if resp.role == Role::Source && self.role != Role::Source {
             info!(digest = %self.d, "elected to fetch from the registry");
             self.p2p.metrics.source_roles.inc();
@@ -329,6 +335,7 @@ impl Download {
         self.source = resp.source.clone();
         self.interval = Duration::from_millis(resp.interval_ms.clamp(50, 10_000));
         self.sched.set_stripe(resp.stripe.map(|[i, n]| (i, n)));
+        self.sched.set_members(resp.members, self.now_ms());
         self.learn_hashes(resp.hashes);
         self.p2p.metrics.swarm_peers.set(resp.peers.len() as i64);
         for l in self.links.values_mut() {
@@ -346,6 +353,7 @@ impl Download {
                 connecting: false,
                 retry_at: None,
                 fresh: true,
+                useful_ms: now,
             });
             link.fresh = true;
             link.distance = distance;
@@ -353,19 +361,30 @@ impl Download {
                 link.addr = p.addr.clone();
             }
         }
-        // Too many links: drop stale ones that are not connected first.
-        if self.links.len() > MAX_LINKS {
-            let mut stale: Vec<String> = self
-                .links
-                .iter()
-                .filter(|(_, l)| !l.fresh && l.conn.is_none() && !l.connecting)
-                .map(|(n, _)| n.clone())
-                .collect();
-            stale.truncate(self.links.len() - MAX_LINKS);
-            for n in stale {
-                self.links.remove(&n);
+        // The links to keep (`swarm::links`): beyond the cap, stale ones without a
+        // channel go; in large swarms, idle far links beyond a few.
+        let states: Vec<swarm::links::LinkState<String>> = self
+            .links
+            .iter()
+            .map(|(n, l)| swarm::links::LinkState {
+                key: n.clone(),
+                distance: l.distance,
+                live: l.conn.is_some() || l.connecting,
+                fresh: l.fresh,
+                inflight: self.sched.inflight_to(n),
+                useful_ms: l.useful_ms,
+            })
+            .collect();
+        let mut close = Vec::new();
+        for n in swarm::links::to_drop(&states, resp.members, now) {
+            for piece in self.sched.remove_peer(&n) {
+                self.request_ended(piece, &n);
+            }
+            if let Some(conn) = self.links.remove(&n).and_then(|l| l.conn) {
+                close.push(conn);
             }
         }
+        close
     }
 
     fn learn_hashes(&mut self, hashes: BTreeMap<u32, String>) {
@@ -622,6 +641,7 @@ impl Download {
                             connecting: false,
                             retry_at: None,
                             fresh: true,
+                            useful_ms: now,
                         },
                     );
                     self.connect_links();
@@ -675,6 +695,9 @@ impl Download {
 
             PeerEvent::Received { peer, piece, hash } => {
                 self.request_ended(piece, &peer);
+                if let Some(l) = self.links.get_mut(&peer) {
+                    l.useful_ms = now;
+                }
                 self.check_piece(piece, &peer, hash).await?;
             }
             PeerEvent::Dropped { peer, piece } => {
@@ -691,7 +714,7 @@ impl Download {
                     RejectReason::Busy => self.sched.on_busy(piece, &peer, now),
                     RejectReason::NotHeld => self.sched.on_not_held(piece, &peer),
                     RejectReason::Invalid => self.sched.on_failed(piece, &peer, false),
-                    RejectReason::Cancelled => self.sched.forget(piece, &peer),
+                    RejectReason::Cancelled => self.sched.on_cancelled(piece, &peer, now),
                 }
             }
             PeerEvent::Hashes {
@@ -733,6 +756,21 @@ impl Download {
         }
     }
 
+    /// Requests kept waiting past the stall timeout (swarms of 64 or more): cancelled
+    /// unless their bytes have begun; the holder's REJECT (cancelled) then opens the
+    /// piece for another holder (`PieceScheduler::on_cancelled`).
+    async fn cancel_stalled(&mut self) {
+        let now = self.now_ms();
+        for r in self.sched.stalled_requests(now) {
+            if let Some((conn, chan)) = self.links.get(&r.peer).and_then(|l| l.conn.clone()) {
+                if !conn.is_receiving(chan, r.piece) {
+                    self.p2p.metrics.stall_cancels.inc();
+                    conn.cancel(chan, r.piece).await;
+                }
+            }
+        }
+    }
+
     async fn cancel_duplicates(&mut self, piece: u32) {
         for peer in self.sched.duplicates_of(piece) {
             self.sched.forget(piece, &peer);
@@ -754,7 +792,9 @@ impl Download {
                             self.publish.remove(k);
                         }
                         self.bad.retain(|b| !sent_bad.contains(b));
-                        self.absorb(resp);
+                        for (conn, chan) in self.absorb(resp) {
+                            conn.close(chan).await;
+                        }
                         self.connect_links();
                         if let Err(e) = self.settle_unverified().await {
                             warn!(digest = %self.d, error = %e, "cannot keep verified pieces");
@@ -781,6 +821,7 @@ impl Download {
             self.spawn_announce(false);
         }
         self.connect_links();
+        self.cancel_stalled().await;
         // Pieces waiting for hashes: ask the tracker (it has them from the source).
         if (!self.unverified.is_empty() || !self.claims.is_empty())
             && self

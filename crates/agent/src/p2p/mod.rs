@@ -39,6 +39,7 @@ pub struct P2pMetrics {
     pub peer_auth_failures: Counter,
     pub tls_handshakes_refused: Family<ReasonLabels, Counter>,
     pub peers_stalled: Counter,
+    pub stall_cancels: Counter,
     pub store_write_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
@@ -58,6 +59,7 @@ impl P2pMetrics {
             peer_auth_failures: Counter::default(),
             tls_handshakes_refused: Family::default(),
             peers_stalled: Counter::default(),
+            stall_cancels: Counter::default(),
             store_write_seconds: Counter::default(),
         };
         r.register(
@@ -129,6 +131,11 @@ impl P2pMetrics {
             "p2p_peers_stalled",
             "Peer connections dropped because they sent nothing while holding requests",
             m.peers_stalled.clone(),
+        );
+        r.register(
+            "p2p_stall_cancels",
+            "Piece requests cancelled because a holder kept them waiting past the stall timeout",
+            m.stall_cancels.clone(),
         );
         m
     }

@@ -9,7 +9,7 @@ use swarm::pieces::{piece_size_for, PieceHash};
 use swarm::scheduler::{seed_for, SchedulerConfig};
 use swarm::{AnnounceRequest, AnnounceResponse, Bitfield, PieceLayout, PieceScheduler, Role};
 
-use super::pull::{Link, Phase, MAX_LINKS, SIZE_POLL};
+use super::pull::{Link, Phase, SIZE_POLL};
 use super::{Engine, Timer};
 
 impl Engine<'_> {
@@ -211,6 +211,7 @@ impl Engine<'_> {
     }
 
     fn absorb(&mut self, s: u32, l: u32, resp: AnnounceResponse) {
+        let now_ms = self.now_ms();
         let source = resp.source.as_deref().and_then(|n| self.slot_named(n));
         let me = self.nodes[s as usize].node as usize;
         let links: Vec<(u32, u8)> = resp
@@ -224,9 +225,11 @@ impl Engine<'_> {
         let p = self.pull(s, l);
         p.role = resp.role;
         p.source = source;
+        p.members = resp.members;
         p.interval = resp.interval_ms.clamp(50, 10_000) as f64 / 1e3;
         if let Some(sch) = p.sched.as_mut() {
             sch.set_stripe(resp.stripe.map(|[i, n]| (i, n)));
+            sch.set_members(resp.members, now_ms);
         }
         p.striped = resp.stripe.is_some_and(|[i, n]| n > 1 && i < n);
         for i in resp.hashes.keys() {
@@ -246,25 +249,33 @@ impl Engine<'_> {
                     connecting: false,
                     fresh: true,
                     handle: None,
+                    useful_ms: now_ms,
                 }
             });
             link.fresh = true;
             link.distance = distance;
         }
-        // Too many links: drop stale ones that are not connected (only those).
-        if p.links.len() > MAX_LINKS {
-            let mut stale: Vec<u32> = p
-                .links
-                .iter()
-                .filter(|(_, k)| !k.fresh && !k.connected && !k.connecting)
-                .map(|(&n, _)| n)
-                .collect();
-            stale.sort_unstable();
-            stale.truncate(p.links.len() - MAX_LINKS);
-            for n in stale {
-                p.links.remove(&n);
-            }
+        // The links to keep: the agent's rule (`swarm::links`).
+        let states: Vec<swarm::links::LinkState<u32>> = p
+            .links
+            .iter()
+            .map(|(&h, k)| swarm::links::LinkState {
+                key: h,
+                distance: k.distance,
+                live: k.connected || k.connecting,
+                fresh: k.fresh,
+                inflight: match (k.handle, p.sched.as_ref()) {
+                    (Some(hd), Some(sch)) => sch.inflight_to_handle(hd),
+                    _ => 0,
+                },
+                useful_ms: k.useful_ms,
+            })
+            .collect();
+        let members = p.members;
+        for h in swarm::links::to_drop(&states, members, now_ms) {
+            self.drop_link(s, l, h);
         }
+        let p = self.pull(s, l);
         let n = p.links.len();
         self.out.counters.max_links = self.out.counters.max_links.max(n);
         self.mark(s, l);

@@ -28,6 +28,17 @@ impl Engine<'_> {
             .sum();
         let queued: usize = self.nodes.iter().map(|n| n.uploads.queued()).sum();
         line += &format!(" in {:.0} MiB/s, {idle} not-ready nodes receiving nothing, budget used {used}, queued {queued}, streams {}", tot_in / 1048576.0, self.stream_of.len());
+        // How far pieces have spread: the fewest holders of any piece, and the pieces
+        // held by fewer than half the nodes.
+        for held in &self.held {
+            let counts: Vec<u32> = held.iter().map(|b| b.count()).collect();
+            let half = self.nodes.len() as u32 / 2;
+            line += &format!(
+                ", pieces: fewest holders {}, under half {}",
+                counts.iter().min().copied().unwrap_or(0),
+                counts.iter().filter(|&&c| c < half).count()
+            );
+        }
         let mut top: Vec<usize> = (0..self.nodes.len()).collect();
         top.sort_by_key(|&i| std::cmp::Reverse(self.nodes[i].uploads.queued()));
         for &i in top.iter().take(4) {

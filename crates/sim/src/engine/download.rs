@@ -53,6 +53,37 @@ impl Engine<'_> {
         }
     }
 
+    /// Drops a link (`swarm::links::to_drop`): its channel is closed and the peer
+    /// leaves the scheduler (a link with requests in flight is never dropped; any
+    /// released are given back all the same).
+    pub(crate) fn drop_link(&mut self, s: u32, l: u32, h: u32) {
+        let name = self.names[self.nodes[h as usize].node as usize].clone();
+        let p = self.pull(s, l);
+        let Some(k) = p.links.remove(&h) else {
+            return;
+        };
+        let released = p
+            .sched
+            .as_mut()
+            .map(|x| x.remove_peer(&name))
+            .unwrap_or_default();
+        for piece in released {
+            self.request_ended(s, l, piece, h);
+        }
+        if k.connected {
+            self.out.counters.links_dropped += 1;
+            let t = self.now + self.peer_latency();
+            self.at(
+                t,
+                Timer::Close {
+                    slot: s,
+                    layer: l,
+                    holder: h,
+                },
+            );
+        }
+    }
+
     pub(crate) fn connected(&mut self, s: u32, l: u32, h: u32) {
         let p = self.pull(s, l);
         let live = !p.done && p.phase == Phase::Swarm;
@@ -78,7 +109,6 @@ impl Engine<'_> {
     /// The holder's bitfield (or "complete") arrives: the peer enters the scheduler.
     pub(crate) fn holds_arrived(&mut self, s: u32, l: u32, h: u32) {
         let now_ms = self.now_ms();
-        let patience = self.sched_cfg.patience_ms as f64 / 1e3;
         let hp = self.pi(h, l);
         let have = if self.pulls[hp].done {
             None
@@ -104,6 +134,12 @@ impl Engine<'_> {
         }
         self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
         self.out.counters.bitfields += 1;
+        let patience = self
+            .pull_ref(s, l)
+            .sched
+            .as_ref()
+            .map_or(0, |x| x.patience_ms()) as f64
+            / 1e3;
         if distance > 0 && self.pull_ref(s, l).striped {
             let t = self.now + patience;
             self.pull(s, l).wake_at(t);
@@ -160,6 +196,7 @@ impl Engine<'_> {
             .map(|x| self.names[self.nodes[x as usize].node as usize].as_str());
         let retarget = sch.retarget_on_have(piece, name, src_name);
         let striped = p.striped && far;
+        let patience = sch.patience_ms() as f64 / 1e3;
         if let (Some(_), Some(src)) = (retarget, p.source) {
             if !self.is_receiving(src, s, l, piece) {
                 self.out.counters.retargets += 1;
@@ -179,7 +216,7 @@ impl Engine<'_> {
             self.settle_unverified(s, l);
         }
         if wanted && striped {
-            let t = self.now + self.sched_cfg.patience_ms as f64 / 1e3;
+            let t = self.now + patience;
             self.pull(s, l).wake_at(t);
         }
         if actionable {
@@ -218,6 +255,10 @@ impl Engine<'_> {
             return;
         }
         self.request_ended(s, l, piece, h);
+        let now_ms = self.now_ms();
+        if let Some(k) = self.pull(s, l).links.get_mut(&h) {
+            k.useful_ms = now_ms;
+        }
         let name = self.names[self.nodes[h as usize].node as usize].clone();
         if !claimed {
             self.out.counters.dropped_pieces += 1;
@@ -346,7 +387,7 @@ impl Engine<'_> {
                 self.out.counters.not_held_rejects += 1;
             }
             RejectReason::Invalid => sch.on_failed(piece, &name, false),
-            RejectReason::Cancelled => sch.forget(piece, &name),
+            RejectReason::Cancelled => sch.on_cancelled(piece, &name, now_ms),
         }
         self.mark(s, l);
     }
@@ -473,6 +514,7 @@ impl Engine<'_> {
             }
         }
         self.settle_unverified(s, l);
+        self.cancel_stalled(s, l);
         // Scheduling: the agent passes through `schedule` after every tick; here only
         // when it could return something new (events mark the task themselves).
         let avail = self.nodes[s as usize].budget.available();
@@ -487,6 +529,36 @@ impl Engine<'_> {
         }
         let next = self.pull_ref(s, l).tick_at(now + TICK);
         self.at(next, Timer::Tick { slot: s, layer: l });
+    }
+
+    /// Swarms with stall timeouts: requests whose bytes have not begun after
+    /// `stall_ms` are cancelled (the holder confirms, then the scheduler asks someone
+    /// else), as the agent's housekeeping does.
+    fn cancel_stalled(&mut self, s: u32, l: u32) {
+        let now_ms = self.now_ms();
+        let Some(sch) = self.pull(s, l).sched.as_mut() else {
+            return;
+        };
+        let stalled = sch.stalled_requests(now_ms);
+        for r in stalled {
+            let Some(h) = self.slot_named(&r.peer) else {
+                continue;
+            };
+            if self.is_receiving(h, s, l, r.piece) {
+                continue;
+            }
+            self.out.counters.stall_cancels += 1;
+            let t = self.now + self.peer_latency();
+            self.at(
+                t,
+                Timer::Cancel {
+                    slot: s,
+                    layer: l,
+                    piece: r.piece,
+                    holder: h,
+                },
+            );
+        }
     }
 
     /// Whether `next_requests` could return anything: the read head is open, or the

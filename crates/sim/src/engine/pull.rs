@@ -30,6 +30,9 @@ pub(crate) struct Link {
     pub fresh: bool,
     /// The peer's handle in the scheduler, once its bitfield arrived.
     pub handle: Option<u32>,
+    /// When it last gave a piece, or when it was handed out (ms), for
+    /// `swarm::links::to_drop`.
+    pub useful_ms: u64,
 }
 
 /// A registry run: pieces `[first, end)` over one registry connection; `next` is
@@ -94,6 +97,8 @@ pub(crate) struct Pull {
     pub wake: VecDeque<f64>,
     /// The tracker gave this task a rack stripe.
     pub striped: bool,
+    /// The swarm's members as the tracker counted them at the latest answer.
+    pub members: u32,
     pub first_piece_at: Option<f64>,
     /// Cache read cursor.
     pub cursor: u32,
@@ -136,6 +141,7 @@ impl Pull {
             budget_seen: 0,
             wake: VecDeque::new(),
             striped: false,
+            members: 0,
             first_piece_at: None,
             cursor: 0,
         }
@@ -178,6 +184,3 @@ pub(crate) const PEER_HASH_ASK_EVERY: f64 = 2.0;
 /// most `SIZE_WAIT`.
 pub(crate) const SIZE_POLL: f64 = 0.020;
 pub(crate) const SIZE_WAIT: f64 = 10.0;
-/// Peer links kept per blob (download.rs `MAX_LINKS`): only stale links that are
-/// not connected are dropped beyond it.
-pub(crate) const MAX_LINKS: usize = 48;
