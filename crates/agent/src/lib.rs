@@ -8,6 +8,7 @@ mod blob;
 mod cluster;
 pub mod config;
 mod fetch;
+mod files;
 pub mod identity;
 mod manifest;
 pub mod metrics;
@@ -182,6 +183,7 @@ impl Agent {
             }
         }
         up.policy = Some(config::registry_policy(&cfg)?);
+        up.file_origins = cfg.allowed_file_origins.clone();
         let store = Store::open(store_cfg)?;
         let upstream = Upstream::new(up)?;
         let mut metrics = metrics::Metrics::default();
@@ -225,6 +227,10 @@ impl Agent {
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .route("/api/v1/cache", axum::routing::get(cache_handler))
             .route("/api/v1/report", axum::routing::get(report_handler))
+            .route(
+                "/files/v1/fetch",
+                axum::routing::get(files::files_handler).head(files::files_handler),
+            )
             .fallback(registry_handler)
             .with_state(self.clone())
     }
@@ -499,7 +505,10 @@ pub fn error_response(e: &oci::Error) -> Response {
 /// Content fetched with this agent's registry credentials is served over `/v2` to
 /// local clients only (the node's runtime), unless `mirror_remote_clients` says
 /// otherwise: another host reaching the mirror port must not read private images.
-fn refuse_remote_client(agent: &Agent, client: Option<server::ClientAddr>) -> Option<Response> {
+pub(crate) fn refuse_remote_client(
+    agent: &Agent,
+    client: Option<server::ClientAddr>,
+) -> Option<Response> {
     let server::ClientAddr { peer, local } = client?;
     if !agent.cfg.refuses_mirror_client(peer, local) {
         return None;
@@ -577,7 +586,7 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
     resp
 }
 
-fn record(agent: &Agent, route: &'static str, resp: Response) -> Response {
+pub(crate) fn record(agent: &Agent, route: &'static str, resp: Response) -> Response {
     agent
         .metrics
         .requests
@@ -635,6 +644,7 @@ async fn handle(
         }
         Route::Blob { repo, digest } => {
             let registry = agent.registry_for(ns)?;
+            files::refuse_identity_key(agent, &digest)?;
             agent
                 .serve_blob(blob::BlobRequest {
                     registry: &registry,

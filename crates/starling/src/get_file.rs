@@ -200,6 +200,7 @@ pub(crate) async fn fetch_file(
     let writer = Writer::start(&partial, start)?;
     let mut pos = start;
     let mut reopens = 0;
+    let mut cuts_before_last_byte = 0;
     let mut fetched = 0u64;
     let source = opened.source.clone();
     let outcome: Result<()> = async {
@@ -224,6 +225,22 @@ pub(crate) async fn fetch_file(
             }
             if pos == total {
                 return Ok(());
+            }
+            // The agent holds a blob's last byte back until the whole content is
+            // verified; a body that stops there twice means verification failed.
+            if pos + 1 == total && job.digest.is_some() {
+                cuts_before_last_byte += 1;
+                if cuts_before_last_byte >= 2 {
+                    return Err(anyhow!(SourceRefused {
+                        status: 409,
+                        message: format!(
+                            "the agent could not verify the content against {}: it does not \
+                             match its digest (wrong --digest, or the origin sends other bytes)",
+                            job.digest.as_ref().map_or(String::new(), |d| d.to_string())
+                        ),
+                    }))
+                    .with_context(|| job.name.clone());
+                }
             }
             reopens += 1;
             if reopens > MAX_REOPENS {
@@ -264,6 +281,20 @@ pub(crate) async fn fetch_file(
             remove_partial(&partial);
         }
         return Err(e);
+    }
+    // Without a digest nothing checks the whole file: the origin must still name the
+    // version the get started with (an in-place rewrite can mix two versions).
+    if job.digest.is_none() {
+        let now = current_identity(http, job).await?;
+        if now != opened.identity {
+            remove_partial(&partial);
+            bail!(OriginChanged(format!(
+                "{}: the origin's file changed during the get (identity {} → {}); nothing was kept",
+                job.name,
+                opened.identity.as_deref().unwrap_or("none"),
+                now.as_deref().unwrap_or("none")
+            )));
+        }
     }
     let (len, sha) = match written {
         Ok(w) => w,
@@ -449,6 +480,32 @@ async fn open(
         identity,
         stream: Box::pin(resp.bytes_stream().map(|c| c.map_err(anyhow::Error::from))),
     })
+}
+
+/// The origin's validator now (through the agent, which asks the origin afresh).
+async fn current_identity(http: &reqwest::Client, job: &FileJob) -> Result<Option<String>> {
+    let req = match &job.origin {
+        Origin::AgentUrl { agent, url } => {
+            http.head(format!("{agent}/files/v1/fetch?url={}", enc(url)))
+        }
+        Origin::DirectUrl { url } => http.get(url).header(reqwest::header::RANGE, "bytes=0-0"),
+        _ => return Ok(None),
+    };
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("{}: checking the origin's version", job.name))?;
+    let status = resp.status().as_u16();
+    if status != 200 && status != 206 {
+        let message = error_message(resp).await;
+        return Err(anyhow!(SourceRefused { status, message }))
+            .with_context(|| format!("{}: checking the origin's version", job.name));
+    }
+    let h = resp.headers();
+    Ok(h.get("etag")
+        .or(h.get("last-modified"))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned))
 }
 
 fn enc(s: &str) -> String {

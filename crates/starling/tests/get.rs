@@ -377,3 +377,275 @@ async fn an_interrupted_get_resumes_and_a_corrupt_partial_is_dropped() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not match its digest"));
     assert_eq!(listing(&dest2), Vec::<String>::new());
 }
+
+/// A real nginx on a free loopback port serving `www` (Range and ETag come with it),
+/// logging every response's body size.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    fn start() -> Nginx {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("www")).unwrap();
+        std::fs::create_dir_all(d.join("tmp")).unwrap();
+        let port = testkit::free_port();
+        let p = |s: &str| d.join(s).display().to_string();
+        let conf = format!(
+            "daemon off;\nmaster_process off;\nerror_log {err};\npid {pid};\n\
+             events {{ worker_connections 256; }}\n\
+             http {{\n  log_format bytes '$request_method $uri $status $body_bytes_sent';\n\
+               access_log {log} bytes;\n  client_body_temp_path {tmp};\n  proxy_temp_path {tmp};\n\
+               fastcgi_temp_path {tmp};\n  uwsgi_temp_path {tmp};\n  scgi_temp_path {tmp};\n\
+               server {{ listen 127.0.0.1:{port}; root {www}; }}\n}}\n",
+            err = p("error.log"),
+            pid = p("nginx.pid"),
+            log = p("access.log"),
+            tmp = p("tmp"),
+            www = p("www"),
+        );
+        std::fs::write(d.join("nginx.conf"), conf).unwrap();
+        let child = Command::new("nginx")
+            .args(["-c", &p("nginx.conf"), "-p", &d.display().to_string()])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nginx installed");
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Nginx { child, port, dir }
+    }
+
+    fn put(&self, name: &str, bytes: &[u8]) {
+        std::fs::write(self.dir.path().join("www").join(name), bytes).unwrap();
+    }
+
+    fn url(&self, name: &str) -> String {
+        format!("http://127.0.0.1:{}/{name}", self.port)
+    }
+
+    fn origin(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Body bytes sent for `name` so far.
+    fn bytes_sent(&self, name: &str) -> u64 {
+        let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
+        log.lines()
+            .filter(|l| l.split(' ').nth(1) == Some(&format!("/{name}")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_url_reaches_two_nodes_with_one_origin_read_whatever_its_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(6 << 20, 40);
+    nginx.put("w.bin", &bytes);
+    let t = tracker(dir.path()).await;
+    let allow = ["--allowed-file-origin", &nginx.origin()];
+    let a1 = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
+    let a2 = agent(dir.path(), "n2", Some(&t.url()), &registry, &allow).await;
+
+    let d1 = dir.path().join("d1/weights.bin");
+    let u1 = format!(
+        "{}?X-Amz-Signature=aaa&X-Amz-Expires=60",
+        nginx.url("w.bin")
+    );
+    let r1 = report(&get(&[&u1, d1.to_str().unwrap(), "--agent", &a1.url(), "--json"]).await);
+    assert_eq!(std::fs::read(&d1).unwrap(), bytes);
+    assert_eq!(r1["via"], "agent");
+    assert_eq!(r1["files"][0]["verified_digest"], false);
+
+    // Another presigned query for the same file: same identity, taken from the peer.
+    let d2 = dir.path().join("d2");
+    std::fs::create_dir_all(&d2).unwrap();
+    let u2 = format!("{}?X-Amz-Signature=bbb", nginx.url("w.bin"));
+    let r2 = report(&get(&[&u2, d2.to_str().unwrap(), "--agent", &a2.url(), "--json"]).await);
+    assert_eq!(std::fs::read(d2.join("w.bin")).unwrap(), bytes);
+    assert_eq!(r2["files"][0]["source"], "swarm");
+    assert!(
+        r2["agent_received"]["peers"].as_u64().unwrap() >= bytes.len() as u64,
+        "{r2}"
+    );
+    let origin_bytes = nginx.bytes_sent("w.bin");
+    assert!(
+        origin_bytes <= bytes.len() as u64 + 16,
+        "the origin sent the file once (plus one-byte probes): {origin_bytes}"
+    );
+
+    // With the right digest the whole file is verified; a wrong one leaves nothing.
+    let good = oci::Digest::of(&bytes).to_string();
+    let d3 = dir.path().join("d3/w.bin");
+    let r3 = report(
+        &get(&[
+            &u1,
+            d3.to_str().unwrap(),
+            "--agent",
+            &a1.url(),
+            "--digest",
+            &good,
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(r3["files"][0]["verified_digest"], true);
+    assert_eq!(std::fs::read(&d3).unwrap(), bytes);
+    let wrong = oci::Digest::of(b"something else").to_string();
+    let d4 = dir.path().join("d4");
+    std::fs::create_dir_all(&d4).unwrap();
+    for agent_url in [
+        a2.url(),
+        format!("http://127.0.0.1:{}", testkit::free_port()),
+    ] {
+        let out = get(&[
+            &u1,
+            d4.to_str().unwrap(),
+            "--agent",
+            &agent_url,
+            "--digest",
+            &wrong,
+        ])
+        .await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "wrong digest accepted via {agent_url}"
+        );
+        assert!(
+            stderr.contains("does not match") || stderr.contains("verification"),
+            "{agent_url}: {stderr}"
+        );
+        assert_eq!(listing(&d4), Vec::<String>::new());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_urls_get_clear_errors_and_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    nginx.put("w.bin", &testkit::random_bytes(100_000, 50));
+    let a = agent(
+        dir.path(),
+        "n1",
+        None,
+        &registry,
+        &["--allowed-file-origin", &nginx.origin()],
+    )
+    .await;
+    let dest = dir.path().join("d");
+    std::fs::create_dir_all(&dest).unwrap();
+
+    let out = get(&[
+        &nginx.url("missing.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("404"), "{stderr}");
+
+    // An origin the agent was not told to reach: refused before anything is sent.
+    let other = Nginx::start();
+    other.put("w.bin", b"x");
+    let out = get(&[
+        &other.url("w.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("403") && stderr.contains("file_origins"),
+        "{stderr}"
+    );
+    assert_eq!(other.bytes_sent("w.bin"), 0);
+    assert_eq!(listing(&dest), Vec::<String>::new());
+
+    // No agent: straight from the origin, said so.
+    let out = get(&[
+        &nginx.url("w.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &format!("http://127.0.0.1:{}", testkit::free_port()),
+        "--json",
+    ])
+    .await;
+    assert!(String::from_utf8_lossy(&out.stderr).contains("downloading directly"));
+    assert_eq!(report(&out)["via"], "direct");
+    assert_eq!(listing(&dest), vec!["w.bin".to_owned()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_origin_that_rewrites_the_file_mid_get_fails_it_and_nothing_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let size = 12 << 20;
+    nginx.put("w.bin", &testkit::random_bytes(size, 60));
+    let a = agent(
+        dir.path(),
+        "n1",
+        None,
+        &registry,
+        &[
+            "--allowed-file-origin",
+            &nginx.origin(),
+            "--download-limit",
+            "3MiB",
+        ],
+    )
+    .await;
+    let dest = dir.path().join("d");
+    std::fs::create_dir_all(&dest).unwrap();
+    let url = nginx.url("w.bin");
+    let target = dest.join("w.bin");
+    let partial = dest.join(".w.bin.url.starling-partial");
+    let run = {
+        let (url, target) = (url.clone(), target.display().to_string());
+        let agent_url = a.url();
+        tokio::spawn(async move { get(&[&url, &target, "--agent", &agent_url]).await })
+    };
+    for _ in 0..400 {
+        if std::fs::metadata(&partial).is_ok_and(|m| m.len() >= 1 << 20) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Rewritten in place (same inode, so the running response reads the new bytes),
+    // with a new modification time, so the origin's ETag changes.
+    {
+        use std::io::Write;
+        let path = nginx.dir.path().join("www/w.bin");
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all(&testkit::random_bytes(size, 61)).unwrap();
+        f.set_modified(std::time::SystemTime::now() + Duration::from_secs(100))
+            .unwrap();
+    }
+    let out = run.await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a mixed file was accepted");
+    assert!(stderr.contains("changed"), "{stderr}");
+    assert_eq!(listing(&dest), Vec::<String>::new());
+}
