@@ -160,8 +160,8 @@ pub async fn run_nodes(a: NodesArgs) -> Result<()> {
 
 pub async fn run_where(a: WhereArgs) -> Result<()> {
     let base = a.t.tracker.trim_end_matches('/');
-    let q: String = a
-        .image
+    let image = crate::get_cmd::cluster_reference(&a.image)?;
+    let q: String = image
         .bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -195,7 +195,11 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         return Ok(());
     }
     let req = cluster::PrewarmRequest {
-        images: a.images.clone(),
+        images: a
+            .images
+            .iter()
+            .map(|i| crate::get_cmd::cluster_reference(i))
+            .collect::<Result<_>>()?,
         targets: cluster::prewarm::Targets {
             nodes: a.nodes.clone(),
             selector: a.selector.clone(),

@@ -77,6 +77,19 @@ pub(crate) fn parse_source(s: &str) -> Result<Source> {
     bail!("SOURCE is oci://REGISTRY/REPO:TAG, oci://REGISTRY/REPO@sha256:…, or an http(s):// URL")
 }
 
+/// An image or artifact reference for the cluster commands (`prewarm`, `where`): an
+/// `oci://` source is the artifact's reference. URLs are not prewarmed yet.
+pub(crate) fn cluster_reference(s: &str) -> Result<String> {
+    if s.starts_with("http://") || s.starts_with("https://") {
+        bail!(
+            "{s}: prewarm and where take images and oci:// artifacts; http(s) files are not \
+             tracked by the cluster layer yet (push the file as an OCI artifact, or run \
+             `starling get` on the nodes)"
+        );
+    }
+    Ok(s.strip_prefix("oci://").unwrap_or(s).to_owned())
+}
+
 /// Errors about a file name taken from an annotation or a URL.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct UnsafeName(pub String);

@@ -649,3 +649,178 @@ async fn an_origin_that_rewrites_the_file_mid_get_fails_it_and_nothing_is_kept()
     assert!(stderr.contains("changed"), "{stderr}");
     assert_eq!(listing(&dest), Vec::<String>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_node_serving_the_pieces_dies_mid_file_and_the_get_still_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(24 << 20, 70);
+    nginx.put("w.bin", &bytes);
+    let t = tracker(dir.path()).await;
+    let allow = ["--allowed-file-origin", &nginx.origin()];
+    let mut seeder = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
+    let d1 = dir.path().join("d1/w.bin");
+    report(
+        &get(&[
+            &nginx.url("w.bin"),
+            d1.to_str().unwrap(),
+            "--agent",
+            &seeder.url(),
+            "--json",
+        ])
+        .await,
+    );
+    let slow = [&allow[..], &["--download-limit", "4MiB"]].concat();
+    let taker = agent(dir.path(), "n2", Some(&t.url()), &registry, &slow).await;
+    let d2 = dir.path().join("d2/w.bin");
+    let run = {
+        let (url, target, agent_url) = (nginx.url("w.bin"), d2.display().to_string(), taker.url());
+        tokio::spawn(async move { get(&[&url, &target, "--agent", &agent_url, "--json"]).await })
+    };
+    let mut from_peer = 0;
+    for _ in 0..400 {
+        from_peer = common::metric(&taker.url(), "starling_agent_p2p_peer_bytes_total").await;
+        if from_peer >= 4 << 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        from_peer >= 4 << 20,
+        "pieces came from the seeder before the kill"
+    );
+    seeder.kill9();
+    let r = report(&run.await.unwrap());
+    assert_eq!(std::fs::read(&d2).unwrap(), bytes);
+    let got = &r["agent_received"];
+    assert!(
+        got["peers"].as_u64().unwrap() < bytes.len() as u64 && got["origin"].as_u64().unwrap() > 0,
+        "the rest came from the origin after the seeder died: {got}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_artifact_prewarmed_onto_a_selector_is_found_by_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let bytes = testkit::random_bytes(8 << 20, 80);
+    TestArtifact::push(
+        &registry,
+        "models/warm",
+        "v1",
+        &[ArtifactFile {
+            title: Some("w.bin"),
+            bytes: &bytes,
+        }],
+    )
+    .unwrap();
+    let host = registry.host();
+    let t = common::start_tracker(
+        dir.path(),
+        &[
+            "--cluster-token",
+            TOKEN,
+            "--registry-endpoint",
+            &format!("{host}={}", registry.url()),
+        ],
+        &[],
+    )
+    .await;
+    let mut agents = Vec::new();
+    for (i, gpu) in ["h100", "h100", "a100"].iter().enumerate() {
+        let label = format!("gpu={gpu}");
+        agents.push(
+            agent(
+                dir.path(),
+                &format!("n{i}"),
+                Some(&t.url()),
+                &registry,
+                &["--label", &label],
+            )
+            .await,
+        );
+    }
+    let source = format!("oci://{host}/models/warm:v1");
+    let cli = |args: Vec<String>| async move {
+        blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_starling"))
+                .args(&args)
+                .env("STARLING_LOG", "warn")
+                .output()
+                .unwrap()
+        })
+        .await
+    };
+    let tracker_url = t.url();
+    let mut nodes_seen = false;
+    for _ in 0..200 {
+        let out = cli(common::args(&[
+            "nodes",
+            "--tracker",
+            &tracker_url,
+            "--json",
+        ]))
+        .await;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if v["nodes"].as_array().is_some_and(|n| n.len() == 3) {
+            nodes_seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(nodes_seen, "3 nodes reported");
+    let out = cli(common::args(&[
+        "prewarm",
+        "--tracker",
+        &tracker_url,
+        &source,
+        "--selector",
+        "gpu=h100",
+        "--wait",
+    ]))
+    .await;
+    assert!(
+        out.status.success(),
+        "prewarm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut warm = Vec::new();
+    for _ in 0..100 {
+        let out = cli(common::args(&[
+            "where",
+            "--tracker",
+            &tracker_url,
+            &source,
+            "--json",
+        ]))
+        .await;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        warm = v["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["bytes_held"].as_u64() >= Some(bytes.len() as u64))
+            .filter_map(|n| n["node"].as_str().map(str::to_owned))
+            .collect();
+        warm.sort();
+        if warm == ["n0", "n1"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        warm,
+        ["n0", "n1"],
+        "where finds the artifact on the h100 nodes only"
+    );
+    let out = cli(common::args(&[
+        "prewarm",
+        "--tracker",
+        &tracker_url,
+        "https://x.example/w.bin",
+    ]))
+    .await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not tracked by the cluster layer yet"));
+}
