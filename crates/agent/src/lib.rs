@@ -134,6 +134,8 @@ pub struct Agent {
     /// clients resuming after the failure do not start another doomed download.
     pub(crate) uncacheable:
         Arc<parking_lot::Mutex<std::collections::HashMap<oci::Digest, std::time::Instant>>>,
+    /// Files fetched through `/files/v1/fetch`, for the inventory.
+    pub(crate) files: Arc<files::index::FileIndex>,
 }
 
 impl Agent {
@@ -207,7 +209,9 @@ impl Agent {
             &mut metrics.registry,
         )?;
         let metrics = Arc::new(metrics);
+        let files = Arc::new(files::index::FileIndex::open(&cfg.cache_dir));
         let agent = Self {
+            files,
             cfg: Arc::new(cfg),
             store,
             upstream,

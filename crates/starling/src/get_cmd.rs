@@ -78,16 +78,50 @@ pub(crate) fn parse_source(s: &str) -> Result<Source> {
 }
 
 /// An image or artifact reference for the cluster commands (`prewarm`, `where`): an
-/// `oci://` source is the artifact's reference. URLs are not prewarmed yet.
+/// `oci://` source is the artifact's reference; `sha256:<key>` names a file by its key.
+/// URLs are resolved by [`file_reference`].
 pub(crate) fn cluster_reference(s: &str) -> Result<String> {
     if s.starts_with("http://") || s.starts_with("https://") {
         bail!(
-            "{s}: prewarm and where take images and oci:// artifacts; http(s) files are not \
-             tracked by the cluster layer yet (push the file as an OCI artifact, or run \
+            "{s}: prewarm takes images and oci:// artifacts; http(s) files are not \
+             prewarmed by the cluster layer yet (push the file as an OCI artifact, or run \
              `starling get` on the nodes)"
         );
     }
+    if s.starts_with("sha256:") {
+        let d = Digest::parse(s).context("file key")?;
+        return Ok(format!("{FILE_REFERENCE_PREFIX}@{d}"));
+    }
     Ok(s.strip_prefix("oci://").unwrap_or(s).to_owned())
+}
+
+/// How a file appears to the cluster layer's reference grammar: only the digest counts.
+const FILE_REFERENCE_PREFIX: &str = "files.starling.invalid/file";
+
+/// A URL's reference for `starling where`: its key, as the local agent computes it
+/// (the identity needs the origin's current ETag).
+pub(crate) async fn file_reference(url: &str, agent: &str) -> Result<String> {
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .build()?;
+    let agent = agent.trim_end_matches('/');
+    let resp = http
+        .head(format!(
+            "{agent}/files/v1/fetch?url={}",
+            url::form_urlencoded::byte_serialize(url.as_bytes()).collect::<String>()
+        ))
+        .send()
+        .await
+        .with_context(|| format!("asking the agent at {agent} for the key of {url}"))?;
+    if !resp.status().is_success() {
+        bail!("the agent at {agent} answered {} for {url}", resp.status());
+    }
+    let key = resp
+        .headers()
+        .get(get_file::KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .context("the agent did not name the file's key")?;
+    cluster_reference(key)
 }
 
 /// Errors about a file name taken from an annotation or a URL.

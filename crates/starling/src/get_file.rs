@@ -25,6 +25,8 @@ const MAX_REOPENS: u32 = 5;
 const MAX_ERROR_BODY: usize = 64 << 10;
 /// The agent's answer header naming where the bytes come from.
 pub(crate) const SOURCE_HEADER: &str = "starling-source";
+/// The agent's answer header naming a URL's key in its cache and the swarm.
+pub(crate) const KEY_HEADER: &str = "starling-file-key";
 
 /// Where one file's bytes come from.
 #[derive(Clone)]
@@ -72,6 +74,11 @@ pub(crate) struct FileReport {
     /// Where the agent said the bytes came from (`cache`, `swarm`, `registry`,
     /// `passthrough`), or `direct`.
     pub source: String,
+    /// The file's key in the agent's cache and the swarm (a URL's content digest or
+    /// identity key), as the agent said; `starling where` finds it under
+    /// `…@<key>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// Already complete in DEST (verified by re-hashing), nothing fetched.
     pub already_present: bool,
     pub seconds: f64,
@@ -83,6 +90,8 @@ struct Opened {
     source: String,
     /// ETag (or Last-Modified) of a URL, to notice an origin that changes.
     identity: Option<String>,
+    /// The agent's `starling-file-key`.
+    key: Option<String>,
     stream: std::pin::Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>,
 }
 
@@ -128,6 +137,7 @@ pub(crate) async fn fetch_file(
                     resumed_from: 0,
                     fetched: 0,
                     source: "dest".into(),
+                    key: None,
                     already_present: true,
                     seconds: started.elapsed().as_secs_f64(),
                 });
@@ -332,6 +342,7 @@ pub(crate) async fn fetch_file(
         resumed_from: start,
         fetched,
         source,
+        key: opened.key.clone(),
         already_present: false,
         seconds: started.elapsed().as_secs_f64(),
     })
@@ -408,6 +419,7 @@ async fn open(
                 total,
                 source: "direct".into(),
                 identity: None,
+                key: None,
                 stream: Box::pin(r.stream.map(|c| c.map_err(anyhow::Error::from))),
             });
         }
@@ -474,10 +486,12 @@ async fn open(
         len
     };
     let source = header(SOURCE_HEADER).unwrap_or(source_default).to_owned();
+    let key = header(KEY_HEADER).map(str::to_owned);
     Ok(Opened {
         total,
         source,
         identity,
+        key,
         stream: Box::pin(resp.bytes_stream().map(|c| c.map_err(anyhow::Error::from))),
     })
 }

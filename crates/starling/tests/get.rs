@@ -490,6 +490,48 @@ async fn a_url_reaches_two_nodes_with_one_origin_read_whatever_its_query() {
         "the origin sent the file once (plus one-byte probes): {origin_bytes}"
     );
 
+    // The inventory knows which nodes hold the file: `where` by URL (the agent names
+    // the key) and by the key the report gave.
+    let key = r2["files"][0]["key"]
+        .as_str()
+        .expect("the agent named the key")
+        .to_owned();
+    let mut holders = Vec::new();
+    for _ in 0..100 {
+        let out = Command::new(env!("CARGO_BIN_EXE_starling"))
+            .args([
+                "where",
+                "--tracker",
+                &t.url(),
+                "--agent",
+                &a1.url(),
+                &u2,
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        holders = v["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["bytes_held"].as_u64() == Some(bytes.len() as u64))
+            .filter_map(|n| n["node"].as_str().map(str::to_owned))
+            .collect();
+        holders.sort();
+        if holders == ["n1", "n2"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(holders, ["n1", "n2"], "where finds the file on both nodes");
+    let out = Command::new(env!("CARGO_BIN_EXE_starling"))
+        .args(["where", "--tracker", &t.url(), &key, "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nodes"].as_array().map(Vec::len), Some(2), "{v}");
+
     // With the right digest the whole file is verified; a wrong one leaves nothing.
     let good = oci::Digest::of(&bytes).to_string();
     let d3 = dir.path().join("d3/w.bin");
@@ -600,14 +642,22 @@ async fn bad_urls_get_clear_errors_and_leave_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_origin_that_rewrites_the_file_mid_get_fails_it_and_nothing_is_kept() {
     let dir = tempfile::tempdir().unwrap();
+    let t = tracker(dir.path()).await;
+    // A lone agent, then a swarm member (the tracker elects it source).
+    for (round, tracker_url) in [None, Some(t.url())].into_iter().enumerate() {
+        origin_rewrite_round(dir.path(), round, tracker_url.as_deref()).await;
+    }
+}
+
+async fn origin_rewrite_round(dir: &Path, round: usize, tracker_url: Option<&str>) {
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let nginx = blocking(Nginx::start).await;
     let size = 12 << 20;
     nginx.put("w.bin", &testkit::random_bytes(size, 60));
     let a = agent(
-        dir.path(),
-        "n1",
-        None,
+        dir,
+        &format!("r{round}"),
+        tracker_url,
         &registry,
         &[
             "--allowed-file-origin",
@@ -617,7 +667,7 @@ async fn an_origin_that_rewrites_the_file_mid_get_fails_it_and_nothing_is_kept()
         ],
     )
     .await;
-    let dest = dir.path().join("d");
+    let dest = dir.join(format!("d{round}"));
     std::fs::create_dir_all(&dest).unwrap();
     let url = nginx.url("w.bin");
     let target = dest.join("w.bin");
@@ -822,5 +872,5 @@ async fn an_artifact_prewarmed_onto_a_selector_is_found_by_where() {
     ]))
     .await;
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not tracked by the cluster layer yet"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not prewarmed by the cluster layer yet"));
 }

@@ -23,6 +23,8 @@ use oci::{Digest, Error, ErrorCode};
 use crate::blob::BlobRequest;
 use crate::{error_response, record, refuse_remote_client, routes, server, zerocopy, Agent};
 
+pub(crate) mod index;
+
 /// Longest URL taken (presigned URLs run to a few KiB).
 const MAX_URL: usize = 8192;
 
@@ -98,6 +100,15 @@ async fn serve_file(
             k
         }
     };
+    agent.files.note(
+        &key,
+        index::FileEntry {
+            url: origin.identity_url(),
+            size: origin.size,
+            last_get: store::now_secs(),
+            content_digest: digest.is_some(),
+        },
+    );
     let tag = if digest.is_some() { "" } else { "id:" };
     let registry = format!("{FILE_KEY_PREFIX}{tag}{}", key.hex());
     agent.upstream.register_file(&registry, origin.clone());
