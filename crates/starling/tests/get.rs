@@ -874,3 +874,91 @@ async fn an_artifact_prewarmed_onto_a_selector_is_found_by_where() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not prewarmed by the cluster layer yet"));
 }
+
+/// A tmpfs of `size` on a fresh directory (needs root, like the agent's disk-full
+/// tests); unmounted on drop.
+struct Tmpfs {
+    _dir: tempfile::TempDir,
+    mount: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let mount = dir.path().join("fs");
+        std::fs::create_dir(&mount).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&mount)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { _dir: dir, mount }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_destination_without_room_is_refused_before_the_first_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(6 << 20, 90);
+    nginx.put("w.bin", &bytes);
+    TestArtifact::push(
+        &registry,
+        "models/big",
+        "v1",
+        &[
+            ArtifactFile {
+                title: Some("a.bin"),
+                bytes: &bytes[..3 << 20],
+            },
+            ArtifactFile {
+                title: Some("b.bin"),
+                bytes: &bytes[3 << 20..],
+            },
+        ],
+    )
+    .unwrap();
+    let a = agent(
+        dir.path(),
+        "n1",
+        None,
+        &registry,
+        &["--allowed-file-origin", &nginx.origin()],
+    )
+    .await;
+    let fs = Tmpfs::mount("4m");
+    // Each file fits, both do not: refused as a whole, before anything is fetched.
+    let source = format!("oci://{}/models/big:v1", registry.host());
+    let out = get(&[&source, fs.mount.to_str().unwrap(), "--agent", &a.url()]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("not enough space"), "{stderr}");
+    assert_eq!(
+        common::metric(&a.url(), "starling_agent_upstream_bytes_total").await,
+        0
+    );
+    // A URL's size is known from its first answer: refused then, nothing written.
+    let out = get(&[
+        &nginx.url("w.bin"),
+        fs.mount.to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("free"), "{stderr}");
+    assert_eq!(listing(&fs.mount), Vec::<String>::new());
+}
