@@ -56,6 +56,9 @@ struct Report {
     per_node_seconds: Vec<f64>,
     agent_peak_rss_mib: Vec<f64>,
     get_peak_rss_mib: Vec<f64>,
+    /// CPU seconds per GiB delivered to a node: the agents' and the get clients'.
+    agent_cpu_seconds_per_gib: f64,
+    get_cpu_seconds_per_gib: f64,
     machine_cpu_busy: f64,
     direct_all_nodes_seconds: Option<f64>,
     direct_origin_bytes: Option<u64>,
@@ -196,7 +199,7 @@ async fn run_gets(
     exe: &Path,
     argsets: Vec<Vec<String>>,
     logs: &Path,
-) -> Result<(Vec<f64>, Vec<f64>, f64)> {
+) -> Result<(Vec<f64>, Vec<f64>, f64, f64)> {
     let started = Instant::now();
     let mut children = Vec::new();
     for (i, args) in argsets.iter().enumerate() {
@@ -213,12 +216,15 @@ async fn run_gets(
     let n = children.len();
     let mut done: Vec<Option<f64>> = vec![None; n];
     let mut rss = vec![0.0f64; n];
+    let mut cpu = vec![0.0f64; n];
     while done.iter().any(Option::is_none) {
         for (i, c) in children.iter_mut().enumerate() {
             if done[i].is_some() {
                 continue;
             }
-            rss[i] = rss[i].max(proc_usage(c.id()).1);
+            let (c_cpu, c_rss) = proc_usage(c.id());
+            rss[i] = rss[i].max(c_rss);
+            cpu[i] = cpu[i].max(c_cpu);
             if let Some(status) = c.try_wait()? {
                 if !status.success() {
                     bail!(
@@ -234,7 +240,7 @@ async fn run_gets(
     }
     let secs: Vec<f64> = done.into_iter().map(|d| d.unwrap_or(0.0)).collect();
     let all = secs.iter().copied().fold(0.0, f64::max);
-    Ok((secs, rss, all))
+    Ok((secs, rss, all, cpu.iter().sum()))
 }
 
 pub async fn run(a: GetBenchArgs) -> Result<()> {
@@ -352,7 +358,13 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
         .collect();
     let sent_before = proxy.sent.load(Ordering::Relaxed);
     let jiffies_before = machine_jiffies();
-    let (per_node_seconds, get_rss, all_nodes) = run_gets(&exe, argsets, &dests).await?;
+    let agent_cpu_before: f64 = agents.iter().map(|(_, pid)| proc_usage(*pid).0).sum();
+    let (per_node_seconds, get_rss, all_nodes, get_cpu) = run_gets(&exe, argsets, &dests).await?;
+    let agent_cpu = agents
+        .iter()
+        .map(|(_, pid)| proc_usage(*pid).0)
+        .sum::<f64>()
+        - agent_cpu_before;
     let jiffies_after = machine_jiffies();
     let origin_bytes = proxy.sent.load(Ordering::Relaxed) - sent_before;
     let agent_rss: Vec<f64> = agents.iter().map(|(_, pid)| proc_usage(*pid).1).collect();
@@ -402,7 +414,7 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
             })
             .collect();
         let jb = machine_jiffies();
-        let (_, _, all) = run_gets(&exe, argsets, &dests).await?;
+        let (_, _, all, _) = run_gets(&exe, argsets, &dests).await?;
         direct_busy = Some(busy(jb, machine_jiffies()));
         direct_secs = Some(all);
         direct_bytes = Some(proxy.sent.load(Ordering::Relaxed));
@@ -421,6 +433,8 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
         per_node_seconds,
         agent_peak_rss_mib: agent_rss,
         get_peak_rss_mib: get_rss,
+        agent_cpu_seconds_per_gib: agent_cpu / (nf * sf / (1u64 << 30) as f64),
+        get_cpu_seconds_per_gib: get_cpu / (nf * sf / (1u64 << 30) as f64),
         machine_cpu_busy,
         direct_all_nodes_seconds: direct_secs,
         direct_origin_bytes: direct_bytes,
