@@ -159,7 +159,16 @@ pub(crate) async fn fetch_file(
     if job.size.is_some_and(|s| start > s) {
         start = 0;
     }
-    let mut opened = open(http, job, start, saved_identity.as_deref()).await?;
+    let mut opened = match open(http, job, start, saved_identity.as_deref()).await {
+        Ok(o) => o,
+        Err(e) => {
+            // A partial of a version the origin no longer serves can never be resumed.
+            if e.is::<OriginChanged>() {
+                remove_partial(&partial);
+            }
+            return Err(e);
+        }
+    };
     if let Some(saved) = &saved_identity {
         if opened.identity.as_deref() != Some(saved.as_str()) {
             remove_partial(&partial);

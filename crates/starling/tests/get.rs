@@ -962,3 +962,42 @@ async fn a_destination_without_room_is_refused_before_the_first_byte() {
     assert!(stderr.contains("free"), "{stderr}");
     assert_eq!(listing(&fs.mount), Vec::<String>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_urls_partial_resumes_only_against_the_version_it_started_with() {
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(2 << 20, 95);
+    nginx.put("w.bin", &bytes);
+    let etag = reqwest::get(nginx.url("w.bin"))
+        .await
+        .unwrap()
+        .headers()
+        .get("etag")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("w.bin");
+    let partial = dir.path().join(".w.bin.url.starling-partial");
+    let id = dir.path().join(".w.bin.url.starling-partial.id");
+    let nobody = format!("http://127.0.0.1:{}", testkit::free_port());
+    // Same version: resumed where the partial ends.
+    std::fs::write(&partial, &bytes[..1 << 20]).unwrap();
+    std::fs::write(&id, &etag).unwrap();
+    let r = report(&get(&[&nginx.url("w.bin"), dest.to_str().unwrap(), "--agent", &nobody, "--json"]).await);
+    assert_eq!(r["files"][0]["resumed_from"], 1 << 20);
+    assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+    assert_eq!(listing(dir.path()), vec!["w.bin".to_owned()]);
+    // A partial of another version: refused and removed; the next get starts over.
+    std::fs::remove_file(&dest).unwrap();
+    std::fs::write(&partial, &bytes[..1 << 20]).unwrap();
+    std::fs::write(&id, "\"an-older-version\"").unwrap();
+    let out = get(&[&nginx.url("w.bin"), dest.to_str().unwrap(), "--agent", &nobody]).await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("changed"));
+    assert_eq!(listing(dir.path()), Vec::<String>::new());
+    let r = report(&get(&[&nginx.url("w.bin"), dest.to_str().unwrap(), "--agent", &nobody, "--json"]).await);
+    assert_eq!(r["files"][0]["resumed_from"], 0);
+    assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+}
