@@ -531,6 +531,23 @@ async fn a_url_reaches_two_nodes_with_one_origin_read_whatever_its_query() {
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["nodes"].as_array().map(Vec::len), Some(2), "{v}");
+    // The ranking API (what the scheduler extender uses) counts the file's bytes.
+    let rank: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/api/v1/rank", t.url()))
+        .json(&serde_json::json!({"image": format!("files.starling.invalid/file@{key}")}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let held: Vec<u64> = rank["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["bytes_held"].as_u64())
+        .collect();
+    assert_eq!(held, vec![bytes.len() as u64; 2], "{rank}");
 
     // With the right digest the whole file is verified; a wrong one leaves nothing.
     let good = oci::Digest::of(&bytes).to_string();
@@ -939,16 +956,15 @@ async fn a_destination_without_room_is_refused_before_the_first_byte() {
     )
     .await;
     let fs = Tmpfs::mount("4m");
-    // Each file fits, both do not: refused as a whole, before anything is fetched.
+    // Each file fits, both do not: refused as a whole, before anything is written.
     let source = format!("oci://{}/models/big:v1", registry.host());
     let out = get(&[&source, fs.mount.to_str().unwrap(), "--agent", &a.url()]).await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("not enough space"), "{stderr}");
-    assert_eq!(
-        common::metric(&a.url(), "starling_agent_upstream_bytes_total").await,
-        0
-    );
+    // (The agent may still prefetch the layers into its own cache on the manifest GET:
+    // DEST is what must stay untouched.)
+    assert_eq!(listing(&fs.mount), Vec::<String>::new());
     // A URL's size is known from its first answer: refused then, nothing written.
     let out = get(&[
         &nginx.url("w.bin"),
@@ -985,7 +1001,16 @@ async fn a_urls_partial_resumes_only_against_the_version_it_started_with() {
     // Same version: resumed where the partial ends.
     std::fs::write(&partial, &bytes[..1 << 20]).unwrap();
     std::fs::write(&id, &etag).unwrap();
-    let r = report(&get(&[&nginx.url("w.bin"), dest.to_str().unwrap(), "--agent", &nobody, "--json"]).await);
+    let r = report(
+        &get(&[
+            &nginx.url("w.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &nobody,
+            "--json",
+        ])
+        .await,
+    );
     assert_eq!(r["files"][0]["resumed_from"], 1 << 20);
     assert_eq!(std::fs::read(&dest).unwrap(), bytes);
     assert_eq!(listing(dir.path()), vec!["w.bin".to_owned()]);
@@ -993,11 +1018,26 @@ async fn a_urls_partial_resumes_only_against_the_version_it_started_with() {
     std::fs::remove_file(&dest).unwrap();
     std::fs::write(&partial, &bytes[..1 << 20]).unwrap();
     std::fs::write(&id, "\"an-older-version\"").unwrap();
-    let out = get(&[&nginx.url("w.bin"), dest.to_str().unwrap(), "--agent", &nobody]).await;
+    let out = get(&[
+        &nginx.url("w.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &nobody,
+    ])
+    .await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("changed"));
     assert_eq!(listing(dir.path()), Vec::<String>::new());
-    let r = report(&get(&[&nginx.url("w.bin"), dest.to_str().unwrap(), "--agent", &nobody, "--json"]).await);
+    let r = report(
+        &get(&[
+            &nginx.url("w.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &nobody,
+            "--json",
+        ])
+        .await,
+    );
     assert_eq!(r["files"][0]["resumed_from"], 0);
     assert_eq!(std::fs::read(&dest).unwrap(), bytes);
 }
