@@ -30,6 +30,10 @@ const RANGE_AHEAD_DIRECT: u64 = 16 << 20;
 /// Chunks buffered per client between the producer task and the socket.
 const CLIENT_BUFFER_CHUNKS: usize = 2;
 
+/// Response header naming the source of a blob's bytes: `cache`, `swarm`, `registry`
+/// or `passthrough`.
+pub(crate) const SOURCE_HEADER: &str = "starling-source";
+
 pub struct BlobRequest<'a> {
     pub registry: &'a str,
     pub repo: &'a str,
@@ -50,6 +54,8 @@ impl Agent {
             let plan = plan(specs.as_deref(), total)?;
             let (status, headers_len) = (plan.status(), plan.body_len(total));
             let mut resp = plan.response_head(d, total, headers_len, status);
+            resp.headers_mut()
+                .insert(SOURCE_HEADER, HeaderValue::from_static("cache"));
             if !req.head {
                 let started = Instant::now();
                 let file_stream = stream_plan_from_file(open, plan, total, req.sink.clone());
@@ -85,6 +91,15 @@ impl Agent {
             Source::Passthrough => "passthrough",
             _ => "upstream",
         };
+        // Tells `starling get` (and anyone curious) where this response's bytes come from.
+        let told = match source {
+            Source::Passthrough => "passthrough",
+            Source::Complete => "cache",
+            Source::Inflight(_) if self.p2p.is_some() => "swarm",
+            Source::Inflight(_) => "registry",
+        };
+        resp.headers_mut()
+            .insert(SOURCE_HEADER, HeaderValue::from_static(told));
         let (tx, rx) = mpsc::channel::<Result<Bytes, Error>>(CLIENT_BUFFER_CHUNKS);
         let agent = self.clone();
         let (registry, repo, digest) = (req.registry.to_owned(), req.repo.to_owned(), d.clone());

@@ -133,6 +133,10 @@ impl Agent {
                 });
             }
         }
+        images.extend(
+            self.files
+                .images(|d| self.store.stat(d).is_some() || self.store.inflight(d).is_some()),
+        );
         let pins = self
             .store
             .pins()

@@ -39,6 +39,10 @@ pub struct AgentConfig {
     /// to any host on the internet; loopback, link-local and metadata addresses stay
     /// refused unless configured.
     pub allowed_registries: Vec<String>,
+    /// Origins of plain files (`starling get https://…`) the agent may fetch:
+    /// `host[:port]` (may be a loopback or private address), `*.example.com` or `*`
+    /// (public addresses only). Empty: the file route refuses every URL.
+    pub allowed_file_origins: Vec<String>,
     /// Client connections served at once; further ones are closed as they arrive.
     pub max_connections: usize,
     /// A connection must send a complete request head within this, and may stay idle
@@ -170,6 +174,7 @@ impl Default for AgentConfig {
             pin: Vec::new(),
             registries: HashMap::new(),
             allowed_registries: Vec::new(),
+            allowed_file_origins: Vec::new(),
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),

@@ -8,6 +8,7 @@ mod blob;
 mod cluster;
 pub mod config;
 mod fetch;
+mod files;
 pub mod identity;
 mod manifest;
 pub mod metrics;
@@ -165,6 +166,8 @@ pub struct Agent {
     /// clients resuming after the failure do not start another doomed download.
     pub(crate) uncacheable:
         Arc<parking_lot::Mutex<std::collections::HashMap<oci::Digest, std::time::Instant>>>,
+    /// Files fetched through `/files/v1/fetch`, for the inventory.
+    pub(crate) files: Arc<files::index::FileIndex>,
 }
 
 impl Agent {
@@ -208,6 +211,7 @@ impl Agent {
             }
         }
         up.policy = Some(config::registry_policy(&cfg)?);
+        up.file_origins = cfg.allowed_file_origins.clone();
         let store = Store::open(store_cfg)?;
         let upstream = Upstream::new(up)?;
         let mut metrics = metrics::Metrics::default();
@@ -228,7 +232,9 @@ impl Agent {
             &mut metrics.registry,
         )?;
         let metrics = Arc::new(metrics);
+        let files = Arc::new(files::index::FileIndex::open(&cfg.cache_dir));
         let agent = Self {
+            files,
             cfg: Arc::new(cfg),
             store,
             upstream,
@@ -249,6 +255,10 @@ impl Agent {
             .route("/metrics", axum::routing::get(metrics_handler))
             .route("/api/v1/cache", axum::routing::get(cache_handler))
             .route("/api/v1/report", axum::routing::get(report_handler))
+            .route(
+                "/files/v1/fetch",
+                axum::routing::get(files::files_handler).head(files::files_handler),
+            )
             .route_layer(axum::middleware::from_fn(local_clients_only));
         Router::new()
             .merge(local_only)
@@ -631,7 +641,10 @@ fn failed(agent: &Agent, e: &oci::Error) -> Response {
 /// Content fetched with this agent's registry credentials is served over `/v2` to
 /// local clients only (the node's runtime), unless `mirror_remote_clients` says
 /// otherwise: another host reaching the mirror port must not read private images.
-fn refuse_remote_client(agent: &Agent, client: Option<server::ClientAddr>) -> Option<Response> {
+pub(crate) fn refuse_remote_client(
+    agent: &Agent,
+    client: Option<server::ClientAddr>,
+) -> Option<Response> {
     let server::ClientAddr { peer, local } = client?;
     if !agent.cfg.refuses_mirror_client(peer, local) {
         return None;
@@ -702,7 +715,7 @@ async fn registry_handler(State(agent): State<Agent>, req: Request) -> Response 
     resp
 }
 
-fn record(agent: &Agent, route: &'static str, resp: Response) -> Response {
+pub(crate) fn record(agent: &Agent, route: &'static str, resp: Response) -> Response {
     agent
         .metrics
         .requests
@@ -760,6 +773,7 @@ async fn handle(
         }
         Route::Blob { repo, digest } => {
             let registry = agent.registry_for(ns)?;
+            files::refuse_identity_key(agent, &digest)?;
             agent
                 .serve_blob(blob::BlobRequest {
                     registry: &registry,

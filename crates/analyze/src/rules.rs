@@ -498,7 +498,7 @@ pub fn content_findings(model: &Model, opts: &RuleOptions) -> Vec<Finding> {
     out.extend(weights.finish(
         Rule::ModelWeights,
         format!("model weights baked into the image (files ≥ {} bytes)", opts.weight_threshold),
-        "keep weights outside the image: mount them from shared storage or fetch them at start (e.g. as an OCI artifact); code updates then stop re-shipping them",
+        "keep weights outside the image and fetch them when the job starts with `starling get` (an OCI artifact, oci://REGISTRY/REPO:TAG, or an object-store URL), which goes through the node's agent and the swarm, so the origin serves them about once per cluster; code updates then stop re-shipping them",
         max,
     ));
     out.extend(git.finish(

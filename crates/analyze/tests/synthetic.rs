@@ -144,6 +144,11 @@ fn main_image_exact_figures() {
     assert_eq!(r.rule_bytes(Rule::BuildToolchain), 3500);
     assert_eq!(r.rule_bytes(Rule::NvidiaDuplicate), 2500);
     assert_eq!(r.rule_bytes(Rule::ModelWeights), 20_000);
+    assert!(
+        r.finding(Rule::ModelWeights)
+            .all(|f| f.fix.contains("starling get")),
+        "the weights finding points at `starling get`"
+    );
     assert_eq!(r.rule_bytes(Rule::GitDirectory), 700);
     assert_eq!(r.rule_bytes(Rule::DeletedLater), 6250);
     // The dependency install in layer 2 comes after the COPY in layer 1: it re-ships.

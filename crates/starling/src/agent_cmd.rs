@@ -168,6 +168,15 @@ pub struct AgentArgs {
         value_delimiter = ','
     )]
     allowed_registries: Vec<String>,
+    /// Origin of plain files (`starling get https://…`) the agent may fetch: HOST[:PORT]
+    /// (may be internal), *.DOMAIN or * (public addresses only). Repeatable.
+    #[arg(
+        long = "allowed-file-origin",
+        value_name = "PATTERN",
+        env = "STARLING_ALLOWED_FILE_ORIGINS",
+        value_delimiter = ','
+    )]
+    allowed_file_origins: Vec<String>,
     /// Client connections served at once; more are closed as they arrive (default 4096).
     #[arg(long, env = "STARLING_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
@@ -327,6 +336,8 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     }
     cfg.allowed_registries
         .extend(a.allowed_registries.iter().cloned());
+    cfg.allowed_file_origins
+        .extend(a.allowed_file_origins.iter().cloned());
     if let Some(v) = a.max_connections {
         cfg.max_connections = v;
     }

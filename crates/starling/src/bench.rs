@@ -11,6 +11,8 @@ use futures::StreamExt;
 pub enum BenchCmd {
     /// The swarm benchmark: same as `starling demo` with explicit limits (see BENCHMARKS.md).
     Swarm(crate::demo::DemoArgs),
+    /// N nodes `starling get` one large file at once, through the swarm and directly.
+    Get(crate::bench_get::GetBenchArgs),
     /// Mirror benchmarks against a running docker-registry (see scripts/bench-mirror).
     Mirror(MirrorBenchArgs),
     /// Write an OCI layout with incompressible layers of the given sizes (bench input).
@@ -152,6 +154,7 @@ pub async fn run_bench(b: BenchCmd) -> Result<()> {
     let a = match b {
         BenchCmd::Mirror(a) => a,
         BenchCmd::Swarm(d) => return crate::demo::run_demo(d).await,
+        BenchCmd::Get(g) => return crate::bench_get::run(g).await,
         BenchCmd::Synth { dir, layers, seed } => {
             let layers = layers
                 .iter()

@@ -67,8 +67,12 @@ pub struct NodesArgs {
 pub struct WhereArgs {
     #[command(flatten)]
     t: TrackerOpt,
-    /// Image reference.
+    /// Image reference, oci:// artifact, http(s) URL (its key is asked of the agent) or
+    /// a file key sha256:….
     image: String,
+    /// The node's agent, which names a URL's key.
+    #[arg(long, env = "STARLING_AGENT", default_value = "http://127.0.0.1:5050")]
+    agent: String,
 }
 
 #[derive(Args)]
@@ -164,8 +168,12 @@ pub async fn run_nodes(a: NodesArgs) -> Result<()> {
 
 pub async fn run_where(a: WhereArgs) -> Result<()> {
     let base = a.t.tracker.trim_end_matches('/');
-    let q: String = a
-        .image
+    let image = if a.image.starts_with("http://") || a.image.starts_with("https://") {
+        crate::get_cmd::file_reference(&a.image, &a.agent).await?
+    } else {
+        crate::get_cmd::cluster_reference(&a.image)?
+    };
+    let q: String = image
         .bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -199,7 +207,11 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         return Ok(());
     }
     let req = cluster::wire::PrewarmRequest {
-        images: a.images.clone(),
+        images: a
+            .images
+            .iter()
+            .map(|i| crate::get_cmd::cluster_reference(i))
+            .collect::<Result<_>>()?,
         targets: cluster::wire::Targets {
             nodes: a.nodes.clone(),
             selector: a.selector.clone(),

@@ -181,7 +181,7 @@ impl DemoTls {
 }
 
 /// (busy, total) jiffies of the whole machine.
-fn machine_jiffies() -> (u64, u64) {
+pub(crate) fn machine_jiffies() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let Some(cpu) = stat.lines().next() else {
         return (0, 0);
@@ -205,7 +205,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// Children killed when the demo ends, however it ends.
-struct Procs(Vec<Child>);
+pub(crate) struct Procs(pub(crate) Vec<Child>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -216,13 +216,13 @@ impl Drop for Procs {
     }
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
+pub(crate) fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
     let f = std::fs::File::create(log)?;
     Command::new(exe)
         .args(args)
@@ -236,7 +236,7 @@ fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
         .with_context(|| format!("starting {}", exe.display()))
 }
 
-async fn wait_ready(url: &str) -> Result<()> {
+pub(crate) async fn wait_ready(url: &str) -> Result<()> {
     wait_ready_with(&reqwest::Client::new(), url).await
 }
 
@@ -255,7 +255,7 @@ async fn wait_ready_with(http: &reqwest::Client, url: &str) -> Result<()> {
     bail!("{url} did not become ready")
 }
 
-fn metric(text: &str, name: &str) -> u64 {
+pub(crate) fn metric(text: &str, name: &str) -> u64 {
     text.lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -263,7 +263,7 @@ fn metric(text: &str, name: &str) -> u64 {
 }
 
 /// (utime+stime seconds, VmHWM MiB) of a process.
-fn proc_usage(pid: u32) -> (f64, f64) {
+pub(crate) fn proc_usage(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit(')')

@@ -4,9 +4,12 @@
 
 mod agent_cmd;
 mod bench;
+mod bench_get;
 mod certs_cmd;
 mod cluster_cmd;
 mod demo;
+mod get_cmd;
+mod get_file;
 mod setup_cmd;
 
 use anyhow::{Context, Result};
@@ -50,6 +53,8 @@ enum Command {
     Nodes(cluster_cmd::NodesArgs),
     /// Which nodes hold how many bytes of an image.
     Where(cluster_cmd::WhereArgs),
+    /// Fetch large files (OCI artifacts, http(s) URLs) through the node's agent and the swarm.
+    Get(get_cmd::GetArgs),
     /// Warm images onto nodes ahead of a job (one registry fetch, then P2P fan-out).
     Prewarm(cluster_cmd::PrewarmArgs),
     /// Simulate a cluster pulling an image under each strategy (capacity planning).
@@ -113,6 +118,7 @@ fn main() -> std::process::ExitCode {
             Command::Sim(a) => tokio::task::spawn_blocking(move || sim::cli::run(&a))
                 .await?
                 .map_err(anyhow::Error::from),
+            Command::Get(a) => get_cmd::run_get(a).await,
             Command::Nodes(a) => cluster_cmd::run_nodes(a).await.map(|_| 0),
             Command::Where(a) => cluster_cmd::run_where(a).await.map(|_| 0),
             Command::Prewarm(a) => cluster_cmd::run_prewarm(a).await.map(|_| 0),

@@ -41,6 +41,7 @@ impl Store {
             last_access: now_secs(),
             created: now_secs(),
             source: "registry".into(),
+            identity_keyed: false,
         };
         meta::put(&self.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
         self.inner.state.lock().index.insert(d.clone(), rec);

@@ -19,6 +19,7 @@ pub mod inflight;
 pub mod meta;
 mod piecewise;
 mod space;
+pub use space::available_space;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
@@ -97,6 +98,8 @@ pub(crate) struct State {
     pins: HashMap<Digest, PinRecord>,
     evictions: u64,
     evicted_bytes: u64,
+    /// Keys of files named by identity, not content (see [`Store::register_identity_key`]).
+    identity_keys: HashSet<Digest>,
 }
 
 /// Result of asking to write a blob.
@@ -205,6 +208,7 @@ impl Store {
                         last_access: now_secs(),
                         created: now_secs(),
                         source: "recovered".into(),
+                        identity_keyed: false,
                     };
                     meta::put(&db, meta::BLOBS, &d.to_string(), &rec)?;
                     state.index.insert(d, rec);
@@ -228,6 +232,24 @@ impl Store {
 
     pub fn config(&self) -> &StoreConfig {
         &self.inner.cfg
+    }
+
+    /// Declares `d` the key of a file named by its identity (origin URL, validator,
+    /// size) rather than by its content: its download completes without the whole-file
+    /// sha256 check (which cannot hold), relying on piece verification, and its record
+    /// says so. Call before [`Store::begin`] for that key.
+    pub fn register_identity_key(&self, d: &Digest) {
+        let mut st = self.inner.state.lock();
+        if st.identity_keys.len() >= 65_536 {
+            st.identity_keys.clear();
+        }
+        st.identity_keys.insert(d.clone());
+    }
+
+    /// Whether `d` names a file by identity: registered, or recorded so.
+    pub fn is_identity_key(&self, d: &Digest) -> bool {
+        let st = self.inner.state.lock();
+        st.identity_keys.contains(d) || st.index.get(d).is_some_and(|r| r.identity_keyed)
     }
 
     pub fn blob_path(&self, d: &Digest) -> PathBuf {

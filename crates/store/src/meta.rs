@@ -26,6 +26,11 @@ pub struct BlobRecord {
     /// Where the bytes came from (registry, peer, ...), for the inventory.
     #[serde(default)]
     pub source: String,
+    /// A file keyed by its identity (URL, validator, size) rather than its content
+    /// digest: its pieces were verified, its whole content could not be. Never served
+    /// as a content-addressed blob.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub identity_keyed: bool,
 }
 
 /// What a tag pointed to when it was last checked, for one media type.

@@ -588,7 +588,10 @@ impl PieceWriter {
             self.discard(&e.to_string());
             return Err(e);
         }
-        if let Err(e) = verifier.finish() {
+        let checked = verifier.finish();
+        if let Err(e) =
+            checked.or_else(|e| crate::writer::identity_keyed(&self.store, &self.inflight, e))
+        {
             let e: Error = e.into();
             self.discard(&e.to_string());
             return Err(e);

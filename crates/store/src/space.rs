@@ -104,7 +104,7 @@ impl Store {
 }
 
 /// Bytes an unprivileged writer may still use on the filesystem holding `path`.
-fn available_space(path: &std::path::Path) -> std::io::Result<u64> {
+pub fn available_space(path: &std::path::Path) -> std::io::Result<u64> {
     let st = rustix::fs::statvfs(path)?;
     Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }

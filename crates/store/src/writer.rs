@@ -308,7 +308,8 @@ impl BlobWriter {
                 return Err(e);
             }
         }
-        if let Err(e) = self.verifier.clone().finish() {
+        let checked = self.verifier.clone().finish();
+        if let Err(e) = checked.or_else(|e| identity_keyed(&self.store, &self.inflight, e)) {
             let e: Error = e.into();
             self.discard(&e.to_string());
             return Err(e);
@@ -399,6 +400,20 @@ pub(crate) fn fail_download(
 
 /// A download whose every byte is on disk and matched the digest: releases the last
 /// byte to readers, then makes the entry durable and records it.
+/// A file keyed by identity has no content digest to match: its whole-file check is
+/// waived (its pieces were verified against the source's hashes).
+pub(crate) fn identity_keyed(
+    store: &Store,
+    inflight: &Inflight,
+    e: oci::Error,
+) -> Result<(), oci::Error> {
+    if store.is_identity_key(&inflight.digest) {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
 pub(crate) async fn commit(
     store: &Store,
     inflight: &Arc<Inflight>,
@@ -429,6 +444,7 @@ pub(crate) async fn commit(
         last_access: now_secs(),
         created: now_secs(),
         source: source.to_owned(),
+        identity_keyed: store.is_identity_key(&d),
     };
     meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
     {

@@ -265,7 +265,7 @@ fn build_image(
     ])
 }
 
-fn push_layout(
+pub(crate) fn push_layout(
     reg: &Registry,
     layout: &Path,
     src_tag: &str,

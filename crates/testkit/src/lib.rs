@@ -25,6 +25,7 @@
 //! for tests); every one has a `try_start` twin returning `anyhow::Result`.
 #![forbid(unsafe_code)]
 
+mod artifact;
 mod containerd;
 mod docker;
 mod http;
@@ -36,6 +37,7 @@ mod token;
 mod util;
 
 pub mod peer;
+pub use artifact::{ArtifactFile, PushedArtifact, TestArtifact, ARTIFACT_TYPE};
 pub use containerd::{write_hosts_toml, Containerd, CONTAINERD_NAMESPACE};
 pub use docker::DockerDaemon;
 pub use http::{http_get, HttpResponse};

@@ -205,6 +205,7 @@ pub(crate) async fn start(
         registry_bytes: 0,
         pieces_by_peer: BTreeMap::new(),
         registry_retry_at: None,
+        origin_gone: None,
     };
     for (conn, chan) in dl.absorb(resp) {
         conn.close(chan).await;
@@ -300,6 +301,9 @@ struct Download {
     /// Verified pieces by the peer that sent them (reported when the blob is done).
     pieces_by_peer: BTreeMap<String, u32>,
     registry_retry_at: Option<Instant>,
+    /// The registry (or a file's origin) says the content is gone or changed (404,
+    /// 410, 412): retrying cannot help, the download fails.
+    origin_gone: Option<String>,
 }
 
 impl Download {
@@ -438,6 +442,10 @@ impl Download {
         loop {
             if self.w.is_complete() {
                 break;
+            }
+            if let Some(reason) = self.origin_gone.take() {
+                self.abort(&reason).await;
+                return;
             }
             self.schedule().await;
             let run_active = !self.runs.is_empty();

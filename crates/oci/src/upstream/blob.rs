@@ -12,6 +12,9 @@ impl Upstream {
         repo: &str,
         digest: &Digest,
     ) -> Result<u64, Error> {
+        if let Some(f) = self.registered_file(registry) {
+            return Ok(f.size);
+        }
         let path = format!("/v2/{repo}/blobs/{digest}");
         let resp = self
             .request(Method::HEAD, registry, repo, &path, HeaderMap::new(), None)
@@ -96,9 +99,17 @@ impl Upstream {
             }
             None => {}
         }
-        let resp = self
-            .request(Method::GET, registry, repo, &path, headers, None)
-            .await?;
+        let file = self.registered_file(registry);
+        let resp = match &file {
+            Some(f) => {
+                self.send_file_request(registry, f, Method::GET, headers)
+                    .await?
+            }
+            None => {
+                self.request(Method::GET, registry, repo, &path, headers, None)
+                    .await?
+            }
+        };
         let resp = self.check_status(registry, resp).await?;
         let status = resp.status();
         let total = if status == StatusCode::PARTIAL_CONTENT {
@@ -122,6 +133,9 @@ impl Upstream {
         } else {
             content_length(resp.headers())
         };
+        if let Some(f) = &file {
+            self.check_same_version(registry, f, &resp, total)?;
+        }
         Ok((total, resp))
     }
 }

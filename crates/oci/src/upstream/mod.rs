@@ -6,6 +6,7 @@
 pub mod auth;
 mod authorize;
 mod blob;
+pub mod file_origin;
 pub mod policy;
 pub mod tls;
 
@@ -56,6 +57,9 @@ pub struct UpstreamConfig {
     /// Registry → TLS settings (extra CAs, client certificate, `skip_verify`), applied
     /// to that registry's hosts only; everything else gets the system trust store.
     pub tls: HashMap<String, RegistryTls>,
+    /// Origins of plain files (`starling get https://…`) that may be contacted:
+    /// `host[:port]` (may be an internal address), `*.domain` or `*` (public only).
+    pub file_origins: Vec<String>,
 }
 
 impl Default for UpstreamConfig {
@@ -72,6 +76,7 @@ impl Default for UpstreamConfig {
             user_agent: concat!("starling/", env!("CARGO_PKG_VERSION")).to_owned(),
             policy: None,
             tls: HashMap::new(),
+            file_origins: Vec::new(),
         }
     }
 }
@@ -113,6 +118,8 @@ struct Inner {
     /// `host:port` of configured registries and endpoints: the only internal addresses
     /// (loopback, link-local, metadata) the policy lets this client reach.
     trusted: BTreeSet<(String, u16)>,
+    /// Files read as blobs, by key (`file:<hex>`).
+    files: Mutex<file_origin::FileRegistry>,
 }
 
 /// A registry's TLS client and the host names it is used for (endpoint and name).
@@ -190,6 +197,19 @@ impl Upstream {
                 }
             }
         }
+        if cfg.policy.is_some() {
+            for o in file_origin::exact_origins(&cfg.file_origins) {
+                for scheme in ["http", "https"] {
+                    if let Some(a) = url::Url::parse(&format!("{scheme}://{}", o.trim()))
+                        .ok()
+                        .as_ref()
+                        .and_then(policy::authority)
+                    {
+                        trusted.insert(a);
+                    }
+                }
+            }
+        }
         let names: Arc<BTreeSet<String>> =
             Arc::new(trusted.iter().map(|(h, _)| h.clone()).collect());
         let build = |registry: &str, tls: rustls::ClientConfig| {
@@ -264,6 +284,7 @@ impl Upstream {
                 tokens: TokenCache::default(),
                 basic: Mutex::default(),
                 trusted,
+                files: Mutex::default(),
             }),
         })
     }

@@ -48,6 +48,15 @@ impl Download {
                     .await
                 {
                     Ok(r) => r.stream,
+                    Err(
+                        e @ oci::Error::Upstream {
+                            status: 404 | 410 | 412,
+                            ..
+                        },
+                    ) => {
+                        self.origin_gone = Some(e.to_string());
+                        return;
+                    }
                     Err(e) => {
                         warn!(digest = %self.d, error = %e, "cannot start a registry run; retrying shortly");
                         self.registry_retry_at = Some(Instant::now() + Duration::from_millis(500));

@@ -1,0 +1,154 @@
+//! The files this agent was asked for (key → origin identity), kept in
+//! `CACHE_DIR/files.json` so the inventory can report them after a restart: the store
+//! knows a file's bytes by key only. Bounded; written atomically when it changes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use cluster::inventory::{BlobRef, ImageRecord, SourceBytes};
+use oci::Digest;
+use serde::{Deserialize, Serialize};
+
+/// Files remembered; the least recently asked for are forgotten first.
+const MAX_FILES: usize = 4096;
+/// Inventory strings are bounded by the tracker (1 KiB); longer URLs are cut.
+const MAX_REPORTED_URL: usize = 1000;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct FileEntry {
+    /// Scheme, host, port and path: no query.
+    pub url: String,
+    pub size: u64,
+    /// Unix seconds of the last request.
+    pub last_get: u64,
+    /// Whether the key is the content digest (else the identity key).
+    pub content_digest: bool,
+}
+
+pub(crate) struct FileIndex {
+    path: PathBuf,
+    entries: parking_lot::Mutex<BTreeMap<String, FileEntry>>,
+}
+
+impl FileIndex {
+    pub(crate) fn open(cache_dir: &std::path::Path) -> FileIndex {
+        let path = cache_dir.join("files.json");
+        let entries = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        FileIndex {
+            path,
+            entries: parking_lot::Mutex::new(entries),
+        }
+    }
+
+    /// Records a request for `key`; persists when the entry is new or its URL or size
+    /// changed (not for the time alone).
+    pub(crate) fn note(&self, key: &Digest, entry: FileEntry) {
+        let snapshot = {
+            let mut m = self.entries.lock();
+            let k = key.to_string();
+            let changed = m
+                .get(&k)
+                .is_none_or(|e| e.url != entry.url || e.size != entry.size);
+            m.insert(k, entry);
+            while m.len() > MAX_FILES {
+                let oldest = m
+                    .iter()
+                    .min_by_key(|(_, e)| e.last_get)
+                    .map(|(k, _)| k.clone());
+                match oldest {
+                    Some(o) => m.remove(&o),
+                    None => break,
+                };
+            }
+            changed.then(|| m.clone())
+        };
+        if let Some(s) = snapshot {
+            if let Err(e) = self.write(&s) {
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot save the file index");
+            }
+        }
+    }
+
+    fn write(&self, m: &BTreeMap<String, FileEntry>) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(m).map_err(std::io::Error::other)?)?;
+        std::fs::rename(&tmp, &self.path)
+    }
+
+    /// Each file the store holds (`held(key)` is `Some` for those) as an image of one
+    /// blob, so `starling nodes`, `where` (by `@sha256:<key>`) and the scheduler
+    /// ranking see files as they see images.
+    pub(crate) fn images(&self, held: impl Fn(&Digest) -> bool) -> Vec<ImageRecord> {
+        let m = self.entries.lock();
+        m.iter()
+            .filter_map(|(k, e)| {
+                let d = Digest::parse(k).ok()?;
+                if !held(&d) {
+                    return None;
+                }
+                let mut url = e.url.clone();
+                if url.len() > MAX_REPORTED_URL {
+                    let mut cut = MAX_REPORTED_URL;
+                    while !url.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    url.truncate(cut);
+                }
+                Some(ImageRecord {
+                    manifest_digest: d.clone(),
+                    index_digest: None,
+                    references: vec![url],
+                    blobs: vec![BlobRef {
+                        digest: d,
+                        size: e.size,
+                    }],
+                    last_pull: Some(e.last_get),
+                    last_use: None,
+                    bytes_by_source: SourceBytes::default(),
+                    pull_seconds: None,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_survive_a_restart_and_only_held_ones_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
+        let entry = |url: &str| FileEntry {
+            url: url.into(),
+            size: 10,
+            last_get: 1,
+            content_digest: false,
+        };
+        {
+            let idx = FileIndex::open(dir.path());
+            idx.note(&a, entry("https://o.example/a.bin"));
+            idx.note(
+                &b,
+                entry(&format!("https://o.example/{}", "x".repeat(2000))),
+            );
+        }
+        let idx = FileIndex::open(dir.path());
+        let all = idx.images(|_| true);
+        assert_eq!(all.len(), 2);
+        assert!(all
+            .iter()
+            .all(|i| i.references[0].len() <= MAX_REPORTED_URL));
+        let only_a = idx.images(|d| d == &a);
+        assert_eq!(only_a.len(), 1);
+        assert_eq!(
+            only_a[0].references,
+            vec!["https://o.example/a.bin".to_owned()]
+        );
+        assert_eq!(only_a[0].blobs[0].digest, a);
+    }
+}

@@ -1,0 +1,401 @@
+//! `starling get http(s)://…` as a process: a real nginx origin, agents and a tracker
+//! (issue 13): one origin read for many nodes, presigned queries, digests, bad URLs,
+//! an origin changing mid-get, a peer killed mid-file, resume against a version.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::getkit::*;
+use testkit::{Registry, RegistryAuth};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_url_reaches_two_nodes_with_one_origin_read_whatever_its_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(6 << 20, 40);
+    nginx.put("w.bin", &bytes);
+    let t = tracker(dir.path()).await;
+    let allow = ["--allowed-file-origin", &nginx.origin()];
+    let a1 = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
+    let a2 = agent(dir.path(), "n2", Some(&t.url()), &registry, &allow).await;
+
+    let d1 = dir.path().join("d1/weights.bin");
+    let u1 = format!(
+        "{}?X-Amz-Signature=aaa&X-Amz-Expires=60",
+        nginx.url("w.bin")
+    );
+    let r1 = report(&get(&[&u1, d1.to_str().unwrap(), "--agent", &a1.url(), "--json"]).await);
+    assert_eq!(std::fs::read(&d1).unwrap(), bytes);
+    assert_eq!(r1["via"], "agent");
+    assert_eq!(r1["files"][0]["verified_digest"], false);
+
+    // Another presigned query for the same file: same identity, taken from the peer.
+    let d2 = dir.path().join("d2");
+    std::fs::create_dir_all(&d2).unwrap();
+    let u2 = format!("{}?X-Amz-Signature=bbb", nginx.url("w.bin"));
+    let r2 = report(&get(&[&u2, d2.to_str().unwrap(), "--agent", &a2.url(), "--json"]).await);
+    assert_eq!(std::fs::read(d2.join("w.bin")).unwrap(), bytes);
+    assert_eq!(r2["files"][0]["source"], "swarm");
+    assert!(
+        r2["agent_received"]["peers"].as_u64().unwrap() >= bytes.len() as u64,
+        "{r2}"
+    );
+    let origin_bytes = nginx.bytes_sent("w.bin");
+    assert!(
+        origin_bytes <= bytes.len() as u64 + 16,
+        "the origin sent the file once (plus one-byte probes): {origin_bytes}"
+    );
+
+    // The inventory knows which nodes hold the file: `where` by URL (the agent names
+    // the key) and by the key the report gave.
+    let key = r2["files"][0]["key"]
+        .as_str()
+        .expect("the agent named the key")
+        .to_owned();
+    let mut holders = Vec::new();
+    for _ in 0..100 {
+        let out = Command::new(env!("CARGO_BIN_EXE_starling"))
+            .args([
+                "where",
+                "--tracker",
+                &t.url(),
+                "--agent",
+                &a1.url(),
+                &u2,
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        holders = v["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["bytes_held"].as_u64() == Some(bytes.len() as u64))
+            .filter_map(|n| n["node"].as_str().map(str::to_owned))
+            .collect();
+        holders.sort();
+        if holders == ["n1", "n2"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(holders, ["n1", "n2"], "where finds the file on both nodes");
+    let out = Command::new(env!("CARGO_BIN_EXE_starling"))
+        .args(["where", "--tracker", &t.url(), &key, "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["nodes"].as_array().map(Vec::len), Some(2), "{v}");
+    // The file's bytes were never checked against a content digest: `/v2` does not
+    // serve them under their key as a blob.
+    let blob = reqwest::get(format!(
+        "{}/v2/any/repo/blobs/{key}?ns={}",
+        a1.url(),
+        registry.host()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(blob.status(), 404);
+    // The ranking API (what the scheduler extender uses) counts the file's bytes.
+    let rank: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/api/v1/rank", t.url()))
+        .json(&serde_json::json!({"image": format!("files.starling.invalid/file@{key}")}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let held: Vec<u64> = rank["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["bytes_held"].as_u64())
+        .collect();
+    assert_eq!(held, vec![bytes.len() as u64; 2], "{rank}");
+
+    // With the right digest the whole file is verified; a wrong one leaves nothing.
+    let good = oci::Digest::of(&bytes).to_string();
+    let d3 = dir.path().join("d3/w.bin");
+    let r3 = report(
+        &get(&[
+            &u1,
+            d3.to_str().unwrap(),
+            "--agent",
+            &a1.url(),
+            "--digest",
+            &good,
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(r3["files"][0]["verified_digest"], true);
+    assert_eq!(std::fs::read(&d3).unwrap(), bytes);
+    let wrong = oci::Digest::of(b"something else").to_string();
+    let d4 = dir.path().join("d4");
+    std::fs::create_dir_all(&d4).unwrap();
+    for agent_url in [
+        a2.url(),
+        format!("http://127.0.0.1:{}", testkit::free_port()),
+    ] {
+        let out = get(&[
+            &u1,
+            d4.to_str().unwrap(),
+            "--agent",
+            &agent_url,
+            "--digest",
+            &wrong,
+        ])
+        .await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "wrong digest accepted via {agent_url}"
+        );
+        assert!(
+            stderr.contains("does not match") || stderr.contains("verification"),
+            "{agent_url}: {stderr}"
+        );
+        assert_eq!(listing(&d4), Vec::<String>::new());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_urls_get_clear_errors_and_leave_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    nginx.put("w.bin", &testkit::random_bytes(100_000, 50));
+    let a = agent(
+        dir.path(),
+        "n1",
+        None,
+        &registry,
+        &["--allowed-file-origin", &nginx.origin()],
+    )
+    .await;
+    let dest = dir.path().join("d");
+    std::fs::create_dir_all(&dest).unwrap();
+
+    let out = get(&[
+        &nginx.url("missing.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("404"), "{stderr}");
+
+    // An origin the agent was not told to reach: refused before anything is sent.
+    let other = Nginx::start();
+    other.put("w.bin", b"x");
+    let out = get(&[
+        &other.url("w.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("403") && stderr.contains("file_origins"),
+        "{stderr}"
+    );
+    assert_eq!(other.bytes_sent("w.bin"), 0);
+    assert_eq!(listing(&dest), Vec::<String>::new());
+
+    // No agent: straight from the origin, said so.
+    let out = get(&[
+        &nginx.url("w.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &format!("http://127.0.0.1:{}", testkit::free_port()),
+        "--json",
+    ])
+    .await;
+    assert!(String::from_utf8_lossy(&out.stderr).contains("downloading directly"));
+    assert_eq!(report(&out)["via"], "direct");
+    assert_eq!(listing(&dest), vec!["w.bin".to_owned()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_origin_that_rewrites_the_file_mid_get_fails_it_and_nothing_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tracker(dir.path()).await;
+    // A lone agent, then a swarm member (the tracker elects it source).
+    for (round, tracker_url) in [None, Some(t.url())].into_iter().enumerate() {
+        origin_rewrite_round(dir.path(), round, tracker_url.as_deref()).await;
+    }
+}
+
+async fn origin_rewrite_round(dir: &Path, round: usize, tracker_url: Option<&str>) {
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let size = 12 << 20;
+    nginx.put("w.bin", &testkit::random_bytes(size, 60));
+    let a = agent(
+        dir,
+        &format!("r{round}"),
+        tracker_url,
+        &registry,
+        &[
+            "--allowed-file-origin",
+            &nginx.origin(),
+            "--download-limit",
+            "3MiB",
+        ],
+    )
+    .await;
+    let dest = dir.join(format!("d{round}"));
+    std::fs::create_dir_all(&dest).unwrap();
+    let url = nginx.url("w.bin");
+    let target = dest.join("w.bin");
+    let partial = dest.join(".w.bin.url.starling-partial");
+    let run = {
+        let (url, target) = (url.clone(), target.display().to_string());
+        let agent_url = a.url();
+        tokio::spawn(async move { get(&[&url, &target, "--agent", &agent_url]).await })
+    };
+    for _ in 0..400 {
+        if std::fs::metadata(&partial).is_ok_and(|m| m.len() >= 1 << 20) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Rewritten in place (same inode, so the running response reads the new bytes),
+    // with a new modification time, so the origin's ETag changes.
+    {
+        use std::io::Write;
+        let path = nginx.dir.path().join("www/w.bin");
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all(&testkit::random_bytes(size, 61)).unwrap();
+        f.set_modified(std::time::SystemTime::now() + Duration::from_secs(100))
+            .unwrap();
+    }
+    let out = run.await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a mixed file was accepted");
+    assert!(stderr.contains("changed"), "{stderr}");
+    assert_eq!(listing(&dest), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_node_serving_the_pieces_dies_mid_file_and_the_get_still_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(24 << 20, 70);
+    nginx.put("w.bin", &bytes);
+    let t = tracker(dir.path()).await;
+    let allow = ["--allowed-file-origin", &nginx.origin()];
+    let mut seeder = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
+    let d1 = dir.path().join("d1/w.bin");
+    report(
+        &get(&[
+            &nginx.url("w.bin"),
+            d1.to_str().unwrap(),
+            "--agent",
+            &seeder.url(),
+            "--json",
+        ])
+        .await,
+    );
+    let slow = [&allow[..], &["--download-limit", "4MiB"]].concat();
+    let taker = agent(dir.path(), "n2", Some(&t.url()), &registry, &slow).await;
+    let d2 = dir.path().join("d2/w.bin");
+    let run = {
+        let (url, target, agent_url) = (nginx.url("w.bin"), d2.display().to_string(), taker.url());
+        tokio::spawn(async move { get(&[&url, &target, "--agent", &agent_url, "--json"]).await })
+    };
+    let mut from_peer = 0;
+    for _ in 0..400 {
+        from_peer = common::metric(&taker.url(), "starling_agent_p2p_peer_bytes_total").await;
+        if from_peer >= 4 << 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        from_peer >= 4 << 20,
+        "pieces came from the seeder before the kill"
+    );
+    seeder.kill9();
+    let r = report(&run.await.unwrap());
+    assert_eq!(std::fs::read(&d2).unwrap(), bytes);
+    let got = &r["agent_received"];
+    assert!(
+        got["peers"].as_u64().unwrap() < bytes.len() as u64 && got["origin"].as_u64().unwrap() > 0,
+        "the rest came from the origin after the seeder died: {got}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_urls_partial_resumes_only_against_the_version_it_started_with() {
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(2 << 20, 95);
+    nginx.put("w.bin", &bytes);
+    let etag = reqwest::get(nginx.url("w.bin"))
+        .await
+        .unwrap()
+        .headers()
+        .get("etag")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("w.bin");
+    let partial = dir.path().join(".w.bin.url.starling-partial");
+    let id = dir.path().join(".w.bin.url.starling-partial.id");
+    let nobody = format!("http://127.0.0.1:{}", testkit::free_port());
+    // Same version: resumed where the partial ends.
+    std::fs::write(&partial, &bytes[..1 << 20]).unwrap();
+    std::fs::write(&id, &etag).unwrap();
+    let r = report(
+        &get(&[
+            &nginx.url("w.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &nobody,
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(r["files"][0]["resumed_from"], 1 << 20);
+    assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+    assert_eq!(listing(dir.path()), vec!["w.bin".to_owned()]);
+    // A partial of another version: refused and removed; the next get starts over.
+    std::fs::remove_file(&dest).unwrap();
+    std::fs::write(&partial, &bytes[..1 << 20]).unwrap();
+    std::fs::write(&id, "\"an-older-version\"").unwrap();
+    let out = get(&[
+        &nginx.url("w.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &nobody,
+    ])
+    .await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("changed"));
+    assert_eq!(listing(dir.path()), Vec::<String>::new());
+    let r = report(
+        &get(&[
+            &nginx.url("w.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &nobody,
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(r["files"][0]["resumed_from"], 0);
+    assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+}
