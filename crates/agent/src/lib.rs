@@ -15,6 +15,7 @@ pub mod p2p;
 pub mod routes;
 mod server;
 pub mod setup;
+pub mod tracker_endpoints;
 mod zerocopy;
 
 use std::net::SocketAddr;
@@ -303,7 +304,7 @@ impl Agent {
         }
         if let Some(p2p) = &self.p2p {
             if let Some(id) = &p2p.identity {
-                identity::spawn_renewal(id.clone(), p2p.http.clone(), p2p.tracker_url().to_owned());
+                identity::spawn_renewal(id.clone(), p2p.http.clone(), p2p.trackers().clone());
             }
         }
         self.spawn_background();
@@ -521,13 +522,8 @@ fn check_cluster_transport(cfg: &AgentConfig) -> Result<(), Error> {
     let Some(tracker) = &cfg.tracker else {
         return Ok(());
     };
-    if tracker.starts_with("https://") {
+    if tracker_endpoints::TrackerEndpoints::parse(tracker)?.is_https() {
         return Ok(());
-    }
-    if !tracker.starts_with("http://") {
-        return Err(Error::Config(format!(
-            "tracker {tracker:?}: must start with https:// (or http:// with insecure_plain_http)"
-        )));
     }
     if !cfg.insecure_plain_http {
         return Err(Error::Config(format!(

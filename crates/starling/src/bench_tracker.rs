@@ -399,6 +399,10 @@ async fn worker(mut conn: Conn, mut agents: Vec<AgentSim>, plan: std::sync::Arc<
         }
         tokio::time::sleep_until(at.into()).await;
         let now = Instant::now();
+        // Behind schedule (the tracker is saturated): stop at the end all the same.
+        if now >= plan.measure_until {
+            break;
+        }
         let measuring = now >= plan.measure_from;
         if measuring && now.duration_since(at) > Duration::from_millis(100) {
             tally.late += 1;
@@ -429,7 +433,7 @@ async fn worker(mut conn: Conn, mut agents: Vec<AgentSim>, plan: std::sync::Arc<
                         size: plan.blob_size,
                     })
                     .collect();
-                due.push(Reverse((at + Duration::from_secs(1), i, Kind::Seeding)));
+                due.push(Reverse((next_slot(at, now, Duration::from_secs(1)), i, Kind::Seeding)));
                 if complete.is_empty() {
                     continue;
                 }
@@ -453,7 +457,7 @@ async fn worker(mut conn: Conn, mut agents: Vec<AgentSim>, plan: std::sync::Arc<
                     continue;
                 }
                 let every = plan.report_every.unwrap_or(Duration::from_secs(3));
-                ("/api/v1/reports", Some(at + every))
+                ("/api/v1/reports", Some(next_slot(at, now, every)))
             }
         };
         let sent = Instant::now();
@@ -475,7 +479,7 @@ async fn worker(mut conn: Conn, mut agents: Vec<AgentSim>, plan: std::sync::Arc<
                         Ok(ans) => {
                             on_answer(blob, &ans);
                             let interval = Duration::from_millis(ans.interval_ms.clamp(50, 60_000));
-                            reschedule = Some(at.max(now - interval) + interval);
+                            reschedule = Some(next_slot(at, now, interval));
                         }
                         Err(_) => {
                             tally.errors += u64::from(measuring);
@@ -498,6 +502,13 @@ async fn worker(mut conn: Conn, mut agents: Vec<AgentSim>, plan: std::sync::Arc<
         }
     }
     tally
+}
+
+/// The next time a periodic request is due: one period after this one, or after now
+/// when this one went out late. Missed slots are skipped, not made up in a burst: a
+/// saturated tracker shows as lateness and a lower rate, not as a client that floods.
+fn next_slot(at: Instant, now: Instant, period: Duration) -> Instant {
+    now.checked_sub(period).map_or(at, |t| at.max(t)) + period
 }
 
 /// The first answer fixes the swarm's geometry (the bitfield length); the source role
