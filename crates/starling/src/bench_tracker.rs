@@ -68,6 +68,12 @@ pub struct TrackerBenchArgs {
     /// With a tracker started by the bench: its --announce-interval.
     #[arg(long, default_value = "1s")]
     announce_interval: humantime::Duration,
+    /// Downloaders learn piece hashes from peers (HAVE from the source's neighbours) as
+    /// soon as the source publishes them, so announce answers carry none. Without it
+    /// they learn them only from the tracker: the worst case, every peer out of the
+    /// source's reach.
+    #[arg(long)]
+    hashes_from_peers: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -103,6 +109,8 @@ struct BlobSim {
     /// As source: hashes published so far. The source reads the registry in order, so
     /// its hashes go out as `[0, n)`, as many per announce as it gained pieces.
     hashes_sent: u32,
+    /// Which of the plan's blobs.
+    index: usize,
 }
 
 struct AgentSim {
@@ -270,6 +278,10 @@ struct Plan {
     started: Instant,
     measure_from: Instant,
     measure_until: Instant,
+    /// Hashes each blob's source has published (shared across workers), read by
+    /// downloaders with `--hashes-from-peers`.
+    published: Vec<std::sync::atomic::AtomicU32>,
+    hashes_from_peers: bool,
 }
 
 fn make_agent(i: usize, plan: &Plan) -> AgentSim {
@@ -296,6 +308,7 @@ fn make_agent(i: usize, plan: &Plan) -> AgentSim {
                 gained: 0,
                 source: false,
                 hashes_sent: 0,
+                index: b,
             }
         })
         .collect();
@@ -328,8 +341,17 @@ fn advance(blob: &mut BlobSim, plan: &Plan, now: Instant) {
         if blob.source && blob.hashes_sent < count {
             blob.req.hashes.insert(blob.hashes_sent, fake_hash(blob.hashes_sent));
             blob.hashes_sent += 1;
+            if let Some(p) = plan.published.get(blob.index) {
+                p.fetch_max(blob.hashes_sent, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         blob.gained += 1;
+    }
+    if plan.hashes_from_peers && !blob.source {
+        if let Some(p) = plan.published.get(blob.index) {
+            let published = p.load(std::sync::atomic::Ordering::Relaxed);
+            blob.req.known_hashes = blob.req.known_hashes.max(published);
+        }
     }
     blob.req.complete = have.is_complete();
     blob.req.fetching_from_registry = blob.source && !blob.req.complete;
@@ -575,6 +597,10 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         started,
         measure_from: started + warmup,
         measure_until: started + warmup + duration,
+        published: (0..a.blobs)
+            .map(|_| std::sync::atomic::AtomicU32::new(0))
+            .collect(),
+        hashes_from_peers: a.hashes_from_peers,
     });
     let mut shares: Vec<Vec<AgentSim>> = (0..connections).map(|_| Vec::new()).collect();
     for i in 0..a.peers {
@@ -639,6 +665,7 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         "blobs_per_peer": a.blobs,
         "pieces_per_blob": pieces,
         "connections": connections,
+        "hashes_from_peers": a.hashes_from_peers,
         "seconds": secs,
         "announces_per_s": total.announce_us.len() as f64 / secs,
         "announce_p50_ms": percentile(&total.announce_us, 0.50),
@@ -669,9 +696,10 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         if a.tracker.is_empty() { "started by the bench" } else { "given" }
     );
     println!(
-        "peers={} blobs/peer={} pieces/blob={pieces} connections={connections} measured={secs:.0}s after {:.0}s warmup",
+        "peers={} blobs/peer={} pieces/blob={pieces} connections={connections} hashes_from_peers={} measured={secs:.0}s after {:.0}s warmup",
         a.peers,
         a.blobs,
+        a.hashes_from_peers,
         warmup.as_secs_f64()
     );
     println!(
