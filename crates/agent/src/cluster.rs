@@ -196,8 +196,12 @@ impl Agent {
         match p2p
             .trackers()
             .send(|base| {
-                p2p.authed(p2p.http.post(format!("{base}/api/v1/reports")).json(&report))
-                    .timeout(Duration::from_secs(5))
+                p2p.authed(
+                    p2p.http
+                        .post(format!("{base}/api/v1/reports"))
+                        .json(&report),
+                )
+                .timeout(Duration::from_secs(5))
             })
             .await
         {

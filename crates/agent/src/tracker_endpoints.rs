@@ -35,9 +35,7 @@ impl TrackerEndpoints {
         for part in spec.split(',') {
             let url = part.trim().trim_end_matches('/');
             if url.is_empty() {
-                return Err(Error::Config(format!(
-                    "tracker list {spec:?}: empty entry"
-                )));
+                return Err(Error::Config(format!("tracker list {spec:?}: empty entry")));
             }
             if !url.starts_with("http://") && !url.starts_with("https://") {
                 return Err(Error::Config(format!(
@@ -140,7 +138,11 @@ impl TrackerEndpoints {
             let next = self.move_on_from(at);
             // Another call moving on at the same time may have picked the one that
             // just failed; try the one after it instead.
-            let next = if next == at { (at + 1) % self.urls.len() } else { next };
+            let next = if next == at {
+                (at + 1) % self.urls.len()
+            } else {
+                next
+            };
             warn!(failed = %self.urls[at], error = %failure, now = %self.urls[next], "tracker failed; moving on to the next one");
             at = next;
         }
@@ -169,7 +171,9 @@ mod tests {
         for bad in ["", "http://a,", "a:1", "https://a,http://b", "ftp://a"] {
             assert!(TrackerEndpoints::parse(bad).is_err(), "{bad:?} accepted");
         }
-        let many = (0..=MAX_TRACKERS).map(|i| format!("http://t{i}")).collect::<Vec<_>>();
+        let many = (0..=MAX_TRACKERS)
+            .map(|i| format!("http://t{i}"))
+            .collect::<Vec<_>>();
         assert!(TrackerEndpoints::parse(&many.join(",")).is_err());
     }
 

@@ -13,8 +13,8 @@
 //! buffer per worker, responses read into a lean struct that skips the peer list.
 //! Its own CPU time is printed next to the tracker's so a reader can tell.
 
-use std::collections::{BTreeMap, BinaryHeap};
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -151,7 +151,10 @@ fn proc_peak_rss_kib(pid: &str) -> Option<u64> {
 fn machine_jiffies() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let cpu = stat.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<u64> = cpu.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    let v: Vec<u64> = cpu
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
     let total: u64 = v.iter().sum();
     let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
     Some((total - idle, total))
@@ -167,7 +170,9 @@ struct OwnTracker {
 }
 
 async fn start_own_tracker(a: &TrackerBenchArgs, token: &str) -> Result<(String, OwnTracker)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let dir = tempfile::tempdir()?;
     let log = std::fs::File::create(dir.path().join("tracker.log"))?;
     let child = tokio::process::Command::new(std::env::current_exe()?)
@@ -336,10 +341,13 @@ fn advance(blob: &mut BlobSim, plan: &Plan, now: Instant) {
     }
     blob.req.hashes.clear();
     while blob.gained < target {
-        let piece = ((blob.offset as u64 + blob.gained as u64 * stride as u64) % count as u64) as u32;
+        let piece =
+            ((blob.offset as u64 + blob.gained as u64 * stride as u64) % count as u64) as u32;
         have.set(piece);
         if blob.source && blob.hashes_sent < count {
-            blob.req.hashes.insert(blob.hashes_sent, fake_hash(blob.hashes_sent));
+            blob.req
+                .hashes
+                .insert(blob.hashes_sent, fake_hash(blob.hashes_sent));
             blob.hashes_sent += 1;
             if let Some(p) = plan.published.get(blob.index) {
                 p.fetch_max(blob.hashes_sent, std::sync::atomic::Ordering::Relaxed);
@@ -360,10 +368,9 @@ fn advance(blob: &mut BlobSim, plan: &Plan, now: Instant) {
 fn report_body(agent: &AgentSim, plan: &Plan) -> cluster::wire::NodeReport {
     use cluster::wire::{BlobHolding, Download, NodeReport};
     let held = |b: &BlobSim| {
-        b.req
-            .have
-            .as_ref()
-            .map_or(0, |h| (h.count() as u64 * plan.piece_size).min(plan.blob_size))
+        b.req.have.as_ref().map_or(0, |h| {
+            (h.count() as u64 * plan.piece_size).min(plan.blob_size)
+        })
     };
     NodeReport {
         node: agent.name.clone(),
@@ -409,7 +416,11 @@ async fn worker(mut conn: Conn, mut agents: Vec<AgentSim>, plan: std::sync::Arc<
         for b in 0..a.blobs.len() {
             due.push(Reverse((first, i, Kind::Announce(b as u16))));
         }
-        due.push(Reverse((first + Duration::from_millis(500), i, Kind::Seeding)));
+        due.push(Reverse((
+            first + Duration::from_millis(500),
+            i,
+            Kind::Seeding,
+        )));
         if let Some(every) = plan.report_every {
             due.push(Reverse((first + every * i as u32 / n, i, Kind::Report)));
         }
@@ -455,11 +466,17 @@ async fn worker(mut conn: Conn, mut agents: Vec<AgentSim>, plan: std::sync::Arc<
                         size: plan.blob_size,
                     })
                     .collect();
-                due.push(Reverse((next_slot(at, now, Duration::from_secs(1)), i, Kind::Seeding)));
+                due.push(Reverse((
+                    next_slot(at, now, Duration::from_secs(1)),
+                    i,
+                    Kind::Seeding,
+                )));
                 if complete.is_empty() {
                     continue;
                 }
-                let Some(first) = agent.blobs.first() else { continue };
+                let Some(first) = agent.blobs.first() else {
+                    continue;
+                };
                 let req = tracker::SeedingRequest {
                     node: agent.name.clone(),
                     addr: first.req.addr.clone(),
@@ -562,17 +579,27 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     if a.peers == 0 || a.blobs == 0 || a.connections == 0 {
         bail!("--peers, --blobs and --connections must be at least 1");
     }
+    if a.blobs > 1000 {
+        bail!("--blobs: at most 1000 blobs per agent");
+    }
     let pieces = blob_size.div_ceil(piece_size.max(1));
     if pieces > u32::MAX as u64 {
         bail!("{blob_size} bytes in {piece_size}-byte pieces is too many pieces");
     }
-    let token = a.cluster_token.clone().unwrap_or_else(|| "bench-token".into());
+    let token = a
+        .cluster_token
+        .clone()
+        .unwrap_or_else(|| "bench-token".into());
     let (urls, own, pid) = if a.tracker.is_empty() {
         let (url, own) = start_own_tracker(&a, &token).await?;
         let pid = own.child.id().map(|p| p.to_string());
         (vec![url], Some(own), pid)
     } else {
-        (a.tracker.clone(), None, a.tracker_pid.map(|p| p.to_string()))
+        (
+            a.tracker.clone(),
+            None,
+            a.tracker_pid.map(|p| p.to_string()),
+        )
     };
     let mut endpoints = Vec::new();
     for u in &urls {
@@ -693,7 +720,11 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     println!(
         "tracker(s): {} ({}; plain HTTP with a cluster token, --insecure-plain-http)",
         urls.join(","),
-        if a.tracker.is_empty() { "started by the bench" } else { "given" }
+        if a.tracker.is_empty() {
+            "started by the bench"
+        } else {
+            "given"
+        }
     );
     println!(
         "peers={} blobs/peer={} pieces/blob={pieces} connections={connections} hashes_from_peers={} measured={secs:.0}s after {:.0}s warmup",

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
 use agent::tracker_endpoints::TrackerEndpoints;
+use anyhow::{bail, Context, Result};
 use clap::Args;
 
 #[derive(Args)]
@@ -188,7 +188,12 @@ pub async fn run_where(a: WhereArgs) -> Result<()> {
             }
         })
         .collect();
-    let v = get_json(&a.t.client()?, &trackers, &format!("/api/v1/where?image={q}")).await?;
+    let v = get_json(
+        &a.t.client()?,
+        &trackers,
+        &format!("/api/v1/where?image={q}"),
+    )
+    .await?;
     if a.t.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {

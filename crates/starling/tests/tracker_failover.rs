@@ -149,7 +149,10 @@ async fn killing_the_first_tracker_mid_pull_moves_agents_to_the_second() {
         .filter_map(|n| n["name"].as_str())
         .collect();
     for n in ["n1", "n2", "n3"] {
-        assert!(names.contains(&n), "{n} reports to the second tracker: {nodes}");
+        assert!(
+            names.contains(&n),
+            "{n} reports to the second tracker: {nodes}"
+        );
     }
     for a in &agents {
         assert!(

@@ -322,8 +322,12 @@ impl P2p {
         let r = self
             .trackers
             .send(|base| {
-                self.authed(self.http.post(format!("{base}/swarm/v1/announce")).json(req))
-                    .timeout(Duration::from_secs(2))
+                self.authed(
+                    self.http
+                        .post(format!("{base}/swarm/v1/announce"))
+                        .json(req),
+                )
+                .timeout(Duration::from_secs(2))
             })
             .await
             .map_err(|e| tracker_err(e.to_string()))?;
@@ -372,8 +376,12 @@ impl P2p {
         let r = self
             .trackers
             .send(|base| {
-                self.authed(self.http.post(format!("{base}/swarm/v1/seeding")).json(&body))
-                    .timeout(Duration::from_secs(2))
+                self.authed(
+                    self.http
+                        .post(format!("{base}/swarm/v1/seeding"))
+                        .json(&body),
+                )
+                .timeout(Duration::from_secs(2))
             })
             .await
             .map_err(|e| Error::Tracker {
