@@ -29,12 +29,14 @@ use swarm::{AnnounceRequest, Bitfield, Topology};
 pub struct TrackerBenchArgs {
     /// Tracker base URL(s), comma-separated or repeated (plain http://). Without it the
     /// bench starts its own tracker (plain HTTP with a cluster token: the bench measures
-    /// the tracker's work, not TLS).
+    /// the tracker's work, not TLS). With several, the simulated agents are spread over
+    /// them (by connection), each agent always talking to the same one.
     #[arg(long, value_delimiter = ',')]
     tracker: Vec<String>,
-    /// The pid of the given tracker, to read its CPU time and peak RSS from /proc.
-    #[arg(long)]
-    tracker_pid: Option<u32>,
+    /// The pid(s) of the given trackers (comma-separated or repeated), to read their CPU
+    /// time (summed) and peak RSS (the largest) from /proc.
+    #[arg(long, value_delimiter = ',')]
+    tracker_pid: Vec<u32>,
     /// Cluster token the trackers require.
     #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
     cluster_token: Option<String>,
@@ -145,6 +147,15 @@ fn proc_peak_rss_kib(pid: &str) -> Option<u64> {
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// CPU ticks of all the given processes; none when any cannot be read (a sum that
+/// silently left one out would understate the trackers' cost).
+fn trackers_cpu_ticks(pids: &[String]) -> Option<u64> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter().map(|p| proc_cpu_ticks(p)).sum()
 }
 
 /// (busy, total) jiffies of the whole machine, from /proc/stat.
@@ -590,16 +601,14 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         .cluster_token
         .clone()
         .unwrap_or_else(|| "bench-token".into());
-    let (urls, own, pid) = if a.tracker.is_empty() {
+    let (urls, own, pids): (Vec<String>, Option<OwnTracker>, Vec<String>) = if a.tracker.is_empty()
+    {
         let (url, own) = start_own_tracker(&a, &token).await?;
-        let pid = own.child.id().map(|p| p.to_string());
-        (vec![url], Some(own), pid)
+        let pids = own.child.id().map(|p| p.to_string()).into_iter().collect();
+        (vec![url], Some(own), pids)
     } else {
-        (
-            a.tracker.clone(),
-            None,
-            a.tracker_pid.map(|p| p.to_string()),
-        )
+        let pids = a.tracker_pid.iter().map(|p| p.to_string()).collect();
+        (a.tracker.clone(), None, pids)
     };
     let mut endpoints = Vec::new();
     for u in &urls {
@@ -647,17 +656,17 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     tokio::time::sleep_until(plan.measure_from.into()).await;
     let self_pid = std::process::id().to_string();
     let (t0, c0, m0) = (
-        pid.as_deref().and_then(proc_cpu_ticks),
+        trackers_cpu_ticks(&pids),
         proc_cpu_ticks(&self_pid),
         machine_jiffies(),
     );
     tokio::time::sleep_until(plan.measure_until.into()).await;
     let (t1, c1, m1) = (
-        pid.as_deref().and_then(proc_cpu_ticks),
+        trackers_cpu_ticks(&pids),
         proc_cpu_ticks(&self_pid),
         machine_jiffies(),
     );
-    let peak_rss = pid.as_deref().and_then(proc_peak_rss_kib);
+    let peak_rss = pids.iter().filter_map(|p| proc_peak_rss_kib(p)).max();
     let mut total = Tally::default();
     for t in tasks {
         let t = t.await?;
@@ -748,7 +757,7 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         total.errors, total.reconnects, total.late
     );
     println!(
-        "tracker cpu={}s ({} cores) peak_rss={} MiB | client cpu={}s ({} cores) | machine busy={} of {cores} cores",
+        "tracker cpu={} s ({} cores) peak_rss={} MiB | client cpu={} s ({} cores) | machine busy={} of {cores} cores",
         f(tracker_cpu),
         f(tracker_cpu.map(|c| c / secs)),
         f(peak_rss.map(|k| k as f64 / 1024.0)),
