@@ -197,11 +197,16 @@ impl Agent {
     pub(crate) async fn report_now(&self) {
         let Some(p2p) = &self.p2p else { return };
         let report = self.node_report();
-        let url = format!("{}/api/v1/reports", p2p.tracker_url());
         match p2p
-            .authed(p2p.http.post(url).json(&report))
-            .timeout(Duration::from_secs(5))
-            .send()
+            .trackers()
+            .send(|base| {
+                p2p.authed(
+                    p2p.http
+                        .post(format!("{base}/api/v1/reports"))
+                        .json(&report),
+                )
+                .timeout(Duration::from_secs(5))
+            })
             .await
         {
             Ok(r) if r.status().is_success() => {}
@@ -228,15 +233,17 @@ impl Agent {
 
     async fn prewarm_update(&self, job: u64, update: NodeUpdate) {
         let Some(p2p) = &self.p2p else { return };
-        let url = format!(
-            "{}/api/v1/prewarm/{job}/nodes/{}",
-            p2p.tracker_url(),
-            self.cfg.node_name
-        );
+        let node = &self.cfg.node_name;
         if let Err(e) = p2p
-            .authed(p2p.http.post(url).json(&update))
-            .timeout(Duration::from_secs(5))
-            .send()
+            .trackers()
+            .send(|base| {
+                p2p.authed(
+                    p2p.http
+                        .post(format!("{base}/api/v1/prewarm/{job}/nodes/{node}"))
+                        .json(&update),
+                )
+                .timeout(Duration::from_secs(5))
+            })
             .await
         {
             debug!(job, error = %e, "cannot report prewarm progress");
@@ -555,13 +562,15 @@ impl Agent {
         };
         let tracker_err = |message: String| Error::Tracker { message };
         let r = p2p
-            .authed(
-                p2p.http
-                    .get(format!("{}/api/v1/assignments", p2p.tracker_url()))
-                    .query(&[("node", self.cfg.node_name.as_str())]),
-            )
-            .timeout(Duration::from_secs(5))
-            .send()
+            .trackers()
+            .send(|base| {
+                p2p.authed(
+                    p2p.http
+                        .get(format!("{base}/api/v1/assignments"))
+                        .query(&[("node", self.cfg.node_name.as_str())]),
+                )
+                .timeout(Duration::from_secs(5))
+            })
             .await
             .map_err(|e| tracker_err(format!("assignments: {e}")))?;
         if !r.status().is_success() {

@@ -72,7 +72,8 @@ pub struct AgentConfig {
     pub rack: Option<String>,
     /// Node labels reported to the tracker (prewarm selectors, pools).
     pub labels: std::collections::BTreeMap<String, String>,
-    /// Tracker URL; without it the agent is a plain caching mirror.
+    /// Tracker URL, or several comma-separated (replicas, tried in order when one
+    /// fails: see `tracker_endpoints`); without it the agent is a plain caching mirror.
     pub tracker: Option<String>,
     /// Shared secret for the tracker and for peers (plain-HTTP mode).
     pub cluster_token: Option<String>,

@@ -153,22 +153,27 @@ pub async fn join_if_needed(cfg: &AgentConfig) -> Result<(), IdentityError> {
         })?;
     let (key_pem, csr_pem) =
         pki::generate_node_csr(&cfg.node_name).map_err(pki_err("the node name"))?;
-    let tracker = cfg.tracker.as_deref().unwrap_or_default();
-    let url = format!("{}/certs/v1/join", tracker.trim_end_matches('/'));
+    let trackers = crate::tracker_endpoints::TrackerEndpoints::parse(
+        cfg.tracker.as_deref().unwrap_or_default(),
+    )
+    .map_err(|e| IdentityError::Join {
+        url: String::new(),
+        message: e.to_string(),
+    })?;
+    let body = JoinRequest {
+        token,
+        node: &cfg.node_name,
+        csr: &csr_pem,
+    };
+    let r = trackers
+        .send(|base| http.post(format!("{base}/certs/v1/join")).json(&body))
+        .await;
+    let url = format!("{}/certs/v1/join", trackers.current());
     let join_err = |message: String| IdentityError::Join {
         url: url.clone(),
         message,
     };
-    let r = http
-        .post(&url)
-        .json(&JoinRequest {
-            token,
-            node: &cfg.node_name,
-            csr: &csr_pem,
-        })
-        .send()
-        .await
-        .map_err(|e| join_err(error_chain(&e)))?;
+    let r = r.map_err(|e| join_err(error_chain(&e)))?;
     let status = r.status();
     if !status.is_success() {
         let body = r.text().await.unwrap_or_default();
@@ -190,7 +195,7 @@ pub async fn join_if_needed(cfg: &AgentConfig) -> Result<(), IdentityError> {
 
 /// An error with its sources: reqwest's own message says only "error sending request",
 /// the TLS reason (pin mismatch, unknown CA, expired) is further down.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -257,14 +262,18 @@ pub fn tracker_client(id: &NodeIdentity) -> Result<reqwest::Client, IdentityErro
 }
 
 /// Renews the certificate at 2/3 of its lifetime, for as long as the agent runs.
-pub fn spawn_renewal(id: NodeIdentity, http: reqwest::Client, tracker: String) {
+pub fn spawn_renewal(
+    id: NodeIdentity,
+    http: reqwest::Client,
+    trackers: std::sync::Arc<crate::tracker_endpoints::TrackerEndpoints>,
+) {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(id.cert.next_check(SystemTime::now())).await;
             if !id.cert.needs_renewal(SystemTime::now()) {
                 continue;
             }
-            match renew(&id, &http, &tracker).await {
+            match renew(&id, &http, &trackers).await {
                 Ok(info) => info!(
                     serial = %info.serial_hex(),
                     not_after = %humantime::format_rfc3339_seconds(info.not_after),
@@ -282,15 +291,17 @@ pub fn spawn_renewal(id: NodeIdentity, http: reqwest::Client, tracker: String) {
 async fn renew(
     id: &NodeIdentity,
     http: &reqwest::Client,
-    tracker: &str,
+    trackers: &crate::tracker_endpoints::TrackerEndpoints,
 ) -> Result<pki::CertInfo, IdentityError> {
     let name = id.cert.identity().name().to_owned();
     let (key_pem, csr_pem) = pki::generate_node_csr(&name).map_err(pki_err("CSR"))?;
-    let r = http
-        .post(format!("{}/certs/v1/renew", tracker.trim_end_matches('/')))
-        .json(&serde_json::json!({ "csr": csr_pem }))
-        .timeout(Duration::from_secs(10))
-        .send()
+    let body = serde_json::json!({ "csr": csr_pem });
+    let r = trackers
+        .send(|base| {
+            http.post(format!("{base}/certs/v1/renew"))
+                .json(&body)
+                .timeout(Duration::from_secs(10))
+        })
         .await
         .map_err(|e| IdentityError::Renew(error_chain(&e)))?;
     let status = r.status();

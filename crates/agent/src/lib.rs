@@ -16,6 +16,7 @@ pub mod p2p;
 pub mod routes;
 mod server;
 pub mod setup;
+pub mod tracker_endpoints;
 mod zerocopy;
 
 use std::net::SocketAddr;
@@ -303,7 +304,7 @@ impl Agent {
         }
         if let Some(p2p) = &self.p2p {
             if let Some(id) = &p2p.identity {
-                identity::spawn_renewal(id.clone(), p2p.http.clone(), p2p.tracker_url().to_owned());
+                identity::spawn_renewal(id.clone(), p2p.http.clone(), p2p.trackers().clone());
             }
         }
         self.spawn_background();

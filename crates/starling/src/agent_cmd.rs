@@ -60,7 +60,8 @@ pub struct AgentArgs {
     /// Image to keep in the cache whatever GC wants (repeatable).
     #[arg(long = "pin", env = "STARLING_PIN", value_delimiter = ',')]
     pins: Vec<String>,
-    /// Tracker URL: join the P2P swarm (without it: a plain caching mirror).
+    /// Tracker URL: join the P2P swarm (without it: a plain caching mirror). Replicas:
+    /// several URLs, comma-separated, tried in order when one fails.
     #[arg(long, env = "STARLING_TRACKER")]
     tracker: Option<String>,
     /// This node's name in the swarm (default: host name).

@@ -15,6 +15,9 @@ pub enum BenchCmd {
     Get(crate::bench_get::GetBenchArgs),
     /// Mirror benchmarks against a running docker-registry (see scripts/bench-mirror).
     Mirror(MirrorBenchArgs),
+    /// Tracker capacity: N simulated agents announcing, seeding and reporting against
+    /// one or several trackers (see BENCHMARKS.md, issue 14).
+    Tracker(crate::bench_tracker::TrackerBenchArgs),
     /// Write an OCI layout with incompressible layers of the given sizes (bench input).
     Synth {
         /// Output directory.
@@ -155,6 +158,7 @@ pub async fn run_bench(b: BenchCmd) -> Result<()> {
         BenchCmd::Mirror(a) => a,
         BenchCmd::Swarm(d) => return crate::demo::run_demo(d).await,
         BenchCmd::Get(g) => return crate::bench_get::run(g).await,
+        BenchCmd::Tracker(t) => return crate::bench_tracker::run(t).await,
         BenchCmd::Synth { dir, layers, seed } => {
             let layers = layers
                 .iter()

@@ -3,18 +3,21 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agent::tracker_endpoints::TrackerEndpoints;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
 #[derive(Args)]
 pub struct TrackerOpt {
-    /// Tracker URL.
+    /// Tracker URL; several (comma-separated or repeated) are tried in order when one
+    /// is unreachable or answers 5xx.
     #[arg(
         long,
         env = "STARLING_TRACKER",
+        value_delimiter = ',',
         default_value = "http://127.0.0.1:7070"
     )]
-    tracker: String,
+    tracker: Vec<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -30,6 +33,12 @@ pub struct TrackerOpt {
 }
 
 impl TrackerOpt {
+    fn trackers(&self) -> Result<agent::tracker_endpoints::TrackerEndpoints> {
+        Ok(agent::tracker_endpoints::TrackerEndpoints::parse(
+            &self.tracker.join(","),
+        )?)
+    }
+
     /// An HTTP client for the tracker: with `--ca`, trusting only the cluster CA and
     /// presenting `--cert` when given; otherwise reqwest's defaults.
     fn client(&self) -> Result<reqwest::Client> {
@@ -130,12 +139,16 @@ pub struct PrewarmArgs {
     cancel: Option<u64>,
 }
 
-async fn get_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Value> {
-    let r = http
-        .get(url)
-        .send()
+async fn get_json(
+    http: &reqwest::Client,
+    trackers: &TrackerEndpoints,
+    path: &str,
+) -> Result<serde_json::Value> {
+    let r = trackers
+        .send(|base| http.get(format!("{base}{path}")))
         .await
-        .with_context(|| format!("GET {url}"))?;
+        .with_context(|| format!("GET {}{path}", trackers.current()))?;
+    let url = format!("{}{path}", trackers.current());
     let status = r.status();
     let v: serde_json::Value = r.json().await.unwrap_or(serde_json::Value::Null);
     if !status.is_success() {
@@ -145,15 +158,15 @@ async fn get_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Value
 }
 
 pub async fn run_nodes(a: NodesArgs) -> Result<()> {
-    let base = a.t.tracker.trim_end_matches('/');
+    let trackers = a.t.trackers()?;
     let http = a.t.client()?;
     match &a.node {
         Some(n) => {
-            let v = get_json(&http, &format!("{base}/api/v1/nodes/{n}")).await?;
+            let v = get_json(&http, &trackers, &format!("/api/v1/nodes/{n}")).await?;
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
         None => {
-            let v = get_json(&http, &format!("{base}/api/v1/nodes")).await?;
+            let v = get_json(&http, &trackers, "/api/v1/nodes").await?;
             if a.t.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
@@ -167,7 +180,7 @@ pub async fn run_nodes(a: NodesArgs) -> Result<()> {
 }
 
 pub async fn run_where(a: WhereArgs) -> Result<()> {
-    let base = a.t.tracker.trim_end_matches('/');
+    let trackers = a.t.trackers()?;
     let image = if a.image.starts_with("http://") || a.image.starts_with("https://") {
         crate::get_cmd::file_reference(&a.image, &a.agent).await?
     } else {
@@ -183,7 +196,12 @@ pub async fn run_where(a: WhereArgs) -> Result<()> {
             }
         })
         .collect();
-    let v = get_json(&a.t.client()?, &format!("{base}/api/v1/where?image={q}")).await?;
+    let v = get_json(
+        &a.t.client()?,
+        &trackers,
+        &format!("/api/v1/where?image={q}"),
+    )
+    .await?;
     if a.t.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -196,12 +214,11 @@ pub async fn run_where(a: WhereArgs) -> Result<()> {
 }
 
 pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
-    let base = a.t.tracker.trim_end_matches('/').to_owned();
+    let trackers = a.t.trackers()?;
     let http = a.t.client()?;
     if let Some(id) = a.cancel {
-        let r = http
-            .delete(format!("{base}/api/v1/prewarm/{id}"))
-            .send()
+        let r = trackers
+            .send(|base| http.delete(format!("{base}/api/v1/prewarm/{id}")))
             .await?;
         println!("{}", r.text().await?);
         return Ok(());
@@ -234,10 +251,8 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         moving_tags: vec![],
         into_runtime: a.into_runtime,
     };
-    let r = http
-        .post(format!("{base}/api/v1/prewarm"))
-        .json(&req)
-        .send()
+    let r = trackers
+        .send_unrepeatable(|base| http.post(format!("{base}/api/v1/prewarm")).json(&req))
         .await
         .context("submitting the prewarm job")?;
     let status = r.status();
@@ -261,7 +276,7 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         return Ok(());
     }
     loop {
-        let v = get_json(&http, &format!("{base}/api/v1/prewarm/{id}")).await?;
+        let v = get_json(&http, &trackers, &format!("/api/v1/prewarm/{id}")).await?;
         if a.t.json {
             println!("{}", serde_json::to_string(&v)?);
         } else {

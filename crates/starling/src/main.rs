@@ -5,6 +5,7 @@
 mod agent_cmd;
 mod bench;
 mod bench_get;
+mod bench_tracker;
 mod certs_cmd;
 mod cluster_cmd;
 mod demo;

@@ -164,7 +164,7 @@ pub struct P2p {
     /// Where peers reach this agent's peer listener, `host:port`.
     pub addr: String,
     pub topology: Topology,
-    tracker: String,
+    trackers: Arc<crate::tracker_endpoints::TrackerEndpoints>,
     token: Option<String>,
     pub(crate) http: reqwest::Client,
     /// This node's certificate and the cluster CA, with an https:// tracker: `http`
@@ -237,7 +237,7 @@ impl P2p {
                 zone: cfg.zone.clone(),
                 rack: cfg.rack.clone(),
             },
-            tracker: tracker.trim_end_matches('/').to_owned(),
+            trackers: Arc::new(crate::tracker_endpoints::TrackerEndpoints::parse(tracker)?),
             token: cfg.cluster_token.clone(),
             http,
             peer_tls: identity.as_ref().map(PeerTls::new).transpose()?,
@@ -291,8 +291,9 @@ impl P2p {
         tokio::spawn(serve::serve_peers(agent, self.clone(), listener));
     }
 
-    pub(crate) fn tracker_url(&self) -> &str {
-        &self.tracker
+    /// The trackers, and the one calls go to now (every tracker call goes through it).
+    pub(crate) fn trackers(&self) -> &Arc<crate::tracker_endpoints::TrackerEndpoints> {
+        &self.trackers
     }
 
     pub(crate) fn authed(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -326,13 +327,15 @@ impl P2p {
     pub(crate) async fn announce(&self, req: &AnnounceRequest) -> Result<AnnounceResponse, Error> {
         let tracker_err = |m: String| Error::Tracker { message: m };
         let r = self
-            .authed(
-                self.http
-                    .post(format!("{}/swarm/v1/announce", self.tracker))
-                    .json(req),
-            )
-            .timeout(Duration::from_secs(2))
-            .send()
+            .trackers
+            .send(|base| {
+                self.authed(
+                    self.http
+                        .post(format!("{base}/swarm/v1/announce"))
+                        .json(req),
+                )
+                .timeout(Duration::from_secs(2))
+            })
             .await
             .map_err(|e| tracker_err(e.to_string()))?;
         if !r.status().is_success() {
@@ -352,12 +355,14 @@ impl P2p {
     ) -> Result<BTreeMap<u32, String>, Error> {
         let tracker_err = |m: String| Error::Tracker { message: m };
         let r = self
-            .authed(self.http.get(format!(
-                "{}/swarm/v1/hashes?digest={d}&from={from}",
-                self.tracker
-            )))
-            .timeout(Duration::from_secs(2))
-            .send()
+            .trackers
+            .send(|base| {
+                self.authed(
+                    self.http
+                        .get(format!("{base}/swarm/v1/hashes?digest={d}&from={from}")),
+                )
+                .timeout(Duration::from_secs(2))
+            })
             .await
             .map_err(|e| tracker_err(e.to_string()))?;
         if !r.status().is_success() {
@@ -376,13 +381,15 @@ impl P2p {
             "blobs": blobs.iter().map(|(d, s)| serde_json::json!({"digest": d, "size": s})).collect::<Vec<_>>(),
         });
         let r = self
-            .authed(
-                self.http
-                    .post(format!("{}/swarm/v1/seeding", self.tracker))
-                    .json(&body),
-            )
-            .timeout(Duration::from_secs(2))
-            .send()
+            .trackers
+            .send(|base| {
+                self.authed(
+                    self.http
+                        .post(format!("{base}/swarm/v1/seeding"))
+                        .json(&body),
+                )
+                .timeout(Duration::from_secs(2))
+            })
             .await
             .map_err(|e| Error::Tracker {
                 message: e.to_string(),

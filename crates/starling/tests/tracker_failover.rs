@@ -1,0 +1,164 @@
+//! Several trackers (issue 14, first part): agents configured with two trackers keep
+//! pulling when the one they use is killed, and move their announces, seeding and
+//! reports to the other. The trackers share no state yet, so the pull may finish from
+//! the registry (the second tracker elects new sources); what must hold is that no
+//! pull fails or restarts and that the agents end up on the second tracker.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::Proc;
+use testkit::{Registry, RegistryAuth, TestImage};
+
+const TOKEN: &str = "test-cluster-token";
+
+async fn tracker(dir: &Path) -> Proc {
+    std::fs::create_dir_all(dir).unwrap();
+    common::start_tracker(dir, &["--cluster-token", TOKEN], &[]).await
+}
+
+async fn agent(dir: &Path, name: &str, trackers: &str, registry: &Registry) -> Proc {
+    let port = testkit::free_port();
+    let cache = dir.join(name);
+    let host = registry.host();
+    let args = common::args(&[
+        "agent",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--cache-dir",
+        &cache.display().to_string(),
+        "--default-registry",
+        &host,
+        "--registry-endpoint",
+        &format!("{host}={}", registry.url()),
+        "--tracker",
+        trackers,
+        "--cluster-token",
+        TOKEN,
+        "--insecure-plain-http",
+        "--node-name",
+        name,
+        "--min-free",
+        "0",
+        // Slow enough that the kill lands mid-pull.
+        "--download-limit",
+        "8MiB",
+    ]);
+    Proc::start(args, port, dir.join(format!("{name}.log")), cache).await
+}
+
+async fn pull_via(
+    agent_url: &str,
+    image: &testkit::PushedImage,
+) -> Result<oci::pull::PullReport, oci::Error> {
+    let reference = oci::ImageReference::parse(&image.reference).unwrap();
+    let mut cfg = oci::UpstreamConfig::default();
+    cfg.endpoints
+        .insert(reference.registry.clone(), agent_url.to_owned());
+    let up = oci::Upstream::new(cfg).unwrap();
+    oci::pull::pull(&up, &reference, &Default::default()).await
+}
+
+async fn swarms(tracker: &str) -> serde_json::Value {
+    match reqwest::get(format!("{tracker}/swarm/v1/swarms")).await {
+        Ok(r) => r.json().await.unwrap_or(serde_json::Value::Null),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+/// Members of the tracker's largest swarm.
+fn peers(swarms: &serde_json::Value) -> u64 {
+    swarms
+        .as_array()
+        .and_then(|a| a.iter().filter_map(|s| s["peers"].as_u64()).max())
+        .unwrap_or(0)
+}
+
+async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn() -> F) {
+    for _ in 0..300 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_the_first_tracker_mid_pull_moves_agents_to_the_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .unwrap();
+    let image =
+        TestImage::push_multilayer(&registry, "ha/failover", "1", &[24 << 20, 24 << 20], 21)
+            .unwrap();
+    let mut first = tracker(&dir.path().join("t1")).await;
+    let second = tracker(&dir.path().join("t2")).await;
+    let list = format!("{},{}", first.url(), second.url());
+    let mut agents = Vec::new();
+    for name in ["n1", "n2", "n3"] {
+        agents.push(agent(dir.path(), name, &list, &registry).await);
+    }
+    let pulls: Vec<_> = agents
+        .iter()
+        .map(|a| {
+            let (url, img) = (a.url(), image.clone());
+            tokio::spawn(async move { pull_via(&url, &img).await })
+        })
+        .collect();
+    // Everyone starts on the first tracker (the list is an order of preference).
+    let first_url = first.url();
+    until("the agents to announce to the first tracker", || {
+        let u = first_url.clone();
+        async move { peers(&swarms(&u).await) >= 3 }
+    })
+    .await;
+    assert_eq!(
+        peers(&swarms(&second.url()).await),
+        0,
+        "nobody uses the second tracker while the first works"
+    );
+    first.kill9();
+    for (a, p) in agents.iter().zip(pulls) {
+        let report = p
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("pull through {} failed: {e}\n{}", a.url(), a.log_text()));
+        assert_eq!(report.manifest_digest.to_string(), image.digest);
+    }
+    // Later announces, seeding and reports go to the second tracker.
+    let second_url = second.url();
+    until("all three agents on the second tracker", || {
+        let u = second_url.clone();
+        async move { peers(&swarms(&u).await) >= 3 }
+    })
+    .await;
+    let nodes: serde_json::Value = reqwest::get(format!("{second_url}/api/v1/nodes"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = nodes["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    for n in ["n1", "n2", "n3"] {
+        assert!(
+            names.contains(&n),
+            "{n} reports to the second tracker: {nodes}"
+        );
+    }
+    for a in &agents {
+        assert!(
+            a.log_text().contains("moving on to the next one"),
+            "the agent says it moved: {}",
+            a.log_text()
+        );
+    }
+}
