@@ -42,7 +42,13 @@ pub async fn agent(
         "0",
     ]);
     if let Some(t) = tracker {
-        args.extend(super::args(&["--tracker", t, "--cluster-token", TOKEN]));
+        args.extend(super::args(&[
+            "--tracker",
+            t,
+            "--cluster-token",
+            TOKEN,
+            "--insecure-plain-http",
+        ]));
     }
     args.extend(super::args(extra));
     Proc::start(args, port, dir.join(format!("{name}.log")), cache).await
