@@ -16,16 +16,6 @@ async fn json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
 
-async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..240 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 fn extender_args(image: &str, nodes: &[&str], require_warm: bool) -> serde_json::Value {
     let annotations = if require_warm {
         serde_json::json!({"starling.io/require-warm": "true"})
@@ -127,11 +117,16 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         );
     }
     let t = tracker.url();
-    wait_for("4 nodes reported", async || {
-        json(&format!("{t}/api/v1/nodes")).await["nodes"]
-            .as_array()
-            .is_some_and(|n| n.len() == 4)
-    })
+    testkit::until(
+        "4 nodes reported",
+        Duration::from_millis(250),
+        Duration::from_secs(60),
+        async || {
+            json(&format!("{t}/api/v1/nodes")).await["nodes"]
+                .as_array()
+                .is_some_and(|n| n.len() == 4)
+        },
+    )
     .await;
 
     // A mutable tag is refused with the reason.
@@ -158,9 +153,12 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         job["images"][0]["manifest_digest"], image.digest,
         "the tag was resolved to its digest at submit time"
     );
-    wait_for("prewarm done", async || {
-        json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] == "done"
-    })
+    testkit::until(
+        "prewarm done",
+        Duration::from_millis(250),
+        Duration::from_secs(60),
+        async || json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] == "done",
+    )
     .await;
     let layer_bytes: u64 = image.layers.iter().map(|l| l.size).sum();
     let mut registry_bytes = 0;
@@ -181,10 +179,15 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
             })
         })
     };
-    wait_for("inventory shows the warm nodes", async || {
-        let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
-        ["n0", "n1", "n2"].iter().all(|n| full(&w, n))
-    })
+    testkit::until(
+        "inventory shows the warm nodes",
+        Duration::from_millis(250),
+        Duration::from_secs(60),
+        async || {
+            let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
+            ["n0", "n1", "n2"].iter().all(|n| full(&w, n))
+        },
+    )
     .await;
     let r3 = json(&format!("{}/api/v1/report", agents[3].url())).await;
     assert!(
@@ -261,10 +264,15 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
     tracker.kill9();
     tracker.restart();
     ready(&t).await;
-    wait_for("inventory rebuilt", async || {
-        let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
-        ["n0", "n1", "n2"].iter().all(|n| full(&w, n)) && !full(&w, "n3")
-    })
+    testkit::until(
+        "inventory rebuilt",
+        Duration::from_millis(250),
+        Duration::from_secs(60),
+        async || {
+            let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
+            ["n0", "n1", "n2"].iter().all(|n| full(&w, n)) && !full(&w, "n3")
+        },
+    )
     .await;
     assert_eq!(
         json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"],
@@ -353,11 +361,16 @@ async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
     )
     .await;
     let t = tracker.url();
-    wait_for("the node reported", async || {
-        json(&format!("{t}/api/v1/nodes")).await["nodes"]
-            .as_array()
-            .is_some_and(|n| n.len() == 1)
-    })
+    testkit::until(
+        "the node reported",
+        Duration::from_millis(250),
+        Duration::from_secs(60),
+        async || {
+            json(&format!("{t}/api/v1/nodes")).await["nodes"]
+                .as_array()
+                .is_some_and(|n| n.len() == 1)
+        },
+    )
     .await;
     let job: serde_json::Value = reqwest::Client::new()
         .post(format!("{t}/api/v1/prewarm"))
@@ -369,10 +382,15 @@ async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
         .await
         .unwrap();
     let id = job["id"].as_u64().expect("job id");
-    wait_for("prewarm into the runtime", async || {
-        let s = json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"].clone();
-        s != "running"
-    })
+    testkit::until(
+        "prewarm into the runtime",
+        Duration::from_millis(250),
+        Duration::from_secs(60),
+        async || {
+            let s = json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"].clone();
+            s != "running"
+        },
+    )
     .await;
     let view = json(&format!("{t}/api/v1/prewarm/{id}")).await;
     assert_eq!(view["progress"]["status"], "done", "{view}");
