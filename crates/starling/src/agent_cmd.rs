@@ -116,9 +116,9 @@ impl Args for SettingFlags {
                         (How::Switch | How::SwitchOff, _) => arg,
                         // clap's derive shows the key in capitals; the builder wants
                         // a 'static name, made once per flag for this process.
-                        (_, "") => arg.value_name(&*Box::leak(
-                            s.key.to_ascii_uppercase().into_boxed_str(),
-                        )),
+                        (_, "") => {
+                            arg.value_name(&*Box::leak(s.key.to_ascii_uppercase().into_boxed_str()))
+                        }
                         (_, name) => arg.value_name(name),
                     }
                 }),

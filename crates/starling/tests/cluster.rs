@@ -10,6 +10,10 @@ use common::{metric, ready, Proc};
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
+/// How often and how long `testkit::until` checks for reports and prewarms.
+const POLL_EVERY: Duration = Duration::from_millis(250);
+const POLL_WITHIN: Duration = Duration::from_secs(60);
+
 const TOKEN: &str = "cluster-test-token";
 
 async fn json(url: &str) -> serde_json::Value {
@@ -117,16 +121,11 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         );
     }
     let t = tracker.url();
-    testkit::until(
-        "4 nodes reported",
-        Duration::from_millis(250),
-        Duration::from_secs(60),
-        async || {
-            json(&format!("{t}/api/v1/nodes")).await["nodes"]
-                .as_array()
-                .is_some_and(|n| n.len() == 4)
-        },
-    )
+    testkit::until("4 nodes reported", POLL_EVERY, POLL_WITHIN, async || {
+        json(&format!("{t}/api/v1/nodes")).await["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 4)
+    })
     .await;
 
     // A mutable tag is refused with the reason.
@@ -153,12 +152,9 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         job["images"][0]["manifest_digest"], image.digest,
         "the tag was resolved to its digest at submit time"
     );
-    testkit::until(
-        "prewarm done",
-        Duration::from_millis(250),
-        Duration::from_secs(60),
-        async || json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] == "done",
-    )
+    testkit::until("prewarm done", POLL_EVERY, POLL_WITHIN, async || {
+        json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] == "done"
+    })
     .await;
     let layer_bytes: u64 = image.layers.iter().map(|l| l.size).sum();
     let mut registry_bytes = 0;
@@ -181,8 +177,8 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
     };
     testkit::until(
         "inventory shows the warm nodes",
-        Duration::from_millis(250),
-        Duration::from_secs(60),
+        POLL_EVERY,
+        POLL_WITHIN,
         async || {
             let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
             ["n0", "n1", "n2"].iter().all(|n| full(&w, n))
@@ -264,15 +260,10 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
     tracker.kill9();
     tracker.restart();
     ready(&t).await;
-    testkit::until(
-        "inventory rebuilt",
-        Duration::from_millis(250),
-        Duration::from_secs(60),
-        async || {
-            let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
-            ["n0", "n1", "n2"].iter().all(|n| full(&w, n)) && !full(&w, "n3")
-        },
-    )
+    testkit::until("inventory rebuilt", POLL_EVERY, POLL_WITHIN, async || {
+        let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
+        ["n0", "n1", "n2"].iter().all(|n| full(&w, n)) && !full(&w, "n3")
+    })
     .await;
     assert_eq!(
         json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"],
@@ -361,16 +352,11 @@ async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
     )
     .await;
     let t = tracker.url();
-    testkit::until(
-        "the node reported",
-        Duration::from_millis(250),
-        Duration::from_secs(60),
-        async || {
-            json(&format!("{t}/api/v1/nodes")).await["nodes"]
-                .as_array()
-                .is_some_and(|n| n.len() == 1)
-        },
-    )
+    testkit::until("the node reported", POLL_EVERY, POLL_WITHIN, async || {
+        json(&format!("{t}/api/v1/nodes")).await["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 1)
+    })
     .await;
     let job: serde_json::Value = reqwest::Client::new()
         .post(format!("{t}/api/v1/prewarm"))
@@ -384,8 +370,8 @@ async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
     let id = job["id"].as_u64().expect("job id");
     testkit::until(
         "prewarm into the runtime",
-        Duration::from_millis(250),
-        Duration::from_secs(60),
+        POLL_EVERY,
+        POLL_WITHIN,
         async || {
             let s = json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"].clone();
             s != "running"

@@ -12,6 +12,10 @@ use std::time::Duration;
 use common::Proc;
 use testkit::{Registry, RegistryAuth, TestImage};
 
+/// How often and how long `testkit::until` checks for announces.
+const POLL_EVERY: Duration = Duration::from_millis(100);
+const POLL_WITHIN: Duration = Duration::from_secs(30);
+
 const TOKEN: &str = "test-cluster-token";
 
 async fn tracker(dir: &Path) -> Proc {
@@ -103,8 +107,8 @@ async fn killing_the_first_tracker_mid_pull_moves_agents_to_the_second() {
     let first_url = first.url();
     testkit::until(
         "the agents to announce to the first tracker",
-        Duration::from_millis(100),
-        Duration::from_secs(30),
+        POLL_EVERY,
+        POLL_WITHIN,
         || {
             let u = first_url.clone();
             async move { peers(&swarms(&u).await) >= 3 }
@@ -128,8 +132,8 @@ async fn killing_the_first_tracker_mid_pull_moves_agents_to_the_second() {
     let second_url = second.url();
     testkit::until(
         "all three agents on the second tracker",
-        Duration::from_millis(100),
-        Duration::from_secs(30),
+        POLL_EVERY,
+        POLL_WITHIN,
         || {
             let u = second_url.clone();
             async move { peers(&swarms(&u).await) >= 3 }

@@ -108,7 +108,12 @@ fn check(key: &str, value: &toml::Value) -> Result<(), String> {
         .try_into::<AgentConfig>()
         .map(drop)
         // toml puts "in `key`" on a line of its own; one problem is one line.
-        .map_err(|e| e.to_string().split_whitespace().collect::<Vec<_>>().join(" "))
+        .map_err(|e| {
+            e.to_string()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
 }
 
 /// The TOML value a flag or variable stands for.
