@@ -12,25 +12,9 @@ pub struct AgentArgs {
     /// Every setting of the agent's table (`agent::config::SETTINGS`) as a flag.
     #[command(flatten)]
     settings: SettingFlags,
-    /// Upstream endpoint override, REGISTRY=URL (repeatable), e.g. docker.io=http://127.0.0.1:5000.
-    #[arg(
-        long = "registry-endpoint",
-        value_name = "REGISTRY=URL",
-        env = "STARLING_REGISTRY_ENDPOINTS",
-        value_delimiter = ','
-    )]
-    registry_endpoints: Vec<String>,
-    /// Upstream credentials, REGISTRY=USER:PASSWORD (repeatable). Prefer the config file or --docker-config.
-    #[arg(
-        long = "registry-credentials",
-        value_name = "REGISTRY=USER:PASSWORD",
-        env = "STARLING_REGISTRY_CREDENTIALS",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
-    registry_credentials: Vec<String>,
+    /// The `[registries."host"]` flags.
     #[command(flatten)]
-    registry_tls: RegistryTlsArgs,
+    registry: RegistryFlags,
     /// Test mode: serve corrupted pieces to peers.
     #[arg(long, hide = true)]
     corrupt_pieces: bool,
@@ -130,52 +114,130 @@ impl Args for SettingFlags {
     }
 }
 
-/// The configuration: the file (`--config`), then variables and flags, then the
-/// registry flags, which fill `[registries."host"]` entries.
+/// The agent's registry flags as clap sees them (the TLS ones shared with the tracker).
+#[derive(Args)]
+struct RegistryFlagValues {
+    /// Upstream endpoint override, REGISTRY=URL (repeatable), e.g. docker.io=http://127.0.0.1:5000.
+    #[arg(
+        long = "registry-endpoint",
+        value_name = "REGISTRY=URL",
+        env = "STARLING_REGISTRY_ENDPOINTS",
+        value_delimiter = ','
+    )]
+    registry_endpoints: Vec<String>,
+    /// Upstream credentials, REGISTRY=USER:PASSWORD (repeatable). Prefer the config file or --docker-config.
+    #[arg(
+        long = "registry-credentials",
+        value_name = "REGISTRY=USER:PASSWORD",
+        env = "STARLING_REGISTRY_CREDENTIALS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    registry_credentials: Vec<String>,
+    #[command(flatten)]
+    registry_tls: RegistryTlsArgs,
+}
+
+/// The registry flags' values with where each came from (flag or variable), for
+/// `agent::config::load`.
+pub struct RegistryFlags(Vec<agent::config::RegistryCliValue>);
+
+impl RegistryFlags {
+    /// (id, flag, variable) of each registry flag, read from its clap definition once.
+    fn names() -> &'static [(String, String, String)] {
+        static NAMES: std::sync::OnceLock<Vec<(String, String, String)>> =
+            std::sync::OnceLock::new();
+        NAMES.get_or_init(|| {
+            RegistryFlagValues::augment_args(clap::Command::new("agent"))
+                .get_arguments()
+                .map(|a| {
+                    (
+                        a.get_id().to_string(),
+                        a.get_long().map(|l| format!("--{l}")).unwrap_or_default(),
+                        a.get_env()
+                            .map(|e| e.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+    }
+}
+
+impl clap::FromArgMatches for RegistryFlags {
+    fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        use agent::config::{RegistryCliValue, RegistryField, Source};
+        use clap::parser::ValueSource;
+        let v = RegistryFlagValues::from_arg_matches(m)?;
+        let mut given = Vec::new();
+        for (id, field, values) in [
+            (
+                "registry_endpoints",
+                RegistryField::Endpoint,
+                &v.registry_endpoints,
+            ),
+            (
+                "registry_credentials",
+                RegistryField::Credentials,
+                &v.registry_credentials,
+            ),
+            ("ca", RegistryField::CaFile, &v.registry_tls.ca),
+            (
+                "client_cert",
+                RegistryField::ClientCert,
+                &v.registry_tls.client_cert,
+            ),
+            (
+                "client_key",
+                RegistryField::ClientKey,
+                &v.registry_tls.client_key,
+            ),
+            (
+                "skip_verify",
+                RegistryField::SkipVerify,
+                &v.registry_tls.skip_verify,
+            ),
+        ] {
+            let Some((_, flag, env)) = Self::names().iter().find(|n| n.0 == id) else {
+                continue;
+            };
+            let source = match m.value_source(id) {
+                Some(ValueSource::CommandLine) => Source::Flag(flag),
+                Some(ValueSource::EnvVariable) => Source::Env(env),
+                _ => continue,
+            };
+            given.push(RegistryCliValue {
+                field,
+                source,
+                values: values.clone(),
+            });
+        }
+        Ok(Self(given))
+    }
+
+    fn update_from_arg_matches(
+        &mut self,
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for RegistryFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        RegistryFlagValues::augment_args(cmd)
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+/// The configuration: the file (`--config`), then the settings' variables and flags,
+/// then the registry flags, which fill `[registries."host"]` entries.
 pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
-    use agent::config::Source;
-    let mut cfg = agent::config::load(a.config.as_deref(), &a.settings.0)?;
-    let from = |cfg: &mut agent::AgentConfig, reg: &str, flag: &'static str| {
-        cfg.sources
-            .set(format!("registries.{reg:?}"), Source::Flag(flag));
-    };
-    for e in &a.registry_endpoints {
-        let Some((reg, url)) = e.split_once('=') else {
-            bail!("--registry-endpoint wants REGISTRY=URL, got {e:?}")
-        };
-        cfg.registries.entry(reg.to_owned()).or_default().endpoint = Some(url.to_owned());
-        from(&mut cfg, reg, "--registry-endpoint");
-    }
-    for e in &a.registry_credentials {
-        let Some((reg, up)) = e.split_once('=') else {
-            bail!("--registry-credentials wants REGISTRY=USER:PASSWORD")
-        };
-        let Some((u, p)) = up.split_once(':') else {
-            bail!("--registry-credentials wants REGISTRY=USER:PASSWORD")
-        };
-        let r = cfg.registries.entry(reg.to_owned()).or_default();
-        r.username = Some(u.to_owned());
-        r.password = Some(p.to_owned());
-        from(&mut cfg, reg, "--registry-credentials");
-    }
-    for (reg, t) in a.registry_tls.parse()? {
-        let r = cfg.registries.entry(reg.clone()).or_default();
-        if t.ca_file.is_some() {
-            r.ca_file = t.ca_file;
-        }
-        if t.client_cert.is_some() {
-            r.client_cert = t.client_cert;
-        }
-        if t.client_key.is_some() {
-            r.client_key = t.client_key;
-        }
-        r.skip_verify |= t.skip_verify;
-        from(
-            &mut cfg,
-            &reg,
-            "--registry-ca/-client-cert/-client-key/-skip-verify",
-        );
-    }
+    let mut cfg = agent::config::load(a.config.as_deref(), &a.settings.0, &a.registry.0)?;
     cfg.corrupt_pieces = a.corrupt_pieces;
     Ok(cfg)
 }

@@ -88,7 +88,7 @@ fn bad_settings_name_the_file_key_flag_or_variable_all_at_once() {
 }
 
 #[test]
-fn a_bad_value_from_a_variable_names_the_variable() {
+fn a_bad_value_from_a_variable_names_the_variable_and_a_flag_the_flag() {
     let out = agent(&["--print-config"], &[("STARLING_GC_LOW_WATERMARK", "low")]);
     assert!(!out.status.success());
     let err = stderr(&out);
@@ -96,6 +96,19 @@ fn a_bad_value_from_a_variable_names_the_variable() {
         err.contains("environment variable STARLING_GC_LOW_WATERMARK"),
         "{err}"
     );
+    // The registry flags too, which fill `[registries."host"]`.
+    let out = agent(
+        &["--registry-skip-verify", "lab=1", "--print-config"],
+        &[("STARLING_REGISTRY_ENDPOINTS", "docker.io")],
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    for part in [
+        "environment variable STARLING_REGISTRY_ENDPOINTS: wants REGISTRY=URL",
+        "flag --registry-skip-verify: wants a REGISTRY",
+    ] {
+        assert!(err.contains(part), "{part:?} missing from:\n{err}");
+    }
 }
 
 /// Checks on the whole configuration (`AgentConfig::validate`) name the source too.

@@ -29,10 +29,39 @@ impl CliValue {
     }
 }
 
-/// Builds the configuration from an optional TOML file and the command line. Unknown
-/// keys and bad values are refused, each named with its source, together with what
-/// [`AgentConfig::validate`] finds in the rest.
-pub fn load(file: Option<&Path>, cli: &[CliValue]) -> Result<AgentConfig, Error> {
+/// Which part of `[registries."host"]` a registry flag sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegistryField {
+    /// `REGISTRY=URL`.
+    Endpoint,
+    /// `REGISTRY=USER:PASSWORD`.
+    Credentials,
+    /// `REGISTRY=PATH`.
+    CaFile,
+    ClientCert,
+    ClientKey,
+    /// `REGISTRY`.
+    SkipVerify,
+}
+
+/// A registry flag's values (or its variable's), applied over the file's
+/// `[registries."host"]` entries field by field.
+#[derive(Clone, Debug)]
+pub struct RegistryCliValue {
+    pub field: RegistryField,
+    pub source: Source,
+    pub values: Vec<String>,
+}
+
+/// Builds the configuration from an optional TOML file and the command line (the
+/// settings' flags, then the registry flags). Unknown keys and bad values are refused,
+/// each named with its source, together with what [`AgentConfig::validate`] finds in
+/// the rest.
+pub fn load(
+    file: Option<&Path>,
+    cli: &[CliValue],
+    registry_cli: &[RegistryCliValue],
+) -> Result<AgentConfig, Error> {
     let mut merged = toml::Table::new();
     let mut sources = Sources::default();
     let mut problems: Vec<String> = Vec::new();
@@ -85,6 +114,27 @@ pub fn load(file: Option<&Path>, cli: &[CliValue]) -> Result<AgentConfig, Error>
             }
         }
         sources.set(key, source);
+    }
+    for v in registry_cli {
+        for raw in &v.values {
+            match registry_entry(v.field, raw) {
+                Ok((host, fields)) => {
+                    let registries = merged
+                        .entry("registries")
+                        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                    if let toml::Value::Table(registries) = registries {
+                        let entry = registries
+                            .entry(host.clone())
+                            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                        if let toml::Value::Table(entry) = entry {
+                            entry.extend(fields);
+                        }
+                    }
+                    sources.set(format!("registries.{host:?}"), v.source.clone());
+                }
+                Err(e) => problems.push(format!("{}: {e}", v.source)),
+            }
+        }
     }
     let mut cfg: AgentConfig = match toml::Value::Table(merged).try_into() {
         Ok(cfg) => cfg,
@@ -149,6 +199,53 @@ fn cli_value(v: &CliValue) -> Result<toml::Value, String> {
     }
 }
 
+/// The registry and the `[registries."host"]` keys one registry flag value sets.
+/// A refused value is not echoed: it may hold a password.
+fn registry_entry(field: RegistryField, raw: &str) -> Result<(String, toml::Table), String> {
+    let text = |v: &str| toml::Value::String(v.to_owned());
+    let mut keys = toml::Table::new();
+    if field == RegistryField::SkipVerify {
+        let host = raw.trim();
+        if host.is_empty() || host.contains('=') {
+            return Err(format!("wants a REGISTRY, got {raw:?}"));
+        }
+        keys.insert("skip_verify".into(), toml::Value::Boolean(true));
+        return Ok((host.to_owned(), keys));
+    }
+    // Paths are trimmed (as in a comma-separated variable); a URL or a password is
+    // taken as written.
+    let trim = matches!(
+        field,
+        RegistryField::CaFile | RegistryField::ClientCert | RegistryField::ClientKey
+    );
+    let split = raw
+        .split_once('=')
+        .map(|(h, v)| if trim { (h.trim(), v.trim()) } else { (h, v) })
+        .filter(|(h, v)| !h.trim().is_empty() && !v.is_empty());
+    let (host, value) = match (field, split) {
+        (RegistryField::Credentials, Some((_, up))) if !up.contains(':') => {
+            return Err("wants REGISTRY=USER:PASSWORD".into())
+        }
+        (_, Some(pair)) => pair,
+        (RegistryField::Endpoint, None) => return Err(format!("wants REGISTRY=URL, got {raw:?}")),
+        (RegistryField::Credentials, None) => return Err("wants REGISTRY=USER:PASSWORD".into()),
+        (_, None) => return Err(format!("wants REGISTRY=PATH, got {raw:?}")),
+    };
+    match field {
+        RegistryField::Endpoint => keys.insert("endpoint".into(), text(value)),
+        RegistryField::Credentials => {
+            let (user, password) = value.split_once(':').unwrap_or((value, ""));
+            keys.insert("username".into(), text(user));
+            keys.insert("password".into(), text(password))
+        }
+        RegistryField::CaFile => keys.insert("ca_file".into(), text(value)),
+        RegistryField::ClientCert => keys.insert("client_cert".into(), text(value)),
+        RegistryField::ClientKey => keys.insert("client_key".into(), text(value)),
+        RegistryField::SkipVerify => None,
+    };
+    Ok((host.to_owned(), keys))
+}
+
 fn literal(raw: &str) -> Option<toml::Value> {
     let t = raw.trim();
     if let Ok(i) = t.parse::<i64>() {
@@ -199,6 +296,11 @@ mod tests {
                 given("min_free", false, &["1 parsec"]),
                 given("labels", false, &["rack"]),
             ],
+            &[RegistryCliValue {
+                field: RegistryField::Credentials,
+                source: Source::Env("STARLING_REGISTRY_CREDENTIALS"),
+                values: vec!["reg.example=pw-SECRET".into()],
+            }],
         )
         .expect_err("refused")
         .to_string();
@@ -208,12 +310,18 @@ mod tests {
             "environment variable STARLING_MAX_UPLOADS:".to_owned(),
             "flag --min-free:".to_owned(),
             "flag --label: wants KEY=VALUE, got \"rack\"".to_owned(),
+            "environment variable STARLING_REGISTRY_CREDENTIALS: wants REGISTRY=USER:PASSWORD"
+                .to_owned(),
             // validate() on the rest, with the file named as the watermark's source.
             format!("gc_low_watermark 0.95 (file {path})"),
         ] {
             assert!(err.contains(&part), "{part:?} missing from:\n{err}");
         }
-        assert!(err.contains("6 problem(s)"), "{err}");
+        assert!(err.contains("7 problem(s)"), "{err}");
+        assert!(
+            !err.contains("SECRET"),
+            "a refused credential is not echoed: {err}"
+        );
     }
 
     #[test]
@@ -231,6 +339,7 @@ mod tests {
                 given("node_name", false, &["42"]),
                 given("prefetch_layers", false, &[]),
             ],
+            &[],
         )
         .expect("loads");
         assert_eq!(cfg.cache_budget.bytes(), 3 << 30);
@@ -264,6 +373,11 @@ mod tests {
                 given("cache_budget", false, &["0"]),
                 given("metrics_token", true, &["t"]),
             ],
+            &[RegistryCliValue {
+                field: RegistryField::Endpoint,
+                source: Source::Flag("--registry-endpoint"),
+                values: vec!["other.example=ftp://other".into()],
+            }],
         )
         .expect("loads: each value is well-formed");
         cfg.sources
@@ -275,6 +389,8 @@ mod tests {
             "cache_budget (flag --cache-budget): must be more than 0".to_owned(),
             "metrics_token (environment variable STARLING_METRICS_TOKEN)".to_owned(),
             format!("registries.\"reg.example\".endpoint \"ftp://reg\" (file {path})"),
+            "registries.\"other.example\".endpoint \"ftp://other\" (flag --registry-endpoint)"
+                .to_owned(),
             "piece_size (environment variable STARLING_PIECE_SIZE)".to_owned(),
         ] {
             assert!(err.contains(&part), "{part:?} missing from:\n{err}");

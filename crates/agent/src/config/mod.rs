@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 mod load;
 pub mod settings;
 
-pub use load::{load, CliValue};
+pub use load::{load, CliValue, RegistryCliValue, RegistryField};
 use settings::agent_settings;
 pub use settings::{How, Setting, Source, Sources};
 
