@@ -9,12 +9,10 @@ pub struct AgentArgs {
     /// TOML config file; flags and STARLING_* environment variables override its keys.
     #[arg(long, short, env = "STARLING_CONFIG")]
     config: Option<PathBuf>,
-    /// Every setting of the agent's table (`agent::config::SETTINGS`) as a flag.
+    /// Every setting of the agent's table (`agent::config::SETTINGS`) as a flag, and
+    /// the `[registries."host"]` flags.
     #[command(flatten)]
-    settings: SettingFlags,
-    /// The `[registries."host"]` flags.
-    #[command(flatten)]
-    registry: RegistryFlags,
+    flags: AgentFlags,
     /// Test mode: serve corrupted pieces to peers.
     #[arg(long, hide = true)]
     corrupt_pieces: bool,
@@ -25,12 +23,42 @@ pub struct AgentArgs {
 
 /// The agent's settings as flags, made from the one table in `agent::config`: each
 /// flag has its variable, its help from the table's doc comment and the default in use.
-/// Values stay text here and are read by `agent::config::load`, which knows whether
-/// they came from the flag or the variable.
-pub struct SettingFlags(Vec<agent::config::CliValue>);
+/// Then the registry flags. Values stay text here and are read by
+/// `agent::config::load`, which is told whether each came from the flag or the variable.
+pub struct AgentFlags {
+    settings: Vec<agent::config::CliValue>,
+    registry: Vec<agent::config::RegistryCliValue>,
+}
 
-impl clap::FromArgMatches for SettingFlags {
+impl clap::FromArgMatches for AgentFlags {
     fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        Ok(Self {
+            settings: Self::settings_from(m),
+            registry: Self::registry_from(m)?,
+        })
+    }
+
+    fn update_from_arg_matches(
+        &mut self,
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for AgentFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        RegistryFlagValues::augment_args(Self::setting_args(cmd))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl AgentFlags {
+    fn settings_from(m: &clap::ArgMatches) -> Vec<agent::config::CliValue> {
         use agent::config::How;
         use clap::parser::ValueSource;
         let mut given = Vec::new();
@@ -54,20 +82,10 @@ impl clap::FromArgMatches for SettingFlags {
                 values,
             });
         }
-        Ok(Self(given))
+        given
     }
 
-    fn update_from_arg_matches(
-        &mut self,
-        m: &clap::ArgMatches,
-    ) -> std::result::Result<(), clap::Error> {
-        *self = Self::from_arg_matches(m)?;
-        Ok(())
-    }
-}
-
-impl Args for SettingFlags {
-    fn augment_args(cmd: clap::Command) -> clap::Command {
+    fn setting_args(cmd: clap::Command) -> clap::Command {
         use agent::config::How;
         use clap::{Arg, ArgAction};
         let defaults = toml::Value::try_from(agent::AgentConfig::default())
@@ -108,10 +126,6 @@ impl Args for SettingFlags {
                 }),
         )
     }
-
-    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        Self::augment_args(cmd)
-    }
 }
 
 /// The agent's registry flags as clap sees them (the TLS ones shared with the tracker).
@@ -138,13 +152,9 @@ struct RegistryFlagValues {
     registry_tls: RegistryTlsArgs,
 }
 
-/// The registry flags' values with where each came from (flag or variable), for
-/// `agent::config::load`.
-pub struct RegistryFlags(Vec<agent::config::RegistryCliValue>);
-
-impl RegistryFlags {
+impl AgentFlags {
     /// (id, flag, variable) of each registry flag, read from its clap definition once.
-    fn names() -> &'static [(String, String, String)] {
+    fn registry_flag_names() -> &'static [(String, String, String)] {
         static NAMES: std::sync::OnceLock<Vec<(String, String, String)>> =
             std::sync::OnceLock::new();
         NAMES.get_or_init(|| {
@@ -162,13 +172,14 @@ impl RegistryFlags {
                 .collect()
         })
     }
-}
 
-impl clap::FromArgMatches for RegistryFlags {
-    fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+    /// The registry flags' values with where each came from (flag or variable).
+    fn registry_from(
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<Vec<agent::config::RegistryCliValue>, clap::Error> {
         use agent::config::{RegistryCliValue, RegistryField, Source};
         use clap::parser::ValueSource;
-        let v = RegistryFlagValues::from_arg_matches(m)?;
+        let v = <RegistryFlagValues as clap::FromArgMatches>::from_arg_matches(m)?;
         let mut given = Vec::new();
         for (id, field, values) in [
             (
@@ -198,7 +209,8 @@ impl clap::FromArgMatches for RegistryFlags {
                 &v.registry_tls.skip_verify,
             ),
         ] {
-            let Some((_, flag, env)) = Self::names().iter().find(|n| n.0 == id) else {
+            let Some((_, flag, env)) = Self::registry_flag_names().iter().find(|n| n.0 == id)
+            else {
                 continue;
             };
             let source = match m.value_source(id) {
@@ -212,32 +224,14 @@ impl clap::FromArgMatches for RegistryFlags {
                 values: values.clone(),
             });
         }
-        Ok(Self(given))
-    }
-
-    fn update_from_arg_matches(
-        &mut self,
-        m: &clap::ArgMatches,
-    ) -> std::result::Result<(), clap::Error> {
-        *self = Self::from_arg_matches(m)?;
-        Ok(())
-    }
-}
-
-impl Args for RegistryFlags {
-    fn augment_args(cmd: clap::Command) -> clap::Command {
-        RegistryFlagValues::augment_args(cmd)
-    }
-
-    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
-        Self::augment_args(cmd)
+        Ok(given)
     }
 }
 
 /// The configuration: the file (`--config`), then the settings' variables and flags,
 /// then the registry flags, which fill `[registries."host"]` entries.
 pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
-    let mut cfg = agent::config::load(a.config.as_deref(), &a.settings.0, &a.registry.0)?;
+    let mut cfg = agent::config::load(a.config.as_deref(), &a.flags.settings, &a.flags.registry)?;
     cfg.corrupt_pieces = a.corrupt_pieces;
     Ok(cfg)
 }
