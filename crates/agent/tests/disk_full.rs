@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -16,43 +15,7 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 
 use common::*;
-use testkit::{sha256_digest as sha, Registry, RegistryAuth, TestImage};
-
-/// A tmpfs of `size` mounted on a fresh directory; unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-    mount: PathBuf,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let mount = dir.path().join("fs");
-        std::fs::create_dir(&mount).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&mount)
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs needs root: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs { dir, mount }
-    }
-
-    fn path(&self) -> &Path {
-        &self.mount
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        let _ = &self.dir;
-    }
-}
+use testkit::{sha256_digest as sha, Registry, RegistryAuth, TestImage, Tmpfs};
 
 fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
     let mut out = Vec::new();
@@ -165,7 +128,7 @@ async fn concurrent_downloads_that_do_not_fit_together_lose_nothing() {
     let img =
         TestImage::push_multilayer(&registry, "full/tmpfs", "1", &[6 << 20, 6 << 20], 47).unwrap();
     let fs = Tmpfs::mount("10m");
-    let cache = fs.path().join("cache");
+    let cache = fs.mount.join("cache");
     let agent = start_agent(&cache, &registry.host(), &registry.url(), None, |c| {
         c.cache_budget = oci::size::ByteSize(1 << 30);
     })
@@ -207,7 +170,7 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
     let layer = img.layers[0].clone();
     let (proxy, held, release) = stalling_proxy(registry.url(), 2 << 20).await;
     let fs = Tmpfs::mount("16m");
-    let cache = fs.path().join("cache");
+    let cache = fs.mount.join("cache");
     let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
         c.cache_budget = oci::size::ByteSize(1 << 30);
     })
@@ -222,7 +185,7 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
     });
     // The agent is 2 MiB into the blob when another process takes every free byte.
     held.notified().await;
-    fill_disk(&fs.path().join("filler"));
+    fill_disk(&fs.mount.join("filler"));
     release.notify_one();
     let (status, body) = client.await.unwrap();
     assert_eq!(status, 200);

@@ -525,17 +525,6 @@ async fn after_a_tracker_restart_newcomers_pull_from_seeders_not_the_registry() 
     assert!(metric(&b, "starling_agent_p2p_peer_bytes_total").await >= image.layers[0].size);
 }
 
-/// Polls `cond` until it holds; fails the test after a minute instead of hanging.
-async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn() -> F) {
-    for _ in 0..12_000 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
-
 /// Piece requests beyond the upload slots wait in a bounded line on the holder: the
 /// one being sent goes on, a waiting one is served once the slot frees (or cancelled
 /// on request), and one beyond the line is told "busy" at once.
@@ -704,9 +693,12 @@ async fn a_peer_that_stops_mid_stream_is_dropped_and_the_pull_completes() {
     let url = b.url();
     let img = image.clone();
     let pull = tokio::spawn(async move { pull_via(&url, &img).await });
-    until("b receives from the seed", || async {
-        metric(&b, "starling_agent_p2p_peer_bytes_total").await > 4 << 20
-    })
+    testkit::until(
+        "b to receive from the seed",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(&b, "starling_agent_p2p_peer_bytes_total").await > 4 << 20 },
+    )
     .await;
     let pid = seed.child.id().to_string();
     let stop = std::process::Command::new("kill")

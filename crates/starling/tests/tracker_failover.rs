@@ -12,6 +12,10 @@ use std::time::Duration;
 use common::Proc;
 use testkit::{Registry, RegistryAuth, TestImage};
 
+/// How often and how long `testkit::until` checks for announces.
+const POLL_EVERY: Duration = Duration::from_millis(100);
+const POLL_WITHIN: Duration = Duration::from_secs(30);
+
 const TOKEN: &str = "test-cluster-token";
 
 async fn tracker(dir: &Path) -> Proc {
@@ -76,16 +80,6 @@ fn peers(swarms: &serde_json::Value) -> u64 {
         .unwrap_or(0)
 }
 
-async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn() -> F) {
-    for _ in 0..300 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_first_tracker_mid_pull_moves_agents_to_the_second() {
     let dir = tempfile::tempdir().unwrap();
@@ -111,10 +105,15 @@ async fn killing_the_first_tracker_mid_pull_moves_agents_to_the_second() {
         .collect();
     // Everyone starts on the first tracker (the list is an order of preference).
     let first_url = first.url();
-    until("the agents to announce to the first tracker", || {
-        let u = first_url.clone();
-        async move { peers(&swarms(&u).await) >= 3 }
-    })
+    testkit::until(
+        "the agents to announce to the first tracker",
+        POLL_EVERY,
+        POLL_WITHIN,
+        || {
+            let u = first_url.clone();
+            async move { peers(&swarms(&u).await) >= 3 }
+        },
+    )
     .await;
     assert_eq!(
         peers(&swarms(&second.url()).await),
@@ -131,10 +130,15 @@ async fn killing_the_first_tracker_mid_pull_moves_agents_to_the_second() {
     }
     // Later announces, seeding and reports go to the second tracker.
     let second_url = second.url();
-    until("all three agents on the second tracker", || {
-        let u = second_url.clone();
-        async move { peers(&swarms(&u).await) >= 3 }
-    })
+    testkit::until(
+        "all three agents on the second tracker",
+        POLL_EVERY,
+        POLL_WITHIN,
+        || {
+            let u = second_url.clone();
+            async move { peers(&swarms(&u).await) >= 3 }
+        },
+    )
     .await;
     let nodes: serde_json::Value = reqwest::get(format!("{second_url}/api/v1/nodes"))
         .await

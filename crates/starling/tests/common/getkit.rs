@@ -177,34 +177,6 @@ impl Drop for Nginx {
     }
 }
 
-/// A tmpfs of `size` on a fresh directory (needs root, like the agent's disk-full
-/// tests); unmounted on drop.
-pub struct Tmpfs {
-    pub _dir: tempfile::TempDir,
-    pub mount: std::path::PathBuf,
-}
-
-impl Tmpfs {
-    pub fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let mount = dir.path().join("fs");
-        std::fs::create_dir(&mount).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&mount)
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs needs root: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs { _dir: dir, mount }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-    }
-}
+/// One home for the tmpfs helper: `testkit` (re-exported for `get.rs`).
+#[allow(unused_imports)]
+pub use testkit::Tmpfs;
