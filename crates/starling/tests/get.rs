@@ -402,15 +402,21 @@ async fn an_artifact_prewarmed_onto_a_selector_is_found_by_where() {
         ["n0", "n1"],
         "where finds the artifact on the h100 nodes only"
     );
+    // A URL's key is asked of an agent first: one that may not reach the origin
+    // refuses, and nothing is submitted.
+    let agent0 = agents[0].url();
     let out = cli(common::args(&[
         "prewarm",
         "--tracker",
         &tracker_url,
-        "https://x.example/w.bin",
+        "--agent",
+        &agent0,
+        "https://x.example/w.bin?sig=1",
     ]))
     .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not prewarmed by the cluster layer yet"));
+    assert!(stderr.contains("403") && !stderr.contains("sig=1"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -379,13 +379,18 @@ impl Upstream {
                 message,
             };
         }
-        match policy::refused_internal(&e) {
+        // reqwest's message names the whole URL: a presigned signature or credentials
+        // in it must not reach logs or clients.
+        let refused = policy::refused_internal(&e);
+        let timeout = e.is_timeout();
+        let message = format!("{}: {}", policy::redact_url(url.as_str()), e.without_url());
+        match refused {
             Some(why) => denied(registry, why),
-            None if e.is_timeout() => Error::Timeout {
+            None if timeout => Error::Timeout {
                 registry: registry.to_owned(),
-                message: e.to_string(),
+                message,
             },
-            None => transport(registry, e),
+            None => transport(registry, message),
         }
     }
 
@@ -606,12 +611,36 @@ impl Upstream {
         headers: &HeaderMap,
         auth: Option<String>,
     ) -> Result<reqwest::Response, Error> {
-        let mut current = url::Url::parse(url)
-            .map_err(|e| transport(registry, format!("bad URL {url:.200}: {e}")))?;
+        self.send_following_redirects_within(registry, method, url, headers, auth, Hops::Any)
+            .await
+    }
+
+    /// [`send_following_redirects`](Self::send_following_redirects), each hop also
+    /// checked against `hops`.
+    async fn send_following_redirects_within(
+        &self,
+        registry: &str,
+        method: Method,
+        url: &str,
+        headers: &HeaderMap,
+        auth: Option<String>,
+        hops: Hops,
+    ) -> Result<reqwest::Response, Error> {
+        let mut current = url::Url::parse(url).map_err(|e| {
+            transport(
+                registry,
+                format!("bad URL {}: {e}", policy::redact_url(url)),
+            )
+        })?;
         let origin = current.origin();
         for _ in 0..6 {
             // Every hop, redirects included: a registry must not lead us inside.
             self.check_destination(registry, &current)?;
+            if hops == Hops::FileOrigins {
+                // An allowed origin must not lead the agent to one that is not (another
+                // service the agent trusts, such as a configured registry).
+                self.check_file_origin(&current)?;
+            }
             let mut req = self
                 .client_for(registry, &current)
                 .request(method.clone(), current.as_str())
@@ -640,13 +669,24 @@ impl Upstream {
                 .get(http::header::LOCATION)
                 .and_then(|v| v.to_str().ok())
                 .ok_or_else(|| transport(registry, "redirect without Location"))?;
-            current = current
-                .join(loc)
-                .map_err(|e| transport(registry, format!("bad redirect {loc:.200}: {e}")))?;
+            current = current.join(loc).map_err(|e| {
+                transport(
+                    registry,
+                    format!("bad redirect {}: {e}", policy::redact_url(loc)),
+                )
+            })?;
             debug!(%registry, to = %current.host_str().unwrap_or("?"), "following redirect");
         }
         Err(transport(registry, "too many redirects"))
     }
+}
+
+/// Where redirects may lead (beyond the checks every request gets).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hops {
+    Any,
+    /// Only origins `file_origins` allows.
+    FileOrigins,
 }
 
 /// One start-up line per registry with TLS settings; `skip_verify` at warn. Paths
