@@ -306,11 +306,9 @@ impl Agent {
         done: &AtomicU64,
         limit: Option<Arc<ratelimit::TokenBucket>>,
     ) -> Result<(), Error> {
-        let source = a
-            .files
-            .iter()
-            .find(|f| &f.key == key)
-            .ok_or_else(|| Error::Prewarm(format!("file {key}: the assignment has no URL for it")))?;
+        let source = a.files.iter().find(|f| &f.key == key).ok_or_else(|| {
+            Error::Prewarm(format!("file {key}: the assignment has no URL for it"))
+        })?;
         let url = url::Url::parse(&source.url)
             .map_err(|e| Error::Prewarm(format!("file {key}: bad URL: {e}")))?;
         let digest = source.content_digest.then(|| key.clone());

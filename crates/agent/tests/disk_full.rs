@@ -16,7 +16,7 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 
 use common::*;
-use testkit::{sha256_digest as sha, Registry, RegistryAuth, TestImage};
+use testkit::{fill_disk, sha256_digest as sha, Registry, RegistryAuth, TestImage};
 
 /// A tmpfs of `size` mounted on a fresh directory; unmounted on drop.
 struct Tmpfs {
@@ -117,24 +117,6 @@ async fn stalling_proxy(upstream: String, hold_after: usize) -> (String, Arc<Not
     let url = format!("http://{}", l.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(l, app).await });
     (url, held, release)
-}
-
-/// Writes into `path` until the filesystem refuses (ENOSPC).
-fn fill_disk(path: &Path) {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0xa5u8; 64 << 10];
-    loop {
-        match f.write(&chunk) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(28), "filling the disk: {e}");
-                break;
-            }
-        }
-    }
-    let _ = f.sync_all();
 }
 
 fn no_partials(cache: &Path) {

@@ -696,10 +696,16 @@ fn files_need_their_source_and_views_hide_the_urls_secrets() {
     assert_eq!(image.manifest_digest, key);
     assert_eq!(image.total_bytes(), 4096);
     let mut store = JobStore::in_memory().expect("store");
-    let job = store.submit(r, vec![image], &inv, NOW).expect("submitted").clone();
-    let view = serde_json::to_string(&job.view()).unwrap();
+    let job = store
+        .submit(r, vec![image], &inv, NOW)
+        .expect("submitted")
+        .clone();
+    let view = serde_json::to_string(&job.view()).expect("view as JSON");
     assert!(!view.contains("s3cret"), "{view}");
-    assert!(view.contains("https://s3.example.com/b/w.bin?redacted"), "{view}");
+    assert!(
+        view.contains("https://s3.example.com/b/w.bin?redacted"),
+        "{view}"
+    );
     // The agents get the whole URL: they need the signature.
     let a = store.next_assignments(&inv, NOW).expect("assignments");
     assert_eq!(a[0].files, vec![source]);

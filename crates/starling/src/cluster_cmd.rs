@@ -239,7 +239,11 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         .map(oci::Digest::parse)
         .transpose()
         .context("--digest")?;
-    let urls = a.images.iter().filter(|i| crate::get_cmd::is_url(i)).count();
+    let urls = a
+        .images
+        .iter()
+        .filter(|i| crate::get_cmd::is_url(i))
+        .count();
     if digest.is_some() && urls != 1 {
         bail!("--digest names the content of exactly one URL; {urls} given");
     }

@@ -121,7 +121,10 @@ pub(crate) async fn file_source(
         .await
         .with_context(|| format!("asking the agent at {agent} for the key of {shown}"))?;
     if !resp.status().is_success() {
-        bail!("the agent at {agent} answered {} for {shown}", resp.status());
+        bail!(
+            "the agent at {agent} answered {} for {shown}",
+            resp.status()
+        );
     }
     let key = resp
         .headers()

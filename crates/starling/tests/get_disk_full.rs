@@ -9,24 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::getkit::*;
-use testkit::{Registry, RegistryAuth};
-
-/// Writes into `path` until the filesystem refuses (ENOSPC).
-fn fill_disk(path: &Path) {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0x5au8; 64 << 10];
-    loop {
-        match f.write(&chunk) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(28), "filling the disk: {e}");
-                break;
-            }
-        }
-    }
-}
+use testkit::{fill_disk, Registry, RegistryAuth};
 
 async fn wait_for_len(path: &Path, at_least: u64) {
     for _ in 0..800 {
@@ -126,12 +109,34 @@ async fn a_disk_that_fills_mid_get_fails_it_clearly_or_degrades_and_keeps_nothin
         assert_eq!(std::fs::read(&entry).unwrap(), bytes);
     }
     let partials: Vec<String> = listing(&cache_dir.join("partial"));
-    assert_eq!(partials, Vec::<String>::new(), "no partial download holding the disk");
+    assert_eq!(
+        partials,
+        Vec::<String>::new(),
+        "no partial download holding the disk"
+    );
     // Still serving while the disk stays full: another file, and this one again.
     let small = dir.path().join("d3/small.bin");
-    report(&get(&[&nginx.url("small.bin"), small.to_str().unwrap(), "--agent", &b.url(), "--json"]).await);
+    report(
+        &get(&[
+            &nginx.url("small.bin"),
+            small.to_str().unwrap(),
+            "--agent",
+            &b.url(),
+            "--json",
+        ])
+        .await,
+    );
     assert_eq!(std::fs::read(&small).unwrap(), &bytes[..100_000]);
     std::fs::remove_file(&target).unwrap();
-    report(&get(&[&nginx.url("w.bin"), target.to_str().unwrap(), "--agent", &b.url(), "--json"]).await);
+    report(
+        &get(&[
+            &nginx.url("w.bin"),
+            target.to_str().unwrap(),
+            "--agent",
+            &b.url(),
+            "--json",
+        ])
+        .await,
+    );
     assert_eq!(std::fs::read(&target).unwrap(), bytes);
 }

@@ -53,7 +53,11 @@ async fn a_redirect_out_of_the_allowed_origins_is_refused() {
     ])
     .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "followed a redirect to {}", registry.host());
+    assert!(
+        !out.status.success(),
+        "followed a redirect to {}",
+        registry.host()
+    );
     assert!(stderr.contains("file_origins"), "{stderr}");
     assert_eq!(listing(&dest), Vec::<String>::new());
     // A redirect that stays within the allowed origin is followed.
@@ -77,7 +81,14 @@ async fn secrets_in_the_url_stay_out_of_errors_and_logs() {
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     // Allowed, but nothing listens there: every attempt fails with a transport error.
     let dead = format!("127.0.0.1:{}", testkit::free_port());
-    let a = agent(dir.path(), "n1", None, &registry, &["--allowed-file-origin", &dead]).await;
+    let a = agent(
+        dir.path(),
+        "n1",
+        None,
+        &registry,
+        &["--allowed-file-origin", &dead],
+    )
+    .await;
     let url = format!("http://alice:s3cretpw@{dead}/w.bin?X-Amz-Signature=topsecretsig");
     let dest = dir.path().join("d/w.bin");
     let nobody = format!("http://127.0.0.1:{}", testkit::free_port());
@@ -91,11 +102,17 @@ async fn secrets_in_the_url_stay_out_of_errors_and_logs() {
         );
         assert!(all.contains(&dead), "the error names the origin: {all}");
         for secret in ["s3cretpw", "topsecretsig"] {
-            assert!(!all.contains(secret), "{secret} shown via {agent_url}: {all}");
+            assert!(
+                !all.contains(secret),
+                "{secret} shown via {agent_url}: {all}"
+            );
         }
     }
     let log = std::fs::read_to_string(dir.path().join("n1.log")).unwrap();
-    assert!(!log.contains("s3cretpw") && !log.contains("topsecretsig"), "{log}");
+    assert!(
+        !log.contains("s3cretpw") && !log.contains("topsecretsig"),
+        "{log}"
+    );
 }
 
 /// How the front bends nginx's answers to whole-file GETs (200).
@@ -110,7 +127,9 @@ async fn bending_front(nginx_port: u16, mode: Arc<AtomicU8>) -> String {
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = l.accept().await else { return };
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
             let mode = mode.clone();
             tokio::spawn(async move {
                 let mut head = Vec::new();
@@ -127,7 +146,8 @@ async fn bending_front(nginx_port: u16, mode: Arc<AtomicU8>) -> String {
                     .lines()
                     .find(|l| l.to_ascii_lowercase().starts_with("range:"))
                     .map(|l| l[6..].trim().to_owned());
-                let mut req = reqwest::Client::new().get(format!("http://127.0.0.1:{nginx_port}{path}"));
+                let mut req =
+                    reqwest::Client::new().get(format!("http://127.0.0.1:{nginx_port}{path}"));
                 if let Some(r) = &range {
                     req = req.header("range", r);
                 }
@@ -140,7 +160,11 @@ async fn bending_front(nginx_port: u16, mode: Arc<AtomicU8>) -> String {
                     }
                 }
                 let mut body = resp.bytes().await.unwrap_or_default().to_vec();
-                let m = if status == 200 { mode.load(Ordering::SeqCst) } else { 0 };
+                let m = if status == 200 {
+                    mode.load(Ordering::SeqCst)
+                } else {
+                    0
+                };
                 match m {
                     // No Content-Length: the body runs until the connection closes.
                     EXTRA_BYTES => body.extend(std::iter::repeat_n(0xee, 1 << 20)),
@@ -172,7 +196,14 @@ async fn an_origin_whose_sizes_lie_gets_bounded_reads_and_clear_errors() {
     let bytes = testkit::random_bytes(3 << 20, 140);
     let mode = Arc::new(AtomicU8::new(0));
     let front = bending_front(nginx.port, mode.clone()).await;
-    let a = agent(dir.path(), "n1", None, &registry, &["--allowed-file-origin", &front]).await;
+    let a = agent(
+        dir.path(),
+        "n1",
+        None,
+        &registry,
+        &["--allowed-file-origin", &front],
+    )
+    .await;
     let url = |name: &str| format!("http://{front}/{name}");
 
     // A body that runs on past the size the origin declared: the excess is not the
@@ -181,11 +212,23 @@ async fn an_origin_whose_sizes_lie_gets_bounded_reads_and_clear_errors() {
     mode.store(EXTRA_BYTES, Ordering::SeqCst);
     let dest = dir.path().join("d1");
     std::fs::create_dir_all(&dest).unwrap();
-    let r = report(&get(&[&url("extra.bin"), dest.to_str().unwrap(), "--agent", &a.url(), "--json"]).await);
+    let r = report(
+        &get(&[
+            &url("extra.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &a.url(),
+            "--json",
+        ])
+        .await,
+    );
     assert_eq!(std::fs::read(dest.join("extra.bin")).unwrap(), bytes);
     let key = oci::Digest::parse(r["files"][0]["key"].as_str().unwrap()).unwrap();
     let cached = a.cache.join("blobs/sha256").join(key.hex());
-    assert_eq!(std::fs::metadata(&cached).map(|m| m.len()).ok(), Some(bytes.len() as u64));
+    assert_eq!(
+        std::fs::metadata(&cached).map(|m| m.len()).ok(),
+        Some(bytes.len() as u64)
+    );
 
     // A whole-file answer whose Content-Length is not the size the probe saw: the
     // file changed or the origin lies; either way nothing is kept.
@@ -193,7 +236,13 @@ async fn an_origin_whose_sizes_lie_gets_bounded_reads_and_clear_errors() {
     mode.store(SHORT_LENGTH, Ordering::SeqCst);
     let dest = dir.path().join("d2");
     std::fs::create_dir_all(&dest).unwrap();
-    let out = get(&[&url("short.bin"), dest.to_str().unwrap(), "--agent", &a.url()]).await;
+    let out = get(&[
+        &url("short.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a short file was accepted");
     assert!(stderr.contains("changed"), "{stderr}");
@@ -205,10 +254,25 @@ async fn an_origin_whose_sizes_lie_gets_bounded_reads_and_clear_errors() {
     mode.store(HUGE_HEADER, Ordering::SeqCst);
     let dest = dir.path().join("d3");
     std::fs::create_dir_all(&dest).unwrap();
-    let out = get(&[&url("huge.bin"), dest.to_str().unwrap(), "--agent", &a.url()]).await;
+    let out = get(&[
+        &url("huge.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
     assert!(!out.status.success(), "a 2 MiB header was taken");
     assert_eq!(listing(&dest), Vec::<String>::new());
     mode.store(0, Ordering::SeqCst);
-    report(&get(&[&url("huge.bin"), dest.to_str().unwrap(), "--agent", &a.url(), "--json"]).await);
+    report(
+        &get(&[
+            &url("huge.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &a.url(),
+            "--json",
+        ])
+        .await,
+    );
     assert_eq!(std::fs::read(dest.join("huge.bin")).unwrap(), bytes);
 }

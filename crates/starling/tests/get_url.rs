@@ -400,18 +400,6 @@ async fn a_urls_partial_resumes_only_against_the_version_it_started_with() {
     assert_eq!(std::fs::read(&dest).unwrap(), bytes);
 }
 
-/// Runs a `starling` CLI command as a process.
-async fn cli(args: Vec<String>) -> std::process::Output {
-    blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_starling"))
-            .args(&args)
-            .env("STARLING_LOG", "warn")
-            .output()
-            .unwrap()
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() {
     let dir = tempfile::tempdir().unwrap();
@@ -430,22 +418,21 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
         } else {
             vec!["--label", &label]
         };
-        agents.push(agent(dir.path(), &format!("n{i}"), Some(&t.url()), &registry, &extra).await);
+        agents.push(
+            agent(
+                dir.path(),
+                &format!("n{i}"),
+                Some(&t.url()),
+                &registry,
+                &extra,
+            )
+            .await,
+        );
     }
     let tracker_url = t.url();
-    let mut reporting = false;
-    for _ in 0..200 {
-        let out = cli(common::args(&["nodes", "--tracker", &tracker_url, "--json"])).await;
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        if v["nodes"].as_array().is_some_and(|n| n.len() == 3) {
-            reporting = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(reporting, "3 nodes reported");
+    wait_for_nodes(&tracker_url, 3).await;
     let signed = format!("{}?X-Amz-Signature=secret-sig-1", nginx.url("w.bin"));
-    let out = cli(common::args(&[
+    let out = cli(&[
         "prewarm",
         "--tracker",
         &tracker_url,
@@ -458,7 +445,7 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
         "4MiB",
         "--wait",
         "--json",
-    ]))
+    ])
     .await;
     assert!(
         out.status.success(),
@@ -477,7 +464,10 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
     let views = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(!views.contains("secret-sig-1"), "{views}");
     let job: serde_json::Value = serde_json::from_str(views.lines().last().unwrap()).unwrap();
-    assert_eq!(job["request"]["files"][0]["url"], format!("{}?redacted", nginx.url("w.bin")));
+    assert_eq!(
+        job["request"]["files"][0]["url"],
+        format!("{}?redacted", nginx.url("w.bin"))
+    );
     for n in ["n0", "n1"] {
         assert_eq!(job["nodes"][n]["state"], "done", "{job}");
         assert_eq!(job["nodes"][n]["rate_bytes_per_sec"], 4 << 20, "{job}");
@@ -492,9 +482,12 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
         assert!(r["agent_received"]["origin"].as_u64().unwrap() <= 8, "{r}");
     }
     let probes = nginx.bytes_sent("w.bin") - after_prewarm;
-    assert!(probes <= 8, "only version probes reached the origin: {probes}");
+    assert!(
+        probes <= 8,
+        "only version probes reached the origin: {probes}"
+    );
     // `where` finds the file on the h100 nodes only.
-    let out = cli(common::args(&[
+    let out = cli(&[
         "where",
         "--tracker",
         &tracker_url,
@@ -502,7 +495,7 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
         &agents[0].url(),
         &signed,
         "--json",
-    ]))
+    ])
     .await;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let mut holders: Vec<String> = v["nodes"]
@@ -516,7 +509,7 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
     assert_eq!(holders, ["n0", "n1"], "{v}");
     // A node whose agent may not contact the origin fails its part, saying why.
     let before = nginx.bytes_sent("w.bin");
-    let out = cli(common::args(&[
+    let out = cli(&[
         "prewarm",
         "--tracker",
         &tracker_url,
@@ -527,9 +520,12 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
         "gpu=a100",
         "--wait",
         "--json",
-    ]))
+    ])
     .await;
-    assert!(!out.status.success(), "a prewarm beyond allowed_file_origins succeeded");
+    assert!(
+        !out.status.success(),
+        "a prewarm beyond allowed_file_origins succeeded"
+    );
     let last = String::from_utf8_lossy(&out.stdout)
         .lines()
         .last()

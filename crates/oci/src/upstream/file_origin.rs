@@ -110,7 +110,7 @@ impl Upstream {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::RANGE, HeaderValue::from_static("bytes=0-0"));
         let resp = self
-            .send_following_redirects_within(
+            .send_following_redirects(
                 &name,
                 Method::GET,
                 url.as_str(),
@@ -166,7 +166,7 @@ impl Upstream {
         headers: HeaderMap,
     ) -> Result<reqwest::Response, Error> {
         self.check_file_origin(&f.url)?;
-        self.send_following_redirects_within(
+        self.send_following_redirects(
             key,
             method,
             f.url.as_str(),

@@ -555,7 +555,14 @@ impl Upstream {
             attempt += 1;
             let auth = self.auth_header(&registry, &scope);
             let result = self
-                .send_following_redirects(&registry, method.clone(), &url, &headers, auth.clone())
+                .send_following_redirects(
+                    &registry,
+                    method.clone(),
+                    &url,
+                    &headers,
+                    auth.clone(),
+                    Hops::Any,
+                )
                 .await;
             let retry_in = match result {
                 Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !authed_retry => {
@@ -602,22 +609,9 @@ impl Upstream {
     }
 
     /// Follows up to 5 redirects by hand so `Authorization` is sent only to the origin
-    /// it belongs to (S3 and CDNs reject requests that carry a registry token).
+    /// it belongs to (S3 and CDNs reject requests that carry a registry token); every
+    /// hop is checked, against `hops` too.
     async fn send_following_redirects(
-        &self,
-        registry: &str,
-        method: Method,
-        url: &str,
-        headers: &HeaderMap,
-        auth: Option<String>,
-    ) -> Result<reqwest::Response, Error> {
-        self.send_following_redirects_within(registry, method, url, headers, auth, Hops::Any)
-            .await
-    }
-
-    /// [`send_following_redirects`](Self::send_following_redirects), each hop also
-    /// checked against `hops`.
-    async fn send_following_redirects_within(
         &self,
         registry: &str,
         method: Method,

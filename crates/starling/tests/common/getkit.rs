@@ -79,6 +79,32 @@ pub async fn get(args: &[&str]) -> Output {
     .await
 }
 
+/// Any `starling` command as a process.
+pub async fn cli(args: &[&str]) -> Output {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_starling"))
+            .args(&args)
+            .env("STARLING_LOG", "warn")
+            .output()
+            .expect("run starling")
+    })
+    .await
+}
+
+/// Waits until the tracker's inventory lists `n` nodes.
+pub async fn wait_for_nodes(tracker_url: &str, n: usize) {
+    for _ in 0..200 {
+        let out = cli(&["nodes", "--tracker", tracker_url, "--json"]).await;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if v["nodes"].as_array().is_some_and(|l| l.len() == n) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{n} nodes never reported to {tracker_url}");
+}
+
 pub fn report(out: &Output) -> serde_json::Value {
     assert!(
         out.status.success(),
