@@ -472,6 +472,22 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
         assert_eq!(job["nodes"][n]["state"], "done", "{job}");
         assert_eq!(job["nodes"][n]["rate_bytes_per_sec"], 4 << 20, "{job}");
     }
+    // Each target pinned the file until the job's TTL: GC keeps it for the job.
+    let key = job["images"][0]["manifest_digest"].as_str().unwrap().to_owned();
+    for a in agents.iter().take(2) {
+        let cache: serde_json::Value = reqwest::get(format!("{}/api/v1/cache", a.url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let pinned = cache["pins"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["digest"] == key.as_str() && p["until"] == job["pin_until"]);
+        assert!(pinned, "{cache}");
+    }
     // Each target's own cache serves a get (another presigned query: same file).
     for (i, a) in agents.iter().take(2).enumerate() {
         let dest = dir.path().join(format!("d{i}/w.bin"));
