@@ -473,7 +473,10 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
         assert_eq!(job["nodes"][n]["rate_bytes_per_sec"], 4 << 20, "{job}");
     }
     // Each target pinned the file until the job's TTL: GC keeps it for the job.
-    let key = job["images"][0]["manifest_digest"].as_str().unwrap().to_owned();
+    let key = job["images"][0]["manifest_digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     for a in agents.iter().take(2) {
         let cache: serde_json::Value = reqwest::get(format!("{}/api/v1/cache", a.url()))
             .await
@@ -523,6 +526,46 @@ async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() 
         .collect();
     holders.sort();
     assert_eq!(holders, ["n0", "n1"], "{v}");
+    // With --digest the file is keyed (and verified) by its content.
+    let other = testkit::random_bytes(1 << 20, 111);
+    nginx.put("v.bin", &other);
+    let digest = oci::Digest::of(&other).to_string();
+    let out = cli(&[
+        "prewarm",
+        "--tracker",
+        &tracker_url,
+        "--agent",
+        &agents[0].url(),
+        &nginx.url("v.bin"),
+        "--digest",
+        &digest,
+        "--selector",
+        "gpu=h100",
+        "--wait",
+        "--json",
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dest = dir.path().join("d9/v.bin");
+    let r = report(
+        &get(&[
+            &nginx.url("v.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &agents[1].url(),
+            "--digest",
+            &digest,
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(r["files"][0]["source"], "cache", "{r}");
+    assert_eq!(r["files"][0]["key"], digest.as_str());
+    assert_eq!(std::fs::read(&dest).unwrap(), other);
     // A node whose agent may not contact the origin fails its part, saying why.
     let before = nginx.bytes_sent("w.bin");
     let out = cli(&[
