@@ -15,7 +15,47 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 
 use common::*;
+<<<<<<< HEAD
 use testkit::{sha256_digest as sha, Registry, RegistryAuth, TestImage, Tmpfs};
+=======
+use testkit::{fill_disk, sha256_digest as sha, Registry, RegistryAuth, TestImage};
+
+/// A tmpfs of `size` mounted on a fresh directory; unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+    mount: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let mount = dir.path().join("fs");
+        std::fs::create_dir(&mount).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&mount)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs { dir, mount }
+    }
+
+    fn path(&self) -> &Path {
+        &self.mount
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        let _ = &self.dir;
+    }
+}
+>>>>>>> getx
 
 fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
     let mut out = Vec::new();
@@ -80,24 +120,6 @@ async fn stalling_proxy(upstream: String, hold_after: usize) -> (String, Arc<Not
     let url = format!("http://{}", l.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(l, app).await });
     (url, held, release)
-}
-
-/// Writes into `path` until the filesystem refuses (ENOSPC).
-fn fill_disk(path: &Path) {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0xa5u8; 64 << 10];
-    loop {
-        match f.write(&chunk) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(28), "filling the disk: {e}");
-                break;
-            }
-        }
-    }
-    let _ = f.sync_all();
 }
 
 fn no_partials(cache: &Path) {

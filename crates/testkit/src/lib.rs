@@ -52,7 +52,7 @@ pub use tls::{CertPair, RegistryTls, TestCa};
 pub use tmpfs::Tmpfs;
 pub use token::{TokenConfig, TokenServer};
 pub use util::{
-    free_port, random_bytes, run_cmd, run_ok, sha256_digest, sha256_hex, skopeo, skopeo_ok,
-    tool_available, wait_http, wait_http_ok,
+    fill_disk, free_port, random_bytes, run_cmd, run_ok, sha256_digest, sha256_hex, skopeo,
+    skopeo_ok, tool_available, wait_http, wait_http_ok,
 };
 pub use wait::until;
