@@ -43,8 +43,13 @@ pub type PeerId = String;
 /// tracker gives rack stripes; the benchmarks of 4–16 nodes run without).
 pub const STALL_MIN_MEMBERS: u32 = 64;
 /// Swarms with more members than this wait `large_patience_ms` before fetching
-/// outside their stripe (the size at which the tracker's handout spreads load).
+/// outside their stripe (the size at which the tracker's handout spreads load); they
+/// also bound their far links (`links`).
 pub const LARGE_SWARM_MEMBERS: u32 = 256;
+/// Swarms with more members than this wait `huge_patience_ms`: more racks hold each
+/// piece sooner, so waiting for a near holder pays more (the simulator at 1,000 and
+/// 10,000 nodes: BENCHMARKS.md, issue 11).
+pub const HUGE_SWARM_MEMBERS: u32 = 2_048;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -73,6 +78,8 @@ pub struct SchedulerConfig {
     pub patience_ms: u64,
     /// ... in swarms of more than [`LARGE_SWARM_MEMBERS`].
     pub large_patience_ms: u64,
+    /// ... in swarms of more than [`HUGE_SWARM_MEMBERS`].
+    pub huge_patience_ms: u64,
     /// Swarms of [`STALL_MIN_MEMBERS`] or more: a request whose bytes have not begun
     /// after this long is cancelled and asked elsewhere.
     pub stall_ms: u64,
@@ -104,6 +111,7 @@ impl Default for SchedulerConfig {
             busy_backoff_ms: 25,
             patience_ms: 1_500,
             large_patience_ms: 4_000,
+            huge_patience_ms: 6_000,
             stall_ms: 200,
             stall_backoff_ms: 1_000,
             source_patience_factor: 5,
@@ -253,7 +261,9 @@ impl PieceScheduler {
 
     /// How long a piece available only outside the rack waits for the stripe's member.
     pub fn patience_ms(&self) -> u64 {
-        if self.members > LARGE_SWARM_MEMBERS {
+        if self.members > HUGE_SWARM_MEMBERS {
+            self.cfg.huge_patience_ms
+        } else if self.members > LARGE_SWARM_MEMBERS {
             self.cfg.large_patience_ms
         } else {
             self.cfg.patience_ms
@@ -1599,15 +1609,18 @@ mod tests {
             500 * cfg.source_patience_factor as u64
         );
         // A piece outside my stripe, taken after the patience, does not count.
-        let late = s.next_requests(100 + 1_500, 64);
+        let f = cfg.source_patience_factor as u64;
+        let patience = s.source_patience_ms;
+        assert!(s.next_requests(100 + patience - 1, 64).is_empty());
+        let late = s.next_requests(100 + patience, 64);
         assert_eq!(late.iter().map(|x| x.piece).collect::<Vec<_>>(), vec![1]);
         assert!(s.on_done(1, "src", 9_000));
-        assert_eq!(s.source_patience_ms, 1_500);
-        // A fast piece pulls it down, smoothed (0.8 × 500 + 0.2 × 1 ms, times 3)...
+        assert_eq!(s.source_patience_ms, patience);
+        // A fast piece pulls it down, smoothed (0.8 × 500 + 0.2 × 1 ms, times f)...
         s.peer_has("src", 2, 9_000);
         assert!(s.next_requests(9_000, 64).iter().any(|x| x.piece == 2));
         assert!(s.on_done(2, "src", 9_001));
-        assert_eq!(s.source_patience_ms, 1_200);
+        assert_eq!(s.source_patience_ms, (400.2 * f as f64) as u64);
         // ... and never under the lower bound.
         for p in (4..64).step_by(2) {
             s.peer_has("src", p, 9_000 + p as u64);
@@ -1711,6 +1724,7 @@ mod tests {
         let cfg = SchedulerConfig {
             patience_ms: 1_000,
             large_patience_ms: 3_000,
+            huge_patience_ms: 5_000,
             ..Default::default()
         };
         let mut s = sched(8, cfg);
@@ -1723,6 +1737,10 @@ mod tests {
         assert_eq!(s.patience_ms(), 3_000);
         assert!(!s.could_request_from(far, 3, 1_000));
         assert!(s.could_request_from(far, 3, 3_000));
+        s.set_members(HUGE_SWARM_MEMBERS + 1, 0);
+        assert_eq!(s.patience_ms(), 5_000);
+        assert!(!s.could_request_from(far, 3, 3_000));
+        assert!(s.could_request_from(far, 3, 5_000));
     }
 
     #[test]
