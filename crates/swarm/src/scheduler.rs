@@ -16,6 +16,12 @@
 //!   piece is fetched from outside the rack only by the member whose stripe it is in,
 //!   or by anyone once it has been available outside for `patience_ms` without a near
 //!   holder: each rack takes each piece from outside about once and spreads it inside.
+//! - Source stripes (small swarms, while a source fetches from the registry): the
+//!   source's uplink is where fresh pieces enter and it fills no faster than the
+//!   source downloads, so a second copy of a piece from it is a piece the swarm lacks.
+//!   The source is asked only for pieces of this node's source stripe; the rest come
+//!   from the members whose stripes they are in, or from the source after
+//!   `source_patience_factor` × the time this node's own stripe pieces took from it.
 //! - A peer that answers "busy" rests for `busy_backoff_ms`; one that sent a piece
 //!   failing its hash is banned. (A peer that stops answering is the connection's
 //!   business: it pings, then drops the connection, and the peer is removed.)
