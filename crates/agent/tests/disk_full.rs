@@ -15,47 +15,7 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 
 use common::*;
-<<<<<<< HEAD
-use testkit::{sha256_digest as sha, Registry, RegistryAuth, TestImage, Tmpfs};
-=======
-use testkit::{fill_disk, sha256_digest as sha, Registry, RegistryAuth, TestImage};
-
-/// A tmpfs of `size` mounted on a fresh directory; unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-    mount: PathBuf,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let mount = dir.path().join("fs");
-        std::fs::create_dir(&mount).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&mount)
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs needs root: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs { dir, mount }
-    }
-
-    fn path(&self) -> &Path {
-        &self.mount
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        let _ = &self.dir;
-    }
-}
->>>>>>> getx
+use testkit::{fill_disk, sha256_digest as sha, Registry, RegistryAuth, TestImage, Tmpfs};
 
 fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
     let mut out = Vec::new();
