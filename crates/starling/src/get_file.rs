@@ -465,8 +465,7 @@ async fn open(
     let status = resp.status().as_u16();
     if status != 200 && status != 206 {
         let message = error_message(resp).await;
-        return Err(anyhow!(SourceRefused { status, message }))
-            .with_context(|| job.name.clone());
+        return Err(anyhow!(SourceRefused { status, message })).with_context(|| job.name.clone());
     }
     let headers = resp.headers().clone();
     let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());

@@ -392,10 +392,11 @@ async fn an_artifact_prewarmed_onto_a_selector_is_found_by_where() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_destination_without_room_is_refused_before_the_first_byte() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let nginx = blocking(Nginx::start).await;
-    let bytes = testkit::random_bytes(6 << 20, 90);
-    nginx.put("w.bin", &bytes);
+    let Origin {
+        registry,
+        nginx,
+        bytes,
+    } = origin_with_file(6 << 20, 90).await;
     TestArtifact::push(
         &registry,
         "models/big",

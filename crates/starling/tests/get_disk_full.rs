@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::getkit::*;
-use testkit::{fill_disk, Registry, RegistryAuth};
+use testkit::fill_disk;
 
 async fn wait_for_len(path: &Path, at_least: u64) {
     for _ in 0..800 {
@@ -24,10 +24,11 @@ async fn wait_for_len(path: &Path, at_least: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_disk_that_fills_mid_get_fails_it_clearly_or_degrades_and_keeps_nothing_half_done() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let nginx = blocking(Nginx::start).await;
-    let bytes = testkit::random_bytes(12 << 20, 120);
-    nginx.put("w.bin", &bytes);
+    let Origin {
+        registry,
+        nginx,
+        bytes,
+    } = origin_with_file(12 << 20, 120).await;
     nginx.put("small.bin", &bytes[..100_000]);
 
     // 1. DEST fills up: the get fails naming the full disk, exit status 1, no partial

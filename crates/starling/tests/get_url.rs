@@ -14,10 +14,11 @@ use testkit::{Registry, RegistryAuth};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_url_reaches_two_nodes_with_one_origin_read_whatever_its_query() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let nginx = blocking(Nginx::start).await;
-    let bytes = testkit::random_bytes(6 << 20, 40);
-    nginx.put("w.bin", &bytes);
+    let Origin {
+        registry,
+        nginx,
+        bytes,
+    } = origin_with_file(6 << 20, 40).await;
     let t = tracker(dir.path()).await;
     let allow = ["--allowed-file-origin", &nginx.origin()];
     let a1 = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
@@ -290,10 +291,11 @@ async fn origin_rewrite_round(dir: &Path, round: usize, tracker_url: Option<&str
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_node_serving_the_pieces_dies_mid_file_and_the_get_still_completes() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let nginx = blocking(Nginx::start).await;
-    let bytes = testkit::random_bytes(24 << 20, 70);
-    nginx.put("w.bin", &bytes);
+    let Origin {
+        registry,
+        nginx,
+        bytes,
+    } = origin_with_file(24 << 20, 70).await;
     let t = tracker(dir.path()).await;
     let allow = ["--allowed-file-origin", &nginx.origin()];
     let mut seeder = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
@@ -403,10 +405,11 @@ async fn a_urls_partial_resumes_only_against_the_version_it_started_with() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let nginx = blocking(Nginx::start).await;
-    let bytes = testkit::random_bytes(8 << 20, 110);
-    nginx.put("w.bin", &bytes);
+    let Origin {
+        registry,
+        nginx,
+        bytes,
+    } = origin_with_file(8 << 20, 110).await;
     let t = tracker(dir.path()).await;
     let allow = ["--allowed-file-origin", &nginx.origin()];
     let mut agents = Vec::new();

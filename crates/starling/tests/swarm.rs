@@ -775,11 +775,8 @@ async fn a_frozen_stripe_member_strands_no_pieces() {
         .unwrap();
     assert!(stop.success());
     let frozen_pull = pulls.remove(0);
-    let results = tokio::time::timeout(
-        Duration::from_secs(120),
-        futures::future::join_all(pulls),
-    )
-    .await;
+    let results =
+        tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(pulls)).await;
     let _ = std::process::Command::new("kill")
         .args(["-CONT", &pid])
         .status();

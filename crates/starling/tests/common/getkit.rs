@@ -142,6 +142,26 @@ pub fn listing(dir: &Path) -> Vec<String> {
     out
 }
 
+/// What most URL tests start from: the real registry (every agent has one) and an
+/// nginx origin serving `w.bin`, `size` random bytes from `seed`.
+pub struct Origin {
+    pub registry: Registry,
+    pub nginx: Nginx,
+    pub bytes: Vec<u8>,
+}
+
+pub async fn origin_with_file(size: usize, seed: u64) -> Origin {
+    let registry = blocking(|| Registry::start(testkit::RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(size, seed);
+    nginx.put("w.bin", &bytes);
+    Origin {
+        registry,
+        nginx,
+        bytes,
+    }
+}
+
 /// A real nginx on a free loopback port serving `www` (Range and ETag come with it),
 /// logging every response's body size.
 pub struct Nginx {
