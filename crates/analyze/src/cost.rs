@@ -105,55 +105,9 @@ pub fn distribution_cost(
 }
 
 /// Parses a bandwidth: `10Gbit`, `10Gbps`, `25Gb/s`, `1.25GB/s`, `800MiB/s`, or a
-/// plain number of bytes per second.
+/// plain number of bytes per second (the project's one rate parser).
 pub fn parse_bandwidth(s: &str) -> Result<f64> {
-    let t = s.trim();
-    let bad = || {
-        Error::Argument(format!(
-            "bandwidth {t:?}: use e.g. 10Gbit, 1.25GB/s, 800MiB/s"
-        ))
-    };
-    let (num, unit) = split_number(t).ok_or_else(bad)?;
-    let mut u = unit.trim();
-    u = u.strip_suffix("/s").unwrap_or(u);
-    if let Some(x) = u.strip_suffix("ps") {
-        u = x;
-    }
-    let (bits, prefix) = if let Some(p) = u.strip_suffix("bit").or_else(|| u.strip_suffix("Bit")) {
-        (true, p)
-    } else if let Some(p) = u.strip_suffix('b') {
-        (true, p)
-    } else if let Some(p) = u.strip_suffix('B') {
-        (false, p)
-    } else {
-        (false, u)
-    };
-    let (binary, letter) = match prefix.strip_suffix('i') {
-        Some(l) => (true, l),
-        None => (false, prefix),
-    };
-    let exp = match letter.to_ascii_lowercase().as_str() {
-        "" => 0,
-        "k" => 1,
-        "m" => 2,
-        "g" => 3,
-        "t" => 4,
-        _ => return Err(bad()),
-    };
-    let base: f64 = if binary { 1024.0 } else { 1000.0 };
-    let v = num * base.powi(exp) / if bits { 8.0 } else { 1.0 };
-    if v <= 0.0 || !v.is_finite() {
-        return Err(Error::Argument(format!("bandwidth {t:?} must be positive")));
-    }
-    Ok(v)
-}
-
-fn split_number(s: &str) -> Option<(f64, &str)> {
-    let end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let n: f64 = s[..end].parse().ok()?;
-    Some((n, &s[end..]))
+    oci::size::parse_rate(s).map_err(|e| Error::Argument(format!("bandwidth {e}")))
 }
 
 /// Parses a size: `123`, `500MiB`, `2GB`, `1.5GiB`, `10k` (the project's one parser).

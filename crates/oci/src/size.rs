@@ -46,6 +46,60 @@ pub fn parse_size(s: &str) -> Result<u64, Error> {
     Ok(bytes as u64)
 }
 
+/// Parses a rate in bytes per second, as operators and network people type it: bits
+/// with a lower-case `b` or `bit` (`200Mbit/s`, `10Gbps`, `25Gb/s`, `10Gbit`, decimal
+/// prefixes, or binary with `i`: `1Gib/s`), otherwise a size per second with
+/// [`parse_size`]'s units (`50MiB/s`, `1.25GB/s`, `1000`). `/s` or `ps` may follow.
+/// The one rate parser: the analyzer's bandwidths, the simulator's links.
+pub fn parse_rate(s: &str) -> Result<f64, Error> {
+    let t = s.trim();
+    let bad = |why: &str| {
+        Error::SizeInvalid(format!(
+            "{t:?}: {why} (use e.g. 200Mbit/s, 10Gbps, 50MiB/s, 1.25GB/s)"
+        ))
+    };
+    let per = t
+        .strip_suffix("/s")
+        .or_else(|| t.strip_suffix("ps"))
+        .unwrap_or(t)
+        .trim_end();
+    let split = per
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(per.len());
+    let (num, unit) = per.split_at(split);
+    let unit = unit.trim();
+    let bits_prefix = unit
+        .strip_suffix("bit")
+        .or_else(|| unit.strip_suffix("Bit"))
+        .or_else(|| unit.strip_suffix('b'));
+    let rate = match bits_prefix {
+        Some(prefix) => {
+            let n: f64 = num
+                .parse()
+                .map_err(|_| bad("expected a number, then a unit"))?;
+            let (binary, letter) = match prefix.strip_suffix('i') {
+                Some(l) => (true, l),
+                None => (false, prefix),
+            };
+            let exp = match letter {
+                "" => 0,
+                "k" | "K" => 1,
+                "M" => 2,
+                "G" => 3,
+                "T" => 4,
+                _ => return Err(bad("unknown unit")),
+            };
+            let base: f64 = if binary { 1024.0 } else { 1000.0 };
+            n * base.powi(exp) / 8.0
+        }
+        None => parse_size(per).map_err(|_| bad("unknown unit"))? as f64,
+    };
+    if !(rate.is_finite() && rate > 0.0) {
+        return Err(bad("must be positive"));
+    }
+    Ok(rate)
+}
+
 /// Renders a byte count for people, in binary units with two decimals: `812 B`,
 /// `1.50 GiB`. The one formatter behind every report, table and log line.
 pub fn format_size(bytes: u64) -> String {
@@ -132,6 +186,28 @@ impl<'de> serde::Deserialize<'de> for ByteSize {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn rates_in_bits_or_bytes_per_second() {
+        for (text, want) in [
+            ("200Mbit/s", 25e6),
+            ("10Gbps", 1.25e9),
+            ("10Gbit", 1.25e9),
+            ("25Gb/s", 3.125e9),
+            ("1Gib/s", 1024.0 * 1024.0 * 1024.0 / 8.0),
+            ("1.25GB/s", 1.25e9),
+            ("50MiB/s", 50.0 * 1048576.0),
+            ("100MiB/s", 104857600.0),
+            ("1000", 1000.0),
+            ("8 MiB/s", 8.0 * 1048576.0),
+        ] {
+            assert_eq!(parse_rate(text).unwrap(), want, "{text}");
+        }
+        for bad in ["fast", "5 furlongs/s", "0", "-1MB/s", "10Xbit/s", ""] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]

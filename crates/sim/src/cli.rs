@@ -72,7 +72,7 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
             None
         } else {
             Some(crate::scenario::Bytes(
-                crate::scenario::parse_bytes(p).map_err(Error::Scenario)?,
+                crate::scenario::parse_bytes(p).map_err(|e| Error::Scenario(e.to_string()))?,
             ))
         };
     }
@@ -83,11 +83,14 @@ pub fn load(args: &SimArgs) -> Result<Scenario, Error> {
         sc.sim.quantum_ms = q;
     }
     if let Some(r) = &args.registry_egress {
-        sc.registry.egress =
-            crate::scenario::Rate(crate::scenario::parse_rate(r).map_err(Error::Scenario)?);
+        sc.registry.egress = crate::scenario::Rate(
+            crate::scenario::parse_rate(r).map_err(|e| Error::Scenario(e.to_string()))?,
+        );
     }
     if let Some(r) = &args.node_limit {
-        let v = crate::scenario::Rate(crate::scenario::parse_rate(r).map_err(Error::Scenario)?);
+        let v = crate::scenario::Rate(
+            crate::scenario::parse_rate(r).map_err(|e| Error::Scenario(e.to_string()))?,
+        );
         sc.starling.upload_limit = Some(v);
         sc.starling.download_limit = Some(v);
     }
