@@ -184,8 +184,84 @@ impl<'de> serde::Deserialize<'de> for ByteSize {
     }
 }
 
+/// A size, or `"auto"`: a rule decides (the agent's piece size). Reads and writes
+/// `"auto"` or what [`ByteSize`] does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SizeOrAuto {
+    #[default]
+    Auto,
+    Size(ByteSize),
+}
+
+impl SizeOrAuto {
+    /// The size, or `None` for the rule.
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            SizeOrAuto::Auto => None,
+            SizeOrAuto::Size(s) => Some(s.bytes()),
+        }
+    }
+}
+
+impl std::str::FromStr for SizeOrAuto {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            Ok(SizeOrAuto::Auto)
+        } else {
+            s.parse().map(SizeOrAuto::Size)
+        }
+    }
+}
+
+impl std::fmt::Display for SizeOrAuto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SizeOrAuto::Auto => f.write_str("auto"),
+            SizeOrAuto::Size(s) => s.fmt(f),
+        }
+    }
+}
+
+impl serde::Serialize for SizeOrAuto {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SizeOrAuto {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(n) => Ok(SizeOrAuto::Size(ByteSize(n))),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_size_or_auto_reads_back_what_it_writes() {
+        for (text, want) in [
+            ("auto", SizeOrAuto::Auto),
+            ("AUTO", SizeOrAuto::Auto),
+            ("4MiB", SizeOrAuto::Size(ByteSize(4 << 20))),
+        ] {
+            let v: SizeOrAuto = text.parse().unwrap();
+            assert_eq!(v, want);
+            assert_eq!(v.to_string().parse::<SizeOrAuto>().unwrap(), v);
+        }
+        assert!("huge".parse::<SizeOrAuto>().is_err());
+        assert_eq!(SizeOrAuto::Auto.bytes(), None);
+        assert_eq!(SizeOrAuto::Size(ByteSize(7)).bytes(), Some(7));
+    }
 
     #[test]
     fn rates_in_bits_or_bytes_per_second() {

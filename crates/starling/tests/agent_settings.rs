@@ -130,7 +130,7 @@ fn an_invalid_configuration_names_where_each_value_came_from() {
             "--cache-budget",
             "0",
             "--piece-size",
-            "huge",
+            "1k",
         ],
         &[("STARLING_GC_LOW_WATERMARK", "0.9")],
     );
@@ -142,7 +142,7 @@ fn an_invalid_configuration_names_where_each_value_came_from() {
             "gc_low_watermark 0.9 (environment variable STARLING_GC_LOW_WATERMARK) / \
              gc_high_watermark 0.5 (file {path})"
         ),
-        "piece_size (flag --piece-size)".to_owned(),
+        "piece_size (flag --piece-size): 1000 is outside 64KiB..=256MiB".to_owned(),
     ] {
         assert!(err.contains(&part), "{part:?} missing from:\n{err}");
     }

@@ -382,7 +382,7 @@ mod tests {
         .expect("loads: each value is well-formed");
         cfg.sources
             .set("piece_size", Source::Env("STARLING_PIECE_SIZE"));
-        cfg.piece_size = Some("huge".into());
+        cfg.piece_size = oci::size::SizeOrAuto::Size(oci::size::ByteSize(1000));
         let err = cfg.validate().expect_err("invalid").to_string();
         let path = f.path().display().to_string();
         for part in [

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use oci::size::ByteSize;
+use oci::size::{ByteSize, SizeOrAuto};
 use serde::{Deserialize, Serialize};
 
 mod load;
@@ -182,7 +182,7 @@ agent_settings! {
     /// The piece size this agent proposes for swarms it starts, e.g. 4MiB, or "auto":
     /// the rule in swarm::pieces::piece_size_for (from the blob size and this node's
     /// link limits). The first agent in a swarm decides for everyone.
-    piece_size: Option<String> = None,
+    piece_size: SizeOrAuto = SizeOrAuto::Auto,
         Value("--piece-size", "STARLING_PIECE_SIZE");
     /// containerd socket, for prewarms with into_runtime (pull there and pin).
     containerd_socket: Option<PathBuf> = None,
@@ -365,9 +365,16 @@ impl AgentConfig {
                 ));
             }
         }
-        if let Some(size) = self.piece_size.as_deref().filter(|v| *v != "auto") {
-            if let Err(e) = oci::size::parse_size(size) {
-                problems.push(format!("piece_size{}: {e}", src("piece_size")));
+        if let Some(size) = self.piece_size.bytes() {
+            let (min, max) = (swarm::pieces::MIN_PIECE_SIZE, swarm::pieces::MAX_PIECE_SIZE);
+            if !(min..=max).contains(&size) {
+                problems.push(format!(
+                    "piece_size{}: {} is outside {}..={}",
+                    src("piece_size"),
+                    self.piece_size,
+                    ByteSize(min),
+                    ByteSize(max)
+                ));
             }
         }
         if let Err(e) = registry_policy(self) {
@@ -493,11 +500,6 @@ impl std::fmt::Debug for RegistryConfig {
     }
 }
 
-/// Sizes like `512MiB`, `200GiB`, `1.5TB`, `1048576` (the project's one parser).
-pub fn parse_size(s: &str) -> Result<u64, crate::Error> {
-    oci::size::parse_size(s).map_err(|e| crate::Error::Config(e.to_string()))
-}
-
 mod humantime_serde_compat {
     use std::time::Duration;
 
@@ -517,14 +519,6 @@ mod humantime_serde_compat {
 mod tests {
     use super::*;
     use std::path::Path;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_size("2 GiB").unwrap(), 2 << 30);
-        assert_eq!(parse_size("1000").unwrap(), 1000);
-        assert!(parse_size("12 parsecs").is_err());
-    }
 
     #[test]
     fn toml_round_trip() {

@@ -21,7 +21,7 @@ use swarm::{AnnounceRequest, AnnounceResponse, PieceHash, Topology};
 
 pub(crate) use download::{start, Start};
 
-use crate::config::{parse_size, AgentConfig};
+use crate::config::AgentConfig;
 use crate::metrics::ReasonLabels;
 use crate::Error;
 
@@ -259,10 +259,7 @@ impl P2p {
             hash_cache: parking_lot::Mutex::new(HashMap::new()),
             threshold: cfg.p2p_threshold.bytes(),
             registry_streams: cfg.registry_streams.clamp(1, 16) as u32,
-            piece_size: match cfg.piece_size.as_deref() {
-                None | Some("auto") => None,
-                Some(v) => Some(parse_size(v)?),
-            },
+            piece_size: cfg.piece_size.bytes(),
             corrupt: cfg.corrupt_pieces,
             metrics: P2pMetrics::register(registry),
         })))
