@@ -14,6 +14,10 @@ pub enum Error {
     /// A request that is malformed or inconsistent.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+
+    /// A label key or value outside the Kubernetes grammar.
+    #[error("{0}")]
+    InvalidLabel(String),
     /// A node the inventory has never heard of.
     #[error("unknown node {0:?}: not in the tracker's inventory")]
     UnknownNode(String),

@@ -35,6 +35,7 @@ pub fn status_of(e: &Error) -> StatusCode {
     match e {
         Error::Selector { .. }
         | Error::InvalidRequest(_)
+        | Error::InvalidLabel(_)
         | Error::BadReference { .. }
         | Error::MutableTag { .. } => StatusCode::BAD_REQUEST,
         Error::RegistryDenied { .. } | Error::Forbidden(_) => StatusCode::FORBIDDEN,

@@ -233,7 +233,7 @@ impl<'a> Parser<'a> {
         let at = self.here();
         match self.next() {
             Some(Tok::Word(w)) => {
-                validate_key(&w).map_err(|m| self.err(at, m))?;
+                validate_key(&w).map_err(|e| self.err(at, e.to_string()))?;
                 Ok(w)
             }
             Some(t) => Err(self.err(at, format!("expected a label key, found {t}"))),
@@ -246,7 +246,7 @@ impl<'a> Parser<'a> {
         match self.peek() {
             Some(Tok::Word(w)) => {
                 let w = w.clone();
-                validate_value(&w).map_err(|m| self.err(at, m))?;
+                validate_value(&w).map_err(|e| self.err(at, e.to_string()))?;
                 self.pos += 1;
                 Ok(w)
             }
@@ -335,32 +335,34 @@ fn valid_dns_subdomain(s: &str) -> bool {
 
 /// Label keys: `[prefix/]name`, name ≤ 63 chars of `[A-Za-z0-9._-]` starting and
 /// ending alphanumeric, prefix a DNS subdomain.
-pub fn validate_key(k: &str) -> Result<(), String> {
+pub fn validate_key(k: &str) -> Result<()> {
     let (prefix, name) = match k.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, k),
     };
     if let Some(p) = prefix {
         if !valid_dns_subdomain(p) {
-            return Err(format!("label key prefix {p:?} is not a DNS subdomain"));
+            return Err(Error::InvalidLabel(format!(
+                "label key prefix {p:?} is not a DNS subdomain"
+            )));
         }
     }
     if !valid_name(name, 63) {
-        return Err(format!(
+        return Err(Error::InvalidLabel(format!(
             "label key {k:?}: name must be 1-63 characters of [A-Za-z0-9._-], starting and ending with an alphanumeric"
-        ));
+        )));
     }
     Ok(())
 }
 
 /// Label values: empty, or ≤ 63 chars of `[A-Za-z0-9._-]` starting and ending alphanumeric.
-pub fn validate_value(v: &str) -> Result<(), String> {
+pub fn validate_value(v: &str) -> Result<()> {
     if v.is_empty() || valid_name(v, 63) {
         Ok(())
     } else {
-        Err(format!(
+        Err(Error::InvalidLabel(format!(
             "label value {v:?} must be at most 63 characters of [A-Za-z0-9._-], starting and ending with an alphanumeric"
-        ))
+        )))
     }
 }
 
