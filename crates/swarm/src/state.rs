@@ -12,6 +12,9 @@ use crate::pieces::{piece_size_for, validate_geometry, PieceHash, MAX_BLOB_SIZE,
 use crate::protocol::{AnnounceRequest, AnnounceResponse, PeerInfo, Role};
 use crate::{Bitfield, Error};
 
+mod replica;
+pub use replica::{SharedPeer, SharedSwarm};
+
 #[derive(Clone, Debug)]
 pub struct SwarmConfig {
     /// A peer not heard from for this long is not handed out (and a source is replaced).
