@@ -540,11 +540,28 @@ async fn seeding(
 
 /// The swarms this replica knows, with elections counted across all replicas.
 async fn swarms(State(t): State<Tracker>) -> Response {
-    let mut stats = t.state.lock().stats();
-    let digests: Vec<oci::Digest> = stats
+    let digests: Vec<oci::Digest> = t
+        .state
+        .lock()
+        .stats()
         .iter()
         .filter_map(|s| s.digest.parse().ok())
         .collect();
+    // Members as the store has them (a replica's copy only sees its own announces
+    // between refreshes).
+    match t.store.load(&digests, true).await {
+        Ok(shared) => {
+            let now = t.store.now_ms();
+            let mut st = t.state.lock();
+            for (d, s) in digests.iter().zip(shared) {
+                if let Some(s) = s {
+                    st.adopt(d, s, now);
+                }
+            }
+        }
+        Err(e) => return e.response(),
+    }
+    let mut stats = t.state.lock().stats();
     if digests.len() == stats.len() {
         match t.store.elections(&digests).await {
             Ok(Some(all)) => {

@@ -273,10 +273,7 @@ fn shared_swarm(
     source: Option<String>,
     peers: Option<HashMap<String, Vec<u8>>>,
     hashes: Option<HashMap<u32, Vec<u8>>>,
-) -> Option<SharedSwarm> {
-    if meta.is_empty() && source.is_none() && peers.as_ref().is_none_or(HashMap::is_empty) {
-        return None;
-    }
+) -> SharedSwarm {
     let peers = peers.map(|m| {
         m.into_iter()
             .take(MAX_MEMBERS)
@@ -284,7 +281,7 @@ fn shared_swarm(
             .filter_map(|(n, v)| Some((n, serde_json::from_slice::<SharedPeer>(&v).ok()?)))
             .collect::<BTreeMap<_, _>>()
     });
-    Some(SharedSwarm {
+    SharedSwarm {
         size: parse_u64(meta.get("size")),
         piece_size: parse_u64(meta.get("piece_size")).unwrap_or(0),
         born: parse_u64(meta.get("born")).unwrap_or(0),
@@ -295,7 +292,7 @@ fn shared_swarm(
                 .filter_map(|(i, h)| Some((i, PieceHash(h.try_into().ok()?))))
                 .collect()
         }),
-    })
+    }
 }
 
 impl SwarmStore for RedisStore {
@@ -344,7 +341,8 @@ impl SwarmStore for RedisStore {
                 } else {
                     (None, None)
                 };
-                out.push(shared_swarm(meta, source, peers, hashes));
+                // Redis is the truth, an empty answer included (a Redis restarted empty).
+                out.push(Some(shared_swarm(meta, source, peers, hashes)));
             }
             self.note_ping(true);
             Ok(out)

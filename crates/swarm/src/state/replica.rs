@@ -70,7 +70,9 @@ impl TrackerState {
         if shared.size.is_some() {
             swarm.size = shared.size;
         }
-        if shared.piece_size > 0 {
+        if shared.piece_size > 0 && shared.piece_size != swarm.piece_size {
+            // Hashes are of pieces of one size: another size makes them meaningless.
+            swarm.hashes.clear();
             swarm.piece_size = shared.piece_size;
         }
         if shared.born > 0 {
@@ -93,7 +95,12 @@ impl TrackerState {
             }
         }
         if let Some(hashes) = shared.hashes {
-            swarm.hashes = hashes.into_iter().filter(|(i, _)| *i < count).collect();
+            // Merged, not replaced: a hash came from an elected source's registry bytes
+            // and stays true for this geometry, so a store that lost its data (Redis
+            // restarted empty) does not make this replica forget what it served.
+            swarm
+                .hashes
+                .extend(hashes.into_iter().filter(|(i, _)| *i < count));
         }
     }
 
