@@ -79,12 +79,24 @@ async fn racing_announces_on_two_replicas_elect_exactly_one_fetcher() {
     let replicas = [replica(&redis), replica(&redis)];
     for round in 0..5u8 {
         let digest = oci::Digest::of(&[b'r', round]);
-        let answers = futures::future::join_all((0..24).map(|i| {
-            let t = replicas[i % 2].clone();
-            let req = ask(&format!("node-{i}"), &digest);
-            async move { announce(&t, &req).await }
-        }))
-        .await;
+        // Each announce on its own task, released together: the replicas decide at
+        // the same moment, each on a copy where nobody is elected yet.
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(24));
+        let tasks: Vec<_> = (0..24)
+            .map(|i| {
+                let t = replicas[i % 2].clone();
+                let req = ask(&format!("node-{i}"), &digest);
+                let start = start.clone();
+                tokio::spawn(async move {
+                    start.wait().await;
+                    announce(&t, &req).await
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.unwrap());
+        }
         let answers: Vec<AnnounceResponse> = answers
             .into_iter()
             .map(|(s, a)| {
