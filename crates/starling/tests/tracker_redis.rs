@@ -137,7 +137,10 @@ async fn expect_pulled(
         let report = p
             .await
             .unwrap()
-            .unwrap_or_else(|e| panic!("pull through {} failed: {e}\n{}", a.url(), a.log_text()));
+            .unwrap_or_else(|e| {
+                let logs: Vec<String> = agents.iter().map(|a| format!("== {}\n{}", a.url(), a.log_text())).collect();
+                panic!("pull through {} failed: {e}\n{}", a.url(), logs.join("\n"))
+            });
         assert_eq!(report.manifest_digest.to_string(), image.digest);
     }
 }
@@ -246,12 +249,11 @@ async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
     let up = common::metric_lines(&first.url(), "starling_tracker_redis_up").await;
     assert!(up.iter().any(|l| l.ends_with(" 0")), "{up:?}");
 
-    tokio::task::spawn_blocking(move || {
+    let redis = tokio::task::spawn_blocking(move || {
         redis.restart();
         redis
     })
     .await
-    .map(|r| redis = r)
     .unwrap();
     for t in [&first, &second] {
         let url = t.url();

@@ -498,15 +498,18 @@ async fn hashes(
     State(t): State<Tracker>,
     axum::extract::Query(q): axum::extract::Query<HashesQuery>,
 ) -> Response {
-    match t.store.hashes(&q.digest, q.from).await {
-        Ok(Some(stored)) => Json(
-            stored
-                .into_iter()
-                .map(|(i, h)| (i, h.to_hex()))
-                .collect::<std::collections::BTreeMap<u32, String>>(),
-        )
-        .into_response(),
-        Ok(None) => Json(t.state.lock().hashes(&q.digest, q.from)).into_response(),
+    // Through the copy: it holds what the store has and what this replica saw before
+    // a store that lost its data came back (hashes stay true for their geometry).
+    let digests = [q.digest.clone()];
+    match t.store.load(&digests, true).await {
+        Ok(shared) => {
+            let now = t.store.now_ms();
+            let mut st = t.state.lock();
+            if let Some(Some(s)) = shared.into_iter().next() {
+                st.adopt(&q.digest, s, now);
+            }
+            Json(st.hashes(&q.digest, q.from)).into_response()
+        }
         Err(e) => e.response(),
     }
 }

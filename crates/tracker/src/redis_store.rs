@@ -399,27 +399,6 @@ impl SwarmStore for RedisStore {
         })
     }
 
-    fn hashes<'a>(
-        &'a self,
-        digest: &'a Digest,
-        from: u32,
-    ) -> StoreFuture<'a, Option<BTreeMap<u32, PieceHash>>> {
-        Box::pin(async move {
-            let mut con = self.con.clone();
-            let all: HashMap<u32, Vec<u8>> = redis::cmd("HGETALL")
-                .arg(self.key(digest, "hashes"))
-                .query_async(&mut con)
-                .await
-                .map_err(self.redis_err("hashes"))?;
-            Ok(Some(
-                all.into_iter()
-                    .filter(|(i, _)| *i >= from)
-                    .filter_map(|(i, h)| Some((i, PieceHash(h.try_into().ok()?))))
-                    .collect(),
-            ))
-        })
-    }
-
     fn elections<'a>(&'a self, digests: &'a [Digest]) -> StoreFuture<'a, Option<Vec<Elections>>> {
         Box::pin(async move {
             let mut pipe = redis::pipe();

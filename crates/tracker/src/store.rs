@@ -81,12 +81,6 @@ pub trait SwarmStore: Send + Sync + 'static {
     ) -> StoreFuture<'a, Vec<Option<SharedSwarm>>>;
     /// Settles what announces decided, in order.
     fn commit<'a>(&'a self, outcomes: &'a [Outcome]) -> StoreFuture<'a, Vec<Settled>>;
-    /// Piece hashes from `from` on; `None`: ask the copy.
-    fn hashes<'a>(
-        &'a self,
-        digest: &'a Digest,
-        from: u32,
-    ) -> StoreFuture<'a, Option<BTreeMap<u32, PieceHash>>>;
     /// Elections of each swarm across replicas; `None`: the copy counts them all.
     fn elections<'a>(&'a self, digests: &'a [Digest]) -> StoreFuture<'a, Option<Vec<Elections>>>;
     /// Whether the store answers right now (readiness).
@@ -132,14 +126,6 @@ impl SwarmStore for Embedded {
                 })
                 .collect())
         })
-    }
-
-    fn hashes<'a>(
-        &'a self,
-        _digest: &'a Digest,
-        _from: u32,
-    ) -> StoreFuture<'a, Option<BTreeMap<u32, PieceHash>>> {
-        Box::pin(async { Ok(None) })
     }
 
     fn elections<'a>(
