@@ -625,8 +625,7 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     if a.replicas == 0 || (a.replicas > 1 && a.redis.is_none()) {
         bail!("--replicas: at least 1, and more than 1 only with --redis (shared state)");
     }
-    let (urls, own, pids): (Vec<String>, Vec<OwnTracker>, Vec<String>) = if a.tracker.is_empty()
-    {
+    let (urls, own, pids): (Vec<String>, Vec<OwnTracker>, Vec<String>) = if a.tracker.is_empty() {
         // A prefix of this run's own: earlier runs' swarms in the same Redis stay apart.
         let run = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -118,7 +118,10 @@ async fn probe_announce(tracker: &str) -> u16 {
         .map_or(0, |r| r.status().as_u16())
 }
 
-async fn pull_all(agents: &[Proc], image: &testkit::PushedImage) -> Vec<tokio::task::JoinHandle<Result<oci::pull::PullReport, oci::Error>>> {
+async fn pull_all(
+    agents: &[Proc],
+    image: &testkit::PushedImage,
+) -> Vec<tokio::task::JoinHandle<Result<oci::pull::PullReport, oci::Error>>> {
     agents
         .iter()
         .map(|a| {
@@ -134,13 +137,13 @@ async fn expect_pulled(
     image: &testkit::PushedImage,
 ) {
     for (a, p) in agents.iter().zip(pulls) {
-        let report = p
-            .await
-            .unwrap()
-            .unwrap_or_else(|e| {
-                let logs: Vec<String> = agents.iter().map(|a| format!("== {}\n{}", a.url(), a.log_text())).collect();
-                panic!("pull through {} failed: {e}\n{}", a.url(), logs.join("\n"))
-            });
+        let report = p.await.unwrap().unwrap_or_else(|e| {
+            let logs: Vec<String> = agents
+                .iter()
+                .map(|a| format!("== {}\n{}", a.url(), a.log_text()))
+                .collect();
+            panic!("pull through {} failed: {e}\n{}", a.url(), logs.join("\n"))
+        });
         assert_eq!(report.manifest_digest.to_string(), image.digest);
     }
 }
@@ -148,13 +151,14 @@ async fn expect_pulled(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
     let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
         .await
         .unwrap();
     let image =
-        TestImage::push_multilayer(&registry, "ha/redis", "1", &[24 << 20, 24 << 20], 31)
-            .unwrap();
+        TestImage::push_multilayer(&registry, "ha/redis", "1", &[24 << 20, 24 << 20], 31).unwrap();
     let mut first = replica(&dir.path().join("t1"), &redis.url()).await;
     let second = replica(&dir.path().join("t2"), &redis.url()).await;
     // Half the agents prefer each replica: only shared state makes them one swarm.
@@ -190,7 +194,11 @@ async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
         .iter()
         .filter(|s| s["size"].as_u64().is_some_and(|n| n >= 1 << 20))
         .collect();
-    assert_eq!(big.len(), image.layers.len(), "one swarm per layer: {swarm_list}");
+    assert_eq!(
+        big.len(),
+        image.layers.len(),
+        "one swarm per layer: {swarm_list}"
+    );
     for s in &big {
         assert_eq!(
             s["source_elections"], 1,
@@ -211,13 +219,20 @@ async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
     let dir = tempfile::tempdir().unwrap();
-    let mut redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let mut redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
     let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
         .await
         .unwrap();
-    let image =
-        TestImage::push_multilayer(&registry, "ha/redis-restart", "1", &[24 << 20, 24 << 20], 32)
-            .unwrap();
+    let image = TestImage::push_multilayer(
+        &registry,
+        "ha/redis-restart",
+        "1",
+        &[24 << 20, 24 << 20],
+        32,
+    )
+    .unwrap();
     let first = replica(&dir.path().join("t1"), &redis.url()).await;
     let second = replica(&dir.path().join("t2"), &redis.url()).await;
     let list = format!("{},{}", first.url(), second.url());

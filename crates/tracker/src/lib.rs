@@ -87,7 +87,11 @@ impl Error {
             e if e.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let mut resp = (status, Json(serde_json::json!({ "error": self.to_string() }))).into_response();
+        let mut resp = (
+            status,
+            Json(serde_json::json!({ "error": self.to_string() })),
+        )
+            .into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut().insert(
                 http::header::RETRY_AFTER,
@@ -189,6 +193,11 @@ impl Default for Metrics {
             "Failed Redis calls by operation (load, commit, hashes, elections, ping, decode)",
             redis.errors.clone(),
         );
+        registry.register(
+            "leader",
+            "1 while this replica holds the Redis janitor lease (one replica at a time)",
+            redis.leader.clone(),
+        );
         let store_conflicts = Counter::default();
         registry.register(
             "store_conflicts",
@@ -265,6 +274,7 @@ impl Tracker {
         let ttl = Duration::from_millis(self.state.lock().cfg.peer_ttl_ms);
         let redis = redis_store::RedisStore::connect(opts, ttl, self.metrics.redis.clone())?;
         redis.spawn_health();
+        redis.spawn_janitor();
         self.store = redis;
         Ok(self)
     }
@@ -462,10 +472,14 @@ async fn announce(
     }
     let answer = decide::decide(&t, std::slice::from_ref(&req), true)
         .await
-        .and_then(|mut answers| answers.pop().unwrap_or_else(|| Err(Error::Conflict {
-            digest: req.digest.to_string(),
-            what: "no answer",
-        })));
+        .and_then(|mut answers| {
+            answers.pop().unwrap_or_else(|| {
+                Err(Error::Conflict {
+                    digest: req.digest.to_string(),
+                    what: "no answer",
+                })
+            })
+        });
     match answer {
         Ok(r) => Json(r).into_response(),
         Err(e) => e.response(),

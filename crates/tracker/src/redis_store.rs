@@ -10,6 +10,8 @@
 //! | `st:{d}:source` | STRING node | the one registry fetcher (`SET NX PX`) | peer TTL, renewed by its announces |
 //! | `st:{d}:hashes` | HASH piece → 32 bytes | hashes from the source only | swarm idle TTL |
 //! | `st:{d}:elections`, `st:{d}:elected` | counter, LIST | elections across replicas | swarm idle TTL |
+//! | `st:swarms` | ZSET digest → last announce | the janitor's index | trimmed by the janitor |
+//! | `st:lease:janitor` | STRING replica | the one replica sweeping (`SET NX PX`, renewed) | 10 s |
 //!
 //! Every announce is one script ([`COMMIT`]), so a change is whole or absent: there is
 //! nothing to repair when Redis comes back. Reads of members and hashes refresh a
@@ -89,6 +91,40 @@ end
 return {geo[1] or '', geo[2] or '', cur or '', elected}
 ";
 
+/// Takes the lease KEYS[1] for ARGV[1] (SET NX PX) or renews it if ARGV[1] holds it;
+/// 1 while ARGV[1] leads.
+const LEAD: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+elseif cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
+/// Drops the members of swarm KEYS[1] last seen before ARGV[1]; returns how many.
+const TRIM: &str = r"
+local gone = 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local ok, peer = pcall(cjson.decode, all[i + 1])
+  if not ok or type(peer) ~= 'table' or (tonumber(peer.last_seen) or 0) < tonumber(ARGV[1]) then
+    redis.call('HDEL', KEYS[1], all[i])
+    gone = gone + 1
+  end
+end
+return gone
+";
+
+/// How long the janitor lease lasts without renewal, and how often it is tried.
+const JANITOR_LEASE: Duration = Duration::from_secs(10);
+const JANITOR_EVERY: Duration = Duration::from_secs(3);
+/// Swarms the janitor looks at per round.
+const JANITOR_BATCH: isize = 1000;
+
 /// What `--redis` and its companions say.
 #[derive(Clone, Debug)]
 pub struct RedisOptions {
@@ -122,10 +158,14 @@ impl RedisOptions {
 pub struct RedisMetrics {
     pub(crate) up: Gauge,
     pub(crate) errors: Family<ReasonLabels, Counter>,
+    /// 1 while this replica holds the janitor lease.
+    pub(crate) leader: Gauge,
 }
 
 pub struct RedisStore {
     con: ConnectionManager,
+    /// This replica's name in leases: unique per process start.
+    replica: String,
     prefix: String,
     refresh_ms: u64,
     source_ttl_ms: u64,
@@ -184,6 +224,13 @@ impl RedisStore {
         info!(redis = %shown, prefix = %opts.prefix, "tracker state shared in Redis");
         Ok(Arc::new(RedisStore {
             con,
+            replica: {
+                // Several stores in one process (tests, a future multi-tenant tracker)
+                // are distinct replicas too.
+                static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = STARTED.fetch_add(1, Ordering::Relaxed);
+                format!("{}-{}-{n}", std::process::id(), wall_ms())
+            },
             prefix: opts.prefix.clone(),
             refresh_ms: opts.refresh.as_millis() as u64,
             source_ttl_ms: source_ttl.as_millis().max(1) as u64,
@@ -208,6 +255,82 @@ impl RedisStore {
                 let mut con = store.con.clone();
                 let pong: Result<String, _> = redis::cmd("PING").query_async(&mut con).await;
                 store.note_ping(pong.is_ok());
+            }
+        });
+    }
+
+    /// Takes or renews the lease `name` for this replica: true while it leads. A
+    /// replica that stops renewing (dead, cut off) loses it after `ttl`, and the next
+    /// replica to ask takes it.
+    pub async fn lead(&self, name: &str, ttl: Duration) -> Result<bool, Error> {
+        let mut con = self.con.clone();
+        let led: u32 = redis::cmd("EVAL")
+            .arg(LEAD)
+            .arg(1)
+            .arg(format!("{}lease:{name}", self.prefix))
+            .arg(&self.replica)
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut con)
+            .await
+            .map_err(self.redis_err("lease"))?;
+        Ok(led == 1)
+    }
+
+    /// One janitor round: members silent for ten peer TTLs leave Redis (the embedded
+    /// tracker's expiry), swarms idle past their TTL leave the index. Returns the
+    /// members removed.
+    pub async fn sweep(&self) -> Result<u64, Error> {
+        let now = wall_ms();
+        let mut con = self.con.clone();
+        let index = self.swarms_key();
+        let _: () = redis::cmd("ZREMRANGEBYSCORE")
+            .arg(&index)
+            .arg("-inf")
+            .arg(now.saturating_sub(self.idle_ms))
+            .query_async(&mut con)
+            .await
+            .map_err(self.redis_err("sweep"))?;
+        let digests: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&index)
+            .arg(0)
+            .arg(JANITOR_BATCH - 1)
+            .query_async(&mut con)
+            .await
+            .map_err(self.redis_err("sweep"))?;
+        let cutoff = now.saturating_sub(self.source_ttl_ms.saturating_mul(10));
+        let mut gone = 0u64;
+        for d in digests.iter().filter_map(|d| d.parse::<Digest>().ok()) {
+            let n: u64 = redis::cmd("EVAL")
+                .arg(TRIM)
+                .arg(1)
+                .arg(self.key(&d, "peers"))
+                .arg(cutoff)
+                .query_async(&mut con)
+                .await
+                .map_err(self.redis_err("sweep"))?;
+            gone += n;
+        }
+        Ok(gone)
+    }
+
+    /// The janitor: whichever replica holds the `janitor` lease sweeps every few
+    /// seconds; the others only try to take the lease.
+    pub fn spawn_janitor(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(JANITOR_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(store) = weak.upgrade() else { return };
+                let leads = store.lead("janitor", JANITOR_LEASE).await.unwrap_or(false);
+                store.metrics.leader.set(i64::from(leads));
+                if leads {
+                    match store.sweep().await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::debug!(members = n, "janitor removed silent members"),
+                        Err(e) => warn!(error = %e, "janitor round failed"),
+                    }
+                }
             }
         });
     }
@@ -242,6 +365,10 @@ impl RedisStore {
             self.error(what);
             Error::Redis { what, source }
         }
+    }
+
+    fn swarms_key(&self) -> String {
+        format!("{}swarms", self.prefix)
     }
 
     fn key(&self, d: &Digest, part: &str) -> String {
@@ -382,6 +509,13 @@ impl SwarmStore for RedisStore {
                     cmd.arg(*i).arg(&h.0[..]);
                 }
                 pipe.add_command(cmd);
+                // The janitor's index of swarms (outside the script: another slot).
+                pipe.zadd(
+                    self.swarms_key(),
+                    d.to_string(),
+                    o.peer.as_ref().map_or(0, |p| p.last_seen),
+                )
+                .ignore();
             }
             let mut con = self.con.clone();
             let rows: Vec<(String, String, String, u32)> = pipe

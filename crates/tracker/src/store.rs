@@ -128,10 +128,7 @@ impl SwarmStore for Embedded {
         })
     }
 
-    fn elections<'a>(
-        &'a self,
-        _digests: &'a [Digest],
-    ) -> StoreFuture<'a, Option<Vec<Elections>>> {
+    fn elections<'a>(&'a self, _digests: &'a [Digest]) -> StoreFuture<'a, Option<Vec<Elections>>> {
         Box::pin(async { Ok(None) })
     }
 

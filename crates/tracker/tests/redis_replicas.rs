@@ -75,7 +75,9 @@ async fn until_status(t: &Tracker, path: &str, want: StatusCode) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_announces_on_two_replicas_elect_exactly_one_fetcher() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
     let replicas = [replica(&redis), replica(&redis)];
     for round in 0..5u8 {
         let digest = oci::Digest::of(&[b'r', round]);
@@ -131,7 +133,9 @@ async fn racing_announces_on_two_replicas_elect_exactly_one_fetcher() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn geometry_and_hashes_set_on_one_replica_are_what_the_other_serves() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
     let (a, b) = (replica(&redis), replica(&redis));
     let digest = oci::Digest::of(b"geometry");
     let (_, first) = announce(&a, &ask("src", &digest)).await;
@@ -140,10 +144,17 @@ async fn geometry_and_hashes_set_on_one_replica_are_what_the_other_serves() {
     other.piece_size = Some(4 << 20);
     let (_, second) = announce(&b, &other).await;
     let second = second.expect("answer");
-    assert_eq!(second.piece_size, 1 << 20, "the first geometry holds everywhere");
+    assert_eq!(
+        second.piece_size,
+        1 << 20,
+        "the first geometry holds everywhere"
+    );
     assert_eq!(second.role, Role::Peer);
     assert_eq!(second.source.as_deref(), Some("src"));
-    assert!(second.peers.iter().any(|p| p.node == "src"), "members are shared");
+    assert!(
+        second.peers.iter().any(|p| p.node == "src"),
+        "members are shared"
+    );
 
     let hash = swarm::PieceHash::of(b"piece zero");
     let mut publish = ask("src", &digest);
@@ -151,7 +162,9 @@ async fn geometry_and_hashes_set_on_one_replica_are_what_the_other_serves() {
     announce(&a, &publish).await;
     // A non-source cannot publish, through either replica.
     let mut forged = ask("late", &digest);
-    forged.hashes.insert(1, swarm::PieceHash::of(b"lie").to_hex());
+    forged
+        .hashes
+        .insert(1, swarm::PieceHash::of(b"lie").to_hex());
     announce(&a, &forged).await;
     let (status, hashes) = get(&b, &format!("/swarm/v1/hashes?digest={digest}")).await;
     assert_eq!(status, StatusCode::OK);
@@ -162,7 +175,9 @@ async fn geometry_and_hashes_set_on_one_replica_are_what_the_other_serves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_redis_a_replica_is_unready_and_refuses_then_recovers() {
-    let mut redis = tokio::task::spawn_blocking(RedisServer::start).await.unwrap();
+    let mut redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
     let t = replica(&redis);
     t.spawn_expiry();
     until_status(&t, "/readyz", StatusCode::OK).await;
@@ -171,7 +186,11 @@ async fn without_redis_a_replica_is_unready_and_refuses_then_recovers() {
 
     redis.kill();
     let (status, _) = announce(&t, &ask("b", &digest)).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "no answer from a stale copy");
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no answer from a stale copy"
+    );
     until_status(&t, "/healthz", StatusCode::SERVICE_UNAVAILABLE).await;
     let (_, metrics) = (StatusCode::OK, metrics_text(&t).await);
     assert!(metrics.contains("starling_tracker_redis_up 0"), "{metrics}");
@@ -195,8 +214,14 @@ async fn without_redis_a_replica_is_unready_and_refuses_then_recovers() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let resp = ok.expect("announces succeed again");
-    assert_eq!(resp.role, Role::Source, "the restarted Redis had no fetcher");
-    assert!(metrics_text(&t).await.contains("starling_tracker_redis_up 1"));
+    assert_eq!(
+        resp.role,
+        Role::Source,
+        "the restarted Redis had no fetcher"
+    );
+    assert!(metrics_text(&t)
+        .await
+        .contains("starling_tracker_redis_up 1"));
     drop(redis);
 }
 
@@ -210,4 +235,68 @@ async fn metrics_text(t: &Tracker) -> String {
         .await
         .unwrap();
     String::from_utf8_lossy(&body).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_leads_at_a_time_and_another_takes_over_when_it_stops() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let opts = RedisOptions::new(redis.url());
+    let connect = || {
+        tracker::redis_store::RedisStore::connect(&opts, Duration::from_secs(5), Default::default())
+            .unwrap()
+    };
+    let (a, b) = (connect(), connect());
+    let lease = Duration::from_millis(300);
+    assert!(a.lead("test", lease).await.unwrap());
+    assert!(!b.lead("test", lease).await.unwrap(), "one leader");
+    assert!(a.lead("test", lease).await.unwrap(), "the leader renews");
+    assert!(!b.lead("test", lease).await.unwrap());
+    // The leader stops renewing (dead or cut off): the other one takes over.
+    let mut took = false;
+    for _ in 0..200 {
+        if b.lead("test", lease).await.unwrap() {
+            took = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(took, "the lease passed on");
+    assert!(
+        !a.lead("test", lease).await.unwrap(),
+        "the old leader is out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_janitor_removes_members_that_stopped_announcing() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let cfg = SwarmConfig {
+        peer_ttl_ms: 10,
+        ..SwarmConfig::default()
+    };
+    let t = Tracker::new(cfg, None)
+        .with_redis(&RedisOptions::new(redis.url()))
+        .unwrap();
+    let digest = oci::Digest::of(b"janitor");
+    assert_eq!(announce(&t, &ask("gone", &digest)).await.0, StatusCode::OK);
+    let janitor = tracker::redis_store::RedisStore::connect(
+        &RedisOptions::new(redis.url()),
+        Duration::from_millis(10),
+        Default::default(),
+    )
+    .unwrap();
+    assert_eq!(janitor.sweep().await.unwrap(), 0, "still fresh right after");
+    let mut removed = 0;
+    for _ in 0..200 {
+        removed = janitor.sweep().await.unwrap();
+        if removed > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(removed, 1, "the silent member left Redis");
 }

@@ -146,7 +146,10 @@ mod tests {
     fn a_replica_that_adopted_another_ones_source_does_not_elect_again() {
         let d = Digest::of(b"shared");
         let mut first = TrackerState::new(SwarmConfig::default());
-        assert_eq!(first.announce(&req("a", &d), 1_000).unwrap().role, Role::Source);
+        assert_eq!(
+            first.announce(&req("a", &d), 1_000).unwrap().role,
+            Role::Source
+        );
         let a = SharedPeer::of(&req("a", &d), 64, 1_000).unwrap();
         let mut second = TrackerState::new(SwarmConfig::default());
         second.adopt(
