@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Two tracker replicas sharing one real `redis-server` (`--redis`), driven in process
 //! through their routers: one registry fetcher per blob however announces race across
 //! replicas, one geometry, hashes published on one replica served by the other, and

@@ -147,10 +147,10 @@ mod tests {
         let d = Digest::of(b"shared");
         let mut first = TrackerState::new(SwarmConfig::default());
         assert_eq!(
-            first.announce(&req("a", &d), 1_000).unwrap().role,
+            first.announce(&req("a", &d), 1_000).expect("valid").role,
             Role::Source
         );
-        let a = SharedPeer::of(&req("a", &d), 64, 1_000).unwrap();
+        let a = SharedPeer::of(&req("a", &d), 64, 1_000).expect("valid");
         let mut second = TrackerState::new(SwarmConfig::default());
         second.adopt(
             &d,
@@ -164,7 +164,7 @@ mod tests {
             },
             1_100,
         );
-        let resp = second.announce(&req("b", &d), 1_100).unwrap();
+        let resp = second.announce(&req("b", &d), 1_100).expect("valid");
         assert_eq!(resp.role, Role::Peer);
         assert_eq!(resp.source.as_deref(), Some("a"));
         assert!(resp.peers.iter().any(|p| p.node == "a"));
@@ -174,9 +174,9 @@ mod tests {
     fn members_the_store_no_longer_has_leave_the_copy() {
         let d = Digest::of(b"gone");
         let mut t = TrackerState::new(SwarmConfig::default());
-        t.announce(&req("a", &d), 0).unwrap();
-        t.announce(&req("b", &d), 0).unwrap();
-        let b = SharedPeer::of(&req("b", &d), 64, 5).unwrap();
+        t.announce(&req("a", &d), 0).expect("valid");
+        t.announce(&req("b", &d), 0).expect("valid");
+        let b = SharedPeer::of(&req("b", &d), 64, 5).expect("valid");
         t.adopt(
             &d,
             SharedSwarm {
