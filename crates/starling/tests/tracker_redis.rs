@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Tracker replicas sharing their state in a real `redis-server` (issue 14): agents
 //! split over two replicas still form one swarm per blob with one registry fetcher;
 //! `kill -9` of a replica mid-pull fails no pull; a Redis restart mid-pull fails no pull,

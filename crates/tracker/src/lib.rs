@@ -1,7 +1,9 @@
 //! `starling tracker`: which agent holds which pieces of which blob, who fetches from
-//! the registry, which peers to hand out. State is soft and in memory: agents announce
-//! every few hundred milliseconds while downloading and every second for what they
-//! seed, so a restarted tracker is whole again within a second or two.
+//! the registry, which peers to hand out. State is soft: agents announce every few
+//! hundred milliseconds while downloading and every second for what they seed, so a
+//! restarted tracker is whole again within a second or two. It lives in this process
+//! ([`store::Embedded`], the default) or, shared by several replicas, in Redis
+//! ([`redis_store::RedisStore`], `--redis`); either way [`decide`] is the one path.
 #![forbid(unsafe_code)]
 
 mod access;
