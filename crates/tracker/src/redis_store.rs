@@ -146,7 +146,7 @@ impl RedisOptions {
         RedisOptions {
             url: url.into(),
             prefix: "st:".into(),
-            refresh: Duration::from_millis(250),
+            refresh: Duration::from_secs(1),
             swarm_idle: Duration::from_secs(600),
             timeout: Duration::from_secs(1),
         }
