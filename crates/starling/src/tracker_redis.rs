@@ -9,7 +9,12 @@ pub struct RedisArgs {
     /// Share the swarm state with other tracker replicas through this Redis:
     /// redis://[:PASSWORD@]HOST:PORT[/DB] or rediss://… (TLS). Without it the tracker
     /// keeps its state in memory (one process, the default).
-    #[arg(long, value_name = "URL", env = "STARLING_TRACKER_REDIS", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "STARLING_TRACKER_REDIS",
+        hide_env_values = true
+    )]
     redis: Option<String>,
     /// Prefix of every Redis key, so that several clusters can share one Redis
     /// [default: st:].

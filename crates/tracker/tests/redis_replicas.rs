@@ -226,3 +226,67 @@ async fn metrics_text(t: &Tracker) -> String {
     let (_, body) = call(t, Request::get("/metrics").body(Body::empty()).unwrap()).await;
     String::from_utf8_lossy(&body).into_owned()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_leads_at_a_time_and_another_takes_over_when_it_stops() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let opts = RedisOptions::new(redis.url());
+    let connect = || {
+        tracker::redis_store::RedisStore::connect(&opts, Duration::from_secs(5), Default::default())
+            .unwrap()
+    };
+    let (a, b) = (connect(), connect());
+    let lease = Duration::from_millis(300);
+    assert!(a.lead("test", lease).await.unwrap());
+    assert!(!b.lead("test", lease).await.unwrap(), "one leader");
+    assert!(a.lead("test", lease).await.unwrap(), "the leader renews");
+    assert!(!b.lead("test", lease).await.unwrap());
+    // The leader stops renewing (dead or cut off): the other one takes over.
+    let mut took = false;
+    for _ in 0..200 {
+        if b.lead("test", lease).await.unwrap() {
+            took = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(took, "the lease passed on");
+    assert!(
+        !a.lead("test", lease).await.unwrap(),
+        "the old leader is out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_janitor_removes_members_that_stopped_announcing() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let cfg = SwarmConfig {
+        peer_ttl_ms: 10,
+        ..SwarmConfig::default()
+    };
+    let t = Tracker::new(cfg, None)
+        .with_redis(&RedisOptions::new(redis.url()))
+        .unwrap();
+    let digest = oci::Digest::of(b"janitor");
+    assert_eq!(announce(&t, &ask("gone", &digest)).await.0, StatusCode::OK);
+    let janitor = tracker::redis_store::RedisStore::connect(
+        &RedisOptions::new(redis.url()),
+        Duration::from_millis(10),
+        Default::default(),
+    )
+    .unwrap();
+    assert_eq!(janitor.sweep().await.unwrap(), 0, "still fresh right after");
+    let mut removed = 0;
+    for _ in 0..200 {
+        removed = janitor.sweep().await.unwrap();
+        if removed > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(removed, 1, "the silent member left Redis");
+}
