@@ -290,3 +290,26 @@ async fn the_janitor_removes_members_that_stopped_announcing() {
     }
     assert_eq!(removed, 1, "the silent member left Redis");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_password_in_the_url_authenticates_and_a_wrong_one_keeps_the_replica_unready() {
+    let redis = tokio::task::spawn_blocking(|| RedisServer::start_with_password("s3cret-pw"))
+        .await
+        .unwrap();
+    let good = replica(&redis);
+    until_status(&good, "/readyz", StatusCode::OK).await;
+    let digest = oci::Digest::of(b"auth");
+    let (status, resp) = announce(&good, &ask("a", &digest)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(resp.expect("answer").role, Role::Source);
+
+    let wrong_url = redis.url().replace("s3cret-pw", "wrong");
+    let wrong = Tracker::new(SwarmConfig::default(), None)
+        .with_redis(&RedisOptions::new(wrong_url))
+        .unwrap();
+    let (status, _) = announce(&wrong, &ask("b", &digest)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    until_status(&wrong, "/readyz", StatusCode::SERVICE_UNAVAILABLE).await;
+    let metrics = metrics_text(&wrong).await;
+    assert!(!metrics.contains("s3cret") && !metrics.contains("wrong@"));
+}
