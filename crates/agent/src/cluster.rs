@@ -295,6 +295,38 @@ impl Agent {
         )))
     }
 
+    /// A file of an assignment, read from its origin (only if this agent's
+    /// `allowed_file_origins` allow it) through the same path as `starling get`: the
+    /// swarm, single flight, the cache. The key the tracker was given must still be the
+    /// file's key here, else the origin changed the file since the job was submitted.
+    async fn warm_file(
+        &self,
+        a: &Assignment,
+        key: &Digest,
+        done: &AtomicU64,
+        limit: Option<Arc<ratelimit::TokenBucket>>,
+    ) -> Result<(), Error> {
+        let source = a.files.iter().find(|f| &f.key == key).ok_or_else(|| {
+            Error::Prewarm(format!("file {key}: the assignment has no URL for it"))
+        })?;
+        let url = url::Url::parse(&source.url)
+            .map_err(|e| Error::Prewarm(format!("file {key}: bad URL: {e}")))?;
+        let digest = source.content_digest.then(|| key.clone());
+        let prepared = crate::files::prepare_file(self, &url, digest.as_ref()).await?;
+        if &prepared.key != key || prepared.origin.size != source.size {
+            return Err(Error::Prewarm(format!(
+                "file {}: the origin now serves another version (key {}, {} bytes) than the \
+                 job was submitted for (key {key}, {} bytes)",
+                prepared.origin.identity_url(),
+                prepared.key,
+                prepared.origin.size,
+                source.size
+            )));
+        }
+        self.warm_blob(&prepared.registry, "file", key, done, limit)
+            .await
+    }
+
     async fn run_assignment(self, a: Assignment) {
         let started = Instant::now();
         let done = Arc::new(AtomicU64::new(0));
@@ -322,6 +354,15 @@ impl Agent {
             for (reference, digest) in &a.images {
                 let r = ImageReference::parse(reference)?;
                 let md = Digest::parse(digest)?;
+                if r.registry == cluster::wire::FILE_REGISTRY {
+                    self.warm_file(&a, &md, &done, limit.clone()).await?;
+                    self.store.pin(
+                        &md,
+                        Some(a.pin_until),
+                        &format!("prewarm job {} (file {md})", a.job_id),
+                    )?;
+                    continue;
+                }
                 let m = self
                     .manifest(
                         &r.registry,

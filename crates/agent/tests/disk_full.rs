@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -16,7 +15,10 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 
 use common::*;
-use testkit::{sha256_digest as sha, Registry, RegistryAuth, TestImage};
+<<<<<<< HEAD
+use testkit::{sha256_digest as sha, Registry, RegistryAuth, TestImage, Tmpfs};
+=======
+use testkit::{fill_disk, sha256_digest as sha, Registry, RegistryAuth, TestImage};
 
 /// A tmpfs of `size` mounted on a fresh directory; unmounted on drop.
 struct Tmpfs {
@@ -53,6 +55,7 @@ impl Drop for Tmpfs {
         let _ = &self.dir;
     }
 }
+>>>>>>> getx
 
 fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
     let mut out = Vec::new();
@@ -119,24 +122,6 @@ async fn stalling_proxy(upstream: String, hold_after: usize) -> (String, Arc<Not
     (url, held, release)
 }
 
-/// Writes into `path` until the filesystem refuses (ENOSPC).
-fn fill_disk(path: &Path) {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).unwrap();
-    let chunk = vec![0xa5u8; 64 << 10];
-    loop {
-        match f.write(&chunk) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(28), "filling the disk: {e}");
-                break;
-            }
-        }
-    }
-    let _ = f.sync_all();
-}
-
 fn no_partials(cache: &Path) {
     let partial = files_under(&cache.join("partial"));
     assert!(
@@ -165,7 +150,7 @@ async fn concurrent_downloads_that_do_not_fit_together_lose_nothing() {
     let img =
         TestImage::push_multilayer(&registry, "full/tmpfs", "1", &[6 << 20, 6 << 20], 47).unwrap();
     let fs = Tmpfs::mount("10m");
-    let cache = fs.path().join("cache");
+    let cache = fs.mount.join("cache");
     let agent = start_agent(&cache, &registry.host(), &registry.url(), None, |c| {
         c.cache_budget = oci::size::ByteSize(1 << 30);
     })
@@ -207,7 +192,7 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
     let layer = img.layers[0].clone();
     let (proxy, held, release) = stalling_proxy(registry.url(), 2 << 20).await;
     let fs = Tmpfs::mount("16m");
-    let cache = fs.path().join("cache");
+    let cache = fs.mount.join("cache");
     let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
         c.cache_budget = oci::size::ByteSize(1 << 30);
     })
@@ -222,7 +207,7 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
     });
     // The agent is 2 MiB into the blob when another process takes every free byte.
     held.notified().await;
-    fill_disk(&fs.path().join("filler"));
+    fill_disk(&fs.mount.join("filler"));
     release.notify_one();
     let (status, body) = client.await.unwrap();
     assert_eq!(status, 200);

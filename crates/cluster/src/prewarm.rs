@@ -19,8 +19,8 @@ use crate::selector::Selector;
 pub use store::JobStore;
 
 pub use crate::wire::{
-    PrewarmRequest, Targets, DEFAULT_PIN_TTL_SECONDS, DEFAULT_POOL_LABEL, MAX_DEADLINE_SECONDS,
-    MAX_PIN_TTL_SECONDS,
+    file_reference, FileSource, PrewarmRequest, Targets, DEFAULT_PIN_TTL_SECONDS,
+    DEFAULT_POOL_LABEL, FILE_REGISTRY, MAX_DEADLINE_SECONDS, MAX_FILE_URL, MAX_PIN_TTL_SECONDS,
 };
 
 /// Checks the request's shape and its images' tags. Returns the parsed references.
@@ -91,6 +91,7 @@ pub fn validate(req: &PrewarmRequest, inv: &Inventory) -> Result<Vec<ImageRefere
         .filter_map(|m| ImageReference::parse(m).ok())
         .map(|r| r.to_string())
         .collect();
+    validate_files(req)?;
     let mut out = Vec::new();
     for raw in &req.images {
         let r = ImageReference::parse(raw).map_err(|e| Error::BadReference {
@@ -122,6 +123,64 @@ pub fn validate(req: &PrewarmRequest, inv: &Inventory) -> Result<Vec<ImageRefere
         out.push(r);
     }
     Ok(out)
+}
+
+/// Each file source names a file reference among the images (and each file reference
+/// has its source), with an http(s) URL of bounded length.
+fn validate_files(req: &PrewarmRequest) -> Result<()> {
+    if req.files.len() > req.images.len() {
+        return Err(Error::InvalidRequest(
+            "more \"files\" than \"images\"".into(),
+        ));
+    }
+    for f in &req.files {
+        if f.url.len() > MAX_FILE_URL {
+            return Err(Error::InvalidRequest(format!(
+                "a file URL is longer than {MAX_FILE_URL} bytes"
+            )));
+        }
+        let ok = url::Url::parse(&f.url)
+            .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some());
+        if !ok {
+            return Err(Error::InvalidRequest(format!(
+                "file {}: not an http(s) URL",
+                f.key
+            )));
+        }
+        if !req.images.contains(&file_reference(&f.key)) {
+            return Err(Error::InvalidRequest(format!(
+                "file {} is not among \"images\" as {}",
+                f.key,
+                file_reference(&f.key)
+            )));
+        }
+    }
+    for raw in &req.images {
+        if raw.starts_with(&format!("{FILE_REGISTRY}/"))
+            && !req.files.iter().any(|f| &file_reference(&f.key) == raw)
+        {
+            return Err(Error::InvalidRequest(format!(
+                "{raw}: a file needs its source in \"files\" (starling prewarm URL)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What a file reference of the request stands for: an image of one blob, the file.
+pub fn resolve_file(req: &PrewarmRequest, reference: &str) -> Option<ResolvedImage> {
+    let f = req
+        .files
+        .iter()
+        .find(|f| file_reference(&f.key) == reference)?;
+    Some(ResolvedImage {
+        reference: reference.to_owned(),
+        manifest_digest: f.key.clone(),
+        blobs: vec![BlobRef {
+            digest: f.key.clone(),
+            size: f.size,
+        }],
+    })
 }
 
 /// Picks the target nodes. Explicit names must all be known to the inventory. For a
@@ -421,9 +480,14 @@ impl Job {
         }
     }
 
+    /// The job as shown: file URLs without their queries (presigned signatures).
     pub fn view(&self) -> JobView {
+        let mut job = self.clone();
+        for f in &mut job.request.files {
+            *f = f.redacted();
+        }
         JobView {
-            job: self.clone(),
+            job,
             progress: self.progress(),
         }
     }

@@ -532,10 +532,15 @@ impl ClusterState {
         };
         let mut images = Vec::new();
         for (raw, r) in req.images.iter().zip(&refs) {
-            let mut img = self
-                .resolve(r)
-                .await?
-                .ok_or_else(|| Error::UnknownImage(raw.clone()))?;
+            // A file is known by the source the request gives, not by any registry.
+            let file = crate::prewarm::resolve_file(&req, raw);
+            let mut img = match file {
+                Some(f) => f,
+                None => self
+                    .resolve(r)
+                    .await?
+                    .ok_or_else(|| Error::UnknownImage(raw.clone()))?,
+            };
             img.reference = r.to_string();
             images.push(img);
         }

@@ -183,6 +183,52 @@ pub struct PrewarmRequest {
     /// `io.cri-containerd.pinned=pinned`, so kubelet image GC keeps it.
     #[serde(default)]
     pub into_runtime: bool,
+    /// Where the agents fetch the files among `images` (each named
+    /// `files.starling.invalid/file@<key>`, see [`file_reference`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileSource>,
+}
+
+/// The registry part of a file's reference: files (`starling get https://…`) are
+/// images of one blob to the cluster layer, named only by their key. `.invalid` can
+/// never be a real registry.
+pub const FILE_REGISTRY: &str = "files.starling.invalid";
+
+/// A file's image reference: `files.starling.invalid/file@<key>`.
+pub fn file_reference(key: &Digest) -> String {
+    format!("{FILE_REGISTRY}/file@{key}")
+}
+
+/// Longest file URL in a prewarm request (presigned URLs run to a few KiB).
+pub const MAX_FILE_URL: usize = 8192;
+
+/// A file a prewarm job warms: the agents read it from `url` (subject to their own
+/// `allowed_file_origins`) and keep it under `key`, which the submitter learnt from an
+/// agent (the content digest when `content_digest`, else the identity key of the URL
+/// path, the origin's validator and the size). An agent that finds another key at the
+/// origin (the file changed since) fails its part of the job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSource {
+    pub key: Digest,
+    /// The whole URL, query included (a presigned URL's signature lives there); shown
+    /// to viewers without its query and credentials ([`FileSource::redacted`]).
+    pub url: String,
+    pub size: u64,
+    /// `key` is the sha256 of the content (the whole file is verified against it).
+    #[serde(default)]
+    pub content_digest: bool,
+}
+
+impl FileSource {
+    /// The same source with the URL's query and user info hidden: presigned
+    /// signatures and credentials are bearer secrets that job views must not show.
+    pub fn redacted(&self) -> FileSource {
+        let url = oci::upstream::policy::redact_url(&self.url);
+        FileSource {
+            url,
+            ..self.clone()
+        }
+    }
 }
 
 /// What an agent tells the tracker about its part of a job.
@@ -215,4 +261,7 @@ pub struct Assignment {
     /// Pull into containerd and pin there too.
     #[serde(default)]
     pub into_runtime: bool,
+    /// Where to read the files among `images` (the request's `files`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileSource>,
 }

@@ -658,3 +658,55 @@ fn lead_time_is_first_use_after_done() {
         "measured once"
     );
 }
+
+#[test]
+fn files_need_their_source_and_views_hide_the_urls_secrets() {
+    use cluster::prewarm::{file_reference, resolve_file, FileSource};
+    let inv = inv();
+    let key = oci::Digest::of(b"a file's identity");
+    let source = FileSource {
+        key: key.clone(),
+        url: "https://s3.example.com/b/w.bin?X-Amz-Signature=s3cret".into(),
+        size: 4096,
+        content_digest: false,
+    };
+    let reference = file_reference(&key);
+    let mut r = req(&[&reference], nodes(&["n1"]));
+    let msg = |r: &PrewarmRequest| validate(r, &inv).expect_err("refused").to_string();
+    assert!(msg(&r).contains("needs its source"), "{}", msg(&r));
+    r.files = vec![FileSource {
+        url: "file:///etc/passwd".into(),
+        ..source.clone()
+    }];
+    assert!(msg(&r).contains("not an http(s) URL"), "{}", msg(&r));
+    r.files = vec![FileSource {
+        key: oci::Digest::of(b"another"),
+        ..source.clone()
+    }];
+    assert!(msg(&r).contains("not among"), "{}", msg(&r));
+    r.files = vec![FileSource {
+        url: format!("https://s3.example.com/{}", "a".repeat(9000)),
+        ..source.clone()
+    }];
+    assert!(msg(&r).contains("longer than"), "{}", msg(&r));
+    r.files = vec![source.clone()];
+    validate(&r, &inv).expect("a file with its source");
+
+    let image = resolve_file(&r, &reference).expect("resolved from the request");
+    assert_eq!(image.manifest_digest, key);
+    assert_eq!(image.total_bytes(), 4096);
+    let mut store = JobStore::in_memory().expect("store");
+    let job = store
+        .submit(r, vec![image], &inv, NOW)
+        .expect("submitted")
+        .clone();
+    let view = serde_json::to_string(&job.view()).expect("view as JSON");
+    assert!(!view.contains("s3cret"), "{view}");
+    assert!(
+        view.contains("https://s3.example.com/b/w.bin?redacted"),
+        "{view}"
+    );
+    // The agents get the whole URL: they need the signature.
+    let a = store.next_assignments(&inv, NOW).expect("assignments");
+    assert_eq!(a[0].files, vec![source]);
+}

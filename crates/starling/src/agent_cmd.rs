@@ -3,38 +3,134 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use oci::size::ByteSize;
 
 #[derive(Args)]
 pub struct AgentArgs {
     /// TOML config file; flags and STARLING_* environment variables override its keys.
     #[arg(long, short, env = "STARLING_CONFIG")]
     config: Option<PathBuf>,
-    /// Address to listen on (what containerd's hosts.toml points at).
-    #[arg(long, env = "STARLING_LISTEN")]
-    listen: Option<SocketAddr>,
-    /// Cache directory (blobs, partial downloads, metadata).
-    #[arg(long, env = "STARLING_CACHE_DIR")]
-    cache_dir: Option<PathBuf>,
-    /// Cache budget, e.g. 200GiB. GC keeps usage between the watermarks below it.
-    #[arg(long, env = "STARLING_CACHE_BUDGET")]
-    cache_budget: Option<ByteSize>,
-    #[arg(long, env = "STARLING_GC_HIGH_WATERMARK")]
-    gc_high_watermark: Option<f64>,
-    #[arg(long, env = "STARLING_GC_LOW_WATERMARK")]
-    gc_low_watermark: Option<f64>,
-    /// Space always left free on the cache filesystem, e.g. 1GiB.
-    #[arg(long, env = "STARLING_MIN_FREE")]
-    min_free: Option<ByteSize>,
-    /// Registry for requests without ?ns= (Docker registry-mirrors, skopeo).
-    #[arg(long, env = "STARLING_DEFAULT_REGISTRY")]
-    default_registry: Option<String>,
-    /// How long a tag's digest is trusted before a HEAD re-checks it, e.g. 60s.
-    #[arg(long, env = "STARLING_TAG_TTL")]
-    tag_ttl: Option<humantime::Duration>,
-    /// Refuse to answer tags from cache when the upstream is unreachable.
-    #[arg(long, env = "STARLING_NO_STALE_TAGS")]
-    no_stale_tags: bool,
+    /// Every setting of the agent's table (`agent::config::SETTINGS`) as a flag, and
+    /// the `[registries."host"]` flags.
+    #[command(flatten)]
+    flags: AgentFlags,
+    /// Test mode: serve corrupted pieces to peers.
+    #[arg(long, hide = true)]
+    corrupt_pieces: bool,
+    /// Print the effective configuration as TOML (secrets redacted) and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+/// The agent's settings as flags, made from the one table in `agent::config`: each
+/// flag has its variable, its help from the table's doc comment and the default in use.
+/// Then the registry flags. Values stay text here and are read by
+/// `agent::config::load`, which is told whether each came from the flag or the variable.
+pub struct AgentFlags {
+    settings: Vec<agent::config::CliValue>,
+    registry: Vec<agent::config::RegistryCliValue>,
+}
+
+impl clap::FromArgMatches for AgentFlags {
+    fn from_arg_matches(m: &clap::ArgMatches) -> std::result::Result<Self, clap::Error> {
+        Ok(Self {
+            settings: Self::settings_from(m),
+            registry: Self::registry_from(m)?,
+        })
+    }
+
+    fn update_from_arg_matches(
+        &mut self,
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for AgentFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        RegistryFlagValues::augment_args(Self::setting_args(cmd))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl AgentFlags {
+    fn settings_from(m: &clap::ArgMatches) -> Vec<agent::config::CliValue> {
+        use agent::config::How;
+        use clap::parser::ValueSource;
+        let mut given = Vec::new();
+        for s in agent::config::SETTINGS.iter().filter(|s| s.has_flag()) {
+            let from_env = match m.value_source(s.key) {
+                Some(ValueSource::CommandLine) => false,
+                Some(ValueSource::EnvVariable) => true,
+                _ => continue,
+            };
+            let values = match s.how {
+                How::Switch | How::SwitchOff if m.get_flag(s.key) => Vec::new(),
+                How::Switch | How::SwitchOff => continue,
+                _ => m
+                    .get_many::<String>(s.key)
+                    .map(|v| v.cloned().collect())
+                    .unwrap_or_default(),
+            };
+            given.push(agent::config::CliValue {
+                setting: s,
+                from_env,
+                values,
+            });
+        }
+        given
+    }
+
+    fn setting_args(cmd: clap::Command) -> clap::Command {
+        use agent::config::How;
+        use clap::{Arg, ArgAction};
+        let defaults = toml::Value::try_from(agent::AgentConfig::default())
+            .ok()
+            .and_then(|v| v.as_table().cloned())
+            .unwrap_or_default();
+        cmd.args(
+            agent::config::SETTINGS
+                .iter()
+                .filter(|s| s.has_flag())
+                .map(|s| {
+                    let mut help = s.help();
+                    if let (How::Value | How::Secret, Some(d)) = (s.how, defaults.get(s.key)) {
+                        match d {
+                            toml::Value::String(text) => help += &format!(" [default: {text}]"),
+                            other => help += &format!(" [default: {other}]"),
+                        }
+                    }
+                    let arg = Arg::new(s.key)
+                        .long(s.flag.trim_start_matches("--"))
+                        .env(s.env)
+                        .help(help);
+                    let arg = match s.how {
+                        How::Switch | How::SwitchOff => arg.action(ArgAction::SetTrue),
+                        How::List | How::Map => arg.action(ArgAction::Append).value_delimiter(','),
+                        How::Secret => arg.hide_env_values(true),
+                        How::Value | How::FileOnly => arg,
+                    };
+                    match (s.how, s.value_name) {
+                        (How::Switch | How::SwitchOff, _) => arg,
+                        // clap's derive shows the key in capitals; the builder wants
+                        // a 'static name, made once per flag for this process.
+                        (_, "") => {
+                            arg.value_name(&*Box::leak(s.key.to_ascii_uppercase().into_boxed_str()))
+                        }
+                        (_, name) => arg.value_name(name),
+                    }
+                }),
+        )
+    }
+}
+
+/// The agent's registry flags as clap sees them (the TLS ones shared with the tracker).
+#[derive(Args)]
+struct RegistryFlagValues {
     /// Upstream endpoint override, REGISTRY=URL (repeatable), e.g. docker.io=http://127.0.0.1:5000.
     #[arg(
         long = "registry-endpoint",
@@ -52,308 +148,91 @@ pub struct AgentArgs {
         hide_env_values = true
     )]
     registry_credentials: Vec<String>,
-    /// A docker config.json to read upstream credentials from.
-    #[arg(long, env = "STARLING_DOCKER_CONFIG")]
-    docker_config: Option<PathBuf>,
     #[command(flatten)]
     registry_tls: RegistryTlsArgs,
-    /// Image to keep in the cache whatever GC wants (repeatable).
-    #[arg(long = "pin", env = "STARLING_PIN", value_delimiter = ',')]
-    pins: Vec<String>,
-    /// Tracker URL: join the P2P swarm (without it: a plain caching mirror). Replicas:
-    /// several URLs, comma-separated, tried in order when one fails.
-    #[arg(long, env = "STARLING_TRACKER")]
-    tracker: Option<String>,
-    /// This node's name in the swarm (default: host name).
-    #[arg(long, env = "STARLING_NODE_NAME")]
-    node_name: Option<String>,
-    /// host:port other agents dial for pieces (default: the peer listener's address).
-    #[arg(long, env = "STARLING_ADVERTISE")]
-    advertise: Option<String>,
-    /// Where the peer listener binds (default: all interfaces on the advertised port,
-    /// or the mirror's address on a free port).
-    #[arg(long, env = "STARLING_PEER_LISTEN")]
-    peer_listen: Option<SocketAddr>,
-    /// Zone label: the tracker prefers peers in the same zone, then anywhere.
-    #[arg(long, env = "STARLING_ZONE")]
-    zone: Option<String>,
-    /// Rack label: the tracker prefers peers in the same rack; large swarms fetch each
-    /// piece into a rack about once and spread it inside.
-    #[arg(long, env = "STARLING_RACK")]
-    rack: Option<String>,
-    /// Shared cluster secret for the tracker and peers (plain-HTTP mode).
-    #[arg(long, env = "STARLING_CLUSTER_TOKEN", hide_env_values = true)]
-    cluster_token: Option<String>,
-    /// A second listener serving only /metrics and /healthz, for a scraper on another
-    /// host (without it /metrics answers local clients only).
-    #[arg(long, env = "STARLING_METRICS_LISTEN")]
-    metrics_listen: Option<SocketAddr>,
-    /// Bearer token scrapers must present on --metrics-listen.
-    #[arg(long, env = "STARLING_METRICS_TOKEN", hide_env_values = true)]
-    metrics_token: Option<String>,
-    /// Accept an http:// tracker: cluster and peer traffic unencrypted, nodes
-    /// authenticated only by --cluster-token. Without it an http:// tracker is refused.
-    #[arg(long, env = "STARLING_INSECURE_PLAIN_HTTP")]
-    insecure_plain_http: bool,
-    /// Bootstrap token to join a cluster with an https:// tracker (used once: the
-    /// certificate is kept in CACHE_DIR/pki and renewed by the agent).
-    #[arg(
-        long = "join",
-        value_name = "TOKEN",
-        env = "STARLING_JOIN_TOKEN",
-        hide_env_values = true
-    )]
-    join_token: Option<String>,
-    /// The cluster CA pin (sha256:…, from `starling certs init`) the tracker must match
-    /// when joining.
-    #[arg(long, env = "STARLING_CA_PIN")]
-    ca_pin: Option<String>,
-    /// Bytes per second this node may send to peers, e.g. 1GiB.
-    #[arg(long, env = "STARLING_UPLOAD_LIMIT")]
-    upload_limit: Option<ByteSize>,
-    /// Bytes per second this node may receive from peers and the registry.
-    #[arg(long, env = "STARLING_DOWNLOAD_LIMIT")]
-    download_limit: Option<ByteSize>,
-    /// Pieces sent to peers at once (default 4).
-    #[arg(long, env = "STARLING_MAX_UPLOADS")]
-    max_uploads: Option<usize>,
-    /// Piece requests one peer may have waiting for an upload slot (beyond: busy).
-    #[arg(long, env = "STARLING_UPLOAD_QUEUE")]
-    upload_queue: Option<usize>,
-    /// Piece requests in flight across all blobs (default 16).
-    #[arg(long, env = "STARLING_MAX_PIECE_REQUESTS")]
-    max_piece_requests: Option<usize>,
-    /// Do not start fetching an image's layers when its manifest is fetched (for lazy
-    /// pullers such as stargz-snapshotter, which read only parts of layers).
-    #[arg(long, env = "STARLING_NO_PREFETCH")]
-    no_prefetch: bool,
-    /// Answer `/v2` requests from other hosts even when this agent holds registry
-    /// credentials (by default only local clients get private content).
-    #[arg(long, env = "STARLING_MIRROR_REMOTE_CLIENTS")]
-    mirror_remote_clients: bool,
-    /// Registry connections a swarm source may use for one large blob (one per 256 MiB,
-    /// up to this; default 4), each fetching a disjoint Range slice.
-    #[arg(long, env = "STARLING_REGISTRY_STREAMS")]
-    registry_streams: Option<usize>,
-    /// Blobs below this size skip P2P.
-    #[arg(long, env = "STARLING_P2P_THRESHOLD")]
-    p2p_threshold: Option<ByteSize>,
-    /// Piece size this agent proposes for swarms it starts, e.g. 4MiB, or "auto" (the
-    /// rule: from the blob size and the node's link limits).
-    #[arg(long, env = "STARLING_PIECE_SIZE")]
-    piece_size: Option<String>,
-    /// Node label reported to the tracker, KEY=VALUE (repeatable).
-    #[arg(
-        long = "label",
-        value_name = "KEY=VALUE",
-        env = "STARLING_LABELS",
-        value_delimiter = ','
-    )]
-    labels: Vec<String>,
-    /// containerd socket, for prewarms that also pull into the runtime.
-    #[arg(long, env = "STARLING_CONTAINERD_SOCKET")]
-    containerd_socket: Option<PathBuf>,
-    #[arg(long, env = "STARLING_CONTAINERD_NAMESPACE")]
-    containerd_namespace: Option<String>,
-    #[arg(long, env = "STARLING_CONTAINERD_SNAPSHOTTER")]
-    containerd_snapshotter: Option<String>,
-    /// Test mode: serve corrupted pieces to peers.
-    #[arg(long, hide = true)]
-    corrupt_pieces: bool,
-    /// Registry beyond the configured ones that requests (?ns=, prewarm) may name:
-    /// HOST, *.DOMAIN, or * for any (dangerous: see README). Repeatable.
-    #[arg(
-        long = "allowed-registry",
-        value_name = "PATTERN",
-        env = "STARLING_ALLOWED_REGISTRIES",
-        value_delimiter = ','
-    )]
-    allowed_registries: Vec<String>,
-    /// Origin of plain files (`starling get https://…`) the agent may fetch: HOST[:PORT]
-    /// (may be internal), *.DOMAIN or * (public addresses only). Repeatable.
-    #[arg(
-        long = "allowed-file-origin",
-        value_name = "PATTERN",
-        env = "STARLING_ALLOWED_FILE_ORIGINS",
-        value_delimiter = ','
-    )]
-    allowed_file_origins: Vec<String>,
-    /// Client connections served at once; more are closed as they arrive (default 4096).
-    #[arg(long, env = "STARLING_MAX_CONNECTIONS")]
-    max_connections: Option<usize>,
-    /// Time a connection has to send a request head, and the longest idle keep-alive (default 10s).
-    #[arg(long, env = "STARLING_HEADER_READ_TIMEOUT")]
-    header_read_timeout: Option<humantime::Duration>,
-    /// On shutdown, how long responses in flight may still run (default 10s).
-    #[arg(long, env = "STARLING_SHUTDOWN_GRACE")]
-    shutdown_grace: Option<humantime::Duration>,
-    /// Longest time to open a connection to a registry (default 5s).
-    #[arg(long, env = "STARLING_CONNECT_TIMEOUT")]
-    connect_timeout: Option<humantime::Duration>,
-    /// A registry body with no bytes for this long counts as dead and is resumed
-    /// elsewhere (default 20s).
-    #[arg(long, env = "STARLING_STALL_TIMEOUT")]
-    stall_timeout: Option<humantime::Duration>,
-    /// Print the effective configuration as TOML (secrets redacted) and exit.
-    #[arg(long)]
-    print_config: bool,
 }
 
+impl AgentFlags {
+    /// (id, flag, variable) of each registry flag, read from its clap definition once.
+    fn registry_flag_names() -> &'static [(String, String, String)] {
+        static NAMES: std::sync::OnceLock<Vec<(String, String, String)>> =
+            std::sync::OnceLock::new();
+        NAMES.get_or_init(|| {
+            RegistryFlagValues::augment_args(clap::Command::new("agent"))
+                .get_arguments()
+                .map(|a| {
+                    (
+                        a.get_id().to_string(),
+                        a.get_long().map(|l| format!("--{l}")).unwrap_or_default(),
+                        a.get_env()
+                            .map(|e| e.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+    }
+
+    /// The registry flags' values with where each came from (flag or variable).
+    fn registry_from(
+        m: &clap::ArgMatches,
+    ) -> std::result::Result<Vec<agent::config::RegistryCliValue>, clap::Error> {
+        use agent::config::{RegistryCliValue, RegistryField, Source};
+        use clap::parser::ValueSource;
+        let v = <RegistryFlagValues as clap::FromArgMatches>::from_arg_matches(m)?;
+        let mut given = Vec::new();
+        for (id, field, values) in [
+            (
+                "registry_endpoints",
+                RegistryField::Endpoint,
+                &v.registry_endpoints,
+            ),
+            (
+                "registry_credentials",
+                RegistryField::Credentials,
+                &v.registry_credentials,
+            ),
+            ("ca", RegistryField::CaFile, &v.registry_tls.ca),
+            (
+                "client_cert",
+                RegistryField::ClientCert,
+                &v.registry_tls.client_cert,
+            ),
+            (
+                "client_key",
+                RegistryField::ClientKey,
+                &v.registry_tls.client_key,
+            ),
+            (
+                "skip_verify",
+                RegistryField::SkipVerify,
+                &v.registry_tls.skip_verify,
+            ),
+        ] {
+            let Some((_, flag, env)) = Self::registry_flag_names().iter().find(|n| n.0 == id)
+            else {
+                continue;
+            };
+            let source = match m.value_source(id) {
+                Some(ValueSource::CommandLine) => Source::Flag(flag),
+                Some(ValueSource::EnvVariable) => Source::Env(env),
+                _ => continue,
+            };
+            given.push(RegistryCliValue {
+                field,
+                source,
+                values: values.clone(),
+            });
+        }
+        Ok(given)
+    }
+}
+
+/// The configuration: the file (`--config`), then the settings' variables and flags,
+/// then the registry flags, which fill `[registries."host"]` entries.
 pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
-    let mut cfg: agent::AgentConfig = match &a.config {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
-        }
-        None => agent::AgentConfig::default(),
-    };
-    if let Some(v) = a.listen {
-        cfg.listen = v;
-    }
-    if let Some(v) = &a.cache_dir {
-        cfg.cache_dir = v.clone();
-    }
-    if let Some(v) = a.cache_budget {
-        cfg.cache_budget = v;
-    }
-    if let Some(v) = a.gc_high_watermark {
-        cfg.gc_high_watermark = v;
-    }
-    if let Some(v) = a.gc_low_watermark {
-        cfg.gc_low_watermark = v;
-    }
-    if let Some(v) = a.min_free {
-        cfg.min_free = v;
-    }
-    if let Some(v) = &a.default_registry {
-        cfg.default_registry = v.clone();
-    }
-    if let Some(v) = a.tag_ttl {
-        cfg.tag_ttl = v.into();
-    }
-    if a.no_stale_tags {
-        cfg.serve_stale_tags = false;
-    }
-    for e in &a.registry_endpoints {
-        let Some((reg, url)) = e.split_once('=') else {
-            bail!("--registry-endpoint wants REGISTRY=URL, got {e:?}")
-        };
-        cfg.registries.entry(reg.to_owned()).or_default().endpoint = Some(url.to_owned());
-    }
-    for e in &a.registry_credentials {
-        let Some((reg, up)) = e.split_once('=') else {
-            bail!("--registry-credentials wants REGISTRY=USER:PASSWORD")
-        };
-        let Some((u, p)) = up.split_once(':') else {
-            bail!("--registry-credentials wants REGISTRY=USER:PASSWORD")
-        };
-        let r = cfg.registries.entry(reg.to_owned()).or_default();
-        r.username = Some(u.to_owned());
-        r.password = Some(p.to_owned());
-    }
-    if let Some(v) = &a.docker_config {
-        cfg.docker_config = Some(v.clone());
-    }
-    for (reg, t) in a.registry_tls.parse()? {
-        let r = cfg.registries.entry(reg).or_default();
-        if t.ca_file.is_some() {
-            r.ca_file = t.ca_file;
-        }
-        if t.client_cert.is_some() {
-            r.client_cert = t.client_cert;
-        }
-        if t.client_key.is_some() {
-            r.client_key = t.client_key;
-        }
-        r.skip_verify |= t.skip_verify;
-    }
-    cfg.pin.extend(a.pins.iter().cloned());
-    macro_rules! set_opt {
-        ($($f:ident),*) => {$( if let Some(v) = &a.$f { cfg.$f = Some(v.clone()); } )*};
-    }
-    set_opt!(
-        tracker,
-        advertise,
-        peer_listen,
-        zone,
-        rack,
-        cluster_token,
-        join_token,
-        ca_pin,
-        metrics_listen,
-        metrics_token,
-        upload_limit,
-        download_limit
-    );
-    if let Some(v) = &a.node_name {
-        cfg.node_name = v.clone();
-    }
-    if let Some(v) = a.max_uploads {
-        cfg.max_uploads = v;
-    }
-    if a.no_prefetch {
-        cfg.prefetch_layers = false;
-    }
-    if a.mirror_remote_clients {
-        cfg.mirror_remote_clients = true;
-    }
-    if a.insecure_plain_http {
-        cfg.insecure_plain_http = true;
-    }
-    if let Some(v) = a.registry_streams {
-        cfg.registry_streams = v;
-    }
-    if let Some(v) = a.max_piece_requests {
-        cfg.max_piece_requests = v;
-    }
-    if let Some(v) = a.upload_queue {
-        cfg.upload_queue = v;
-    }
-    if let Some(v) = a.p2p_threshold {
-        cfg.p2p_threshold = v;
-    }
-    if let Some(v) = &a.piece_size {
-        if v != "auto" {
-            crate::parse_size(v)?;
-        }
-        cfg.piece_size = Some(v.clone());
-    }
+    let mut cfg = agent::config::load(a.config.as_deref(), &a.flags.settings, &a.flags.registry)?;
     cfg.corrupt_pieces = a.corrupt_pieces;
-    if let Some(v) = &a.containerd_socket {
-        cfg.containerd_socket = Some(v.clone());
-    }
-    if let Some(v) = &a.containerd_namespace {
-        cfg.containerd_namespace = v.clone();
-    }
-    if let Some(v) = &a.containerd_snapshotter {
-        cfg.containerd_snapshotter = Some(v.clone());
-    }
-    for l in &a.labels {
-        let Some((k, v)) = l.split_once('=') else {
-            bail!("--label wants KEY=VALUE, got {l:?}")
-        };
-        cfg.labels.insert(k.to_owned(), v.to_owned());
-    }
-    cfg.allowed_registries
-        .extend(a.allowed_registries.iter().cloned());
-    cfg.allowed_file_origins
-        .extend(a.allowed_file_origins.iter().cloned());
-    if let Some(v) = a.max_connections {
-        cfg.max_connections = v;
-    }
-    if let Some(v) = a.header_read_timeout {
-        cfg.header_read_timeout = v.into();
-    }
-    if let Some(v) = a.shutdown_grace {
-        cfg.shutdown_grace = v.into();
-    }
-    if let Some(v) = a.connect_timeout {
-        cfg.connect_timeout = v.into();
-    }
-    if let Some(v) = a.stall_timeout {
-        cfg.stall_timeout = v.into();
-    }
     Ok(cfg)
 }
 

@@ -290,6 +290,8 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
             token.clone(),
             "--data-dir".into(),
             work.join("tracker-data").display().to_string(),
+            // A benchmark on loopback: what TLS costs is measured separately (issue 12).
+            "--insecure-plain-http".into(),
         ],
         &work.join("tracker.log"),
     )?);
@@ -310,6 +312,7 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
             &format!("http://127.0.0.1:{tport}"),
             "--cluster-token",
             &token,
+            "--insecure-plain-http",
             "--node-name",
             &name,
             "--zone",

@@ -88,9 +88,18 @@ pub struct WhereArgs {
 pub struct PrewarmArgs {
     #[command(flatten)]
     t: TrackerOpt,
-    /// Images to warm (tags are resolved to digests at submit time).
+    /// Images, oci:// artifacts or http(s) file URLs to warm (tags are resolved to
+    /// digests at submit time; a URL's key and size are asked of `--agent`, and each
+    /// target agent fetches it only if its allowed_file_origins allow the origin).
     #[arg(required = true)]
     images: Vec<String>,
+    /// The agent that names a URL's key (it reads one byte of the file from the origin).
+    #[arg(long, env = "STARLING_AGENT", default_value = "http://127.0.0.1:5050")]
+    agent: String,
+    /// sha256:… of a URL's content (with a single URL): the file is keyed and verified
+    /// by it, as with `starling get --digest`.
+    #[arg(long)]
+    digest: Option<String>,
     /// Target these nodes (comma-separated).
     #[arg(long, value_delimiter = ',')]
     nodes: Vec<String>,
@@ -181,8 +190,9 @@ pub async fn run_nodes(a: NodesArgs) -> Result<()> {
 
 pub async fn run_where(a: WhereArgs) -> Result<()> {
     let trackers = a.t.trackers()?;
-    let image = if a.image.starts_with("http://") || a.image.starts_with("https://") {
-        crate::get_cmd::file_reference(&a.image, &a.agent).await?
+    let image = if crate::get_cmd::is_url(&a.image) {
+        let f = crate::get_cmd::file_source(&a.image, &a.agent, None).await?;
+        cluster::wire::file_reference(&f.key)
     } else {
         crate::get_cmd::cluster_reference(&a.image)?
     };
@@ -223,12 +233,34 @@ pub async fn run_prewarm(a: PrewarmArgs) -> Result<()> {
         println!("{}", r.text().await?);
         return Ok(());
     }
+    let digest = a
+        .digest
+        .as_deref()
+        .map(oci::Digest::parse)
+        .transpose()
+        .context("--digest")?;
+    let urls = a
+        .images
+        .iter()
+        .filter(|i| crate::get_cmd::is_url(i))
+        .count();
+    if digest.is_some() && urls != 1 {
+        bail!("--digest names the content of exactly one URL; {urls} given");
+    }
+    let mut images = Vec::new();
+    let mut files = Vec::new();
+    for i in &a.images {
+        if crate::get_cmd::is_url(i) {
+            let f = crate::get_cmd::file_source(i, &a.agent, digest.as_ref()).await?;
+            images.push(cluster::wire::file_reference(&f.key));
+            files.push(f);
+        } else {
+            images.push(crate::get_cmd::cluster_reference(i)?);
+        }
+    }
     let req = cluster::wire::PrewarmRequest {
-        images: a
-            .images
-            .iter()
-            .map(|i| crate::get_cmd::cluster_reference(i))
-            .collect::<Result<_>>()?,
+        images,
+        files,
         targets: cluster::wire::Targets {
             nodes: a.nodes.clone(),
             selector: a.selector.clone(),

@@ -79,49 +79,72 @@ pub(crate) fn parse_source(s: &str) -> Result<Source> {
 
 /// An image or artifact reference for the cluster commands (`prewarm`, `where`): an
 /// `oci://` source is the artifact's reference; `sha256:<key>` names a file by its key.
-/// URLs are resolved by [`file_reference`].
+/// URLs are resolved by [`file_source`].
 pub(crate) fn cluster_reference(s: &str) -> Result<String> {
-    if s.starts_with("http://") || s.starts_with("https://") {
-        bail!(
-            "{s}: prewarm takes images and oci:// artifacts; http(s) files are not \
-             prewarmed by the cluster layer yet (push the file as an OCI artifact, or run \
-             `starling get` on the nodes)"
-        );
+    if is_url(s) {
+        bail!("{s}: a URL's key is asked of an agent (internal error: not resolved)");
     }
     if s.starts_with("sha256:") {
         let d = Digest::parse(s).context("file key")?;
-        return Ok(format!("{FILE_REFERENCE_PREFIX}@{d}"));
+        return Ok(cluster::wire::file_reference(&d));
     }
     Ok(s.strip_prefix("oci://").unwrap_or(s).to_owned())
 }
 
-/// How a file appears to the cluster layer's reference grammar: only the digest counts.
-const FILE_REFERENCE_PREFIX: &str = "files.starling.invalid/file";
+pub(crate) fn is_url(s: &str) -> bool {
+    s.starts_with("http://") || s.starts_with("https://")
+}
 
-/// A URL's reference for `starling where`: its key, as the local agent computes it
-/// (the identity needs the origin's current ETag).
-pub(crate) async fn file_reference(url: &str, agent: &str) -> Result<String> {
+/// A URL as the cluster layer knows it: its key and size, as the agent at `agent`
+/// computes them from the origin's current answer (the identity needs the origin's
+/// ETag), or the content digest when given.
+pub(crate) async fn file_source(
+    url: &str,
+    agent: &str,
+    digest: Option<&Digest>,
+) -> Result<cluster::wire::FileSource> {
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .build()?;
     let agent = agent.trim_end_matches('/');
+    let mut ask = format!(
+        "{agent}/files/v1/fetch?url={}",
+        url::form_urlencoded::byte_serialize(url.as_bytes()).collect::<String>()
+    );
+    if let Some(d) = digest {
+        ask.push_str(&format!("&digest={d}"));
+    }
+    let shown = oci::upstream::policy::redact_url(url);
     let resp = http
-        .head(format!(
-            "{agent}/files/v1/fetch?url={}",
-            url::form_urlencoded::byte_serialize(url.as_bytes()).collect::<String>()
-        ))
+        .head(ask)
         .send()
         .await
-        .with_context(|| format!("asking the agent at {agent} for the key of {url}"))?;
+        .with_context(|| format!("asking the agent at {agent} for the key of {shown}"))?;
     if !resp.status().is_success() {
-        bail!("the agent at {agent} answered {} for {url}", resp.status());
+        bail!(
+            "the agent at {agent} answered {} for {shown}",
+            resp.status()
+        );
     }
     let key = resp
         .headers()
         .get(get_file::KEY_HEADER)
         .and_then(|v| v.to_str().ok())
         .context("the agent did not name the file's key")?;
-    cluster_reference(key)
+    let key = Digest::parse(key).context("the agent's file key")?;
+    // The header itself: reqwest's `content_length()` is the body's, 0 for a HEAD.
+    let size = resp
+        .headers()
+        .get(reqwest::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .context("the agent did not give the file's size")?;
+    Ok(cluster::wire::FileSource {
+        key,
+        url: url.to_owned(),
+        size,
+        content_digest: digest.is_some(),
+    })
 }
 
 /// Errors about a file name taken from an annotation or a URL.

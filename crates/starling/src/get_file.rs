@@ -460,12 +460,12 @@ async fn open(
     let resp = req
         .send()
         .await
-        .with_context(|| format!("{}: connecting", job.name))?;
+        .map_err(without_url)
+        .with_context(|| format!("{}: connecting to {}", job.name, peer_name(&job.origin)))?;
     let status = resp.status().as_u16();
     if status != 200 && status != 206 {
         let message = error_message(resp).await;
-        return Err(anyhow!(SourceRefused { status, message }))
-            .with_context(|| format!("{}", job.name));
+        return Err(anyhow!(SourceRefused { status, message })).with_context(|| job.name.clone());
     }
     let headers = resp.headers().clone();
     let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
@@ -501,7 +501,7 @@ async fn open(
         source,
         identity,
         key,
-        stream: Box::pin(resp.bytes_stream().map(|c| c.map_err(anyhow::Error::from))),
+        stream: Box::pin(resp.bytes_stream().map(|c| c.map_err(without_url))),
     })
 }
 
@@ -517,6 +517,7 @@ async fn current_identity(http: &reqwest::Client, job: &FileJob) -> Result<Optio
     let resp = req
         .send()
         .await
+        .map_err(without_url)
         .with_context(|| format!("{}: checking the origin's version", job.name))?;
     let status = resp.status().as_u16();
     if status != 200 && status != 206 {
@@ -529,6 +530,24 @@ async fn current_identity(http: &reqwest::Client, job: &FileJob) -> Result<Optio
         .or(h.get("last-modified"))
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned))
+}
+
+/// Whom a request of `origin` goes to, for messages: the agent, or the origin's URL
+/// without its query and user info.
+fn peer_name(origin: &Origin) -> String {
+    match origin {
+        Origin::AgentBlob { agent, .. } | Origin::AgentUrl { agent, .. } => {
+            format!("the agent at {agent}")
+        }
+        Origin::DirectUrl { url } => oci::upstream::policy::redact_url(url),
+        Origin::DirectBlob { registry, .. } => registry.clone(),
+    }
+}
+
+/// reqwest names the whole URL in its errors: a presigned signature (in the URL, or in
+/// the agent URL's `?url=`) must not reach the terminal or logs.
+fn without_url(e: reqwest::Error) -> anyhow::Error {
+    anyhow::Error::from(e.without_url())
 }
 
 fn enc(s: &str) -> String {

@@ -10,20 +10,14 @@ use common::{metric, ready, Proc};
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
+/// How often and how long `testkit::until` checks for reports and prewarms.
+const POLL_EVERY: Duration = Duration::from_millis(250);
+const POLL_WITHIN: Duration = Duration::from_secs(60);
+
 const TOKEN: &str = "cluster-test-token";
 
 async fn json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
-}
-
-async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..240 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn extender_args(image: &str, nodes: &[&str], require_warm: bool) -> serde_json::Value {
@@ -127,7 +121,7 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         );
     }
     let t = tracker.url();
-    wait_for("4 nodes reported", async || {
+    testkit::until("4 nodes reported", POLL_EVERY, POLL_WITHIN, async || {
         json(&format!("{t}/api/v1/nodes")).await["nodes"]
             .as_array()
             .is_some_and(|n| n.len() == 4)
@@ -158,7 +152,7 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         job["images"][0]["manifest_digest"], image.digest,
         "the tag was resolved to its digest at submit time"
     );
-    wait_for("prewarm done", async || {
+    testkit::until("prewarm done", POLL_EVERY, POLL_WITHIN, async || {
         json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] == "done"
     })
     .await;
@@ -181,10 +175,15 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
             })
         })
     };
-    wait_for("inventory shows the warm nodes", async || {
-        let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
-        ["n0", "n1", "n2"].iter().all(|n| full(&w, n))
-    })
+    testkit::until(
+        "inventory shows the warm nodes",
+        POLL_EVERY,
+        POLL_WITHIN,
+        async || {
+            let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
+            ["n0", "n1", "n2"].iter().all(|n| full(&w, n))
+        },
+    )
     .await;
     let r3 = json(&format!("{}/api/v1/report", agents[3].url())).await;
     assert!(
@@ -261,7 +260,7 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
     tracker.kill9();
     tracker.restart();
     ready(&t).await;
-    wait_for("inventory rebuilt", async || {
+    testkit::until("inventory rebuilt", POLL_EVERY, POLL_WITHIN, async || {
         let w = json(&format!("{t}/api/v1/where?image={}", image.reference)).await;
         ["n0", "n1", "n2"].iter().all(|n| full(&w, n)) && !full(&w, "n3")
     })
@@ -353,7 +352,7 @@ async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
     )
     .await;
     let t = tracker.url();
-    wait_for("the node reported", async || {
+    testkit::until("the node reported", POLL_EVERY, POLL_WITHIN, async || {
         json(&format!("{t}/api/v1/nodes")).await["nodes"]
             .as_array()
             .is_some_and(|n| n.len() == 1)
@@ -369,10 +368,15 @@ async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
         .await
         .unwrap();
     let id = job["id"].as_u64().expect("job id");
-    wait_for("prewarm into the runtime", async || {
-        let s = json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"].clone();
-        s != "running"
-    })
+    testkit::until(
+        "prewarm into the runtime",
+        POLL_EVERY,
+        POLL_WITHIN,
+        async || {
+            let s = json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"].clone();
+            s != "running"
+        },
+    )
     .await;
     let view = json(&format!("{t}/api/v1/prewarm/{id}")).await;
     assert_eq!(view["progress"]["status"], "done", "{view}");

@@ -330,35 +330,9 @@ async fn an_artifact_prewarmed_onto_a_selector_is_found_by_where() {
         );
     }
     let source = format!("oci://{host}/models/warm:v1");
-    let cli = |args: Vec<String>| async move {
-        blocking(move || {
-            Command::new(env!("CARGO_BIN_EXE_starling"))
-                .args(&args)
-                .env("STARLING_LOG", "warn")
-                .output()
-                .unwrap()
-        })
-        .await
-    };
     let tracker_url = t.url();
-    let mut nodes_seen = false;
-    for _ in 0..200 {
-        let out = cli(common::args(&[
-            "nodes",
-            "--tracker",
-            &tracker_url,
-            "--json",
-        ]))
-        .await;
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        if v["nodes"].as_array().is_some_and(|n| n.len() == 3) {
-            nodes_seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(nodes_seen, "3 nodes reported");
-    let out = cli(common::args(&[
+    wait_for_nodes(&tracker_url, 3).await;
+    let out = cli(&[
         "prewarm",
         "--tracker",
         &tracker_url,
@@ -366,7 +340,7 @@ async fn an_artifact_prewarmed_onto_a_selector_is_found_by_where() {
         "--selector",
         "gpu=h100",
         "--wait",
-    ]))
+    ])
     .await;
     assert!(
         out.status.success(),
@@ -375,14 +349,7 @@ async fn an_artifact_prewarmed_onto_a_selector_is_found_by_where() {
     );
     let mut warm = Vec::new();
     for _ in 0..100 {
-        let out = cli(common::args(&[
-            "where",
-            "--tracker",
-            &tracker_url,
-            &source,
-            "--json",
-        ]))
-        .await;
+        let out = cli(&["where", "--tracker", &tracker_url, &source, "--json"]).await;
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         warm = v["nodes"]
             .as_array()
@@ -402,15 +369,24 @@ async fn an_artifact_prewarmed_onto_a_selector_is_found_by_where() {
         ["n0", "n1"],
         "where finds the artifact on the h100 nodes only"
     );
-    let out = cli(common::args(&[
+    // A URL's key is asked of an agent first: one that may not reach the origin
+    // refuses, and nothing is submitted.
+    let agent0 = agents[0].url();
+    let out = cli(&[
         "prewarm",
         "--tracker",
         &tracker_url,
-        "https://x.example/w.bin",
-    ]))
+        "--agent",
+        &agent0,
+        "https://x.example/w.bin?sig=1",
+    ])
     .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not prewarmed by the cluster layer yet"));
+    assert!(
+        stderr.contains("403") && !stderr.contains("sig=1"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -399,3 +399,201 @@ async fn a_urls_partial_resumes_only_against_the_version_it_started_with() {
     assert_eq!(r["files"][0]["resumed_from"], 0);
     assert_eq!(std::fs::read(&dest).unwrap(), bytes);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_url_prewarmed_onto_a_selector_is_then_served_from_each_nodes_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(8 << 20, 110);
+    nginx.put("w.bin", &bytes);
+    let t = tracker(dir.path()).await;
+    let allow = ["--allowed-file-origin", &nginx.origin()];
+    let mut agents = Vec::new();
+    for (i, gpu) in ["h100", "h100", "a100"].iter().enumerate() {
+        let label = format!("gpu={gpu}");
+        // The a100 node may not contact the origin: a prewarm there must fail.
+        let extra: Vec<&str> = if i < 2 {
+            [&allow[..], &["--label", &label]].concat()
+        } else {
+            vec!["--label", &label]
+        };
+        agents.push(
+            agent(
+                dir.path(),
+                &format!("n{i}"),
+                Some(&t.url()),
+                &registry,
+                &extra,
+            )
+            .await,
+        );
+    }
+    let tracker_url = t.url();
+    wait_for_nodes(&tracker_url, 3).await;
+    let signed = format!("{}?X-Amz-Signature=secret-sig-1", nginx.url("w.bin"));
+    let out = cli(&[
+        "prewarm",
+        "--tracker",
+        &tracker_url,
+        "--agent",
+        &agents[0].url(),
+        &signed,
+        "--selector",
+        "gpu=h100",
+        "--node-limit",
+        "4MiB",
+        "--wait",
+        "--json",
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "prewarm: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Asking the key read one byte; the two nodes then read the file about once.
+    let after_prewarm = nginx.bytes_sent("w.bin");
+    assert!(
+        after_prewarm >= bytes.len() as u64 && after_prewarm <= bytes.len() as u64 + 64,
+        "the origin sent the file once for two nodes: {after_prewarm}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        std::fs::read_to_string(nginx.dir.path().join("access.log")).unwrap_or_default()
+    );
+    // Job views do not show the presigned signature; the rate limit reached the nodes.
+    let views = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!views.contains("secret-sig-1"), "{views}");
+    let job: serde_json::Value = serde_json::from_str(views.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        job["request"]["files"][0]["url"],
+        format!("{}?redacted", nginx.url("w.bin"))
+    );
+    for n in ["n0", "n1"] {
+        assert_eq!(job["nodes"][n]["state"], "done", "{job}");
+        assert_eq!(job["nodes"][n]["rate_bytes_per_sec"], 4 << 20, "{job}");
+    }
+    // Each target pinned the file until the job's TTL: GC keeps it for the job.
+    let key = job["images"][0]["manifest_digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for a in agents.iter().take(2) {
+        let cache: serde_json::Value = reqwest::get(format!("{}/api/v1/cache", a.url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let pinned = cache["pins"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["digest"] == key.as_str() && p["until"] == job["pin_until"]);
+        assert!(pinned, "{cache}");
+    }
+    // Each target's own cache serves a get (another presigned query: same file).
+    for (i, a) in agents.iter().take(2).enumerate() {
+        let dest = dir.path().join(format!("d{i}/w.bin"));
+        let url = format!("{}?X-Amz-Signature=other-{i}", nginx.url("w.bin"));
+        let r = report(&get(&[&url, dest.to_str().unwrap(), "--agent", &a.url(), "--json"]).await);
+        assert_eq!(r["files"][0]["source"], "cache", "{r}");
+        assert_eq!(std::fs::read(&dest).unwrap(), bytes);
+        assert!(r["agent_received"]["origin"].as_u64().unwrap() <= 8, "{r}");
+    }
+    let probes = nginx.bytes_sent("w.bin") - after_prewarm;
+    assert!(
+        probes <= 8,
+        "only version probes reached the origin: {probes}"
+    );
+    // `where` finds the file on the h100 nodes only.
+    let out = cli(&[
+        "where",
+        "--tracker",
+        &tracker_url,
+        "--agent",
+        &agents[0].url(),
+        &signed,
+        "--json",
+    ])
+    .await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut holders: Vec<String> = v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["bytes_held"].as_u64() == Some(bytes.len() as u64))
+        .filter_map(|n| n["node"].as_str().map(str::to_owned))
+        .collect();
+    holders.sort();
+    assert_eq!(holders, ["n0", "n1"], "{v}");
+    // With --digest the file is keyed (and verified) by its content.
+    let other = testkit::random_bytes(1 << 20, 111);
+    nginx.put("v.bin", &other);
+    let digest = oci::Digest::of(&other).to_string();
+    let out = cli(&[
+        "prewarm",
+        "--tracker",
+        &tracker_url,
+        "--agent",
+        &agents[0].url(),
+        &nginx.url("v.bin"),
+        "--digest",
+        &digest,
+        "--selector",
+        "gpu=h100",
+        "--wait",
+        "--json",
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dest = dir.path().join("d9/v.bin");
+    let r = report(
+        &get(&[
+            &nginx.url("v.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &agents[1].url(),
+            "--digest",
+            &digest,
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(r["files"][0]["source"], "cache", "{r}");
+    assert_eq!(r["files"][0]["key"], digest.as_str());
+    assert_eq!(std::fs::read(&dest).unwrap(), other);
+    // A node whose agent may not contact the origin fails its part, saying why.
+    let before = nginx.bytes_sent("w.bin");
+    let out = cli(&[
+        "prewarm",
+        "--tracker",
+        &tracker_url,
+        "--agent",
+        &agents[0].url(),
+        &signed,
+        "--selector",
+        "gpu=a100",
+        "--wait",
+        "--json",
+    ])
+    .await;
+    assert!(
+        !out.status.success(),
+        "a prewarm beyond allowed_file_origins succeeded"
+    );
+    let last = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(last.contains("file_origins"), "{last}");
+    assert_eq!(
+        nginx.bytes_sent("w.bin") - before,
+        1,
+        "only n0's one-byte probe for the key: n2 contacted nothing"
+    );
+}

@@ -513,17 +513,6 @@ async fn after_a_tracker_restart_newcomers_pull_from_seeders_not_the_registry() 
     assert!(metric(&b, "starling_agent_p2p_peer_bytes_total").await >= image.layers[0].size);
 }
 
-/// Polls `cond` until it holds; fails the test after a minute instead of hanging.
-async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn() -> F) {
-    for _ in 0..12_000 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
-
 /// Piece requests beyond the upload slots wait in a bounded line on the holder: the
 /// one being sent goes on, a waiting one is served once the slot frees (or cancelled
 /// on request), and one beyond the line is told "busy" at once.
@@ -692,9 +681,12 @@ async fn a_peer_that_stops_mid_stream_is_dropped_and_the_pull_completes() {
     let url = b.url();
     let img = image.clone();
     let pull = tokio::spawn(async move { pull_via(&url, &img).await });
-    until("b receives from the seed", || async {
-        metric(&b, "starling_agent_p2p_peer_bytes_total").await > 4 << 20
-    })
+    testkit::until(
+        "b to receive from the seed",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(&b, "starling_agent_p2p_peer_bytes_total").await > 4 << 20 },
+    )
     .await;
     let pid = seed.child.id().to_string();
     let stop = std::process::Command::new("kill")
@@ -719,4 +711,72 @@ async fn a_peer_that_stops_mid_stream_is_dropped_and_the_pull_completes() {
         metric(&b, "starling_agent_p2p_registry_bytes_total").await > image.config.size,
         "the rest came from the registry"
     );
+}
+
+/// Source stripes: each member asks the source only for its own share of the pieces
+/// and passes them on. A member that freezes mid-transfer (SIGSTOP: its connections
+/// stay open, it answers nothing) must not strand its share: the others fall back to
+/// the source after the patience, and the tracker drops the frozen member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_stripe_member_strands_no_pieces() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/stripes", "1", &[32 << 20], 29).unwrap();
+    let t = tracker(dir.path(), &["--peer-ttl", "2s"]).await;
+    let slow = ["--download-limit", "8MiB", "--upload-limit", "8MiB"];
+    let src = agent(dir.path(), "src", &t.url(), &registry, &slow).await;
+    let src_url = src.url();
+    let img = image.clone();
+    let src_pull = tokio::spawn(async move { pull_via(&src_url, &img).await });
+    testkit::until(
+        "the source to read from the registry",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(&src, "starling_agent_p2p_registry_bytes_total").await > 0 },
+    )
+    .await;
+    let mut members = Vec::new();
+    let mut pulls = Vec::new();
+    for i in 0..3 {
+        let m = agent(dir.path(), &format!("m{i}"), &t.url(), &registry, &slow).await;
+        let (url, img) = (m.url(), image.clone());
+        pulls.push(tokio::spawn(async move { pull_via(&url, &img).await }));
+        members.push(m);
+    }
+    let frozen = &members[0];
+    testkit::until(
+        "the member to take its share",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(frozen, "starling_agent_p2p_peer_bytes_total").await > 2 << 20 },
+    )
+    .await;
+    let pid = frozen.child.id().to_string();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    let frozen_pull = pulls.remove(0);
+    let results =
+        tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(pulls)).await;
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    for r in results.expect("the other members finish") {
+        let r = r.unwrap().expect("and their pulls succeed");
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    src_pull.await.unwrap().expect("the source's own pull");
+    frozen_pull.abort();
+    // One copy from the registry: the stranded share came from the source's cache
+    // or a member, not from a second registry read.
+    let upstream = metric(&src, "starling_agent_p2p_registry_bytes_total").await;
+    let mut others = 0;
+    for m in &members[1..] {
+        others += metric(m, "starling_agent_p2p_registry_bytes_total").await;
+    }
+    assert_eq!(others, 0, "the members read nothing from the registry");
+    assert!(upstream <= image.layers[0].size + image.layers[0].size / 20);
 }

@@ -1,16 +1,22 @@
 //! Several trackers (issue 14, first part): agents configured with two trackers keep
 //! pulling when the one they use is killed, and move their announces, seeding and
-//! reports to the other. The trackers share no state yet, so the pull may finish from
-//! the registry (the second tracker elects new sources); what must hold is that no
-//! pull fails or restarts and that the agents end up on the second tracker.
+//! reports to the other. Embedded trackers share no state (replicas sharing Redis:
+//! `tracker_redis.rs`), so the pull may finish from the registry (the second tracker
+//! elects new sources); what must hold is that no pull fails or restarts and that the
+//! agents end up on the second tracker.
 
 mod common;
 
 use std::path::Path;
+use std::time::Duration;
 
-use common::trackers::{agent, peers, swarms, until, TOKEN};
+use common::trackers::{agent, peers, swarms, TOKEN};
 use common::{pull_via, Proc};
 use testkit::{Registry, RegistryAuth, TestImage};
+
+/// How often and how long `testkit::until` checks for announces.
+const POLL_EVERY: Duration = Duration::from_millis(100);
+const POLL_WITHIN: Duration = Duration::from_secs(30);
 
 async fn tracker(dir: &Path) -> Proc {
     std::fs::create_dir_all(dir).unwrap();
@@ -42,10 +48,15 @@ async fn killing_the_first_tracker_mid_pull_moves_agents_to_the_second() {
         .collect();
     // Everyone starts on the first tracker (the list is an order of preference).
     let first_url = first.url();
-    until("the agents to announce to the first tracker", || {
-        let u = first_url.clone();
-        async move { peers(&swarms(&u).await) >= 3 }
-    })
+    testkit::until(
+        "the agents to announce to the first tracker",
+        POLL_EVERY,
+        POLL_WITHIN,
+        || {
+            let u = first_url.clone();
+            async move { peers(&swarms(&u).await) >= 3 }
+        },
+    )
     .await;
     assert_eq!(
         peers(&swarms(&second.url()).await),
@@ -62,10 +73,15 @@ async fn killing_the_first_tracker_mid_pull_moves_agents_to_the_second() {
     }
     // Later announces, seeding and reports go to the second tracker.
     let second_url = second.url();
-    until("all three agents on the second tracker", || {
-        let u = second_url.clone();
-        async move { peers(&swarms(&u).await) >= 3 }
-    })
+    testkit::until(
+        "all three agents on the second tracker",
+        POLL_EVERY,
+        POLL_WITHIN,
+        || {
+            let u = second_url.clone();
+            async move { peers(&swarms(&u).await) >= 3 }
+        },
+    )
     .await;
     let nodes: serde_json::Value = reqwest::get(format!("{second_url}/api/v1/nodes"))
         .await

@@ -12,10 +12,16 @@
 mod common;
 
 use std::path::Path;
+use std::time::Duration;
 
-use common::trackers::{agent, peers, swarms, until, TOKEN};
+use common::trackers::{agent, peers, swarms, TOKEN};
 use common::{pull_via, Proc};
 use testkit::{RedisServer, Registry, RegistryAuth, TestImage};
+
+/// How often and how long `testkit::until` checks (a bound on waiting, not a
+/// measurement).
+const POLL_EVERY: Duration = Duration::from_millis(100);
+const POLL_WITHIN: Duration = Duration::from_secs(60);
 
 async fn replica(dir: &Path, redis: &str) -> Proc {
     std::fs::create_dir_all(dir).unwrap();
@@ -107,10 +113,15 @@ async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
     }
     let pulls = pull_all(&agents, &image).await;
     let first_url = first.url();
-    until("agents announcing to the first replica", || {
-        let u = first_url.clone();
-        async move { peers(&swarms(&u).await) >= 2 }
-    })
+    testkit::until(
+        "agents announcing to the first replica",
+        POLL_EVERY,
+        POLL_WITHIN,
+        || {
+            let u = first_url.clone();
+            async move { peers(&swarms(&u).await) >= 2 }
+        },
+    )
     .await;
     first.kill9();
     expect_pulled(&agents, pulls, &image).await;
@@ -174,7 +185,7 @@ async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
     }
     let pulls = pull_all(&agents, &image).await;
     let first_url = first.url();
-    until("agents announcing", || {
+    testkit::until("agents announcing", POLL_EVERY, POLL_WITHIN, || {
         let u = first_url.clone();
         async move { peers(&swarms(&u).await) >= 2 }
     })
@@ -185,10 +196,15 @@ async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
     // rather than answering from their copies.
     for t in [&first, &second] {
         let url = t.url();
-        until("a replica to report Redis unreachable", || {
-            let u = url.clone();
-            async move { health(&u).await == 503 }
-        })
+        testkit::until(
+            "a replica to report Redis unreachable",
+            POLL_EVERY,
+            POLL_WITHIN,
+            || {
+                let u = url.clone();
+                async move { health(&u).await == 503 }
+            },
+        )
         .await;
         assert_eq!(probe_announce(&url).await, 503);
     }
@@ -204,10 +220,15 @@ async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
     .unwrap();
     for t in [&first, &second] {
         let url = t.url();
-        until("a replica to be ready again", || {
-            let u = url.clone();
-            async move { health(&u).await == 200 }
-        })
+        testkit::until(
+            "a replica to be ready again",
+            POLL_EVERY,
+            POLL_WITHIN,
+            || {
+                let u = url.clone();
+                async move { health(&u).await == 200 }
+            },
+        )
         .await;
         assert_eq!(probe_announce(&url).await, 200);
     }
@@ -215,10 +236,15 @@ async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
     // Soft state refills from announces and seeding: the restarted Redis holds the
     // whole swarm again, whichever replica each agent ended up on.
     let (first_url, second_url) = (first.url(), second.url());
-    until("the swarm rebuilt in the restarted Redis", || {
-        let (a, b) = (first_url.clone(), second_url.clone());
-        async move { peers(&swarms(&a).await).max(peers(&swarms(&b).await)) >= 3 }
-    })
+    testkit::until(
+        "the swarm rebuilt in the restarted Redis",
+        POLL_EVERY,
+        POLL_WITHIN,
+        || {
+            let (a, b) = (first_url.clone(), second_url.clone());
+            async move { peers(&swarms(&a).await).max(peers(&swarms(&b).await)) >= 3 }
+        },
+    )
     .await;
     drop(redis);
 }

@@ -13,8 +13,7 @@
 /// Links kept per blob: twice the tracker's handout, so peers handed out in earlier
 /// announces stay connected while they are useful.
 pub const MAX_LINKS: usize = 48;
-/// Swarms with more members than this bound their far links.
-pub const LARGE_SWARM_MEMBERS: u32 = 256;
+pub use crate::scheduler::LARGE_SWARM_MEMBERS;
 /// Far (other-rack) links kept per blob in a large swarm.
 pub const MAX_FAR_LINKS: usize = 16;
 /// A far link idle this long (no piece, nothing in flight) may be dropped.

@@ -114,6 +114,10 @@ impl PeerInfo {
     }
 }
 
+/// Swarms up to this size get source stripes: ranking every member is cheap there,
+/// and larger swarms have rack stripes and stall timeouts instead.
+pub const SOURCE_STRIPE_MAX_MEMBERS: usize = 63;
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AnnounceResponse {
     pub role: Role,
@@ -135,6 +139,14 @@ pub struct AnnounceResponse {
     /// `p % count == index` (large swarms; see `scheduler`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stripe: Option<[u32; 2]>,
+    /// Source stripe `[index, count]`, while a source fetches the blob: ask the source
+    /// only for pieces `p` with `p % count == index` (or once a piece has waited
+    /// `source_patience_ms` there); the others come from the member whose stripe they
+    /// are in. The source's uplink is what brings fresh pieces into the swarm and it
+    /// fills it no faster than it downloads, so each piece should leave it once (see
+    /// `scheduler`). Swarms of at most [`SOURCE_STRIPE_MAX_MEMBERS`] members.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_stripe: Option<[u32; 2]>,
     /// Members of the swarm as the tracker counts them: large swarms get bounded
     /// neighbour sets and request stall timeouts (`links`, `scheduler`). 0 from a
     /// tracker that does not say: the small-swarm rules.

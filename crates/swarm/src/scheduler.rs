@@ -16,6 +16,12 @@
 //!   piece is fetched from outside the rack only by the member whose stripe it is in,
 //!   or by anyone once it has been available outside for `patience_ms` without a near
 //!   holder: each rack takes each piece from outside about once and spreads it inside.
+//! - Source stripes (small swarms, while a source fetches from the registry): the
+//!   source's uplink is where fresh pieces enter and it fills no faster than the
+//!   source downloads, so a second copy of a piece from it is a piece the swarm lacks.
+//!   The source is asked only for pieces of this node's source stripe; the rest come
+//!   from the members whose stripes they are in, or from the source after
+//!   `source_patience_factor` × the time this node's own stripe pieces took from it.
 //! - A peer that answers "busy" rests for `busy_backoff_ms`; one that sent a piece
 //!   failing its hash is banned. (A peer that stops answering is the connection's
 //!   business: it pings, then drops the connection, and the peer is removed.)
@@ -43,8 +49,13 @@ pub type PeerId = String;
 /// tracker gives rack stripes; the benchmarks of 4–16 nodes run without).
 pub const STALL_MIN_MEMBERS: u32 = 64;
 /// Swarms with more members than this wait `large_patience_ms` before fetching
-/// outside their stripe (the size at which the tracker's handout spreads load).
+/// outside their stripe (the size at which the tracker's handout spreads load); they
+/// also bound their far links (`links`).
 pub const LARGE_SWARM_MEMBERS: u32 = 256;
+/// Swarms with more members than this wait `huge_patience_ms`: more racks hold each
+/// piece sooner, so waiting for a near holder pays more (the simulator at 1,000 and
+/// 10,000 nodes: BENCHMARKS.md, issue 11).
+pub const HUGE_SWARM_MEMBERS: u32 = 2_048;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -73,11 +84,24 @@ pub struct SchedulerConfig {
     pub patience_ms: u64,
     /// ... in swarms of more than [`LARGE_SWARM_MEMBERS`].
     pub large_patience_ms: u64,
+    /// ... in swarms of more than [`HUGE_SWARM_MEMBERS`].
+    pub huge_patience_ms: u64,
     /// Swarms of [`STALL_MIN_MEMBERS`] or more: a request whose bytes have not begun
     /// after this long is cancelled and asked elsewhere.
     pub stall_ms: u64,
     /// ... and the holder that kept it waiting rests this long.
     pub stall_backoff_ms: u64,
+    /// Source stripes: how long a piece held only by the source waits for the member
+    /// whose stripe it is in before anyone asks the source for it, as a multiple of
+    /// the time this node's own stripe pieces took to come from the source (from the
+    /// source's HAVE to the piece here: the wait in the source's line, which every
+    /// member shares, and the transfer), between the two bounds below. It follows the
+    /// links and the load; a rate-based rule did not (bursts of pieces completing
+    /// together read as very fast links on a busy machine).
+    pub source_patience_factor: u32,
+    pub source_patience_min_ms: u64,
+    /// ... also the patience before any rate is measured.
+    pub source_patience_max_ms: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -93,8 +117,12 @@ impl Default for SchedulerConfig {
             busy_backoff_ms: 25,
             patience_ms: 1_500,
             large_patience_ms: 4_000,
+            huge_patience_ms: 6_000,
             stall_ms: 200,
             stall_backoff_ms: 1_000,
+            source_patience_factor: 5,
+            source_patience_min_ms: 1_000,
+            source_patience_max_ms: 4_000,
         }
     }
 }
@@ -132,6 +160,9 @@ struct Slot {
     mark_ms: Option<u64>,
     busy_until_ms: u64,
     last_progress_ms: u64,
+    /// The blob's source (it fetches from the registry): asked only within this node's
+    /// source stripe.
+    is_source: bool,
 }
 
 impl Slot {
@@ -164,6 +195,14 @@ pub struct PieceScheduler {
     name_rank: Vec<u32>,
     ranks_stale: bool,
     stripe: Option<(u32, u32)>,
+    /// The source (the agent fetching from the registry) and this node's stripe of
+    /// what to ask it for.
+    source: Option<PeerId>,
+    source_stripe: Option<(u32, u32)>,
+    /// The source patience now (see [`SchedulerConfig::source_patience_factor`]),
+    /// and the smoothed time a fresh piece took from the source's HAVE to here.
+    source_patience_ms: u64,
+    fresh_latency_ms: Option<f64>,
     /// The swarm's members as the tracker counted them last.
     members: u32,
     /// Stall timeouts on (`members` ≥ [`STALL_MIN_MEMBERS`]).
@@ -179,6 +218,7 @@ impl PieceScheduler {
     pub fn new(have: Bitfield, piece_size: u64, cfg: SchedulerConfig) -> Self {
         let n = have.len() as usize;
         Self {
+            source_patience_ms: cfg.source_patience_max_ms,
             cfg,
             piece_size: piece_size.max(1),
             inflight_any: Bitfield::new(have.len()),
@@ -193,6 +233,9 @@ impl PieceScheduler {
             name_rank: Vec::new(),
             ranks_stale: false,
             stripe: None,
+            source: None,
+            source_stripe: None,
+            fresh_latency_ms: None,
             members: 0,
             large: false,
             asked: Vec::new(),
@@ -224,7 +267,9 @@ impl PieceScheduler {
 
     /// How long a piece available only outside the rack waits for the stripe's member.
     pub fn patience_ms(&self) -> u64 {
-        if self.members > LARGE_SWARM_MEMBERS {
+        if self.members > HUGE_SWARM_MEMBERS {
+            self.cfg.huge_patience_ms
+        } else if self.members > LARGE_SWARM_MEMBERS {
             self.cfg.large_patience_ms
         } else {
             self.cfg.patience_ms
@@ -289,6 +334,32 @@ impl PieceScheduler {
     /// `p % count == index`. `None`: fetch anything from anywhere.
     pub fn set_stripe(&mut self, stripe: Option<(u32, u32)>) {
         self.stripe = stripe.filter(|&(i, n)| n > 1 && i < n);
+    }
+
+    /// Takes in what a tracker answer says about the swarm's shape: rack stripe,
+    /// source and source stripe, member count. (One place for the agent and the
+    /// simulator.)
+    pub fn on_announce(&mut self, resp: &crate::protocol::AnnounceResponse, now_ms: u64) {
+        self.set_stripe(resp.stripe.map(|[i, n]| (i, n)));
+        self.set_source(
+            resp.source.as_deref(),
+            resp.source_stripe.map(|[i, n]| (i, n)),
+        );
+        self.set_members(resp.members, now_ms);
+    }
+
+    /// The blob's source as the tracker names it, and this node's source stripe:
+    /// pieces `p` with `p % count == index` are asked of the source by this node, the
+    /// rest by others, who pass them on (see the module's policy).
+    pub fn set_source(&mut self, source: Option<&str>, stripe: Option<(u32, u32)>) {
+        self.source_stripe = stripe.filter(|&(i, n)| n > 1 && i < n && source.is_some());
+        if self.source.as_deref() == source {
+            return;
+        }
+        self.source = source.map(str::to_owned);
+        for s in self.slots.iter_mut().flatten() {
+            s.is_source = Some(s.name.as_str()) == source;
+        }
     }
 
     fn slot(&self, id: &str) -> Option<(u32, &Slot)> {
@@ -358,6 +429,7 @@ impl PieceScheduler {
                     mark_ms: None,
                     busy_until_ms: 0,
                     last_progress_ms: now_ms,
+                    is_source: self.source.as_deref() == Some(id),
                 };
                 let i = match self.slots.iter().position(Option::is_none) {
                     Some(free) => {
@@ -531,6 +603,25 @@ impl PieceScheduler {
         }
     }
 
+    /// May `piece` be asked of the source? Within this node's source stripe, or once it
+    /// has waited `source_patience_ms` there for its stripe's member to pass it on.
+    fn source_allowed(&self, piece: u32, now_ms: u64) -> bool {
+        match self.source_stripe {
+            Some((idx, n)) => {
+                piece % n == idx
+                    || now_ms.saturating_sub(self.first_seen[piece as usize])
+                        >= self.source_patience_ms
+            }
+            None => true,
+        }
+    }
+
+    /// Whether this peer may be asked for `piece` now: rack stripes and source stripes.
+    fn allowed(&self, piece: u32, s: &Slot, now_ms: u64) -> bool {
+        self.far_allowed(piece, s.distance, now_ms)
+            && (!s.is_source || self.source_allowed(piece, now_ms))
+    }
+
     /// The next requests to send, already counted as in flight. `max_new` caps the
     /// non-urgent ones (the agent-wide request budget); the read head is not capped.
     pub fn next_requests(&mut self, now_ms: u64, max_new: u32) -> Vec<Request> {
@@ -672,8 +763,29 @@ impl PieceScheduler {
                 }
             }
         }
+        let source_allowed = |mask: &[u8]| -> Vec<u8> {
+            let mut out = mask.to_vec();
+            for (byte, bits) in out.iter_mut().enumerate() {
+                let mut rest = *bits;
+                while rest != 0 {
+                    let bit = rest.trailing_zeros();
+                    rest &= rest - 1;
+                    if !self.source_allowed(byte as u32 * 8 + bit, now_ms) {
+                        *bits &= !(1u8 << bit);
+                    }
+                }
+            }
+            out
+        };
         let any_open = |s: &Slot| {
-            let mask = if s.distance > 0 { &open_far } else { &open };
+            let base = if s.distance > 0 { &open_far } else { &open };
+            let for_source;
+            let mask = if s.is_source && self.source_stripe.is_some() {
+                for_source = source_allowed(base);
+                &for_source
+            } else {
+                base
+            };
             match &s.have {
                 None => mask.iter().any(|&b| b != 0),
                 Some(h) => mask.iter().zip(h.as_bytes()).any(|(&m, &t)| m & t != 0),
@@ -747,7 +859,7 @@ impl PieceScheduler {
         };
         s.holds(piece)
             && s.busy_until_ms <= now_ms
-            && self.far_allowed(piece, s.distance, now_ms)
+            && self.allowed(piece, s, now_ms)
             && (piece == self.have.prefix() || s.inflight < self.window(s))
     }
 
@@ -814,7 +926,7 @@ impl PieceScheduler {
                 let bit = open.trailing_zeros();
                 open &= open - 1;
                 let piece = byte as u32 * 8 + bit;
-                if piece >= self.have.len() || !self.far_allowed(piece, s.distance, now_ms) {
+                if piece >= self.have.len() || !self.allowed(piece, s, now_ms) {
                     continue;
                 }
                 let key = (
@@ -842,7 +954,7 @@ impl PieceScheduler {
                     && !exclude.contains(i)
                     && s.busy_until_ms <= now_ms
                     && (urgent || s.inflight < self.window(s))
-                    && self.far_allowed(piece, s.distance, now_ms)
+                    && self.allowed(piece, s, now_ms)
             })
             .min_by(|(_, a), (_, b)| {
                 a.inflight
@@ -914,6 +1026,15 @@ impl PieceScheduler {
         if let Some(&i) = self.by_name.get(from) {
             self.measure(i, now_ms);
             self.release(piece, i);
+            // Only this node's stripe: pieces fetched after the patience ran out
+            // would feed the patience back into itself.
+            let in_stripe = self.source_stripe.is_some_and(|(idx, n)| piece % n == idx);
+            if in_stripe
+                && !self.have.get(piece)
+                && self.slots[i as usize].as_ref().is_some_and(|s| s.is_source)
+            {
+                self.measure_fresh_latency(piece, now_ms);
+            }
         }
         self.claimed.clear(piece);
         if self.inflight[piece as usize].is_empty() {
@@ -960,6 +1081,28 @@ impl PieceScheduler {
                 s.mark_ms = Some(now_ms);
             }
         }
+    }
+
+    /// A piece came from the source: how long it took since the source announced it
+    /// sets the patience of source stripes.
+    fn measure_fresh_latency(&mut self, piece: u32, now_ms: u64) {
+        let seen = self.first_seen[piece as usize];
+        if seen == u64::MAX {
+            return;
+        }
+        let sample = now_ms.saturating_sub(seen) as f64;
+        let smoothed = match self.fresh_latency_ms {
+            None => sample,
+            Some(prev) => 0.8 * prev + 0.2 * sample,
+        };
+        self.fresh_latency_ms = Some(smoothed);
+        self.source_patience_ms = ((smoothed * self.cfg.source_patience_factor as f64) as u64)
+            .clamp(
+                self.cfg.source_patience_min_ms,
+                self.cfg
+                    .source_patience_max_ms
+                    .max(self.cfg.source_patience_min_ms),
+            );
     }
 
     /// Bytes arrived from a peer: it is not stalled.
@@ -1392,6 +1535,111 @@ mod tests {
     }
 
     #[test]
+    fn the_source_is_asked_only_for_this_nodes_source_stripe_until_patience_runs_out() {
+        let cfg = SchedulerConfig {
+            min_window: 64,
+            max_window: 64,
+            max_inflight_total: 64,
+            ..Default::default()
+        };
+        let all: Vec<u32> = (0..16).collect();
+        // The source named before and after the peer joins: both mark it.
+        for source_first in [true, false] {
+            let mut s = PieceScheduler::new(Bitfield::new(16), MB, cfg.clone());
+            if source_first {
+                s.set_source(Some("src"), Some((1, 4)));
+            }
+            s.set_peer_at("src", Some(bits(16, &all)), 0, 0);
+            s.set_peer_at("other", Some(Bitfield::new(16)), 0, 0);
+            if !source_first {
+                s.set_source(Some("src"), Some((1, 4)));
+            }
+            let r = s.next_requests(10, 64);
+            let pieces: Vec<u32> = r.iter().map(|x| x.piece).collect();
+            assert_eq!(
+                pieces.iter().filter(|p| *p % 4 == 1).count(),
+                4,
+                "my stripe: {pieces:?}"
+            );
+            assert!(
+                pieces.iter().all(|p| p % 4 == 1),
+                "nothing else, not even the read head: {pieces:?}"
+            );
+            // A member passes piece 0 on: it comes from there at once.
+            s.peer_has("other", 0, 20);
+            let r = s.next_requests(20, 64);
+            assert_eq!(r.len(), 1, "{r:?}");
+            assert_eq!(
+                (r[0].piece, r[0].peer.as_str(), r[0].urgent),
+                (0, "other", true)
+            );
+            // Before any rate is measured the patience is the maximum.
+            let wait = cfg.source_patience_max_ms;
+            assert!(s.next_requests(wait - 1, 64).is_empty());
+            let late = s.next_requests(wait, 64);
+            assert_eq!(
+                late.len(),
+                11,
+                "after patience, the rest from the source: {late:?}"
+            );
+            assert!(late.iter().all(|x| x.peer == "src"));
+        }
+        // No stripe (no source, or a large swarm): anything from the source.
+        let mut s = PieceScheduler::new(Bitfield::new(16), MB, cfg.clone());
+        s.set_peer_at("src", Some(bits(16, &all)), 0, 0);
+        s.set_source(Some("src"), None);
+        assert_eq!(s.next_requests(10, 64).len(), 16);
+    }
+
+    #[test]
+    fn source_patience_follows_how_long_this_nodes_stripe_took_from_the_source() {
+        let cfg = SchedulerConfig {
+            min_window: 64,
+            max_window: 64,
+            max_inflight_total: 64,
+            ..Default::default()
+        };
+        let mut s = PieceScheduler::new(Bitfield::new(64), MB, cfg.clone());
+        s.set_source(Some("src"), Some((0, 2)));
+        assert_eq!(
+            s.source_patience_ms, cfg.source_patience_max_ms,
+            "nothing measured"
+        );
+        // The source announces piece 0 (my stripe) and 1 at 100 ms; 0 arrives 500 ms later.
+        s.set_peer_at("src", Some(bits(64, &[0, 1])), 0, 100);
+        let r = s.next_requests(100, 64);
+        assert_eq!(r.len(), 1, "only my stripe: {r:?}");
+        assert!(s.on_done(0, "src", 600));
+        assert_eq!(
+            s.source_patience_ms,
+            500 * cfg.source_patience_factor as u64
+        );
+        // A piece outside my stripe, taken after the patience, does not count.
+        let f = cfg.source_patience_factor as u64;
+        let patience = s.source_patience_ms;
+        assert!(s.next_requests(100 + patience - 1, 64).is_empty());
+        let late = s.next_requests(100 + patience, 64);
+        assert_eq!(late.iter().map(|x| x.piece).collect::<Vec<_>>(), vec![1]);
+        assert!(s.on_done(1, "src", 9_000));
+        assert_eq!(s.source_patience_ms, patience);
+        // A fast piece pulls it down, smoothed (0.8 × 500 + 0.2 × 1 ms, times f)...
+        s.peer_has("src", 2, 9_000);
+        assert!(s.next_requests(9_000, 64).iter().any(|x| x.piece == 2));
+        assert!(s.on_done(2, "src", 9_001));
+        assert_eq!(s.source_patience_ms, (400.2 * f as f64) as u64);
+        // ... and never under the lower bound.
+        for p in (4..64).step_by(2) {
+            s.peer_has("src", p, 9_000 + p as u64);
+            assert!(s
+                .next_requests(9_000 + p as u64, 64)
+                .iter()
+                .any(|x| x.piece == p));
+            assert!(s.on_done(p, "src", 9_001 + p as u64));
+        }
+        assert_eq!(s.source_patience_ms, cfg.source_patience_min_ms);
+    }
+
+    #[test]
     fn a_waiting_request_at_the_source_moves_to_a_new_holder() {
         let mut s = sched(
             8,
@@ -1482,6 +1730,7 @@ mod tests {
         let cfg = SchedulerConfig {
             patience_ms: 1_000,
             large_patience_ms: 3_000,
+            huge_patience_ms: 5_000,
             ..Default::default()
         };
         let mut s = sched(8, cfg);
@@ -1494,6 +1743,10 @@ mod tests {
         assert_eq!(s.patience_ms(), 3_000);
         assert!(!s.could_request_from(far, 3, 1_000));
         assert!(s.could_request_from(far, 3, 3_000));
+        s.set_members(HUGE_SWARM_MEMBERS + 1, 0);
+        assert_eq!(s.patience_ms(), 5_000);
+        assert!(!s.could_request_from(far, 3, 3_000));
+        assert!(s.could_request_from(far, 3, 5_000));
     }
 
     #[test]

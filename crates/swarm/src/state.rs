@@ -9,7 +9,9 @@ use serde::Serialize;
 
 use crate::peers::{spread, Ask, PeerEntry, PeerTable};
 use crate::pieces::{piece_size_for, validate_geometry, PieceHash, MAX_BLOB_SIZE, MAX_PIECES};
-use crate::protocol::{AnnounceRequest, AnnounceResponse, PeerInfo, Role};
+use crate::protocol::{
+    AnnounceRequest, AnnounceResponse, PeerInfo, Role, SOURCE_STRIPE_MAX_MEMBERS,
+};
 use crate::{Bitfield, Error};
 
 mod replica;
@@ -343,6 +345,32 @@ impl TrackerState {
                 Some([at as u32, members.len() as u32])
             })
             .flatten();
+        let source_stripe = swarm
+            .source
+            .as_deref()
+            .filter(|&src| {
+                src != req.node && !req.complete && swarm.peers.len() <= SOURCE_STRIPE_MAX_MEMBERS
+            })
+            .and_then(|src| {
+                let ttl = cfg.peer_ttl_ms;
+                let mut members: Vec<&str> = swarm
+                    .peers
+                    .iter()
+                    .filter(|p| {
+                        !p.complete && p.name != src && now.saturating_sub(p.last_seen) <= ttl
+                    })
+                    .map(|p| p.name.as_str())
+                    .collect();
+                if members.len() < 2 {
+                    return None;
+                }
+                // Ranked per blob: small layers have few pieces, and the same low
+                // stripes must not own the first pieces of every layer.
+                let blob = req.digest.to_string();
+                members.sort_by_key(|n| (spread(n, &blob), *n));
+                let at = members.iter().position(|n| *n == req.node)?;
+                Some([at as u32, members.len() as u32])
+            });
         // Three quarters of the slots go to the nearest peers (then the most complete),
         // the rest to the most complete peers anywhere, and the live source always: a
         // rack full of empty peers must still reach the bytes (found by the simulator).
@@ -375,6 +403,7 @@ impl TrackerState {
             source: swarm.source.clone(),
             interval_ms: cfg.announce_interval_ms,
             stripe,
+            source_stripe,
             members: swarm.peers.len().min(u32::MAX as usize) as u32,
         })
     }
@@ -768,6 +797,64 @@ mod tests {
         let small = Digest::of(b"few");
         let resp = ann(&mut t, &req("solo", &small), 0);
         assert_eq!(resp.stripe, None);
+    }
+
+    #[test]
+    fn while_a_source_fetches_each_other_member_gets_its_own_source_stripe() {
+        let d = Digest::of(b"one big file");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        let mut src = req("src", &d);
+        src.size = Some(512 << 20);
+        src.fetching_from_registry = true;
+        assert_eq!(ann(&mut t, &src, 0).role, Role::Source);
+        for i in 0..7 {
+            ann(&mut t, &req(&format!("n{i}"), &d), 1);
+        }
+        assert_eq!(
+            ann(&mut t, &src, 2).source_stripe,
+            None,
+            "not the source itself"
+        );
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..7 {
+            let [idx, n] = ann(&mut t, &req(&format!("n{i}"), &d), 3)
+                .source_stripe
+                .expect("a source stripe");
+            assert_eq!(n, 7, "every member but the source");
+            assert!(seen.insert(idx), "source stripes are distinct");
+        }
+        // Other blobs rank the same members differently: the same node does not own
+        // piece 0 of every layer.
+        let mut firsts = std::collections::HashSet::new();
+        for b in 0..5u8 {
+            let blob = Digest::of(&[b]);
+            let mut s = req("src", &blob);
+            s.size = Some(512 << 20);
+            s.fetching_from_registry = true;
+            ann(&mut t, &s, 4);
+            for i in 0..7 {
+                let resp = ann(&mut t, &req(&format!("n{i}"), &blob), 5);
+                if resp.source_stripe.is_some_and(|[idx, _]| idx == 0) {
+                    firsts.insert(i);
+                }
+            }
+        }
+        assert!(firsts.len() > 1, "different owners of stripe 0: {firsts:?}");
+        // The source is done: no more stripes.
+        let mut done = req("src", &d);
+        done.complete = true;
+        ann(&mut t, &done, 7);
+        assert_eq!(ann(&mut t, &req("n0", &d), 8).source_stripe, None);
+        // Swarms too large to rank every member get none.
+        let big = Digest::of(b"big swarm");
+        let mut src3 = req("src", &big);
+        src3.size = Some(512 << 20);
+        src3.fetching_from_registry = true;
+        ann(&mut t, &src3, 10);
+        for i in 0..SOURCE_STRIPE_MAX_MEMBERS {
+            ann(&mut t, &req(&format!("m{i}"), &big), 11);
+        }
+        assert_eq!(ann(&mut t, &req("m0", &big), 12).source_stripe, None);
     }
 
     #[test]

@@ -35,8 +35,10 @@ mod process;
 mod redis;
 mod registry;
 mod tls;
+mod tmpfs;
 mod token;
 mod util;
+mod wait;
 
 pub mod peer;
 pub use artifact::{ArtifactFile, PushedArtifact, TestArtifact, ARTIFACT_TYPE};
@@ -50,8 +52,10 @@ pub use image::{
 pub use redis::RedisServer;
 pub use registry::{Registry, RegistryAuth};
 pub use tls::{CertPair, RegistryTls, TestCa};
+pub use tmpfs::Tmpfs;
 pub use token::{TokenConfig, TokenServer};
 pub use util::{
-    free_port, random_bytes, run_cmd, run_ok, sha256_digest, sha256_hex, skopeo, skopeo_ok,
-    tool_available, wait_http, wait_http_ok,
+    fill_disk, free_port, random_bytes, run_cmd, run_ok, sha256_digest, sha256_hex, skopeo,
+    skopeo_ok, tool_available, wait_http, wait_http_ok,
 };
+pub use wait::until;

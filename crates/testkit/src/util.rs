@@ -112,3 +112,22 @@ pub fn skopeo(args: &[&str]) -> Result<Output> {
 pub fn skopeo_ok(args: &[&str]) -> Result<Output> {
     run_ok(Command::new("skopeo").arg("--insecure-policy").args(args))
 }
+
+/// Writes into `path` until its filesystem refuses with ENOSPC (a disk filled by
+/// another process, for disk-full tests on a small tmpfs). Panics on any other error.
+pub fn fill_disk(path: &std::path::Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).expect("create the filler");
+    let chunk = vec![0xa5u8; 64 << 10];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(28), "filling the disk: {e}");
+                break;
+            }
+        }
+    }
+    let _ = f.sync_all();
+}

@@ -26,7 +26,7 @@ use crate::{error_response, record, refuse_remote_client, routes, server, zeroco
 pub(crate) mod index;
 
 /// Longest URL taken (presigned URLs run to a few KiB).
-const MAX_URL: usize = 8192;
+const MAX_URL: usize = cluster::wire::MAX_FILE_URL;
 
 /// The answer's header naming the key the file has in the cache and the swarm.
 const KEY_HEADER: &str = "starling-file-key";
@@ -75,9 +75,55 @@ async fn serve_file(
     let digest = routes::query_param(query, "digest")
         .map(|d| Digest::parse(&d))
         .transpose()?;
-    agent.upstream.check_file_origin(&url)?;
-    let origin = agent.upstream.probe_file(&url).await?;
-    let key = match &digest {
+    let PreparedFile {
+        key,
+        registry,
+        origin,
+    } = prepare_file(agent, &url, digest.as_ref()).await?;
+    let mut resp = agent
+        .serve_blob(BlobRequest {
+            registry: &registry,
+            repo: "file",
+            digest: &key,
+            range,
+            head,
+            sink,
+        })
+        .await?;
+    let h = resp.headers_mut();
+    if let Some(v) = origin
+        .validator
+        .as_deref()
+        .and_then(|v| HeaderValue::from_str(v).ok())
+    {
+        h.insert(header::ETAG, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&key.to_string()) {
+        h.insert(KEY_HEADER, v);
+    }
+    Ok(resp)
+}
+
+/// A file made ready to be read as a blob: its key, the registry name its reads go to
+/// (`file:…`) and the version of the origin's file that key stands for.
+pub(crate) struct PreparedFile {
+    pub key: Digest,
+    pub registry: String,
+    pub origin: oci::upstream::file_origin::FileOrigin,
+}
+
+/// Checks the origin is allowed, learns the file's version from it, picks its key
+/// (`digest` when given, else the identity key) and registers the origin under it, so
+/// the blob path (cache, swarm, single flight) can read it. Used by the file route and
+/// by prewarm assignments.
+pub(crate) async fn prepare_file(
+    agent: &Agent,
+    url: &url::Url,
+    digest: Option<&Digest>,
+) -> Result<PreparedFile, Error> {
+    agent.upstream.check_file_origin(url)?;
+    let origin = agent.upstream.probe_file(url).await?;
+    let key = match digest {
         Some(d) => d.clone(),
         None => {
             if origin.validator.is_none() {
@@ -112,28 +158,11 @@ async fn serve_file(
     let tag = if digest.is_some() { "" } else { "id:" };
     let registry = format!("{FILE_KEY_PREFIX}{tag}{}", key.hex());
     agent.upstream.register_file(&registry, origin.clone());
-    let mut resp = agent
-        .serve_blob(BlobRequest {
-            registry: &registry,
-            repo: "file",
-            digest: &key,
-            range,
-            head,
-            sink,
-        })
-        .await?;
-    let h = resp.headers_mut();
-    if let Some(v) = origin
-        .validator
-        .as_deref()
-        .and_then(|v| HeaderValue::from_str(v).ok())
-    {
-        h.insert(header::ETAG, v);
-    }
-    if let Ok(v) = HeaderValue::from_str(&key.to_string()) {
-        h.insert(KEY_HEADER, v);
-    }
-    Ok(resp)
+    Ok(PreparedFile {
+        key,
+        registry,
+        origin,
+    })
 }
 
 /// `/v2` never serves a file keyed by identity: its bytes were never checked against

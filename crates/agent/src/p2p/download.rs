@@ -338,8 +338,7 @@ impl Download {
         self.role = resp.role;
         self.source = resp.source.clone();
         self.interval = Duration::from_millis(resp.interval_ms.clamp(50, 10_000));
-        self.sched.set_stripe(resp.stripe.map(|[i, n]| (i, n)));
-        self.sched.set_members(resp.members, self.now_ms());
+        self.sched.on_announce(&resp, now);
         self.learn_hashes(resp.hashes);
         self.p2p.metrics.swarm_peers.set(resp.peers.len() as i64);
         for l in self.links.values_mut() {

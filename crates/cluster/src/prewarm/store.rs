@@ -285,6 +285,7 @@ impl JobStore {
                     priority: job.request.priority,
                     seed: !seeded,
                     into_runtime: job.request.into_runtime,
+                    files: job.request.files.clone(),
                 });
             }
             changed.insert(id);

@@ -135,6 +135,8 @@ impl Upstream {
         };
         if let Some(f) = &file {
             self.check_same_version(registry, f, &resp, total)?;
+            // A chunked answer declares no size: the version's size bounds the body.
+            return Ok((total.or(Some(f.size)), resp));
         }
         Ok((total, resp))
     }
@@ -171,6 +173,15 @@ impl ResumeState {
                         // A registry that ignored the range's end sends more: cut it.
                         if let Some(e) = self.end {
                             chunk.truncate(chunk.len().min((e - self.offset) as usize));
+                        } else if let Some(t) = self.total {
+                            // Bytes beyond the size it declared (a body without
+                            // Content-Length can run on) are not the blob's: cut them, as
+                            // a Content-Length would have.
+                            if self.offset + chunk.len() as u64 > t {
+                                warn!(registry = %self.registry, digest = %self.digest, declared = t, "the upstream sent more bytes than it declared; ignoring the excess");
+                                chunk.truncate(t.saturating_sub(self.offset) as usize);
+                                self.done = true;
+                            }
                         }
                         self.offset += chunk.len() as u64;
                         return Some(Ok(chunk));
@@ -184,7 +195,7 @@ impl ResumeState {
                             return None;
                         }
                     },
-                    Ok(Some(Err(e))) => e.to_string(),
+                    Ok(Some(Err(e))) => e.without_url().to_string(),
                     Err(_) => format!("no data for {stall:?}"),
                 },
                 None => "reopening".to_owned(),

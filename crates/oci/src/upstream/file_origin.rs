@@ -110,7 +110,14 @@ impl Upstream {
         let mut headers = HeaderMap::new();
         headers.insert(http::header::RANGE, HeaderValue::from_static("bytes=0-0"));
         let resp = self
-            .send_following_redirects(&name, Method::GET, url.as_str(), &headers, None)
+            .send_following_redirects(
+                &name,
+                Method::GET,
+                url.as_str(),
+                &headers,
+                None,
+                Hops::FileOrigins,
+            )
             .await?;
         let resp = self.check_status(&name, resp).await?;
         let size = match resp.status() {
@@ -159,8 +166,15 @@ impl Upstream {
         headers: HeaderMap,
     ) -> Result<reqwest::Response, Error> {
         self.check_file_origin(&f.url)?;
-        self.send_following_redirects(key, method, f.url.as_str(), &headers, None)
-            .await
+        self.send_following_redirects(
+            key,
+            method,
+            f.url.as_str(),
+            &headers,
+            None,
+            Hops::FileOrigins,
+        )
+        .await
     }
 
     /// The origin must still serve the version the file was registered with.

@@ -379,13 +379,18 @@ impl Upstream {
                 message,
             };
         }
-        match policy::refused_internal(&e) {
+        // reqwest's message names the whole URL: a presigned signature or credentials
+        // in it must not reach logs or clients.
+        let refused = policy::refused_internal(&e);
+        let timeout = e.is_timeout();
+        let message = format!("{}: {}", policy::redact_url(url.as_str()), e.without_url());
+        match refused {
             Some(why) => denied(registry, why),
-            None if e.is_timeout() => Error::Timeout {
+            None if timeout => Error::Timeout {
                 registry: registry.to_owned(),
-                message: e.to_string(),
+                message,
             },
-            None => transport(registry, e),
+            None => transport(registry, message),
         }
     }
 
@@ -550,7 +555,14 @@ impl Upstream {
             attempt += 1;
             let auth = self.auth_header(&registry, &scope);
             let result = self
-                .send_following_redirects(&registry, method.clone(), &url, &headers, auth.clone())
+                .send_following_redirects(
+                    &registry,
+                    method.clone(),
+                    &url,
+                    &headers,
+                    auth.clone(),
+                    Hops::Any,
+                )
                 .await;
             let retry_in = match result {
                 Ok(resp) if resp.status() == StatusCode::UNAUTHORIZED && !authed_retry => {
@@ -597,7 +609,8 @@ impl Upstream {
     }
 
     /// Follows up to 5 redirects by hand so `Authorization` is sent only to the origin
-    /// it belongs to (S3 and CDNs reject requests that carry a registry token).
+    /// it belongs to (S3 and CDNs reject requests that carry a registry token); every
+    /// hop is checked, against `hops` too.
     async fn send_following_redirects(
         &self,
         registry: &str,
@@ -605,13 +618,23 @@ impl Upstream {
         url: &str,
         headers: &HeaderMap,
         auth: Option<String>,
+        hops: Hops,
     ) -> Result<reqwest::Response, Error> {
-        let mut current = url::Url::parse(url)
-            .map_err(|e| transport(registry, format!("bad URL {url:.200}: {e}")))?;
+        let mut current = url::Url::parse(url).map_err(|e| {
+            transport(
+                registry,
+                format!("bad URL {}: {e}", policy::redact_url(url)),
+            )
+        })?;
         let origin = current.origin();
         for _ in 0..6 {
             // Every hop, redirects included: a registry must not lead us inside.
             self.check_destination(registry, &current)?;
+            if hops == Hops::FileOrigins {
+                // An allowed origin must not lead the agent to one that is not (another
+                // service the agent trusts, such as a configured registry).
+                self.check_file_origin(&current)?;
+            }
             let mut req = self
                 .client_for(registry, &current)
                 .request(method.clone(), current.as_str())
@@ -640,13 +663,24 @@ impl Upstream {
                 .get(http::header::LOCATION)
                 .and_then(|v| v.to_str().ok())
                 .ok_or_else(|| transport(registry, "redirect without Location"))?;
-            current = current
-                .join(loc)
-                .map_err(|e| transport(registry, format!("bad redirect {loc:.200}: {e}")))?;
+            current = current.join(loc).map_err(|e| {
+                transport(
+                    registry,
+                    format!("bad redirect {}: {e}", policy::redact_url(loc)),
+                )
+            })?;
             debug!(%registry, to = %current.host_str().unwrap_or("?"), "following redirect");
         }
         Err(transport(registry, "too many redirects"))
     }
+}
+
+/// Where redirects may lead (beyond the checks every request gets).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hops {
+    Any,
+    /// Only origins `file_origins` allows.
+    FileOrigins,
 }
 
 /// One start-up line per registry with TLS settings; `skip_verify` at warn. Paths

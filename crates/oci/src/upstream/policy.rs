@@ -71,6 +71,35 @@ fn split_host_port(name: &str) -> (&str, Option<&str>) {
 /// `*` matches everything; `*.example.com` matches any name under `example.com` (not
 /// `example.com` itself); anything else matches exactly. A port in the pattern must be
 /// the registry's port; a pattern without one matches only names without one.
+/// A URL for messages, logs and views: a query (a presigned URL's signature) becomes
+/// `?redacted`, user info (credentials) is dropped, and the result is at most 300
+/// bytes. What cannot be parsed is cut before any `?` or `@`.
+pub fn redact_url(url: &str) -> String {
+    let mut out = match url::Url::parse(url) {
+        Ok(mut u) => {
+            let hidden = u.query().is_some() || !u.username().is_empty() || u.password().is_some();
+            u.set_query(hidden.then_some("redacted"));
+            u.set_fragment(None);
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string()
+        }
+        Err(_) => {
+            let cut = url.find(['?', '@', '#']).unwrap_or(url.len());
+            format!("{}…", &url[..cut])
+        }
+    };
+    if out.len() > 300 {
+        let mut at = 300;
+        while !out.is_char_boundary(at) {
+            at -= 1;
+        }
+        out.truncate(at);
+        out.push('…');
+    }
+    out
+}
+
 pub fn pattern_matches(pattern: &str, registry: &str) -> bool {
     if pattern == "*" {
         return true;
@@ -201,6 +230,22 @@ pub(crate) fn refused_internal(e: &(dyn std::error::Error + 'static)) -> Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_lose_their_secrets_in_messages() {
+        assert_eq!(
+            redact_url("https://alice:pw@s3.example.com/b/w.bin?X-Amz-Signature=abc#f"),
+            "https://s3.example.com/b/w.bin?redacted"
+        );
+        assert_eq!(
+            redact_url("http://127.0.0.1:8080/w.bin"),
+            "http://127.0.0.1:8080/w.bin"
+        );
+        assert_eq!(redact_url("http://[bad/x?sig=1"), "http://[bad/x…");
+        assert_eq!(redact_url("h://u:pw@x"), "h://x?redacted");
+        let long = redact_url(&format!("https://e.com/{}", "é".repeat(400)));
+        assert!(long.len() <= 304 && !long.contains('?'));
+    }
 
     #[test]
     fn patterns() {

@@ -228,8 +228,7 @@ impl Engine<'_> {
         p.members = resp.members;
         p.interval = resp.interval_ms.clamp(50, 10_000) as f64 / 1e3;
         if let Some(sch) = p.sched.as_mut() {
-            sch.set_stripe(resp.stripe.map(|[i, n]| (i, n)));
-            sch.set_members(resp.members, now_ms);
+            sch.on_announce(&resp, now_ms);
         }
         p.striped = resp.stripe.is_some_and(|[i, n]| n > 1 && i < n);
         for i in resp.hashes.keys() {

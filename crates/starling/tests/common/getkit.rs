@@ -25,8 +25,20 @@ pub async fn agent(
     registry: &Registry,
     extra: &[&str],
 ) -> Proc {
+    agent_with_cache(dir, name, tracker, registry, &dir.join(name), extra).await
+}
+
+/// An agent whose cache lives at `cache` (a small tmpfs, say).
+pub async fn agent_with_cache(
+    dir: &Path,
+    name: &str,
+    tracker: Option<&str>,
+    registry: &Registry,
+    cache: &Path,
+    extra: &[&str],
+) -> Proc {
     let port = testkit::free_port();
-    let cache = dir.join(name);
+    let cache = cache.to_path_buf();
     let host = registry.host();
     let mut args = super::args(&[
         "agent",
@@ -65,6 +77,32 @@ pub async fn get(args: &[&str]) -> Output {
             .expect("run starling get")
     })
     .await
+}
+
+/// Any `starling` command as a process.
+pub async fn cli(args: &[&str]) -> Output {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_starling"))
+            .args(&args)
+            .env("STARLING_LOG", "warn")
+            .output()
+            .expect("run starling")
+    })
+    .await
+}
+
+/// Waits until the tracker's inventory lists `n` nodes.
+pub async fn wait_for_nodes(tracker_url: &str, n: usize) {
+    for _ in 0..200 {
+        let out = cli(&["nodes", "--tracker", tracker_url, "--json"]).await;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if v["nodes"].as_array().is_some_and(|l| l.len() == n) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{n} nodes never reported to {tracker_url}");
 }
 
 pub fn report(out: &Output) -> serde_json::Value {
@@ -114,6 +152,11 @@ pub struct Nginx {
 
 impl Nginx {
     pub fn start() -> Nginx {
+        Nginx::start_with("")
+    }
+
+    /// With more directives in its `server` block (a `location` that redirects, say).
+    pub fn start_with(server_extra: &str) -> Nginx {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         std::fs::create_dir_all(d.join("www")).unwrap();
@@ -126,7 +169,7 @@ impl Nginx {
              http {{\n  log_format bytes '$request_method $uri $status $body_bytes_sent';\n\
                access_log {log} bytes;\n  client_body_temp_path {tmp};\n  proxy_temp_path {tmp};\n\
                fastcgi_temp_path {tmp};\n  uwsgi_temp_path {tmp};\n  scgi_temp_path {tmp};\n\
-               server {{ listen 127.0.0.1:{port}; root {www}; }}\n}}\n",
+               server {{ listen 127.0.0.1:{port}; root {www}; {server_extra} }}\n}}\n",
             err = p("error.log"),
             pid = p("nginx.pid"),
             log = p("access.log"),
@@ -177,34 +220,6 @@ impl Drop for Nginx {
     }
 }
 
-/// A tmpfs of `size` on a fresh directory (needs root, like the agent's disk-full
-/// tests); unmounted on drop.
-pub struct Tmpfs {
-    pub _dir: tempfile::TempDir,
-    pub mount: std::path::PathBuf,
-}
-
-impl Tmpfs {
-    pub fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let mount = dir.path().join("fs");
-        std::fs::create_dir(&mount).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&mount)
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs needs root: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs { _dir: dir, mount }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-    }
-}
+/// One home for the tmpfs helper: `testkit` (re-exported for `get.rs`).
+#[allow(unused_imports)]
+pub use testkit::Tmpfs;

@@ -2,10 +2,8 @@
 //! `tracker_failover.rs` (independent trackers) and `tracker_redis.rs` (replicas
 //! sharing Redis).
 
-use std::path::Path;
-use std::time::Duration;
-
 use super::Proc;
+use std::path::Path;
 use testkit::Registry;
 
 pub const TOKEN: &str = "test-cluster-token";
@@ -55,16 +53,4 @@ pub fn peers(swarms: &serde_json::Value) -> u64 {
         .as_array()
         .and_then(|a| a.iter().filter_map(|s| s["peers"].as_u64()).max())
         .unwrap_or(0)
-}
-
-/// Waits for `cond`, polling every 100 ms; panics after 60 s (a liveness bound, not a
-/// measurement).
-pub async fn until<F: std::future::Future<Output = bool>>(what: &str, cond: impl Fn() -> F) {
-    for _ in 0..600 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
 }

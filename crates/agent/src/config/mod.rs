@@ -1,5 +1,7 @@
-//! Agent configuration (TOML). Every key can also be set by a flag or an environment
-//! variable in the `starling` binary, which builds this struct.
+//! Agent configuration: every setting once, in the `agent_settings!` table below (TOML
+//! key, type, default, help, flag, environment variable). [`load`] layers a TOML file,
+//! environment variables and flags over the defaults and says where a bad value came
+//! from; [`AgentConfig::validate`] checks the whole.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -9,131 +11,202 @@ use std::time::Duration;
 use oci::size::ByteSize;
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AgentConfig {
-    /// Address the mirror listens on (containerd's hosts.toml points here).
-    pub listen: SocketAddr,
-    /// Cache directory: blobs, partial downloads and the metadata database.
-    pub cache_dir: PathBuf,
-    /// Cache budget, e.g. "200GiB".
-    pub cache_budget: ByteSize,
-    pub gc_high_watermark: f64,
-    pub gc_low_watermark: f64,
-    /// Space always left free on the cache filesystem, e.g. "1GiB".
-    pub min_free: ByteSize,
-    /// Registry used when a request carries no `?ns=` (Docker `registry-mirrors`, skopeo).
-    pub default_registry: String,
-    /// How long a tag's digest is trusted before it is checked again with a HEAD.
-    #[serde(with = "humantime_serde_compat")]
-    pub tag_ttl: Duration,
-    /// When the upstream is unreachable, answer tags with the last known digest.
-    pub serve_stale_tags: bool,
-    /// Images whose content GC never evicts, e.g. "docker.io/library/python:3.12".
-    pub pin: Vec<String>,
-    /// Per-registry settings, keyed by registry host ("docker.io", "ghcr.io", ...).
-    pub registries: HashMap<String, RegistryConfig>,
-    /// Registries requests may name (`?ns=`, prewarm assignments) beyond the configured
-    /// ones (`registries`, `default_registry`, `pin`): exact hosts, `*.example.com`, or
-    /// `*` for any registry at all. `*` lets whoever reaches the agent make it connect
-    /// to any host on the internet; loopback, link-local and metadata addresses stay
-    /// refused unless configured.
-    pub allowed_registries: Vec<String>,
-    /// Origins of plain files (`starling get https://…`) the agent may fetch:
-    /// `host[:port]` (may be a loopback or private address), `*.example.com` or `*`
-    /// (public addresses only). Empty: the file route refuses every URL.
-    pub allowed_file_origins: Vec<String>,
+mod load;
+pub mod settings;
+
+pub use load::{load, CliValue, RegistryCliValue, RegistryField};
+use settings::agent_settings;
+pub use settings::{How, Setting, Source, Sources};
+
+agent_settings! {
+    /// Address the mirror listens on (what containerd's hosts.toml points at).
+    listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 5050)),
+        Value("--listen", "STARLING_LISTEN");
+    /// Cache directory: blobs, partial downloads and the metadata database (the
+    /// default needs root).
+    cache_dir: PathBuf = PathBuf::from("/var/lib/starling"),
+        Value("--cache-dir", "STARLING_CACHE_DIR");
+    /// Cache budget, e.g. 200GiB. GC keeps usage between the watermarks below it.
+    cache_budget: ByteSize = ByteSize(100 << 30),
+        Value("--cache-budget", "STARLING_CACHE_BUDGET");
+    /// Fraction of the cache budget at which GC starts evicting.
+    gc_high_watermark: f64 = 0.90,
+        Value("--gc-high-watermark", "STARLING_GC_HIGH_WATERMARK");
+    /// Fraction of the cache budget GC evicts down to.
+    gc_low_watermark: f64 = 0.80,
+        Value("--gc-low-watermark", "STARLING_GC_LOW_WATERMARK");
+    /// Space always left free on the cache filesystem, e.g. 1GiB.
+    min_free: ByteSize = ByteSize(1 << 30),
+        Value("--min-free", "STARLING_MIN_FREE");
+    /// Registry used when a request carries no ?ns= (Docker registry-mirrors, skopeo).
+    default_registry: String = "docker.io".into(),
+        Value("--default-registry", "STARLING_DEFAULT_REGISTRY");
+    /// How long a tag's digest is trusted before a HEAD checks it again, e.g. 60s.
+    tag_ttl: Duration [serde(with = "humantime_serde_compat")] = Duration::from_secs(60),
+        Value("--tag-ttl", "STARLING_TAG_TTL");
+    /// When the upstream is unreachable, answer tags with the last known digest
+    /// (--no-stale-tags refuses instead).
+    serve_stale_tags: bool = true,
+        SwitchOff("--no-stale-tags", "STARLING_NO_STALE_TAGS");
+    /// Image whose content GC never evicts, e.g. docker.io/library/python:3.12
+    /// (repeatable).
+    pin: Vec<String> = Vec::new(),
+        List("--pin", "STARLING_PIN", "IMAGE");
+    /// Per-registry settings, keyed by registry host ("docker.io", "ghcr.io", ...):
+    /// endpoint, username, password, ca_file, client_cert, client_key, skip_verify
+    /// (flags: --registry-endpoint, --registry-credentials, --registry-ca, ...).
+    registries: HashMap<String, RegistryConfig> = HashMap::new(),
+        FileOnly;
+    /// Registry beyond the configured ones that requests (?ns=, prewarm) may name:
+    /// HOST, *.DOMAIN, or * for any (dangerous: whoever reaches the agent can make it
+    /// connect to any host; loopback, link-local and metadata addresses stay refused
+    /// unless configured). Repeatable.
+    allowed_registries: Vec<String> = Vec::new(),
+        List("--allowed-registry", "STARLING_ALLOWED_REGISTRIES", "PATTERN");
+    /// Origin of plain files (starling get https://…) the agent may fetch: HOST[:PORT]
+    /// (may be a loopback or private address), *.DOMAIN or * (public addresses only).
+    /// Repeatable; none: the file route refuses every URL.
+    allowed_file_origins: Vec<String> = Vec::new(),
+        List("--allowed-file-origin", "STARLING_ALLOWED_FILE_ORIGINS", "PATTERN");
     /// Client connections served at once; further ones are closed as they arrive.
-    pub max_connections: usize,
-    /// A connection must send a complete request head within this, and may stay idle
-    /// between requests no longer than this.
-    #[serde(with = "humantime_serde_compat")]
-    pub header_read_timeout: Duration,
+    max_connections: usize = 4096,
+        Value("--max-connections", "STARLING_MAX_CONNECTIONS");
+    /// Time a connection has to send a complete request head, and the longest idle
+    /// keep-alive between requests.
+    header_read_timeout: Duration [serde(with = "humantime_serde_compat")] = Duration::from_secs(10),
+        Value("--header-read-timeout", "STARLING_HEADER_READ_TIMEOUT");
     /// On shutdown, how long responses in flight may still run before connections close.
-    #[serde(with = "humantime_serde_compat")]
-    pub shutdown_grace: Duration,
-    /// A docker `config.json` to read registry credentials from.
-    pub docker_config: Option<PathBuf>,
-    #[serde(with = "humantime_serde_compat")]
-    pub connect_timeout: Duration,
-    /// A body with no bytes for this long counts as a dead connection (then resumed).
-    #[serde(with = "humantime_serde_compat")]
-    pub stall_timeout: Duration,
+    shutdown_grace: Duration [serde(with = "humantime_serde_compat")] = Duration::from_secs(10),
+        Value("--shutdown-grace", "STARLING_SHUTDOWN_GRACE");
+    /// A docker config.json to read registry credentials from.
+    docker_config: Option<PathBuf> = None,
+        Value("--docker-config", "STARLING_DOCKER_CONFIG");
+    /// Longest time to open a connection to a registry.
+    connect_timeout: Duration [serde(with = "humantime_serde_compat")] = Duration::from_secs(5),
+        Value("--connect-timeout", "STARLING_CONNECT_TIMEOUT");
+    /// A registry body with no bytes for this long counts as a dead connection and is
+    /// resumed elsewhere.
+    stall_timeout: Duration [serde(with = "humantime_serde_compat")] = Duration::from_secs(20),
+        Value("--stall-timeout", "STARLING_STALL_TIMEOUT");
     /// This node's name in the swarm and the inventory (default: the host name).
-    pub node_name: String,
-    /// `host:port` other agents dial to fetch pieces from this one (default: the peer
+    node_name: String = default_node_name(),
+        Value("--node-name", "STARLING_NODE_NAME");
+    /// host:port other agents dial to fetch pieces from this one (default: the peer
     /// listener's address).
-    pub advertise: Option<String>,
+    advertise: Option<String> = None,
+        Value("--advertise", "STARLING_ADVERTISE");
     /// Where the peer listener binds (default: all interfaces on the advertised port,
     /// or the mirror's address on a port of the system's choosing).
-    pub peer_listen: Option<SocketAddr>,
-    /// Topology labels; the tracker prefers peers in the same rack, then zone.
-    pub zone: Option<String>,
-    pub rack: Option<String>,
-    /// Node labels reported to the tracker (prewarm selectors, pools).
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// Tracker URL, or several comma-separated (replicas, tried in order when one
-    /// fails: see `tracker_endpoints`); without it the agent is a plain caching mirror.
-    pub tracker: Option<String>,
-    /// Shared secret for the tracker and for peers (plain-HTTP mode).
-    pub cluster_token: Option<String>,
-    /// Opt in to an `http://` tracker: cluster and peer traffic unencrypted, nodes
-    /// authenticated only by `cluster_token`. Without it an `http://` tracker is refused
-    /// at start, so plain HTTP is never what a deployment gets by omission.
-    pub insecure_plain_http: bool,
-    /// Bootstrap token (`starling certs token`) to join a cluster whose tracker is
-    /// `https://`: used once, when `<cache_dir>/pki/` holds no valid node certificate.
-    pub join_token: Option<String>,
-    /// The cluster CA's pin (`sha256:…`, printed by `starling certs init`): the only CA
+    peer_listen: Option<SocketAddr> = None,
+        Value("--peer-listen", "STARLING_PEER_LISTEN");
+    /// Zone label: the tracker prefers peers in the same rack, then the same zone,
+    /// then anywhere.
+    zone: Option<String> = None,
+        Value("--zone", "STARLING_ZONE");
+    /// Rack label: the tracker prefers peers in the same rack; large swarms fetch each
+    /// piece into a rack about once and spread it inside.
+    rack: Option<String> = None,
+        Value("--rack", "STARLING_RACK");
+    /// Node label reported to the tracker (prewarm selectors, pools), KEY=VALUE
+    /// (repeatable).
+    labels: std::collections::BTreeMap<String, String> = Default::default(),
+        Map("--label", "STARLING_LABELS", "KEY=VALUE");
+    /// Tracker URL: join the P2P swarm (without it the agent is a plain caching
+    /// mirror). Replicas: several URLs, comma-separated, tried in order when one fails.
+    tracker: Option<String> = None,
+        Value("--tracker", "STARLING_TRACKER");
+    /// Shared cluster secret for the tracker and peers (plain-HTTP mode).
+    cluster_token: Option<String> = None,
+        Secret("--cluster-token", "STARLING_CLUSTER_TOKEN");
+    /// Accept an http:// tracker: cluster and peer traffic unencrypted, nodes
+    /// authenticated only by the cluster token. Without it an http:// tracker is
+    /// refused at start, so plain HTTP is never what a deployment gets by omission.
+    insecure_plain_http: bool = false,
+        Switch("--insecure-plain-http", "STARLING_INSECURE_PLAIN_HTTP");
+    /// Bootstrap token (starling certs token) to join a cluster whose tracker is
+    /// https://: used once, when CACHE_DIR/pki holds no valid node certificate (which
+    /// the agent then renews).
+    join_token: Option<String> = None,
+        Secret("--join", "STARLING_JOIN_TOKEN", "TOKEN");
+    /// The cluster CA's pin (sha256:…, printed by starling certs init): the only CA
     /// trusted when joining.
-    pub ca_pin: Option<String>,
-    /// Token-bucket limits per second, e.g. "1GiB": what this node may send to peers
-    /// and receive from peers and the registry.
-    pub upload_limit: Option<ByteSize>,
-    pub download_limit: Option<ByteSize>,
+    ca_pin: Option<String> = None,
+        Value("--ca-pin", "STARLING_CA_PIN");
+    /// Bytes per second this node may send to peers, e.g. 1GiB.
+    upload_limit: Option<ByteSize> = None,
+        Value("--upload-limit", "STARLING_UPLOAD_LIMIT");
+    /// Bytes per second this node may receive from peers and the registry.
+    download_limit: Option<ByteSize> = None,
+        Value("--download-limit", "STARLING_DOWNLOAD_LIMIT");
     /// Pieces sent to peers at once. Few fast uploads beat many slow ones: a piece is
     /// useful to the swarm only once whole, so splitting the uplink delays every piece.
-    pub max_uploads: usize,
+    max_uploads: usize = swarm::upload::DEFAULT_MAX_ACTIVE,
+        Value("--max-uploads", "STARLING_MAX_UPLOADS");
     /// Piece requests one peer connection may have waiting for an upload slot; beyond
     /// that the peer is told "busy" and asks elsewhere.
-    pub upload_queue: usize,
-    /// Piece requests this node keeps in flight across all blobs (a reader's read
-    /// head is not counted). Enough to fill the download link; more would only make
-    /// each piece arrive later.
-    pub max_piece_requests: usize,
-    /// Blobs below this go straight to the registry (through the cache).
-    pub p2p_threshold: ByteSize,
+    upload_queue: usize = swarm::upload::DEFAULT_QUEUE_PER_CONN,
+        Value("--upload-queue", "STARLING_UPLOAD_QUEUE");
+    /// Piece requests this node keeps in flight across all blobs (a reader's read head
+    /// is not counted): enough to fill the download link, more would only make each
+    /// piece arrive later.
+    max_piece_requests: usize = swarm::upload::DEFAULT_REQUEST_BUDGET as usize,
+        Value("--max-piece-requests", "STARLING_MAX_PIECE_REQUESTS");
+    /// Blobs below this size skip P2P and go straight to the registry (through the
+    /// cache).
+    p2p_threshold: ByteSize = ByteSize(swarm::SwarmConfig::default().min_p2p_size),
+        Value("--p2p-threshold", "STARLING_P2P_THRESHOLD");
     /// When a client gets an image manifest, start fetching all its layers at once in
-    /// the background (the runtime's requests join them). Turn off for lazy pullers
-    /// (eStargz, SOCI), which read only parts of layers.
-    pub prefetch_layers: bool,
-    /// A second listener that serves only `/metrics` and `/healthz`, for a scraper on
-    /// another host (Prometheus). Unset: `/metrics` is on the mirror's listener, where
-    /// it and the node's `/api/v1/*` answer local clients only.
-    pub metrics_listen: Option<SocketAddr>,
-    /// Bearer token a scraper must present on `metrics_listen`. Without it that
-    /// listener answers whoever reaches it (bind it accordingly).
-    pub metrics_token: Option<String>,
-    /// Serve the `/v2` mirror to clients on other hosts even though this agent holds
-    /// registry credentials. Off: with credentials, only local (loopback) clients get
-    /// an answer, so private content stays on the node that was allowed to pull it.
-    pub mirror_remote_clients: bool,
+    /// the background. --no-prefetch turns that off for lazy pullers (eStargz, SOCI),
+    /// which read only parts of layers.
+    prefetch_layers: bool = true,
+        SwitchOff("--no-prefetch", "STARLING_NO_PREFETCH");
+    /// A second listener serving only /metrics and /healthz, for a scraper on another
+    /// host. Unset: /metrics is on the mirror's listener, where it and the node's
+    /// /api/v1/* answer local clients only.
+    metrics_listen: Option<SocketAddr> = None,
+        Value("--metrics-listen", "STARLING_METRICS_LISTEN");
+    /// Bearer token a scraper must present on metrics_listen. Without it that listener
+    /// answers whoever reaches it (bind it accordingly).
+    metrics_token: Option<String> = None,
+        Secret("--metrics-token", "STARLING_METRICS_TOKEN");
+    /// Serve the /v2 mirror to clients on other hosts even though this agent holds
+    /// registry credentials. Off: with credentials, only local clients get an answer,
+    /// so private content stays on the node that was allowed to pull it.
+    mirror_remote_clients: bool = false,
+        Switch("--mirror-remote-clients", "STARLING_MIRROR_REMOTE_CLIENTS");
     /// Registry connections a swarm source may use for one large blob, each fetching a
-    /// disjoint Range slice (registries and CDNs cap each connection); the rule in
-    /// `swarm::pieces::registry_streams_for` uses one per 256 MiB, up to this.
-    pub registry_streams: usize,
-    /// The piece size this agent proposes for swarms it starts, e.g. "4MiB"; unset:
-    /// the rule in `swarm::pieces::piece_size_for` (from the blob size and this node's
+    /// disjoint Range slice (registries and CDNs cap each connection): one per 256 MiB,
+    /// up to this (swarm::pieces::registry_streams_for).
+    registry_streams: usize = swarm::pieces::DEFAULT_REGISTRY_STREAMS as usize,
+        Value("--registry-streams", "STARLING_REGISTRY_STREAMS");
+    /// The piece size this agent proposes for swarms it starts, e.g. 4MiB, or "auto":
+    /// the rule in swarm::pieces::piece_size_for (from the blob size and this node's
     /// link limits). The first agent in a swarm decides for everyone.
-    pub piece_size: Option<String>,
-    /// containerd socket for prewarms with `into_runtime` (pull there and pin).
-    pub containerd_socket: Option<PathBuf>,
-    pub containerd_namespace: String,
+    piece_size: Option<String> = None,
+        Value("--piece-size", "STARLING_PIECE_SIZE");
+    /// containerd socket, for prewarms with into_runtime (pull there and pin).
+    containerd_socket: Option<PathBuf> = None,
+        Value("--containerd-socket", "STARLING_CONTAINERD_SOCKET");
+    /// containerd namespace those pulls go to.
+    containerd_namespace: String = "k8s.io".into(),
+        Value("--containerd-namespace", "STARLING_CONTAINERD_NAMESPACE");
     /// Snapshotter for those pulls (containerd's default when unset).
-    pub containerd_snapshotter: Option<String>,
-    /// Test mode: serve corrupted pieces to peers (proves they are rejected).
-    #[serde(skip)]
-    pub corrupt_pieces: bool,
+    containerd_snapshotter: Option<String> = None,
+        Value("--containerd-snapshotter", "STARLING_CONTAINERD_SNAPSHOTTER");
+
+    internal {
+        /// Test mode: serve corrupted pieces to peers (proves they are rejected).
+        #[serde(skip)]
+        corrupt_pieces: bool = false;
+    }
+}
+
+fn default_node_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "node".into())
 }
 
 #[derive(Clone, Default, Serialize, Deserialize)]
@@ -160,63 +233,6 @@ pub struct RegistryConfig {
     pub skip_verify: bool,
 }
 
-impl Default for AgentConfig {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 5050)),
-            cache_dir: PathBuf::from("/var/lib/starling"),
-            cache_budget: ByteSize(100 << 30),
-            gc_high_watermark: 0.90,
-            gc_low_watermark: 0.80,
-            min_free: ByteSize(1 << 30),
-            default_registry: "docker.io".into(),
-            tag_ttl: Duration::from_secs(60),
-            serve_stale_tags: true,
-            pin: Vec::new(),
-            registries: HashMap::new(),
-            allowed_registries: Vec::new(),
-            allowed_file_origins: Vec::new(),
-            max_connections: 4096,
-            header_read_timeout: Duration::from_secs(10),
-            shutdown_grace: Duration::from_secs(10),
-            docker_config: None,
-            connect_timeout: Duration::from_secs(5),
-            stall_timeout: Duration::from_secs(20),
-            node_name: std::fs::read_to_string("/etc/hostname")
-                .map(|s| s.trim().to_owned())
-                .ok()
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| "node".into()),
-            advertise: None,
-            zone: None,
-            rack: None,
-            labels: Default::default(),
-            tracker: None,
-            cluster_token: None,
-            insecure_plain_http: false,
-            metrics_listen: None,
-            metrics_token: None,
-            join_token: None,
-            ca_pin: None,
-            upload_limit: None,
-            download_limit: None,
-            peer_listen: None,
-            max_uploads: swarm::upload::DEFAULT_MAX_ACTIVE,
-            upload_queue: swarm::upload::DEFAULT_QUEUE_PER_CONN,
-            max_piece_requests: swarm::upload::DEFAULT_REQUEST_BUDGET as usize,
-            p2p_threshold: ByteSize(swarm::SwarmConfig::default().min_p2p_size),
-            registry_streams: swarm::pieces::DEFAULT_REGISTRY_STREAMS as usize,
-            prefetch_layers: true,
-            mirror_remote_clients: false,
-            piece_size: None,
-            corrupt_pieces: false,
-            containerd_socket: None,
-            containerd_namespace: "k8s.io".into(),
-            containerd_snapshotter: None,
-        }
-    }
-}
-
 /// The registries this agent may contact: those named in its configuration
 /// (`registries`, `default_registry`, `pin`) and those matching `allowed_registries`.
 pub fn registry_policy(cfg: &AgentConfig) -> Result<oci::upstream::RegistryPolicy, crate::Error> {
@@ -224,7 +240,8 @@ pub fn registry_policy(cfg: &AgentConfig) -> Result<oci::upstream::RegistryPolic
         let host = p.trim().strip_prefix("*.").unwrap_or(p.trim());
         if p.trim() != "*" && oci::reference::validate_registry(host).is_err() {
             return Err(crate::Error::Config(format!(
-                "allowed_registries: {p:?} is not a registry host, \"*.domain\" or \"*\""
+                "allowed_registries{}: {p:?} is not a registry host, \"*.domain\" or \"*\"",
+                cfg.sources.of("allowed_registries")
             )));
         }
     }
@@ -256,35 +273,49 @@ impl AgentConfig {
     /// Every problem with this configuration at once (so an operator fixes them in one
     /// round), as one [`crate::Error::Config`] naming each key.
     pub fn validate(&self) -> Result<(), crate::Error> {
+        problems_to_result(self.problems())
+    }
+
+    /// What [`validate`](Self::validate) reports, one line per problem, each naming
+    /// its key and, when not a default, where the value came from.
+    pub(crate) fn problems(&self) -> Vec<String> {
+        let src = |key: &str| self.sources.of(key);
         let mut problems: Vec<String> = Vec::new();
         if !(0.0 < self.gc_low_watermark
             && self.gc_low_watermark <= self.gc_high_watermark
             && self.gc_high_watermark <= 1.0)
         {
             problems.push(format!(
-                "gc_low_watermark {} / gc_high_watermark {}: need 0 < low <= high <= 1",
-                self.gc_low_watermark, self.gc_high_watermark
+                "gc_low_watermark {}{} / gc_high_watermark {}{}: need 0 < low <= high <= 1",
+                self.gc_low_watermark,
+                src("gc_low_watermark"),
+                self.gc_high_watermark,
+                src("gc_high_watermark"),
             ));
         }
         if self.cache_budget.bytes() == 0 {
-            problems.push("cache_budget: must be more than 0".into());
+            problems.push(format!(
+                "cache_budget{}: must be more than 0",
+                src("cache_budget")
+            ));
         }
         for (name, r) in &self.registries {
+            let at = src(&format!("registries.{name:?}"));
             if let Err(e) =
                 oci::reference::validate_registry(&oci::reference::canonical_registry(name))
             {
-                problems.push(format!("registries.{name:?}: {e}"));
+                problems.push(format!("registries.{name:?}{at}: {e}"));
             }
             if let Some(ep) = &r.endpoint {
                 if !(ep.starts_with("http://") || ep.starts_with("https://")) {
                     problems.push(format!(
-                        "registries.{name:?}.endpoint {ep:?}: must start with http:// or https://"
+                        "registries.{name:?}.endpoint {ep:?}{at}: must start with http:// or https://"
                     ));
                 }
             }
             if r.username.is_some() != r.password.is_some() {
                 problems.push(format!(
-                    "registries.{name:?}: username and password go together"
+                    "registries.{name:?}{at}: username and password go together"
                 ));
             }
         }
@@ -298,49 +329,57 @@ impl AgentConfig {
                 ] {
                     if set {
                         problems.push(format!(
-                            "{key}: set, but there is no tracker (it only applies to a swarm)"
+                            "{key}{}: set, but there is no tracker (it only applies to a swarm)",
+                            src(key)
                         ));
                     }
                 }
             }
-            Some(t) if t.starts_with("https://") => {
-                if self.cluster_token.is_some() {
-                    problems.push("cluster_token: not used with an https:// tracker (nodes are their certificates)".into());
-                }
-            }
-            Some(t) if t.starts_with("http://") => {
-                if !self.insecure_plain_http {
-                    problems.push(format!(
-                        "tracker {t}: plain http:// would leave cluster and peer traffic unencrypted \
+            Some(t) => {
+                let at = src("tracker");
+                match crate::tracker_endpoints::TrackerEndpoints::parse(t) {
+                    Err(e) => problems.push(format!("{}{at}", config_text(e))),
+                    Ok(list) if list.is_https() => {
+                        if self.cluster_token.is_some() {
+                            problems.push(format!(
+                                "cluster_token{}: not used with an https:// tracker (nodes are their certificates)",
+                                src("cluster_token")
+                            ));
+                        }
+                    }
+                    Ok(_) if !self.insecure_plain_http => problems.push(format!(
+                        "tracker {t}{at}: plain http:// would leave cluster and peer traffic unencrypted \
                          and nodes authenticated only by the cluster token. Use an https:// tracker \
                          (--join TOKEN --ca-pin sha256:…, see `starling certs`), or opt in with \
                          --insecure-plain-http"
-                    ));
+                    )),
+                    Ok(_) => {}
                 }
             }
-            Some(t) => problems.push(format!(
-                "tracker {t:?}: must start with https:// (or http:// with insecure_plain_http)"
-            )),
         }
         if let Some(pin) = &self.ca_pin {
             if pin.parse::<pki::CaPin>().is_err() {
-                problems.push(format!("ca_pin {pin:?}: expected sha256:<64 hex>"));
+                problems.push(format!(
+                    "ca_pin {pin:?}{}: expected sha256:<64 hex>",
+                    src("ca_pin")
+                ));
             }
         }
+        if let Some(size) = self.piece_size.as_deref().filter(|v| *v != "auto") {
+            if let Err(e) = oci::size::parse_size(size) {
+                problems.push(format!("piece_size{}: {e}", src("piece_size")));
+            }
+        }
+        if let Err(e) = registry_policy(self) {
+            problems.push(config_text(e));
+        }
         if self.metrics_token.is_some() && self.metrics_listen.is_none() {
-            problems.push(
-                "metrics_token: set without metrics_listen (it guards that listener only)".into(),
-            );
+            problems.push(format!(
+                "metrics_token{}: set without metrics_listen (it guards that listener only)",
+                src("metrics_token")
+            ));
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(crate::Error::Config(format!(
-                "{} problem(s):\n  - {}",
-                problems.len(),
-                problems.join("\n  - ")
-            )))
-        }
+        problems
     }
 
     /// Whether `client` is on this host: loopback, or this host's own address (the
@@ -360,6 +399,28 @@ impl AgentConfig {
         !Self::is_local_client(client, local)
             && !self.mirror_remote_clients
             && self.holds_registry_credentials()
+    }
+}
+
+/// One [`crate::Error::Config`] listing every problem, or `Ok` for none.
+pub(crate) fn problems_to_result(problems: Vec<String>) -> Result<(), crate::Error> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(crate::Error::Config(format!(
+            "{} problem(s):\n  - {}",
+            problems.len(),
+            problems.join("\n  - ")
+        )))
+    }
+}
+
+/// The text of a configuration error without the `configuration: ` prefix, to be
+/// one line in a list of problems.
+fn config_text(e: crate::Error) -> String {
+    match e {
+        crate::Error::Config(text) => text,
+        other => other.to_string(),
     }
 }
 

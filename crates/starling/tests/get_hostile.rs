@@ -1,0 +1,278 @@
+//! `starling get https://…` against origins that misbehave: redirects that lead out of
+//! `allowed_file_origins`, a body running on past the declared size, a Content-Length
+//! that disagrees with the size the probe saw, a huge header, and secrets in the URL
+//! (user info, a presigned query) that must not reach messages or logs. The origin is
+//! a real nginx; where nginx cannot produce the fault, a small HTTP/1.1 front written
+//! here stands in front of it and bends its answers.
+
+mod common;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use common::getkit::*;
+use testkit::{Registry, RegistryAuth, TestImage};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redirect_out_of_the_allowed_origins_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    // A blob on the registry the agent is configured for (so the agent trusts its
+    // internal address): the target of a redirect that must not be followed.
+    let img = TestImage::push_multilayer(&registry, "internal/secret", "1", &[100_000], 7).unwrap();
+    let secret = format!(
+        "{}/v2/internal/secret/blobs/{}",
+        registry.url(),
+        img.layers[0].digest
+    );
+    let nginx = blocking(move || {
+        Nginx::start_with(&format!(
+            "location = /moved.bin {{ return 302 {secret}; }} \
+             location = /alias.bin {{ return 302 /w.bin; }}"
+        ))
+    })
+    .await;
+    let bytes = testkit::random_bytes(300_000, 130);
+    nginx.put("w.bin", &bytes);
+    let a = agent(
+        dir.path(),
+        "n1",
+        None,
+        &registry,
+        &["--allowed-file-origin", &nginx.origin()],
+    )
+    .await;
+    let dest = dir.path().join("d");
+    std::fs::create_dir_all(&dest).unwrap();
+    let out = get(&[
+        &nginx.url("moved.bin"),
+        dest.join("m.bin").to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "followed a redirect to {}",
+        registry.host()
+    );
+    assert!(stderr.contains("file_origins"), "{stderr}");
+    assert_eq!(listing(&dest), Vec::<String>::new());
+    // A redirect that stays within the allowed origin is followed.
+    let r = report(
+        &get(&[
+            &nginx.url("alias.bin"),
+            dest.join("a.bin").to_str().unwrap(),
+            "--agent",
+            &a.url(),
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(r["files"][0]["bytes"], bytes.len());
+    assert_eq!(std::fs::read(dest.join("a.bin")).unwrap(), bytes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn secrets_in_the_url_stay_out_of_errors_and_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    // Allowed, but nothing listens there: every attempt fails with a transport error.
+    let dead = format!("127.0.0.1:{}", testkit::free_port());
+    let a = agent(
+        dir.path(),
+        "n1",
+        None,
+        &registry,
+        &["--allowed-file-origin", &dead],
+    )
+    .await;
+    let url = format!("http://alice:s3cretpw@{dead}/w.bin?X-Amz-Signature=topsecretsig");
+    let dest = dir.path().join("d/w.bin");
+    let nobody = format!("http://127.0.0.1:{}", testkit::free_port());
+    for agent_url in [a.url(), nobody] {
+        let out = get(&[&url, dest.to_str().unwrap(), "--agent", &agent_url]).await;
+        assert!(!out.status.success());
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(all.contains(&dead), "the error names the origin: {all}");
+        for secret in ["s3cretpw", "topsecretsig"] {
+            assert!(
+                !all.contains(secret),
+                "{secret} shown via {agent_url}: {all}"
+            );
+        }
+    }
+    let log = std::fs::read_to_string(dir.path().join("n1.log")).unwrap();
+    assert!(
+        !log.contains("s3cretpw") && !log.contains("topsecretsig"),
+        "{log}"
+    );
+}
+
+/// How the front bends nginx's answers to whole-file GETs (200).
+const EXTRA_BYTES: u8 = 1;
+const SHORT_LENGTH: u8 = 2;
+const HUGE_HEADER: u8 = 3;
+
+/// A minimal HTTP/1.1 front for nginx: forwards each GET (with its Range), and
+/// rewrites 200 answers as `mode` says. One request per connection.
+async fn bending_front(nginx_port: u16, mode: Arc<AtomicU8>) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                return;
+            };
+            let mode = mode.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).into_owned();
+                let path = text.split(' ').nth(1).unwrap_or("/").to_owned();
+                let range = text
+                    .lines()
+                    .find(|l| l.to_ascii_lowercase().starts_with("range:"))
+                    .map(|l| l[6..].trim().to_owned());
+                let mut req =
+                    reqwest::Client::new().get(format!("http://127.0.0.1:{nginx_port}{path}"));
+                if let Some(r) = &range {
+                    req = req.header("range", r);
+                }
+                let Ok(resp) = req.send().await else { return };
+                let status = resp.status().as_u16();
+                let mut out = format!("HTTP/1.1 {status} X\r\nConnection: close\r\n");
+                for h in ["etag", "last-modified", "content-range", "accept-ranges"] {
+                    if let Some(v) = resp.headers().get(h).and_then(|v| v.to_str().ok()) {
+                        out.push_str(&format!("{h}: {v}\r\n"));
+                    }
+                }
+                let mut body = resp.bytes().await.unwrap_or_default().to_vec();
+                let m = if status == 200 {
+                    mode.load(Ordering::SeqCst)
+                } else {
+                    0
+                };
+                match m {
+                    // No Content-Length: the body runs until the connection closes.
+                    EXTRA_BYTES => body.extend(std::iter::repeat_n(0xee, 1 << 20)),
+                    SHORT_LENGTH => {
+                        body.truncate(body.len() / 2);
+                        out.push_str(&format!("content-length: {}\r\n", body.len()));
+                    }
+                    HUGE_HEADER => {
+                        out.push_str(&format!("x-pad: {}\r\n", "p".repeat(2 << 20)));
+                        out.push_str(&format!("content-length: {}\r\n", body.len()));
+                    }
+                    _ => out.push_str(&format!("content-length: {}\r\n", body.len())),
+                }
+                out.push_str("\r\n");
+                let _ = s.write_all(out.as_bytes()).await;
+                let _ = s.write_all(&body).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    format!("127.0.0.1:{}", addr.port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_origin_whose_sizes_lie_gets_bounded_reads_and_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let nginx = blocking(Nginx::start).await;
+    let bytes = testkit::random_bytes(3 << 20, 140);
+    let mode = Arc::new(AtomicU8::new(0));
+    let front = bending_front(nginx.port, mode.clone()).await;
+    let a = agent(
+        dir.path(),
+        "n1",
+        None,
+        &registry,
+        &["--allowed-file-origin", &front],
+    )
+    .await;
+    let url = |name: &str| format!("http://{front}/{name}");
+
+    // A body that runs on past the size the origin declared: the excess is not the
+    // file's; DEST and the cache hold exactly the declared bytes.
+    nginx.put("extra.bin", &bytes);
+    mode.store(EXTRA_BYTES, Ordering::SeqCst);
+    let dest = dir.path().join("d1");
+    std::fs::create_dir_all(&dest).unwrap();
+    let r = report(
+        &get(&[
+            &url("extra.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &a.url(),
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(std::fs::read(dest.join("extra.bin")).unwrap(), bytes);
+    let key = oci::Digest::parse(r["files"][0]["key"].as_str().unwrap()).unwrap();
+    let cached = a.cache.join("blobs/sha256").join(key.hex());
+    assert_eq!(
+        std::fs::metadata(&cached).map(|m| m.len()).ok(),
+        Some(bytes.len() as u64)
+    );
+
+    // A whole-file answer whose Content-Length is not the size the probe saw: the
+    // file changed or the origin lies; either way nothing is kept.
+    nginx.put("short.bin", &bytes);
+    mode.store(SHORT_LENGTH, Ordering::SeqCst);
+    let dest = dir.path().join("d2");
+    std::fs::create_dir_all(&dest).unwrap();
+    let out = get(&[
+        &url("short.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a short file was accepted");
+    assert!(stderr.contains("changed"), "{stderr}");
+    assert_eq!(listing(&dest), Vec::<String>::new());
+
+    // A header of megabytes: refused by the HTTP client's bound, a clear error, and
+    // the agent keeps serving.
+    nginx.put("huge.bin", &bytes);
+    mode.store(HUGE_HEADER, Ordering::SeqCst);
+    let dest = dir.path().join("d3");
+    std::fs::create_dir_all(&dest).unwrap();
+    let out = get(&[
+        &url("huge.bin"),
+        dest.to_str().unwrap(),
+        "--agent",
+        &a.url(),
+    ])
+    .await;
+    assert!(!out.status.success(), "a 2 MiB header was taken");
+    assert_eq!(listing(&dest), Vec::<String>::new());
+    mode.store(0, Ordering::SeqCst);
+    report(
+        &get(&[
+            &url("huge.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &a.url(),
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(std::fs::read(dest.join("huge.bin")).unwrap(), bytes);
+}
