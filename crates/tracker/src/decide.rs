@@ -5,7 +5,7 @@
 use swarm::state::SharedPeer;
 use swarm::{AnnounceRequest, AnnounceResponse, Role};
 
-use crate::store::{Outcome, SourceIntent};
+use crate::store::{Outcome, Refresh, SourceIntent};
 use crate::{Error, Tracker};
 
 /// Decides `reqs` (one announce, or one seeding batch). `members`: refresh the copy's
@@ -17,14 +17,63 @@ pub(crate) async fn decide(
     reqs: &[AnnounceRequest],
     members: bool,
 ) -> Result<Vec<Result<AnnounceResponse, Error>>, Error> {
+    let refresh = if members {
+        Refresh::WhenDue
+    } else {
+        Refresh::No
+    };
+    let decided = match decide_with_store(t, reqs, refresh).await {
+        Ok(Decided::Answers(answers)) => Ok(answers),
+        // A new election decided on a copy whose members were not just read (a
+        // complete holder may have arrived through another replica): decide again on
+        // fresh members, so that a fetcher is elected only when one is needed.
+        Ok(Decided::StaleElection) => match decide_with_store(t, reqs, Refresh::Now).await {
+            Ok(Decided::Answers(answers)) => Ok(answers),
+            Ok(Decided::StaleElection) => Err(Error::Conflict {
+                digest: reqs
+                    .first()
+                    .map(|r| r.digest.to_string())
+                    .unwrap_or_default(),
+                what: "members could not be read fresh for an election",
+            }),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    if decided.is_err() {
+        // Refused (503), but a source's hashes are kept for when the store is back.
+        let mut st = t.state.lock();
+        for req in reqs.iter().filter(|r| !r.hashes.is_empty()) {
+            st.keep_source_hashes(req);
+        }
+    }
+    decided
+}
+
+enum Decided {
+    Answers(Vec<Result<AnnounceResponse, Error>>),
+    /// Nothing committed: an election was decided on members not read this time.
+    StaleElection,
+}
+
+async fn decide_with_store(
+    t: &Tracker,
+    reqs: &[AnnounceRequest],
+    refresh: Refresh,
+) -> Result<Decided, Error> {
     let digests: Vec<oci::Digest> = reqs.iter().map(|r| r.digest.clone()).collect();
-    let shared = t.store.load(&digests, members).await?;
+    let shared = t.store.load(&digests, refresh).await?;
     let now = t.store.now_ms();
     let mut answers = Vec::with_capacity(reqs.len());
     let mut outcomes = Vec::new();
     {
         let mut st = t.state.lock();
         for (req, shared) in reqs.iter().zip(shared) {
+            // The store names no fetcher and this copy's members were not read now.
+            let unread_without_source = refresh != Refresh::Now
+                && shared
+                    .as_ref()
+                    .is_some_and(|s| s.source.is_none() && s.peers.is_none());
             if let Some(shared) = shared {
                 st.adopt(&req.digest, shared, now);
             }
@@ -38,6 +87,9 @@ pub(crate) async fn decide(
             let (size, piece_size, pieces, born) =
                 st.geometry(&req.digest).unwrap_or((None, 0, 0, now));
             let intent = if resp.role == Role::Source {
+                if unread_without_source {
+                    return Ok(Decided::StaleElection);
+                }
                 SourceIntent::Claim
             } else if req.complete || req.leaving {
                 SourceIntent::Release
@@ -93,5 +145,5 @@ pub(crate) async fn decide(
             resp.source = settled.source;
         }
     }
-    Ok(answers)
+    Ok(Decided::Answers(answers))
 }

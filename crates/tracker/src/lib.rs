@@ -517,7 +517,7 @@ async fn hashes(
     // Through the copy: it holds what the store has and what this replica saw before
     // a store that lost its data came back (hashes stay true for their geometry).
     let digests = [q.digest.clone()];
-    match t.store.load(&digests, true).await {
+    match t.store.load(&digests, store::Refresh::WhenDue).await {
         Ok(shared) => {
             let now = t.store.now_ms();
             let mut st = t.state.lock();
@@ -568,7 +568,7 @@ async fn swarms(State(t): State<Tracker>) -> Response {
         .collect();
     // Members as the store has them (a replica's copy only sees its own announces
     // between refreshes).
-    match t.store.load(&digests, true).await {
+    match t.store.load(&digests, store::Refresh::WhenDue).await {
         Ok(shared) => {
             let now = t.store.now_ms();
             let mut st = t.state.lock();

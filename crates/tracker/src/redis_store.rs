@@ -33,7 +33,7 @@ use swarm::state::{SharedPeer, SharedSwarm};
 use swarm::PieceHash;
 use tracing::{info, warn};
 
-use crate::store::{Elections, Outcome, Settled, SourceIntent, StoreFuture, SwarmStore};
+use crate::store::{Elections, Outcome, Refresh, Settled, SourceIntent, StoreFuture, SwarmStore};
 use crate::{Error, ReasonLabels};
 
 /// Members read per swarm at most (a hostile or corrupted store cannot make a replica
@@ -430,13 +430,20 @@ impl SwarmStore for RedisStore {
     fn load<'a>(
         &'a self,
         digests: &'a [Digest],
-        members: bool,
+        refresh: Refresh,
     ) -> StoreFuture<'a, Vec<Option<SharedSwarm>>> {
         Box::pin(async move {
             let now = self.now_ms();
             let due: Vec<bool> = digests
                 .iter()
-                .map(|d| members && self.due(d, now))
+                .map(|d| match refresh {
+                    Refresh::No => false,
+                    Refresh::WhenDue => self.due(d, now),
+                    Refresh::Now => {
+                        self.due(d, now);
+                        true
+                    }
+                })
                 .collect();
             let mut pipe = redis::pipe();
             for (d, due) in digests.iter().zip(&due) {

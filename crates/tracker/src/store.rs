@@ -68,16 +68,27 @@ pub struct Elections {
 
 pub type StoreFuture<'a, T> = BoxFuture<'a, Result<T, Error>>;
 
+/// Whether a load also reads a swarm's members and hashes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refresh {
+    /// Geometry and source only (seeding batches: a seeder needs no handout).
+    No,
+    /// Members too when this replica's copy is older than the refresh interval.
+    WhenDue,
+    /// Members now: a decision is about to elect a fetcher.
+    Now,
+}
+
 /// The shared part of the tracker's swarm state.
 pub trait SwarmStore: Send + Sync + 'static {
     /// Milliseconds on the clock every replica of this store uses.
     fn now_ms(&self) -> u64;
     /// The shared state of each swarm in `digests`, or `None` where this replica's copy is
-    /// the truth. `members`: also read members and hashes (a refresh of the copy).
+    /// the truth. `refresh`: whether members and hashes are read too.
     fn load<'a>(
         &'a self,
         digests: &'a [Digest],
-        members: bool,
+        refresh: Refresh,
     ) -> StoreFuture<'a, Vec<Option<SharedSwarm>>>;
     /// Settles what announces decided, in order.
     fn commit<'a>(&'a self, outcomes: &'a [Outcome]) -> StoreFuture<'a, Vec<Settled>>;
@@ -110,7 +121,7 @@ impl SwarmStore for Embedded {
     fn load<'a>(
         &'a self,
         digests: &'a [Digest],
-        _members: bool,
+        _refresh: Refresh,
     ) -> StoreFuture<'a, Vec<Option<SharedSwarm>>> {
         Box::pin(async move { Ok(vec![None; digests.len()]) })
     }

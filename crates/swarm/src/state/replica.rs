@@ -119,6 +119,19 @@ impl TrackerState {
             .map(|s| (s.size, s.piece_size, s.count(), s.born))
     }
 
+    /// Keeps the hashes of an announce this replica could not settle (the store was out
+    /// of reach) when it comes from the source this copy knows: the answer was refused,
+    /// but hashes read from the registry by the elected source stay true, and a source's
+    /// last announce is sent once.
+    pub fn keep_source_hashes(&mut self, req: &AnnounceRequest) {
+        let valid = self.valid_hashes(&req.digest, req);
+        if let Some(s) = self.swarms.get_mut(&req.digest) {
+            if s.source.as_deref() == Some(req.node.as_str()) {
+                s.hashes.extend(valid);
+            }
+        }
+    }
+
     /// Piece hashes a source sent that fit swarm `d` (what the store may keep).
     pub fn valid_hashes(&self, d: &Digest, req: &AnnounceRequest) -> BTreeMap<u32, PieceHash> {
         let count = self.swarms.get(d).map_or(0, Swarm::count);
@@ -186,5 +199,24 @@ mod tests {
             5,
         );
         assert_eq!(t.stats()[0].peers, 1);
+    }
+
+    #[test]
+    fn hashes_of_an_unsettled_announce_are_kept_only_from_the_known_source() {
+        let d = Digest::of(b"outage hashes");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        t.announce(&req("src", &d), 0).expect("valid");
+        let mut last = req("src", &d);
+        last.complete = true;
+        last.hashes
+            .insert(63, crate::PieceHash::of(b"last").to_hex());
+        t.keep_source_hashes(&last);
+        let mut forged = req("other", &d);
+        forged
+            .hashes
+            .insert(62, crate::PieceHash::of(b"lie").to_hex());
+        t.keep_source_hashes(&forged);
+        let kept = t.hashes(&d, 0);
+        assert_eq!(kept.keys().copied().collect::<Vec<_>>(), vec![63]);
     }
 }
