@@ -7,8 +7,8 @@
 //!
 //! Known failure (about one run in six, `docs/tracker-ha.md`): after Redis comes back
 //! empty, a node can be elected fetcher again for a blob another node completed during
-//! the outage, and its pull stalls on pieces it cannot verify. Kept failing on purpose:
-//! it is the proof, and the gap is real.
+//! the outage, and its pull stalls on pieces it cannot verify. Not ignored on purpose:
+//! it is the proof, and the gap is real, so it stays a plain test.
 //!
 //! The Redis URL reaches the trackers through `STARLING_TRACKER_REDIS`, so the same
 //! test run against a tracker without the mode shows what it lacked (two replicas
