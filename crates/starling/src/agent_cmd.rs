@@ -584,6 +584,8 @@ pub struct TrackerArgs {
         env = "STARLING_TRACKER_METRIC_NODE_LABELS"
     )]
     metric_node_labels: usize,
+    #[command(flatten)]
+    redis: crate::tracker_redis::RedisArgs,
 }
 
 /// The tracker's registry TLS flags: the agent's names, `STARLING_TRACKER_*` variables.
@@ -727,6 +729,7 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
         };
         t = t.with_tls(tracker::TrackerTls::load(&opts)?);
     }
+    let t = a.redis.apply(t)?;
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("listening on {}", a.listen))?;

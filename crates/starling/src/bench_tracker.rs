@@ -79,6 +79,17 @@ pub struct TrackerBenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// With trackers started by the bench: share their state through this Redis
+    /// (`starling tracker --redis`), under a key prefix of their own.
+    #[arg(long, value_name = "URL")]
+    redis: Option<String>,
+    /// With trackers started by the bench: how many replicas (more than one needs
+    /// --redis); the simulated agents are spread over them.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// The pid of the Redis server, to report its CPU time next to the trackers'.
+    #[arg(long)]
+    redis_pid: Option<u32>,
 }
 
 /// What the client tracks of an answer: the interval, the role and the hashes' keys.
@@ -180,7 +191,11 @@ struct OwnTracker {
     _dir: tempfile::TempDir,
 }
 
-async fn start_own_tracker(a: &TrackerBenchArgs, token: &str) -> Result<(String, OwnTracker)> {
+async fn start_own_tracker(
+    a: &TrackerBenchArgs,
+    token: &str,
+    redis_prefix: &str,
+) -> Result<(String, OwnTracker)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -194,6 +209,12 @@ async fn start_own_tracker(a: &TrackerBenchArgs, token: &str) -> Result<(String,
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .env("RUST_LOG", "warn")
+        .envs(a.redis.iter().flat_map(|url| {
+            [
+                ("STARLING_TRACKER_REDIS", url.as_str()),
+                ("STARLING_TRACKER_REDIS_PREFIX", redis_prefix),
+            ]
+        }))
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .kill_on_drop(true)
@@ -601,14 +622,26 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         .cluster_token
         .clone()
         .unwrap_or_else(|| "bench-token".into());
-    let (urls, own, pids): (Vec<String>, Option<OwnTracker>, Vec<String>) = if a.tracker.is_empty()
-    {
-        let (url, own) = start_own_tracker(&a, &token).await?;
-        let pids = own.child.id().map(|p| p.to_string()).into_iter().collect();
-        (vec![url], Some(own), pids)
+    if a.replicas == 0 || (a.replicas > 1 && a.redis.is_none()) {
+        bail!("--replicas: at least 1, and more than 1 only with --redis (shared state)");
+    }
+    let (urls, own, pids): (Vec<String>, Vec<OwnTracker>, Vec<String>) = if a.tracker.is_empty() {
+        // A prefix of this run's own: earlier runs' swarms in the same Redis stay apart.
+        let run = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let prefix = format!("bench-{}-{run}:", std::process::id());
+        let (mut urls, mut own, mut pids) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..a.replicas {
+            let (url, t) = start_own_tracker(&a, &token, &prefix).await?;
+            pids.extend(t.child.id().map(|p| p.to_string()));
+            urls.push(url);
+            own.push(t);
+        }
+        (urls, own, pids)
     } else {
         let pids = a.tracker_pid.iter().map(|p| p.to_string()).collect();
-        (a.tracker.clone(), None, pids)
+        (a.tracker.clone(), Vec::new(), pids)
     };
     let mut endpoints = Vec::new();
     for u in &urls {
@@ -655,12 +688,15 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     }
     tokio::time::sleep_until(plan.measure_from.into()).await;
     let self_pid = std::process::id().to_string();
+    let redis_pid = a.redis_pid.map(|p| p.to_string());
+    let r0 = redis_pid.as_deref().and_then(proc_cpu_ticks);
     let (t0, c0, m0) = (
         trackers_cpu_ticks(&pids),
         proc_cpu_ticks(&self_pid),
         machine_jiffies(),
     );
     tokio::time::sleep_until(plan.measure_until.into()).await;
+    let r1 = redis_pid.as_deref().and_then(proc_cpu_ticks);
     let (t1, c1, m1) = (
         trackers_cpu_ticks(&pids),
         proc_cpu_ticks(&self_pid),
@@ -687,6 +723,7 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         _ => None,
     };
     let tracker_cpu = cpu(t0, t1);
+    let redis_cpu = cpu(r0, r1);
     let client_cpu = cpu(c0, c1);
     let busy = match (m0, m1) {
         (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some((b1 - b0) as f64 / (t1 - t0) as f64),
@@ -696,6 +733,8 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     let out = serde_json::json!({
         "trackers": urls,
         "tracker_started_by_bench": a.tracker.is_empty(),
+        "state": if a.redis.is_some() { "redis" } else if a.tracker.is_empty() { "embedded" } else { "as given" },
+        "redis_cpu_cores": redis_cpu.map(|c| c / secs),
         "transport": "plain HTTP with a cluster token (--insecure-plain-http)",
         "peers": a.peers,
         "blobs_per_peer": a.blobs,
@@ -765,6 +804,9 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         f(client_cpu.map(|c| c / secs)),
         busy.map_or("n/a".to_owned(), |b| format!("{:.0}%", b * 100.0)),
     );
+    if let Some(c) = redis_cpu {
+        println!("redis cpu={c:.2} s ({:.2} cores)", c / secs);
+    }
     println!("{out}");
     Ok(())
 }

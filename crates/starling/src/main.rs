@@ -12,6 +12,7 @@ mod demo;
 mod get_cmd;
 mod get_file;
 mod setup_cmd;
+mod tracker_redis;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};

@@ -51,6 +51,7 @@ const IO_CRATES: &[&str] = &[
     "axum",
     "tower",
     "redb",
+    "redis",
     "rustix",
     "store",
     "agent",
@@ -87,6 +88,8 @@ fn product_crates_do_not_depend_on_demo_test_or_sibling_services() {
                 "testkit",
                 "fuzzcheck",
                 "anyhow",
+                // The shared tracker state is the trackers' business; agents speak HTTP.
+                "redis",
             ],
         ),
         (

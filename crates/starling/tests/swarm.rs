@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{ready, Proc};
+use common::{pull_via, ready, Proc};
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
@@ -65,18 +65,6 @@ async fn agent(dir: &Path, name: &str, tracker: &str, registry: &Registry, extra
 
 async fn metric(agent: &Proc, name: &str) -> u64 {
     common::metric(&agent.url(), name).await
-}
-
-async fn pull_via(
-    agent_url: &str,
-    image: &testkit::PushedImage,
-) -> Result<oci::pull::PullReport, oci::Error> {
-    let reference = oci::ImageReference::parse(&image.reference).unwrap();
-    let mut cfg = oci::UpstreamConfig::default();
-    cfg.endpoints
-        .insert(reference.registry.clone(), agent_url.to_owned());
-    let up = oci::Upstream::new(cfg).unwrap();
-    oci::pull::pull(&up, &reference, &Default::default()).await
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {

@@ -1,83 +1,26 @@
 //! Several trackers (issue 14, first part): agents configured with two trackers keep
 //! pulling when the one they use is killed, and move their announces, seeding and
-//! reports to the other. The trackers share no state yet, so the pull may finish from
-//! the registry (the second tracker elects new sources); what must hold is that no
-//! pull fails or restarts and that the agents end up on the second tracker.
+//! reports to the other. Embedded trackers share no state (replicas sharing Redis:
+//! `tracker_redis.rs`), so the pull may finish from the registry (the second tracker
+//! elects new sources); what must hold is that no pull fails or restarts and that the
+//! agents end up on the second tracker.
 
 mod common;
 
 use std::path::Path;
 use std::time::Duration;
 
-use common::Proc;
+use common::trackers::{agent, peers, swarms, TOKEN};
+use common::{pull_via, Proc};
 use testkit::{Registry, RegistryAuth, TestImage};
 
 /// How often and how long `testkit::until` checks for announces.
 const POLL_EVERY: Duration = Duration::from_millis(100);
 const POLL_WITHIN: Duration = Duration::from_secs(30);
 
-const TOKEN: &str = "test-cluster-token";
-
 async fn tracker(dir: &Path) -> Proc {
     std::fs::create_dir_all(dir).unwrap();
     common::start_tracker(dir, &["--cluster-token", TOKEN], &[]).await
-}
-
-async fn agent(dir: &Path, name: &str, trackers: &str, registry: &Registry) -> Proc {
-    let port = testkit::free_port();
-    let cache = dir.join(name);
-    let host = registry.host();
-    let args = common::args(&[
-        "agent",
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--cache-dir",
-        &cache.display().to_string(),
-        "--default-registry",
-        &host,
-        "--registry-endpoint",
-        &format!("{host}={}", registry.url()),
-        "--tracker",
-        trackers,
-        "--cluster-token",
-        TOKEN,
-        "--insecure-plain-http",
-        "--node-name",
-        name,
-        "--min-free",
-        "0",
-        // Slow enough that the kill lands mid-pull.
-        "--download-limit",
-        "8MiB",
-    ]);
-    Proc::start(args, port, dir.join(format!("{name}.log")), cache).await
-}
-
-async fn pull_via(
-    agent_url: &str,
-    image: &testkit::PushedImage,
-) -> Result<oci::pull::PullReport, oci::Error> {
-    let reference = oci::ImageReference::parse(&image.reference).unwrap();
-    let mut cfg = oci::UpstreamConfig::default();
-    cfg.endpoints
-        .insert(reference.registry.clone(), agent_url.to_owned());
-    let up = oci::Upstream::new(cfg).unwrap();
-    oci::pull::pull(&up, &reference, &Default::default()).await
-}
-
-async fn swarms(tracker: &str) -> serde_json::Value {
-    match reqwest::get(format!("{tracker}/swarm/v1/swarms")).await {
-        Ok(r) => r.json().await.unwrap_or(serde_json::Value::Null),
-        Err(_) => serde_json::Value::Null,
-    }
-}
-
-/// Members of the tracker's largest swarm.
-fn peers(swarms: &serde_json::Value) -> u64 {
-    swarms
-        .as_array()
-        .and_then(|a| a.iter().filter_map(|s| s["peers"].as_u64()).max())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -14,6 +14,9 @@ use crate::protocol::{
 };
 use crate::{Bitfield, Error};
 
+mod replica;
+pub use replica::{SharedPeer, SharedSwarm};
+
 #[derive(Clone, Debug)]
 pub struct SwarmConfig {
     /// A peer not heard from for this long is not handed out (and a source is replaced).

@@ -12,6 +12,7 @@
 //!   indexes).
 //! * [`Containerd`]: a private `containerd` daemon (own root/state/socket in a
 //!   temp dir) driven through `ctr`.
+//! * [`RedisServer`]: `redis-server` on a random port, killable and restartable.
 //! * [`DockerDaemon`]: a private Docker Engine (own data root and socket, vfs,
 //!   no networking) configured by a `daemon.json`.
 //!
@@ -31,6 +32,7 @@ mod docker;
 mod http;
 mod image;
 mod process;
+mod redis;
 mod registry;
 mod tls;
 mod tmpfs;
@@ -47,6 +49,7 @@ pub use image::{
     Blob, ManifestFormat, Platform, PushedImage, PushedIndex, TestImage, DOCKER_LIST,
     DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST,
 };
+pub use redis::RedisServer;
 pub use registry::{Registry, RegistryAuth};
 pub use tls::{CertPair, RegistryTls, TestCa};
 pub use tmpfs::Tmpfs;

@@ -67,7 +67,7 @@ enum Need {
 
 fn required(method: &Method, path: &str) -> Need {
     match (method.as_str(), path) {
-        ("GET", "/healthz") | ("POST", "/certs/v1/join") => Need::Anyone,
+        ("GET", "/healthz" | "/readyz") | ("POST", "/certs/v1/join") => Need::Anyone,
         ("POST", "/swarm/v1/announce")
         | ("POST", "/swarm/v1/seeding")
         | ("GET", "/swarm/v1/hashes")

@@ -1,16 +1,22 @@
 //! `starling tracker`: which agent holds which pieces of which blob, who fetches from
-//! the registry, which peers to hand out. State is soft and in memory: agents announce
-//! every few hundred milliseconds while downloading and every second for what they
-//! seed, so a restarted tracker is whole again within a second or two.
+//! the registry, which peers to hand out. State is soft: agents announce every few
+//! hundred milliseconds while downloading and every second for what they seed, so a
+//! restarted tracker is whole again within a second or two. It lives in this process
+//! ([`store::Embedded`], the default) or, shared by several replicas, in Redis
+//! ([`redis_store::RedisStore`], `--redis`); either way [`decide`] is the one path.
 #![forbid(unsafe_code)]
 
 mod access;
 pub mod assignments;
 pub mod cluster_glue;
+mod decide;
+pub mod redis_store;
 mod server;
+pub mod store;
 pub mod tls;
 
 pub use access::Caller;
+pub use redis_store::RedisOptions;
 pub use server::ServerLimits;
 pub use tls::{CertResponse, JoinRequest, RenewRequest, TlsOptions, TrackerTls};
 
@@ -44,6 +50,58 @@ pub enum Error {
         what: &'static str,
         source: pki::Error,
     },
+    /// The `--redis` URL does not parse (or names an unsupported scheme).
+    #[error("redis URL {url}: {source}")]
+    RedisUrl {
+        url: String,
+        source: redis::RedisError,
+    },
+    /// A Redis call failed: unreachable, timed out, or an answer of the wrong shape.
+    #[error("redis {what}: {source}")]
+    Redis {
+        what: &'static str,
+        source: redis::RedisError,
+    },
+    /// Two replicas changed one swarm at the same moment; asking again settles it.
+    #[error("shared state of {digest}: {what}")]
+    Conflict { digest: String, what: &'static str },
+    /// The announce itself is invalid (geometry, sizes, names).
+    #[error(transparent)]
+    Announce(swarm::Error),
+}
+
+impl Error {
+    /// Whether the same request may succeed later or at another replica (the agent
+    /// moves on to the next tracker), as opposed to a request that is wrong.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Redis { .. } | Error::Conflict { .. } => true,
+            Error::Serve { .. } | Error::Pki { .. } | Error::RedisUrl { .. } => false,
+            Error::Announce(_) => false,
+        }
+    }
+
+    /// The HTTP answer for this error: 503 (retry, elsewhere) while the shared state is
+    /// out of reach, never an answer computed without it.
+    fn response(&self) -> Response {
+        let status = match self {
+            Error::Announce(_) => StatusCode::BAD_REQUEST,
+            e if e.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let mut resp = (
+            status,
+            Json(serde_json::json!({ "error": self.to_string() })),
+        )
+            .into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
+        }
+        resp
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,6 +127,11 @@ pub struct Metrics {
     connections_open: Gauge,
     tls_handshakes_refused: Family<ReasonLabels, Counter>,
     joins: Family<ReasonLabels, Counter>,
+    /// Redis reachability and failed calls by operation (`--redis`).
+    redis: redis_store::RedisMetrics,
+    /// Decisions of this replica the shared store overruled (an election another
+    /// replica won, a geometry set elsewhere at the same moment).
+    store_conflicts: Counter,
 }
 
 impl Default for Metrics {
@@ -121,7 +184,32 @@ impl Default for Metrics {
             "Join requests by outcome (issued, rate_limited, bad_token, name_not_allowed, ...)",
             joins.clone(),
         );
+        let redis = redis_store::RedisMetrics::default();
+        registry.register(
+            "redis_up",
+            "1 while the shared Redis answers (--redis; 0 in embedded mode)",
+            redis.up.clone(),
+        );
+        registry.register(
+            "redis_errors",
+            "Failed Redis calls by operation (load, commit, hashes, elections, ping, decode)",
+            redis.errors.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the Redis janitor lease (one replica at a time)",
+            redis.leader.clone(),
+        );
+        let store_conflicts = Counter::default();
+        registry.register(
+            "store_conflicts",
+            "Decisions the shared store overruled: an election another replica won, a \
+             geometry set elsewhere at the same moment",
+            store_conflicts.clone(),
+        );
         Self {
+            redis,
+            store_conflicts,
             registry,
             requests,
             latency,
@@ -141,7 +229,6 @@ pub struct Tracker {
     pub state: Arc<Mutex<TrackerState>>,
     pub metrics: Arc<Metrics>,
     token: Option<Arc<str>>,
-    started: Instant,
     /// The cluster layer (inventory, prewarm, extender, dashboard), when enabled.
     pub cluster: Option<cluster::ClusterState>,
     limits: ServerLimits,
@@ -150,6 +237,8 @@ pub struct Tracker {
     tls: Option<TrackerTls>,
     /// Prewarm assignments waiting for their nodes to collect them.
     mailboxes: assignments::Mailboxes,
+    /// Where the swarm state replicas share lives: this process, or Redis.
+    store: Arc<dyn store::SwarmStore>,
 }
 
 /// A batch of complete blobs an agent seeds, re-sent every second.
@@ -174,12 +263,22 @@ impl Tracker {
             state: Arc::new(Mutex::new(TrackerState::new(cfg))),
             metrics: Arc::new(Metrics::default()),
             token: token.map(Into::into),
-            started: Instant::now(),
             cluster: None,
             limits: ServerLimits::default(),
             tls: None,
             mailboxes: assignments::Mailboxes::default(),
+            store: Arc::new(store::Embedded::default()),
         }
+    }
+
+    /// Share the swarm state with other replicas through Redis (`--redis`).
+    pub fn with_redis(mut self, opts: &RedisOptions) -> Result<Self, Error> {
+        let ttl = Duration::from_millis(self.state.lock().cfg.peer_ttl_ms);
+        let redis = redis_store::RedisStore::connect(opts, ttl, self.metrics.redis.clone())?;
+        redis.spawn_health();
+        redis.spawn_janitor();
+        self.store = redis;
+        Ok(self)
     }
 
     /// Serve HTTPS with the cluster certificate, require client certificates and apply
@@ -202,10 +301,6 @@ impl Tracker {
         self
     }
 
-    fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
     /// Routes for agents (`/swarm/v1/...`, token-protected) and operators.
     pub fn router(&self) -> Router {
         let protected = Router::new()
@@ -217,7 +312,8 @@ impl Tracker {
             .merge(protected)
             .route("/swarm/v1/swarms", axum::routing::get(swarms))
             .route("/metrics", axum::routing::get(metrics))
-            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route("/healthz", axum::routing::get(healthz))
+            .route("/readyz", axum::routing::get(healthz))
             .with_state(self.clone());
         if let Some(c) = &self.cluster {
             router = router.merge(cluster::router(c.clone())).merge(
@@ -259,7 +355,7 @@ impl Tracker {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             loop {
                 tick.tick().await;
-                let now = t.now_ms();
+                let now = t.store.now_ms();
                 t.state.lock().expire(now);
             }
         });
@@ -337,6 +433,7 @@ const METRIC_ROUTES: &[&str] = &[
     "/swarm/v1/swarms",
     "/metrics",
     "/healthz",
+    "/readyz",
 ];
 
 async fn observe(State(t): State<Tracker>, req: Request, next: Next) -> Response {
@@ -375,15 +472,32 @@ async fn announce(
     if let Some(refused) = access::refuse_other_node(node.as_deref(), &req.node) {
         return refused;
     }
-    let now = t.now_ms();
-    let resp = t.state.lock().announce(&req, now);
-    match resp {
+    let answer = decide::decide(&t, std::slice::from_ref(&req), true)
+        .await
+        .and_then(|mut answers| {
+            answers.pop().unwrap_or_else(|| {
+                Err(Error::Conflict {
+                    digest: req.digest.to_string(),
+                    what: "no answer",
+                })
+            })
+        });
+    match answer {
         Ok(r) => Json(r).into_response(),
-        Err(e) => (
-            StatusCode::BAD_REQUEST,
-            Json(serde_json::json!({ "error": e.to_string() })),
+        Err(e) => e.response(),
+    }
+}
+
+/// Ready when the shared state answers (always, embedded): `/healthz` and `/readyz`.
+async fn healthz(State(t): State<Tracker>) -> Response {
+    if t.store.healthy() {
+        "ok".into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ t.store.kind(): "unreachable" })),
         )
-            .into_response(),
+            .into_response()
     }
 }
 
@@ -400,7 +514,20 @@ async fn hashes(
     State(t): State<Tracker>,
     axum::extract::Query(q): axum::extract::Query<HashesQuery>,
 ) -> Response {
-    Json(t.state.lock().hashes(&q.digest, q.from)).into_response()
+    // Through the copy: it holds what the store has and what this replica saw before
+    // a store that lost its data came back (hashes stay true for their geometry).
+    let digests = [q.digest.clone()];
+    match t.store.load(&digests, store::Refresh::WhenDue).await {
+        Ok(shared) => {
+            let now = t.store.now_ms();
+            let mut st = t.state.lock();
+            if let Some(Some(s)) = shared.into_iter().next() {
+                st.adopt(&q.digest, s, now);
+            }
+            Json(st.hashes(&q.digest, q.from)).into_response()
+        }
+        Err(e) => e.response(),
+    }
 }
 
 async fn seeding(
@@ -411,21 +538,62 @@ async fn seeding(
     if let Some(refused) = access::refuse_other_node(node.as_deref(), &req.node) {
         return refused;
     }
-    let now = t.now_ms();
-    let mut st = t.state.lock();
-    for b in req.blobs.iter().take(100_000) {
-        let mut a = AnnounceRequest::new(&req.node, &req.addr, &req.topology, &b.digest);
-        a.size = Some(b.size);
-        a.complete = true;
-        a.known_hashes = u32::MAX;
-        // A seeder with a bad entry (another size than the swarm's) is skipped.
-        let _ = st.announce(&a, now);
+    let batch: Vec<AnnounceRequest> = req
+        .blobs
+        .iter()
+        .take(100_000)
+        .map(|b| {
+            let mut a = AnnounceRequest::new(&req.node, &req.addr, &req.topology, &b.digest);
+            a.size = Some(b.size);
+            a.complete = true;
+            a.known_hashes = u32::MAX;
+            a
+        })
+        .collect();
+    // A seeder with a bad entry (another size than the swarm's) is skipped.
+    match decide::decide(&t, &batch, false).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => e.response(),
     }
-    StatusCode::NO_CONTENT.into_response()
 }
 
+/// The swarms this replica knows, with elections counted across all replicas.
 async fn swarms(State(t): State<Tracker>) -> Response {
-    Json(t.state.lock().stats()).into_response()
+    let digests: Vec<oci::Digest> = t
+        .state
+        .lock()
+        .stats()
+        .iter()
+        .filter_map(|s| s.digest.parse().ok())
+        .collect();
+    // Members as the store has them (a replica's copy only sees its own announces
+    // between refreshes).
+    match t.store.load(&digests, store::Refresh::WhenDue).await {
+        Ok(shared) => {
+            let now = t.store.now_ms();
+            let mut st = t.state.lock();
+            for (d, s) in digests.iter().zip(shared) {
+                if let Some(s) = s {
+                    st.adopt(d, s, now);
+                }
+            }
+        }
+        Err(e) => return e.response(),
+    }
+    let mut stats = t.state.lock().stats();
+    if digests.len() == stats.len() {
+        match t.store.elections(&digests).await {
+            Ok(Some(all)) => {
+                for (s, e) in stats.iter_mut().zip(all) {
+                    s.source_elections = e.count;
+                    s.elected = e.elected;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return e.response(),
+        }
+    }
+    Json(stats).into_response()
 }
 
 async fn metrics(State(t): State<Tracker>) -> Response {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 pub mod getkit;
 pub mod tls;
+pub mod trackers;
 
 pub struct Proc {
     pub child: Child,
@@ -370,4 +371,17 @@ pub async fn assert_connection_limits(base_url: &str, port: u16, cap: usize, ref
         kept.is_some(),
         "a slow-header connection (1 byte/s) was kept open for 15 s"
     );
+}
+
+/// Pulls `image` through the agent at `agent_url` as containerd would.
+pub async fn pull_via(
+    agent_url: &str,
+    image: &testkit::PushedImage,
+) -> Result<oci::pull::PullReport, oci::Error> {
+    let reference = oci::ImageReference::parse(&image.reference).unwrap();
+    let mut cfg = oci::UpstreamConfig::default();
+    cfg.endpoints
+        .insert(reference.registry.clone(), agent_url.to_owned());
+    let up = oci::Upstream::new(cfg).unwrap();
+    oci::pull::pull(&up, &reference, &Default::default()).await
 }

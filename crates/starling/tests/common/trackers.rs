@@ -1,0 +1,56 @@
+//! Several trackers and the agents that fail over between them (issue 14): shared by
+//! `tracker_failover.rs` (independent trackers) and `tracker_redis.rs` (replicas
+//! sharing Redis).
+
+use super::Proc;
+use std::path::Path;
+use testkit::Registry;
+
+pub const TOKEN: &str = "test-cluster-token";
+
+/// An agent given the comma-separated `trackers` (an order of preference), slowed to
+/// 8 MiB/s so that kills land mid-pull.
+pub async fn agent(dir: &Path, name: &str, trackers: &str, registry: &Registry) -> Proc {
+    let port = testkit::free_port();
+    let cache = dir.join(name);
+    let host = registry.host();
+    let args = super::args(&[
+        "agent",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--cache-dir",
+        &cache.display().to_string(),
+        "--default-registry",
+        &host,
+        "--registry-endpoint",
+        &format!("{host}={}", registry.url()),
+        "--tracker",
+        trackers,
+        "--cluster-token",
+        TOKEN,
+        "--insecure-plain-http",
+        "--node-name",
+        name,
+        "--min-free",
+        "0",
+        "--download-limit",
+        "8MiB",
+    ]);
+    Proc::start(args, port, dir.join(format!("{name}.log")), cache).await
+}
+
+/// `/swarm/v1/swarms` of a tracker; `Null` when it does not answer.
+pub async fn swarms(tracker: &str) -> serde_json::Value {
+    match reqwest::get(format!("{tracker}/swarm/v1/swarms")).await {
+        Ok(r) => r.json().await.unwrap_or(serde_json::Value::Null),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+/// Members of the largest swarm in a `/swarm/v1/swarms` answer.
+pub fn peers(swarms: &serde_json::Value) -> u64 {
+    swarms
+        .as_array()
+        .and_then(|a| a.iter().filter_map(|s| s["peers"].as_u64()).max())
+        .unwrap_or(0)
+}

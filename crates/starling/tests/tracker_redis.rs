@@ -1,0 +1,255 @@
+#![allow(clippy::unwrap_used)]
+//! Tracker replicas sharing their state in a real `redis-server` (issue 14): agents
+//! split over two replicas still form one swarm per blob with one registry fetcher;
+//! `kill -9` of a replica mid-pull fails no pull; a Redis restart mid-pull fails no pull,
+//! the replicas say they are not ready while it is down (503, not stale answers) and
+//! recover when it returns.
+//!
+//! Known failure (about one run in six, `docs/tracker-ha.md`): after Redis comes back
+//! empty, a node can be elected fetcher again for a blob another node completed during
+//! the outage, and its pull stalls on pieces it cannot verify. Not ignored on purpose:
+//! it is the issue's proof, and the gap is real, so it stays a plain test.
+//!
+//! The Redis URL reaches the trackers through `STARLING_TRACKER_REDIS`, so the same
+//! test run against a tracker without the mode shows what it lacked (two replicas
+//! electing a fetcher each, readiness that ignores Redis).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::trackers::{agent, peers, swarms, TOKEN};
+use common::{pull_via, Proc};
+use testkit::{RedisServer, Registry, RegistryAuth, TestImage};
+
+/// How often and how long `testkit::until` checks (a bound on waiting, not a
+/// measurement).
+const POLL_EVERY: Duration = Duration::from_millis(100);
+const POLL_WITHIN: Duration = Duration::from_secs(60);
+
+async fn replica(dir: &Path, redis: &str) -> Proc {
+    std::fs::create_dir_all(dir).unwrap();
+    common::start_tracker(
+        dir,
+        &["--cluster-token", TOKEN],
+        &[("STARLING_TRACKER_REDIS", redis)],
+    )
+    .await
+}
+
+async fn health(tracker: &str) -> u16 {
+    reqwest::get(format!("{tracker}/healthz"))
+        .await
+        .map_or(0, |r| r.status().as_u16())
+}
+
+/// The status of one announce for a probe node of a new blob.
+async fn probe_announce(tracker: &str) -> u16 {
+    let body = serde_json::json!({
+        "node": "probe",
+        "addr": "127.0.0.1:9",
+        "digest": oci::Digest::of(b"probe blob").to_string(),
+        "size": 64u64 << 20,
+    });
+    reqwest::Client::new()
+        .post(format!("{tracker}/swarm/v1/announce"))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .map_or(0, |r| r.status().as_u16())
+}
+
+async fn pull_all(
+    agents: &[Proc],
+    image: &testkit::PushedImage,
+) -> Vec<tokio::task::JoinHandle<Result<oci::pull::PullReport, oci::Error>>> {
+    agents
+        .iter()
+        .map(|a| {
+            let (url, img) = (a.url(), image.clone());
+            tokio::spawn(async move { pull_via(&url, &img).await })
+        })
+        .collect()
+}
+
+async fn expect_pulled(
+    agents: &[Proc],
+    pulls: Vec<tokio::task::JoinHandle<Result<oci::pull::PullReport, oci::Error>>>,
+    image: &testkit::PushedImage,
+) {
+    for (a, p) in agents.iter().zip(pulls) {
+        let report = p.await.unwrap().unwrap_or_else(|e| {
+            let logs: Vec<String> = agents
+                .iter()
+                .map(|a| format!("== {}\n{}", a.url(), a.log_text()))
+                .collect();
+            panic!("pull through {} failed: {e}\n{}", a.url(), logs.join("\n"))
+        });
+        assert_eq!(report.manifest_digest.to_string(), image.digest);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .unwrap();
+    let image =
+        TestImage::push_multilayer(&registry, "ha/redis", "1", &[24 << 20, 24 << 20], 31).unwrap();
+    let mut first = replica(&dir.path().join("t1"), &redis.url()).await;
+    let second = replica(&dir.path().join("t2"), &redis.url()).await;
+    // Half the agents prefer each replica: only shared state makes them one swarm.
+    let prefer_first = format!("{},{}", first.url(), second.url());
+    let prefer_second = format!("{},{}", second.url(), first.url());
+    let mut agents = Vec::new();
+    for (name, list) in [
+        ("n1", &prefer_first),
+        ("n2", &prefer_second),
+        ("n3", &prefer_first),
+        ("n4", &prefer_second),
+    ] {
+        agents.push(agent(dir.path(), name, list, &registry).await);
+    }
+    let pulls = pull_all(&agents, &image).await;
+    let first_url = first.url();
+    testkit::until(
+        "agents announcing to the first replica",
+        POLL_EVERY,
+        POLL_WITHIN,
+        || {
+            let u = first_url.clone();
+            async move { peers(&swarms(&u).await) >= 2 }
+        },
+    )
+    .await;
+    first.kill9();
+    expect_pulled(&agents, pulls, &image).await;
+
+    // One registry fetcher per blob across both replicas, and no more registry bytes
+    // than one image's layers (plus 5 %).
+    let second_url = second.url();
+    let layers: u64 = image.layers.iter().map(|l| l.size).sum();
+    let swarm_list = swarms(&second_url).await;
+    let big: Vec<&serde_json::Value> = swarm_list
+        .as_array()
+        .expect("swarm list")
+        .iter()
+        .filter(|s| s["size"].as_u64().is_some_and(|n| n >= 1 << 20))
+        .collect();
+    assert_eq!(
+        big.len(),
+        image.layers.len(),
+        "one swarm per layer: {swarm_list}"
+    );
+    for s in &big {
+        assert_eq!(
+            s["source_elections"], 1,
+            "exactly one fetcher elected for {} across replicas: {swarm_list}",
+            s["digest"]
+        );
+    }
+    let mut upstream = 0;
+    for a in &agents {
+        upstream += common::metric(&a.url(), "starling_agent_p2p_registry_bytes_total").await;
+    }
+    assert!(
+        upstream * 100 <= layers * 105,
+        "registry egress {upstream} B for {layers} B of layers"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .unwrap();
+    let image = TestImage::push_multilayer(
+        &registry,
+        "ha/redis-restart",
+        "1",
+        &[24 << 20, 24 << 20],
+        32,
+    )
+    .unwrap();
+    let first = replica(&dir.path().join("t1"), &redis.url()).await;
+    let second = replica(&dir.path().join("t2"), &redis.url()).await;
+    let list = format!("{},{}", first.url(), second.url());
+    let mut agents = Vec::new();
+    for name in ["r1", "r2", "r3"] {
+        agents.push(agent(dir.path(), name, &list, &registry).await);
+    }
+    let pulls = pull_all(&agents, &image).await;
+    let first_url = first.url();
+    testkit::until("agents announcing", POLL_EVERY, POLL_WITHIN, || {
+        let u = first_url.clone();
+        async move { peers(&swarms(&u).await) >= 2 }
+    })
+    .await;
+
+    redis.kill();
+    // Both replicas say they are not ready, and refuse announces with a retryable 503
+    // rather than answering from their copies.
+    for t in [&first, &second] {
+        let url = t.url();
+        testkit::until(
+            "a replica to report Redis unreachable",
+            POLL_EVERY,
+            POLL_WITHIN,
+            || {
+                let u = url.clone();
+                async move { health(&u).await == 503 }
+            },
+        )
+        .await;
+        assert_eq!(probe_announce(&url).await, 503);
+    }
+    assert!(common::metric(&first.url(), "starling_tracker_redis_errors").await > 0);
+    let up = common::metric_lines(&first.url(), "starling_tracker_redis_up").await;
+    assert!(up.iter().any(|l| l.ends_with(" 0")), "{up:?}");
+
+    let redis = tokio::task::spawn_blocking(move || {
+        redis.restart();
+        redis
+    })
+    .await
+    .unwrap();
+    for t in [&first, &second] {
+        let url = t.url();
+        testkit::until(
+            "a replica to be ready again",
+            POLL_EVERY,
+            POLL_WITHIN,
+            || {
+                let u = url.clone();
+                async move { health(&u).await == 200 }
+            },
+        )
+        .await;
+        assert_eq!(probe_announce(&url).await, 200);
+    }
+    expect_pulled(&agents, pulls, &image).await;
+    // Soft state refills from announces and seeding: the restarted Redis holds the
+    // whole swarm again, whichever replica each agent ended up on.
+    let (first_url, second_url) = (first.url(), second.url());
+    testkit::until(
+        "the swarm rebuilt in the restarted Redis",
+        POLL_EVERY,
+        POLL_WITHIN,
+        || {
+            let (a, b) = (first_url.clone(), second_url.clone());
+            async move { peers(&swarms(&a).await).max(peers(&swarms(&b).await)) >= 3 }
+        },
+    )
+    .await;
+    drop(redis);
+}

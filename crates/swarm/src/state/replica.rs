@@ -1,0 +1,222 @@
+//! What tracker replicas share about a swarm (issue 14, `--redis`): the shared store
+//! holds it, and each replica copies it into its own [`TrackerState`] before deciding an
+//! announce, so the decision is the one `TrackerState::announce` makes in the embedded
+//! tracker. Only the election is settled outside (atomically in the store): the copy
+//! may be a little old, and an election must never be decided on an old copy.
+
+use std::collections::BTreeMap;
+
+use oci::Digest;
+use serde::{Deserialize, Serialize};
+
+use super::{Swarm, TrackerState};
+use crate::peers::PeerEntry;
+use crate::pieces::PieceHash;
+use crate::protocol::{AnnounceRequest, Topology};
+use crate::Bitfield;
+
+/// One member of a swarm as replicas share it (the store keeps it per node).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SharedPeer {
+    pub addr: String,
+    #[serde(default)]
+    pub topology: Topology,
+    #[serde(default)]
+    pub have: Option<Bitfield>,
+    #[serde(default)]
+    pub complete: bool,
+    /// Wall-clock milliseconds: replicas compare each other's times.
+    pub last_seen: u64,
+}
+
+impl SharedPeer {
+    /// The entry an announce leaves, as the embedded tracker stores it: a bitfield of
+    /// another length than the swarm's is dropped. `None` for a node leaving.
+    pub fn of(req: &AnnounceRequest, pieces: u32, now: u64) -> Option<SharedPeer> {
+        (!req.leaving).then(|| SharedPeer {
+            addr: req.addr.clone(),
+            topology: req.topology.clone(),
+            have: req.have.clone().filter(|h| h.len() == pieces),
+            complete: req.complete,
+            last_seen: now,
+        })
+    }
+}
+
+/// A swarm's shared parts, as the store holds them.
+#[derive(Clone, Debug, Default)]
+pub struct SharedSwarm {
+    pub size: Option<u64>,
+    /// 0: not chosen yet.
+    pub piece_size: u64,
+    /// When the swarm was first announced (wall-clock ms); 0: unknown.
+    pub born: u64,
+    /// The elected registry fetcher, if any.
+    pub source: Option<String>,
+    /// Members by node; `None`: not read this time (the copy's members stay).
+    pub peers: Option<BTreeMap<String, SharedPeer>>,
+    /// Piece hashes from the source; `None`: not read this time.
+    pub hashes: Option<BTreeMap<u32, PieceHash>>,
+}
+
+impl TrackerState {
+    /// Makes this replica's copy of swarm `d` what the store says. The store wins over
+    /// the copy: geometry, source and (when read) members and hashes are replaced.
+    pub fn adopt(&mut self, d: &Digest, shared: SharedSwarm, now: u64) {
+        let swarm = self.swarms.entry(d.clone()).or_insert_with(|| Swarm {
+            born: if shared.born > 0 { shared.born } else { now },
+            ..Swarm::default()
+        });
+        if shared.size.is_some() {
+            swarm.size = shared.size;
+        }
+        if shared.piece_size > 0 && shared.piece_size != swarm.piece_size {
+            // Hashes are of pieces of one size: another size makes them meaningless.
+            swarm.hashes.clear();
+            swarm.piece_size = shared.piece_size;
+        }
+        if shared.born > 0 {
+            swarm.born = shared.born;
+        }
+        swarm.source = shared.source;
+        let count = swarm.count();
+        if let Some(peers) = shared.peers {
+            swarm.peers.retain(|p| peers.contains_key(&p.name));
+            for (name, p) in peers {
+                let have = p.have.filter(|h| h.len() == count);
+                swarm.peers.upsert(PeerEntry::new(
+                    &name,
+                    &p.addr,
+                    &p.topology,
+                    have,
+                    p.complete,
+                    p.last_seen,
+                ));
+            }
+        }
+        if let Some(hashes) = shared.hashes {
+            // Merged, not replaced: a hash came from an elected source's registry bytes
+            // and stays true for this geometry, so a store that lost its data (Redis
+            // restarted empty) does not make this replica forget what it served.
+            swarm
+                .hashes
+                .extend(hashes.into_iter().filter(|(i, _)| *i < count));
+        }
+    }
+
+    /// Overrules this replica's election: the store elected `source` (or nobody).
+    pub fn set_source(&mut self, d: &Digest, source: Option<String>) {
+        if let Some(s) = self.swarms.get_mut(d) {
+            s.source = source;
+        }
+    }
+
+    /// The geometry of swarm `d` in this replica's copy: (size, piece size, pieces,
+    /// born).
+    pub fn geometry(&self, d: &Digest) -> Option<(Option<u64>, u64, u32, u64)> {
+        self.swarms
+            .get(d)
+            .map(|s| (s.size, s.piece_size, s.count(), s.born))
+    }
+
+    /// Keeps the hashes of an announce this replica could not settle (the store was out
+    /// of reach) when it comes from the source this copy knows: the answer was refused,
+    /// but hashes read from the registry by the elected source stay true, and a source's
+    /// last announce is sent once.
+    pub fn keep_source_hashes(&mut self, req: &AnnounceRequest) {
+        let valid = self.valid_hashes(&req.digest, req);
+        if let Some(s) = self.swarms.get_mut(&req.digest) {
+            if s.source.as_deref() == Some(req.node.as_str()) {
+                s.hashes.extend(valid);
+            }
+        }
+    }
+
+    /// Piece hashes a source sent that fit swarm `d` (what the store may keep).
+    pub fn valid_hashes(&self, d: &Digest, req: &AnnounceRequest) -> BTreeMap<u32, PieceHash> {
+        let count = self.swarms.get(d).map_or(0, Swarm::count);
+        req.hashes
+            .iter()
+            .filter(|(i, _)| **i < count)
+            .filter_map(|(i, h)| PieceHash::from_hex(h).ok().map(|h| (*i, h)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Role, SwarmConfig};
+
+    fn req(node: &str, d: &Digest) -> AnnounceRequest {
+        let mut r = AnnounceRequest::new(node, "127.0.0.1:1", &Topology::default(), d);
+        r.size = Some(64 << 20);
+        r.piece_size = Some(1 << 20);
+        r
+    }
+
+    #[test]
+    fn a_replica_that_adopted_another_ones_source_does_not_elect_again() {
+        let d = Digest::of(b"shared");
+        let mut first = TrackerState::new(SwarmConfig::default());
+        assert_eq!(
+            first.announce(&req("a", &d), 1_000).expect("valid").role,
+            Role::Source
+        );
+        let a = SharedPeer::of(&req("a", &d), 64, 1_000).expect("valid");
+        let mut second = TrackerState::new(SwarmConfig::default());
+        second.adopt(
+            &d,
+            SharedSwarm {
+                size: Some(64 << 20),
+                piece_size: 1 << 20,
+                born: 1_000,
+                source: Some("a".into()),
+                peers: Some([("a".to_owned(), a)].into()),
+                hashes: None,
+            },
+            1_100,
+        );
+        let resp = second.announce(&req("b", &d), 1_100).expect("valid");
+        assert_eq!(resp.role, Role::Peer);
+        assert_eq!(resp.source.as_deref(), Some("a"));
+        assert!(resp.peers.iter().any(|p| p.node == "a"));
+    }
+
+    #[test]
+    fn members_the_store_no_longer_has_leave_the_copy() {
+        let d = Digest::of(b"gone");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        t.announce(&req("a", &d), 0).expect("valid");
+        t.announce(&req("b", &d), 0).expect("valid");
+        let b = SharedPeer::of(&req("b", &d), 64, 5).expect("valid");
+        t.adopt(
+            &d,
+            SharedSwarm {
+                peers: Some([("b".to_owned(), b)].into()),
+                ..SharedSwarm::default()
+            },
+            5,
+        );
+        assert_eq!(t.stats()[0].peers, 1);
+    }
+
+    #[test]
+    fn hashes_of_an_unsettled_announce_are_kept_only_from_the_known_source() {
+        let d = Digest::of(b"outage hashes");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        t.announce(&req("src", &d), 0).expect("valid");
+        let mut last = req("src", &d);
+        last.complete = true;
+        last.hashes
+            .insert(63, crate::PieceHash::of(b"last").to_hex());
+        t.keep_source_hashes(&last);
+        let mut forged = req("other", &d);
+        forged
+            .hashes
+            .insert(62, crate::PieceHash::of(b"lie").to_hex());
+        t.keep_source_hashes(&forged);
+        let kept = t.hashes(&d, 0);
+        assert_eq!(kept.keys().copied().collect::<Vec<_>>(), vec![63]);
+    }
+}

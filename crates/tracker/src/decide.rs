@@ -1,0 +1,149 @@
+//! The one path every announce takes, embedded or shared: load the shared state into
+//! this replica's copy, let `TrackerState::announce` decide, commit the outcome to the
+//! store, and let the store overrule what it must (the election, the geometry).
+
+use swarm::state::SharedPeer;
+use swarm::{AnnounceRequest, AnnounceResponse, Role};
+
+use crate::store::{Outcome, Refresh, SourceIntent};
+use crate::{Error, Tracker};
+
+/// Decides `reqs` (one announce, or one seeding batch). `members`: refresh the copy's
+/// members and hashes when due (announces; seeding batches skip it, a seeder needs no
+/// handout). The outer error is the store's (nothing was answered); the inner ones are
+/// per announce.
+pub(crate) async fn decide(
+    t: &Tracker,
+    reqs: &[AnnounceRequest],
+    members: bool,
+) -> Result<Vec<Result<AnnounceResponse, Error>>, Error> {
+    let refresh = if members {
+        Refresh::WhenDue
+    } else {
+        Refresh::No
+    };
+    let decided = match decide_with_store(t, reqs, refresh).await {
+        Ok(Decided::Answers(answers)) => Ok(answers),
+        // A new election decided on a copy whose members were not just read (a
+        // complete holder may have arrived through another replica): decide again on
+        // fresh members, so that a fetcher is elected only when one is needed.
+        Ok(Decided::StaleElection) => match decide_with_store(t, reqs, Refresh::Now).await {
+            Ok(Decided::Answers(answers)) => Ok(answers),
+            Ok(Decided::StaleElection) => Err(Error::Conflict {
+                digest: reqs
+                    .first()
+                    .map(|r| r.digest.to_string())
+                    .unwrap_or_default(),
+                what: "members could not be read fresh for an election",
+            }),
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    if decided.is_err() {
+        // Refused (503), but a source's hashes are kept for when the store is back.
+        let mut st = t.state.lock();
+        for req in reqs.iter().filter(|r| !r.hashes.is_empty()) {
+            st.keep_source_hashes(req);
+        }
+    }
+    decided
+}
+
+enum Decided {
+    Answers(Vec<Result<AnnounceResponse, Error>>),
+    /// Nothing committed: an election was decided on members not read this time.
+    StaleElection,
+}
+
+async fn decide_with_store(
+    t: &Tracker,
+    reqs: &[AnnounceRequest],
+    refresh: Refresh,
+) -> Result<Decided, Error> {
+    let digests: Vec<oci::Digest> = reqs.iter().map(|r| r.digest.clone()).collect();
+    let shared = t.store.load(&digests, refresh).await?;
+    let now = t.store.now_ms();
+    let mut answers = Vec::with_capacity(reqs.len());
+    let mut outcomes = Vec::new();
+    {
+        let mut st = t.state.lock();
+        for (req, shared) in reqs.iter().zip(shared) {
+            // The store names no fetcher and this copy's members were not read now.
+            let unread_without_source = refresh != Refresh::Now
+                && shared
+                    .as_ref()
+                    .is_some_and(|s| s.source.is_none() && s.peers.is_none());
+            if let Some(shared) = shared {
+                st.adopt(&req.digest, shared, now);
+            }
+            let resp = match st.announce(req, now) {
+                Ok(resp) => resp,
+                Err(e) => {
+                    answers.push(Err(Error::Announce(e)));
+                    continue;
+                }
+            };
+            let (size, piece_size, pieces, born) =
+                st.geometry(&req.digest).unwrap_or((None, 0, 0, now));
+            let intent = if resp.role == Role::Source {
+                if unread_without_source {
+                    return Ok(Decided::StaleElection);
+                }
+                SourceIntent::Claim
+            } else if req.complete || req.leaving {
+                SourceIntent::Release
+            } else {
+                SourceIntent::Keep
+            };
+            outcomes.push((
+                answers.len(),
+                Outcome {
+                    digest: req.digest.clone(),
+                    node: req.node.clone(),
+                    peer: SharedPeer::of(req, pieces, now),
+                    size,
+                    piece_size,
+                    born,
+                    intent,
+                    decided_source: resp.source.clone(),
+                    hashes: if intent == SourceIntent::Keep {
+                        Default::default()
+                    } else {
+                        st.valid_hashes(&req.digest, req)
+                    },
+                },
+            ));
+            answers.push(Ok(resp));
+        }
+    }
+    let (slots, outcomes): (Vec<usize>, Vec<Outcome>) = outcomes.into_iter().unzip();
+    let settled = t.store.commit(&outcomes).await?;
+    let mut st = t.state.lock();
+    for ((slot, outcome), settled) in slots.into_iter().zip(&outcomes).zip(settled) {
+        let Some(Ok(resp)) = answers.get_mut(slot) else {
+            continue;
+        };
+        if (settled.size, settled.piece_size) != (outcome.size, outcome.piece_size) {
+            // Another replica fixed another geometry at the same moment: the next load
+            // brings the stored one; this agent asks again (elsewhere, or here).
+            t.metrics.store_conflicts.inc();
+            answers[slot] = Err(Error::Conflict {
+                digest: outcome.digest.to_string(),
+                what: "geometry was set by another replica at the same time",
+            });
+            continue;
+        }
+        if settled.source != outcome.decided_source {
+            // The store elected someone else (or nobody): it is the only judge.
+            t.metrics.store_conflicts.inc();
+            st.set_source(&outcome.digest, settled.source.clone());
+            if resp.role == Role::Source && settled.source.as_deref() != Some(&outcome.node) {
+                resp.role = Role::Peer;
+            }
+            resp.source_alive = settled.source.is_some();
+            resp.source = settled.source;
+        }
+    }
+    Ok(Decided::Answers(answers))
+}

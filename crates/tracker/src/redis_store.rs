@@ -1,0 +1,593 @@
+//! `starling tracker --redis URL`: the swarm state every replica shares, in Redis.
+//!
+//! Keys (prefix `st:` by default; `{d}` is the blob digest in a hash tag, so one swarm's
+//! keys share a Redis Cluster slot):
+//!
+//! | key | type | what | TTL |
+//! |---|---|---|---|
+//! | `st:{d}:meta` | HASH size, piece_size, born | geometry, set once (`HSETNX`) | swarm idle TTL |
+//! | `st:{d}:peers` | HASH node → JSON [`SharedPeer`] | members and bitfields | swarm idle TTL |
+//! | `st:{d}:source` | STRING node | the one registry fetcher (`SET NX PX`) | peer TTL, renewed by its announces |
+//! | `st:{d}:hashes` | HASH piece → 32 bytes | hashes from the source only | swarm idle TTL |
+//! | `st:{d}:elections`, `st:{d}:elected` | counter, LIST | elections across replicas | swarm idle TTL |
+//! | `st:swarms` | ZSET digest → last announce | the janitor's index | trimmed by the janitor |
+//! | `st:lease:janitor` | STRING replica | the one replica sweeping (`SET NX PX`, renewed) | 10 s |
+//!
+//! Every announce is one script ([`COMMIT`]), so a change is whole or absent: there is
+//! nothing to repair when Redis comes back. Reads of members and hashes refresh a
+//! replica's copy at most every `refresh` per swarm; the source and the geometry are
+//! read at every announce.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use oci::Digest;
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use redis::aio::ConnectionManager;
+use swarm::state::{SharedPeer, SharedSwarm};
+use swarm::PieceHash;
+use tracing::{info, warn};
+
+use crate::store::{Elections, Outcome, Refresh, Settled, SourceIntent, StoreFuture, SwarmStore};
+use crate::{Error, ReasonLabels};
+
+/// Members read per swarm at most (a hostile or corrupted store cannot make a replica
+/// allocate without bound): far above the 10,000-node target.
+const MAX_MEMBERS: usize = 100_000;
+/// A stored member entry longer than this is skipped (a 65,536-piece bitfield in base64
+/// is ≈ 11 KB).
+const MAX_MEMBER_BYTES: usize = 64 * 1024;
+/// Swarms whose last refresh time is remembered; beyond it the table starts over.
+const MAX_REFRESH_ENTRIES: usize = 100_000;
+/// Failed health pings in a row before the replica says it is not ready.
+const PINGS_BEFORE_DOWN: u32 = 2;
+
+/// Settles one announce atomically: geometry set once, the member entry, the election
+/// (`SET NX PX`, renewed by the source's announces, released when it finishes or
+/// leaves), the source's hashes, TTLs. Returns the stored size and piece size, the
+/// current source ('' for none) and 1 when this call elected it.
+///
+/// KEYS: meta, peers, source, hashes, elections, elected.
+/// ARGV: node, member JSON ('' = leaving), intent (claim|release|keep), source TTL ms,
+/// idle TTL ms, size ('' = unknown), piece size ('0' = unknown), born, then hash pairs.
+const COMMIT: &str = r"
+local node = ARGV[1]
+if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[1], 'size', ARGV[6]) end
+if ARGV[7] ~= '0' then redis.call('HSETNX', KEYS[1], 'piece_size', ARGV[7]) end
+redis.call('HSETNX', KEYS[1], 'born', ARGV[8])
+local geo = redis.call('HMGET', KEYS[1], 'size', 'piece_size')
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[2], node)
+else
+  redis.call('HSET', KEYS[2], node, ARGV[2])
+end
+local cur = redis.call('GET', KEYS[3])
+local elected = 0
+if cur == node and ARGV[3] ~= 'release' then
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+elseif not cur and ARGV[3] == 'claim' then
+  redis.call('SET', KEYS[3], node, 'PX', ARGV[4])
+  cur = node
+  elected = 1
+  redis.call('INCR', KEYS[5])
+  redis.call('RPUSH', KEYS[6], node)
+  redis.call('LTRIM', KEYS[6], 0, 7)
+end
+if cur == node then
+  for i = 9, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+end
+if cur == node and ARGV[3] == 'release' then
+  redis.call('DEL', KEYS[3])
+  cur = false
+end
+for i = 1, 6 do
+  if i ~= 3 then redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+end
+return {geo[1] or '', geo[2] or '', cur or '', elected}
+";
+
+/// Takes the lease KEYS[1] for ARGV[1] (SET NX PX) or renews it if ARGV[1] holds it;
+/// 1 while ARGV[1] leads.
+const LEAD: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+elseif cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
+/// Drops the members of swarm KEYS[1] last seen before ARGV[1]; returns how many.
+const TRIM: &str = r"
+local gone = 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local ok, peer = pcall(cjson.decode, all[i + 1])
+  if not ok or type(peer) ~= 'table' or (tonumber(peer.last_seen) or 0) < tonumber(ARGV[1]) then
+    redis.call('HDEL', KEYS[1], all[i])
+    gone = gone + 1
+  end
+end
+return gone
+";
+
+/// How long the janitor lease lasts without renewal, and how often it is tried.
+const JANITOR_LEASE: Duration = Duration::from_secs(10);
+const JANITOR_EVERY: Duration = Duration::from_secs(3);
+/// Swarms the janitor looks at per round.
+const JANITOR_BATCH: isize = 1000;
+
+/// What `--redis` and its companions say.
+#[derive(Clone, Debug)]
+pub struct RedisOptions {
+    /// `redis://[:password@]host:port[/db]` or `rediss://…` (TLS).
+    pub url: String,
+    /// Key prefix, so that one Redis can serve several clusters.
+    pub prefix: String,
+    /// How often a replica re-reads a swarm's members and hashes at most.
+    pub refresh: Duration,
+    /// A swarm nobody announced for this long is dropped from Redis.
+    pub swarm_idle: Duration,
+    /// Connection and response timeout of one Redis call: beyond it the announce gets
+    /// 503 and the agent tries another tracker.
+    pub timeout: Duration,
+}
+
+impl RedisOptions {
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisOptions {
+            url: url.into(),
+            prefix: "st:".into(),
+            refresh: Duration::from_secs(1),
+            swarm_idle: Duration::from_secs(600),
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Redis health and errors, metric families of the tracker's registry.
+#[derive(Clone, Default)]
+pub struct RedisMetrics {
+    pub(crate) up: Gauge,
+    pub(crate) errors: Family<ReasonLabels, Counter>,
+    /// 1 while this replica holds the janitor lease.
+    pub(crate) leader: Gauge,
+}
+
+pub struct RedisStore {
+    con: ConnectionManager,
+    /// This replica's name in leases: unique per process start.
+    replica: String,
+    prefix: String,
+    refresh_ms: u64,
+    source_ttl_ms: u64,
+    idle_ms: u64,
+    /// Per swarm, when this replica last read its members (wall-clock ms).
+    refreshed: Mutex<HashMap<Digest, u64>>,
+    up: AtomicBool,
+    failed_pings: AtomicU32,
+    metrics: RedisMetrics,
+    /// The URL without its password, for logs.
+    shown: String,
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The URL with its password replaced, for logs and errors.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl RedisStore {
+    /// Connects lazily: a replica starts (not ready) while Redis is down, and becomes
+    /// ready when it answers. `source_ttl`: the swarm's peer TTL, how long a silent
+    /// source keeps the role.
+    pub fn connect(
+        opts: &RedisOptions,
+        source_ttl: Duration,
+        metrics: RedisMetrics,
+    ) -> Result<Arc<Self>, Error> {
+        let shown = redact(&opts.url);
+        let bad_url = |source| Error::RedisUrl {
+            url: shown.clone(),
+            source,
+        };
+        if opts.url.starts_with("rediss://") {
+            // redis-rs builds its rustls configuration from the process default; the
+            // workspace uses ring. Already installed (by a test, say) is fine.
+            let _ = pki::tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = redis::Client::open(opts.url.as_str()).map_err(bad_url)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.timeout))
+            .set_response_timeout(Some(opts.timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        let con = ConnectionManager::new_lazy_with_config(client, config).map_err(bad_url)?;
+        info!(redis = %shown, prefix = %opts.prefix, "tracker state shared in Redis");
+        Ok(Arc::new(RedisStore {
+            con,
+            replica: {
+                // Several stores in one process (tests, a future multi-tenant tracker)
+                // are distinct replicas too.
+                static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = STARTED.fetch_add(1, Ordering::Relaxed);
+                format!("{}-{}-{n}", std::process::id(), wall_ms())
+            },
+            prefix: opts.prefix.clone(),
+            refresh_ms: opts.refresh.as_millis() as u64,
+            source_ttl_ms: source_ttl.as_millis().max(1) as u64,
+            idle_ms: opts.swarm_idle.as_millis().max(1) as u64,
+            refreshed: Mutex::new(HashMap::new()),
+            up: AtomicBool::new(false),
+            failed_pings: AtomicU32::new(0),
+            metrics,
+            shown,
+        }))
+    }
+
+    /// Pings Redis every second for readiness and the `redis_up` metric, for as long as
+    /// the store lives.
+    pub fn spawn_health(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(store) = weak.upgrade() else { return };
+                let mut con = store.con.clone();
+                let pong: Result<String, _> = redis::cmd("PING").query_async(&mut con).await;
+                store.note_ping(pong.is_ok());
+            }
+        });
+    }
+
+    /// Takes or renews the lease `name` for this replica: true while it leads. A
+    /// replica that stops renewing (dead, cut off) loses it after `ttl`, and the next
+    /// replica to ask takes it.
+    pub async fn lead(&self, name: &str, ttl: Duration) -> Result<bool, Error> {
+        let mut con = self.con.clone();
+        let led: u32 = redis::cmd("EVAL")
+            .arg(LEAD)
+            .arg(1)
+            .arg(format!("{}lease:{name}", self.prefix))
+            .arg(&self.replica)
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut con)
+            .await
+            .map_err(self.redis_err("lease"))?;
+        Ok(led == 1)
+    }
+
+    /// One janitor round: members silent for ten peer TTLs leave Redis (the embedded
+    /// tracker's expiry), swarms idle past their TTL leave the index. Returns the
+    /// members removed.
+    pub async fn sweep(&self) -> Result<u64, Error> {
+        let now = wall_ms();
+        let mut con = self.con.clone();
+        let index = self.swarms_key();
+        let _: () = redis::cmd("ZREMRANGEBYSCORE")
+            .arg(&index)
+            .arg("-inf")
+            .arg(now.saturating_sub(self.idle_ms))
+            .query_async(&mut con)
+            .await
+            .map_err(self.redis_err("sweep"))?;
+        let digests: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&index)
+            .arg(0)
+            .arg(JANITOR_BATCH - 1)
+            .query_async(&mut con)
+            .await
+            .map_err(self.redis_err("sweep"))?;
+        let cutoff = now.saturating_sub(self.source_ttl_ms.saturating_mul(10));
+        let mut gone = 0u64;
+        for d in digests.iter().filter_map(|d| d.parse::<Digest>().ok()) {
+            let n: u64 = redis::cmd("EVAL")
+                .arg(TRIM)
+                .arg(1)
+                .arg(self.key(&d, "peers"))
+                .arg(cutoff)
+                .query_async(&mut con)
+                .await
+                .map_err(self.redis_err("sweep"))?;
+            gone += n;
+        }
+        Ok(gone)
+    }
+
+    /// The janitor: whichever replica holds the `janitor` lease sweeps every few
+    /// seconds; the others only try to take the lease.
+    pub fn spawn_janitor(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(JANITOR_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(store) = weak.upgrade() else { return };
+                let leads = store.lead("janitor", JANITOR_LEASE).await.unwrap_or(false);
+                store.metrics.leader.set(i64::from(leads));
+                if leads {
+                    match store.sweep().await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::debug!(members = n, "janitor removed silent members"),
+                        Err(e) => warn!(error = %e, "janitor round failed"),
+                    }
+                }
+            }
+        });
+    }
+
+    fn note_ping(&self, ok: bool) {
+        if ok {
+            self.failed_pings.store(0, Ordering::Relaxed);
+            if !self.up.swap(true, Ordering::Relaxed) {
+                info!(redis = %self.shown, "Redis reachable: ready");
+            }
+        } else {
+            let failed = self.failed_pings.fetch_add(1, Ordering::Relaxed) + 1;
+            self.error("ping");
+            if failed >= PINGS_BEFORE_DOWN && self.up.swap(false, Ordering::Relaxed) {
+                warn!(redis = %self.shown, "Redis unreachable: not ready, announces get 503");
+            }
+        }
+        self.metrics
+            .up
+            .set(i64::from(self.up.load(Ordering::Relaxed)));
+    }
+
+    fn error(&self, op: &'static str) {
+        self.metrics
+            .errors
+            .get_or_create(&ReasonLabels { reason: op })
+            .inc();
+    }
+
+    fn redis_err(&self, what: &'static str) -> impl Fn(redis::RedisError) -> Error + '_ {
+        move |source| {
+            self.error(what);
+            Error::Redis { what, source }
+        }
+    }
+
+    fn swarms_key(&self) -> String {
+        format!("{}swarms", self.prefix)
+    }
+
+    fn key(&self, d: &Digest, part: &str) -> String {
+        format!("{}{{{d}}}:{part}", self.prefix)
+    }
+
+    /// Whether swarm `d`'s members are due for a read, noting the read if so.
+    fn due(&self, d: &Digest, now: u64) -> bool {
+        let mut refreshed = self.refreshed.lock();
+        if refreshed.len() >= MAX_REFRESH_ENTRIES {
+            refreshed.clear();
+        }
+        match refreshed.get(d) {
+            Some(&at) if now.saturating_sub(at) < self.refresh_ms => false,
+            _ => {
+                refreshed.insert(d.clone(), now);
+                true
+            }
+        }
+    }
+}
+
+fn parse_u64(v: Option<&String>) -> Option<u64> {
+    v.and_then(|s| s.parse().ok())
+}
+
+fn shared_swarm(
+    meta: HashMap<String, String>,
+    source: Option<String>,
+    peers: Option<HashMap<String, Vec<u8>>>,
+    hashes: Option<HashMap<u32, Vec<u8>>>,
+) -> SharedSwarm {
+    let peers = peers.map(|m| {
+        m.into_iter()
+            .take(MAX_MEMBERS)
+            .filter(|(_, v)| v.len() <= MAX_MEMBER_BYTES)
+            .filter_map(|(n, v)| Some((n, serde_json::from_slice::<SharedPeer>(&v).ok()?)))
+            .collect::<BTreeMap<_, _>>()
+    });
+    SharedSwarm {
+        size: parse_u64(meta.get("size")),
+        piece_size: parse_u64(meta.get("piece_size")).unwrap_or(0),
+        born: parse_u64(meta.get("born")).unwrap_or(0),
+        source,
+        peers,
+        hashes: hashes.map(|m| {
+            m.into_iter()
+                .filter_map(|(i, h)| Some((i, PieceHash(h.try_into().ok()?))))
+                .collect()
+        }),
+    }
+}
+
+impl SwarmStore for RedisStore {
+    fn now_ms(&self) -> u64 {
+        wall_ms()
+    }
+
+    fn load<'a>(
+        &'a self,
+        digests: &'a [Digest],
+        refresh: Refresh,
+    ) -> StoreFuture<'a, Vec<Option<SharedSwarm>>> {
+        Box::pin(async move {
+            let now = self.now_ms();
+            let due: Vec<bool> = digests
+                .iter()
+                .map(|d| match refresh {
+                    Refresh::No => false,
+                    Refresh::WhenDue => self.due(d, now),
+                    Refresh::Now => {
+                        self.due(d, now);
+                        true
+                    }
+                })
+                .collect();
+            let mut pipe = redis::pipe();
+            for (d, due) in digests.iter().zip(&due) {
+                pipe.hgetall(self.key(d, "meta")).get(self.key(d, "source"));
+                if *due {
+                    pipe.hgetall(self.key(d, "peers"))
+                        .hgetall(self.key(d, "hashes"));
+                }
+            }
+            let mut con = self.con.clone();
+            let mut values: std::collections::VecDeque<redis::Value> = pipe
+                .query_async::<Vec<redis::Value>>(&mut con)
+                .await
+                .map_err(self.redis_err("load"))?
+                .into();
+            let mut next = || values.pop_front().unwrap_or(redis::Value::Nil);
+            let mut out = Vec::with_capacity(digests.len());
+            for due in due {
+                let decode = self.redis_err("decode");
+                let meta: HashMap<String, String> =
+                    redis::from_redis_value(next()).map_err(|e| decode(e.into()))?;
+                let source: Option<String> =
+                    redis::from_redis_value(next()).map_err(|e| decode(e.into()))?;
+                let (peers, hashes) = if due {
+                    (
+                        Some(redis::from_redis_value(next()).map_err(|e| decode(e.into()))?),
+                        Some(redis::from_redis_value(next()).map_err(|e| decode(e.into()))?),
+                    )
+                } else {
+                    (None, None)
+                };
+                // Redis is the truth, an empty answer included (a Redis restarted empty).
+                out.push(Some(shared_swarm(meta, source, peers, hashes)));
+            }
+            self.note_ping(true);
+            Ok(out)
+        })
+    }
+
+    fn commit<'a>(&'a self, outcomes: &'a [Outcome]) -> StoreFuture<'a, Vec<Settled>> {
+        Box::pin(async move {
+            let mut pipe = redis::pipe();
+            for o in outcomes {
+                let d = &o.digest;
+                let member = match &o.peer {
+                    Some(p) => serde_json::to_vec(p).unwrap_or_default(),
+                    None => Vec::new(),
+                };
+                let intent = match o.intent {
+                    SourceIntent::Claim => "claim",
+                    SourceIntent::Release => "release",
+                    SourceIntent::Keep => "keep",
+                };
+                // The script text travels with every call (EVAL): Redis caches it by
+                // its digest, and a Redis restarted empty needs no SCRIPT LOAD.
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(COMMIT).arg(6);
+                for part in ["meta", "peers", "source", "hashes", "elections", "elected"] {
+                    cmd.arg(self.key(d, part));
+                }
+                cmd.arg(&o.node)
+                    .arg(member)
+                    .arg(intent)
+                    .arg(self.source_ttl_ms)
+                    .arg(self.idle_ms)
+                    .arg(o.size.map(|s| s.to_string()).unwrap_or_default())
+                    .arg(o.piece_size)
+                    .arg(o.born);
+                for (i, h) in &o.hashes {
+                    cmd.arg(*i).arg(&h.0[..]);
+                }
+                pipe.add_command(cmd);
+                // The janitor's index of swarms (outside the script: another slot).
+                pipe.zadd(
+                    self.swarms_key(),
+                    d.to_string(),
+                    o.peer.as_ref().map_or(0, |p| p.last_seen),
+                )
+                .ignore();
+            }
+            let mut con = self.con.clone();
+            let rows: Vec<(String, String, String, u32)> = pipe
+                .query_async(&mut con)
+                .await
+                .map_err(self.redis_err("commit"))?;
+            Ok(rows
+                .into_iter()
+                .map(|(size, piece_size, source, _elected)| Settled {
+                    source: (!source.is_empty()).then_some(source),
+                    size: size.parse().ok(),
+                    piece_size: piece_size.parse().unwrap_or(0),
+                })
+                .collect())
+        })
+    }
+
+    fn elections<'a>(&'a self, digests: &'a [Digest]) -> StoreFuture<'a, Option<Vec<Elections>>> {
+        Box::pin(async move {
+            let mut pipe = redis::pipe();
+            for d in digests {
+                pipe.get(self.key(d, "elections"))
+                    .lrange(self.key(d, "elected"), 0, 7);
+            }
+            let mut con = self.con.clone();
+            let values: Vec<redis::Value> = pipe
+                .query_async(&mut con)
+                .await
+                .map_err(self.redis_err("elections"))?;
+            let decode = self.redis_err("decode");
+            let mut out = Vec::with_capacity(digests.len());
+            for pair in values.chunks(2) {
+                let [count, elected] = pair else { break };
+                let count: Option<u32> =
+                    redis::from_redis_value(count.clone()).map_err(|e| decode(e.into()))?;
+                let elected: Vec<String> =
+                    redis::from_redis_value(elected.clone()).map_err(|e| decode(e.into()))?;
+                out.push(Elections {
+                    count: count.unwrap_or(0),
+                    elected,
+                });
+            }
+            Ok(Some(out))
+        })
+    }
+
+    fn healthy(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_stay_out_of_logs() {
+        assert_eq!(
+            redact("redis://:s3cret@10.0.0.1:6379/0"),
+            "redis://***@10.0.0.1:6379/0"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+}

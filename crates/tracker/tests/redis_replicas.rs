@@ -1,0 +1,315 @@
+#![allow(clippy::unwrap_used)]
+//! Two tracker replicas sharing one real `redis-server` (`--redis`), driven in process
+//! through their routers: one registry fetcher per blob however announces race across
+//! replicas, one geometry, hashes published on one replica served by the other, and
+//! 503 (not answers from a stale copy) while Redis is down, then recovery.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use swarm::{AnnounceRequest, AnnounceResponse, Role, SwarmConfig, Topology};
+use testkit::RedisServer;
+use tower::ServiceExt;
+use tracker::{RedisOptions, Tracker};
+
+fn replica(redis: &RedisServer) -> Tracker {
+    let opts = RedisOptions {
+        refresh: Duration::ZERO,
+        ..RedisOptions::new(redis.url())
+    };
+    Tracker::new(SwarmConfig::default(), None)
+        .with_redis(&opts)
+        .expect("a valid Redis URL")
+}
+
+fn ask(node: &str, digest: &oci::Digest) -> AnnounceRequest {
+    let mut r = AnnounceRequest::new(node, "127.0.0.1:9", &Topology::default(), digest);
+    r.size = Some(64 << 20);
+    r.piece_size = Some(1 << 20);
+    r
+}
+
+/// One request through a replica's router: the status and the body.
+async fn call(t: &Tracker, req: Request<Body>) -> (StatusCode, axum::body::Bytes) {
+    let resp = t.router().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let body = axum::body::to_bytes(resp.into_body(), 64 << 20)
+        .await
+        .unwrap();
+    (status, body)
+}
+
+async fn announce(t: &Tracker, req: &AnnounceRequest) -> (StatusCode, Option<AnnounceResponse>) {
+    let (status, body) = call(
+        t,
+        Request::post("/swarm/v1/announce")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Body::from(serde_json::to_vec(req).unwrap()))
+            .unwrap(),
+    )
+    .await;
+    (status, serde_json::from_slice(&body).ok())
+}
+
+async fn get(t: &Tracker, path: &str) -> (StatusCode, serde_json::Value) {
+    let (status, body) = call(t, Request::get(path).body(Body::empty()).unwrap()).await;
+    (
+        status,
+        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+async fn until_status(t: &Tracker, path: &str, want: StatusCode) {
+    for _ in 0..300 {
+        if get(t, path).await.0 == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{path} never answered {want}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_announces_on_two_replicas_elect_exactly_one_fetcher() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let replicas = [replica(&redis), replica(&redis)];
+    for round in 0..5u8 {
+        let digest = oci::Digest::of(&[b'r', round]);
+        // Each announce on its own task, released together: the replicas decide at
+        // the same moment, each on a copy where nobody is elected yet.
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(24));
+        let tasks: Vec<_> = (0..24)
+            .map(|i| {
+                let t = replicas[i % 2].clone();
+                let req = ask(&format!("node-{i}"), &digest);
+                let start = start.clone();
+                tokio::spawn(async move {
+                    start.wait().await;
+                    announce(&t, &req).await
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.unwrap());
+        }
+        let answers: Vec<AnnounceResponse> = answers
+            .into_iter()
+            .map(|(s, a)| {
+                assert_eq!(s, StatusCode::OK);
+                a.expect("an answer")
+            })
+            .collect();
+        let sources: Vec<&AnnounceResponse> =
+            answers.iter().filter(|a| a.role == Role::Source).collect();
+        assert_eq!(sources.len(), 1, "round {round}: one fetcher cluster-wide");
+        let elected = sources[0].source.clone().expect("the source names itself");
+        // Everyone who was told of a source was told of the same one.
+        for a in &answers {
+            if let Some(s) = &a.source {
+                assert_eq!(s, &elected);
+            }
+        }
+        // Both replicas count one election for this blob.
+        for t in &replicas {
+            let (_, swarms) = get(t, "/swarm/v1/swarms").await;
+            let mine = swarms
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["digest"] == digest.to_string())
+                .cloned()
+                .expect("the replica knows the swarm");
+            assert_eq!(mine["source_elections"], 1, "{mine}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn geometry_and_hashes_set_on_one_replica_are_what_the_other_serves() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let (a, b) = (replica(&redis), replica(&redis));
+    let digest = oci::Digest::of(b"geometry");
+    let (_, first) = announce(&a, &ask("src", &digest)).await;
+    assert_eq!(first.expect("answer").role, Role::Source);
+    let mut other = ask("late", &digest);
+    other.piece_size = Some(4 << 20);
+    let (_, second) = announce(&b, &other).await;
+    let second = second.expect("answer");
+    assert_eq!(
+        second.piece_size,
+        1 << 20,
+        "the first geometry holds everywhere"
+    );
+    assert_eq!(second.role, Role::Peer);
+    assert_eq!(second.source.as_deref(), Some("src"));
+    assert!(
+        second.peers.iter().any(|p| p.node == "src"),
+        "members are shared"
+    );
+
+    let hash = swarm::PieceHash::of(b"piece zero");
+    let mut publish = ask("src", &digest);
+    publish.hashes.insert(0, hash.to_hex());
+    announce(&a, &publish).await;
+    // A non-source cannot publish, through either replica.
+    let mut forged = ask("late", &digest);
+    forged
+        .hashes
+        .insert(1, swarm::PieceHash::of(b"lie").to_hex());
+    announce(&a, &forged).await;
+    let (status, hashes) = get(&b, &format!("/swarm/v1/hashes?digest={digest}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(hashes, serde_json::json!({ "0": hash.to_hex() }));
+    let (_, again) = announce(&b, &ask("late", &digest)).await;
+    assert_eq!(again.expect("answer").hashes.get(&0), Some(&hash.to_hex()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_a_replica_is_unready_and_refuses_then_recovers() {
+    let mut redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let t = replica(&redis);
+    t.spawn_expiry();
+    until_status(&t, "/readyz", StatusCode::OK).await;
+    let digest = oci::Digest::of(b"outage");
+    assert_eq!(announce(&t, &ask("a", &digest)).await.0, StatusCode::OK);
+
+    redis.kill();
+    let (status, _) = announce(&t, &ask("b", &digest)).await;
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no answer from a stale copy"
+    );
+    until_status(&t, "/healthz", StatusCode::SERVICE_UNAVAILABLE).await;
+    let (_, metrics) = (StatusCode::OK, metrics_text(&t).await);
+    assert!(metrics.contains("starling_tracker_redis_up 0"), "{metrics}");
+    assert!(metrics.contains("starling_tracker_redis_errors_total{reason=\"load\"}"));
+
+    let redis = tokio::task::spawn_blocking(move || {
+        redis.restart();
+        redis
+    })
+    .await
+    .unwrap();
+    until_status(&t, "/readyz", StatusCode::OK).await;
+    // Redis came back empty: the next announce elects again, and it is a clean state.
+    let mut ok = None;
+    for _ in 0..100 {
+        let (status, resp) = announce(&t, &ask("b", &digest)).await;
+        if status == StatusCode::OK {
+            ok = resp;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let resp = ok.expect("announces succeed again");
+    assert_eq!(
+        resp.role,
+        Role::Source,
+        "the restarted Redis had no fetcher"
+    );
+    assert!(metrics_text(&t)
+        .await
+        .contains("starling_tracker_redis_up 1"));
+    drop(redis);
+}
+
+async fn metrics_text(t: &Tracker) -> String {
+    let (_, body) = call(t, Request::get("/metrics").body(Body::empty()).unwrap()).await;
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_leads_at_a_time_and_another_takes_over_when_it_stops() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let opts = RedisOptions::new(redis.url());
+    let connect = || {
+        tracker::redis_store::RedisStore::connect(&opts, Duration::from_secs(5), Default::default())
+            .unwrap()
+    };
+    let (a, b) = (connect(), connect());
+    let lease = Duration::from_millis(300);
+    assert!(a.lead("test", lease).await.unwrap());
+    assert!(!b.lead("test", lease).await.unwrap(), "one leader");
+    assert!(a.lead("test", lease).await.unwrap(), "the leader renews");
+    assert!(!b.lead("test", lease).await.unwrap());
+    // The leader stops renewing (dead or cut off): the other one takes over.
+    let mut took = false;
+    for _ in 0..200 {
+        if b.lead("test", lease).await.unwrap() {
+            took = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(took, "the lease passed on");
+    assert!(
+        !a.lead("test", lease).await.unwrap(),
+        "the old leader is out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_janitor_removes_members_that_stopped_announcing() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let cfg = SwarmConfig {
+        peer_ttl_ms: 10,
+        ..SwarmConfig::default()
+    };
+    let t = Tracker::new(cfg, None)
+        .with_redis(&RedisOptions::new(redis.url()))
+        .unwrap();
+    let digest = oci::Digest::of(b"janitor");
+    assert_eq!(announce(&t, &ask("gone", &digest)).await.0, StatusCode::OK);
+    let janitor = tracker::redis_store::RedisStore::connect(
+        &RedisOptions::new(redis.url()),
+        Duration::from_millis(10),
+        Default::default(),
+    )
+    .unwrap();
+    assert_eq!(janitor.sweep().await.unwrap(), 0, "still fresh right after");
+    let mut removed = 0;
+    for _ in 0..200 {
+        removed = janitor.sweep().await.unwrap();
+        if removed > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(removed, 1, "the silent member left Redis");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_password_in_the_url_authenticates_and_a_wrong_one_keeps_the_replica_unready() {
+    let redis = tokio::task::spawn_blocking(|| RedisServer::start_with_password("s3cret-pw"))
+        .await
+        .unwrap();
+    let good = replica(&redis);
+    until_status(&good, "/readyz", StatusCode::OK).await;
+    let digest = oci::Digest::of(b"auth");
+    let (status, resp) = announce(&good, &ask("a", &digest)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(resp.expect("answer").role, Role::Source);
+
+    let wrong_url = redis.url().replace("s3cret-pw", "wrong");
+    let wrong = Tracker::new(SwarmConfig::default(), None)
+        .with_redis(&RedisOptions::new(wrong_url))
+        .unwrap();
+    let (status, _) = announce(&wrong, &ask("b", &digest)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    until_status(&wrong, "/readyz", StatusCode::SERVICE_UNAVAILABLE).await;
+    let metrics = metrics_text(&wrong).await;
+    assert!(!metrics.contains("s3cret") && !metrics.contains("wrong@"));
+}
