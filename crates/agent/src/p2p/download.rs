@@ -39,6 +39,10 @@ const REGISTRY: &str = "\u{0}registry";
 /// How long without a tracker answer before the agent fetches from the registry itself.
 const TRACKER_GRACE: Duration = Duration::from_secs(3);
 
+/// Waits between attempts of a completed download's last announce (about a minute
+/// in all: a tracker replica restarting, or its Redis).
+const FINAL_ANNOUNCE_RETRIES_MS: [u64; 8] = [250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000];
+
 /// How often a source pushes new piece hashes to the tracker (for peers that are not
 /// connected to it), at most.
 const HASH_PUSH_EVERY: Duration = Duration::from_millis(100);
@@ -539,14 +543,36 @@ impl Download {
                     seconds = format!("{secs:.3}"), mib_per_s = format!("{:.1}", size as f64 / secs.max(1e-6) / 1048576.0),
                     "blob downloaded through the swarm"
                 );
-                let _ = p2p.announce(&done_req).await;
                 agent.refresh_cache_gauges();
+                // The last announce carries the hashes of the last pieces a source
+                // read: it must reach the tracker, or peers that saw those pieces in a
+                // bitfield have nobody to verify them against.
+                for wait_ms in FINAL_ANNOUNCE_RETRIES_MS {
+                    match p2p.announce(&done_req).await {
+                        Ok(_) => break,
+                        Err(e) => {
+                            debug!(digest = %d, error = %e, wait_ms, "final announce failed; again");
+                            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+                        }
+                    }
+                }
             }
             Err(e) => {
                 warn!(digest = %d, error = %e, "swarm download rejected by the final digest check");
                 leave(&p2p, &d).await;
             }
         }
+    }
+
+    /// Whether piece hashes may come from a complete peer's list: when no source
+    /// publishes them (the swarm has only seeders), or when this node is the source
+    /// and holds pieces from peers that it did not read itself (a tracker that lost
+    /// its state — a Redis restart — elects it while the old source's hashes are
+    /// gone; found by `tracker_redis`). The whole-blob digest still checks them.
+    fn takes_peer_hash_lists(&self) -> bool {
+        self.source
+            .as_deref()
+            .is_none_or(|source| source == self.p2p.node)
     }
 
     /// Sends the scheduler's next requests over the peers' channels.
@@ -730,8 +756,8 @@ impl Download {
                 hashes,
             } => {
                 // A complete peer's hashes come from a digest-verified blob; used only
-                // when no source is publishing (the swarm has only seeders).
-                if self.source.is_none() {
+                // when no other source publishes (see `takes_peer_hash_lists`).
+                if self.takes_peer_hash_lists() && self.sched.peer_is_complete(&peer) {
                     for (k, h) in hashes.into_iter().enumerate() {
                         if let Some(slot) = self.hashes.get_mut(first as usize + k) {
                             slot.get_or_insert(h);
@@ -844,8 +870,8 @@ impl Download {
                 }
             });
         }
-        // No source publishing: ask a complete peer for its hash list.
-        if self.source.is_none()
+        // No other source publishing: ask a complete peer for its hash list.
+        if self.takes_peer_hash_lists()
             && self.hashes.iter().any(Option::is_none)
             && self
                 .last_peer_hash_ask
