@@ -5,10 +5,9 @@
 //! the replicas say they are not ready while it is down (503, not stale answers) and
 //! recover when it returns.
 //!
-//! Known failure (about one run in six, `docs/tracker-ha.md`): after Redis comes back
-//! empty, a node can be elected fetcher again for a blob another node completed during
-//! the outage, and its pull stalls on pieces it cannot verify. Not ignored on purpose:
-//! it is the proof, and the gap is real, so it stays a plain test.
+//! A node elected fetcher again after Redis came back empty, for a blob another node
+//! completed during the outage, once stalled here on pieces it could not verify (about
+//! one run in six); `docs/tracker-ha.md` has what fixed it.
 //!
 //! The Redis URL reaches the trackers through `STARLING_TRACKER_REDIS`, so the same
 //! test run against a tracker without the mode shows what it lacked (two replicas
