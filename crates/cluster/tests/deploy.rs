@@ -44,18 +44,52 @@ fn seq<'a>(v: &'a Value, path: &[&str]) -> &'a Vec<Value> {
         .unwrap_or_else(|| panic!("{path:?} is not a list"))
 }
 
+/// The single-tracker install; `tracker-ha.yaml` + `redis.yaml` replace `tracker.yaml`
+/// in the HA install (`ha_objects`). Every manifest file is in one of the two.
+const BASE_FILES: [&str; 3] = ["namespace.yaml", "agent.yaml", "tracker.yaml"];
+const HA_FILES: [&str; 4] = [
+    "namespace.yaml",
+    "agent.yaml",
+    "tracker-ha.yaml",
+    "redis.yaml",
+];
+/// Secrets the operator creates (their values must never be committed): referenced,
+/// not defined, by the manifests.
+const OPERATOR_SECRETS: [&str; 1] = ["starling-redis"];
+
+fn objects(files: &[&str]) -> Vec<Value> {
+    files.iter().flat_map(|f| docs(f)).collect()
+}
+
 fn all_objects() -> Vec<Value> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("deploy/kubernetes"))
+    objects(&BASE_FILES)
+}
+
+/// The HA install also needs tracker.yaml's Secrets (PKI, join token).
+fn ha_objects() -> Vec<Value> {
+    let mut objs = objects(&HA_FILES);
+    objs.extend(
+        docs("tracker.yaml")
+            .into_iter()
+            .filter(|o| o["kind"].as_str() == Some("Secret")),
+    );
+    objs
+}
+
+#[test]
+fn every_manifest_belongs_to_an_install() {
+    let mut files: Vec<String> = std::fs::read_dir(repo().join("deploy/kubernetes"))
         .expect("deploy/kubernetes")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") && n != "scheduler-config.yaml")
         .collect();
     files.sort();
-    files
-        .iter()
-        .filter(|p| !p.ends_with("scheduler-config.yaml"))
-        .flat_map(|p| docs(p.file_name().and_then(|n| n.to_str()).expect("name")))
-        .collect()
+    for f in &files {
+        assert!(
+            BASE_FILES.contains(&f.as_str()) || HA_FILES.contains(&f.as_str()),
+            "{f} is in no install this test checks"
+        );
+    }
 }
 
 fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
@@ -144,6 +178,9 @@ fn check_pod_refs(objs: &[Value], workload: &Value) {
         }
         for e in c["env"].as_sequence().into_iter().flatten() {
             if let Some(secret) = e["valueFrom"]["secretKeyRef"]["name"].as_str() {
+                if OPERATOR_SECRETS.contains(&secret) {
+                    continue;
+                }
                 let sec = find(objs, "Secret", secret);
                 let key = s(e, &["valueFrom", "secretKeyRef", "key"]);
                 assert!(
@@ -448,4 +485,76 @@ fn grafana_dashboard_uses_existing_metrics() {
             "dashboard does not chart {required}"
         );
     }
+}
+
+#[test]
+fn ha_tracker_replicas_share_redis_and_are_ready_only_with_it() {
+    let objs = ha_objects();
+    let dep = find(&objs, "Deployment", "starling-tracker");
+    check_pod_refs(&objs, dep);
+    assert!(
+        dep["spec"]["replicas"].as_u64() >= Some(2),
+        "at least two replicas"
+    );
+    let c = &seq(dep, &["spec", "template", "spec", "containers"])[0];
+    assert_eq!(s(c, &["readinessProbe", "httpGet", "path"]), "/readyz");
+    let redis_url = seq(c, &["env"])
+        .iter()
+        .find(|e| e["name"].as_str() == Some("STARLING_TRACKER_REDIS"))
+        .map(|e| s(e, &["value"]))
+        .expect("the replicas are given Redis");
+    assert!(
+        redis_url.contains("starling-redis.starling.svc"),
+        "{redis_url}"
+    );
+    assert!(
+        !redis_url.contains("change-me"),
+        "the password comes from a Secret, not the manifest"
+    );
+    let pdb = find(&objs, "PodDisruptionBudget", "starling-tracker");
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        dep["spec"]["selector"]["matchLabels"]
+    );
+    // Redis keeps its data on a claim of its own (volumeClaimTemplates), its
+    // configuration in a ConfigMap.
+    let redis = find(&objs, "StatefulSet", "starling-redis");
+    let claims: Vec<&str> = seq(redis, &["spec", "volumeClaimTemplates"])
+        .iter()
+        .map(|c| s(c, &["metadata", "name"]))
+        .collect();
+    let spec = &redis["spec"]["template"]["spec"];
+    for m in seq(&seq(spec, &["containers"])[0], &["volumeMounts"]) {
+        let name = s(m, &["name"]);
+        if !claims.contains(&name) {
+            let v = volume(spec, name);
+            if let Some(cm) = v["configMap"]["name"].as_str() {
+                find(&objs, "ConfigMap", cm);
+            }
+        }
+    }
+    let svc = find(&objs, "Service", "starling-redis");
+    let pod_labels = &spec_labels(redis);
+    for (k, v) in svc["spec"]["selector"].as_mapping().expect("selector") {
+        assert_eq!(&pod_labels[k.as_str().expect("k")], v);
+    }
+    let namespaced = objs.iter().filter(|o| {
+        !matches!(
+            o["kind"].as_str(),
+            Some("Namespace" | "ClusterRole" | "ClusterRoleBinding")
+        )
+    });
+    for o in namespaced {
+        assert_eq!(
+            s(o, &["metadata", "namespace"]),
+            "starling",
+            "{} {}",
+            s(o, &["kind"]),
+            s(o, &["metadata", "name"])
+        );
+    }
+}
+
+fn spec_labels(workload: &Value) -> Value {
+    workload["spec"]["template"]["metadata"]["labels"].clone()
 }

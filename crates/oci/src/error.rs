@@ -157,6 +157,8 @@ pub enum Error {
     /// A size in configuration or on a command line (`512MiB`, `2GB`, `4096`).
     #[error("invalid size {0}")]
     SizeInvalid(String),
+    #[error("invalid rate {0}")]
+    RateInvalid(String),
     /// The upstream answered with an HTTP error status.
     #[error("upstream {registry} answered {status}: {message}")]
     Upstream {
@@ -235,7 +237,9 @@ impl Error {
             // A registry outside the allow-list was asked for by the request.
             Self::Denied { .. } => ErrorSource::Client,
             Self::Cache(_) | Self::CacheCorrupt(_) => ErrorSource::Cache,
-            Self::SizeInvalid(_) | Self::TlsConfig { .. } | Self::Io(_) => ErrorSource::Internal,
+            Self::SizeInvalid(_) | Self::RateInvalid(_) | Self::TlsConfig { .. } | Self::Io(_) => {
+                ErrorSource::Internal
+            }
         }
     }
 
@@ -254,7 +258,7 @@ impl Error {
             // As for the upstream's faults: a gateway error, so clients move to their next
             // host (containerd falls back to the registry).
             Self::Cache(_) | Self::CacheCorrupt(_) => (502, ErrorCode::Unavailable),
-            Self::SizeInvalid(_) => (400, ErrorCode::Unsupported),
+            Self::SizeInvalid(_) | Self::RateInvalid(_) => (400, ErrorCode::Unsupported),
             // The upstream sent wrong bytes: a gateway fault, so clients move to their next host.
             Self::DigestMismatch { .. } | Self::SizeMismatch { .. } => {
                 (502, ErrorCode::Unavailable)

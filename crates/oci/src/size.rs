@@ -54,7 +54,7 @@ pub fn parse_size(s: &str) -> Result<u64, Error> {
 pub fn parse_rate(s: &str) -> Result<f64, Error> {
     let t = s.trim();
     let bad = |why: &str| {
-        Error::SizeInvalid(format!(
+        Error::RateInvalid(format!(
             "{t:?}: {why} (use e.g. 200Mbit/s, 10Gbps, 50MiB/s, 1.25GB/s)"
         ))
     };
@@ -87,12 +87,12 @@ pub fn parse_rate(s: &str) -> Result<f64, Error> {
                 "M" => 2,
                 "G" => 3,
                 "T" => 4,
-                _ => return Err(bad("unknown unit")),
+                _ => return Err(bad("unknown rate unit")),
             };
             let base: f64 = if binary { 1024.0 } else { 1000.0 };
             n * base.powi(exp) / 8.0
         }
-        None => parse_size(per).map_err(|_| bad("unknown unit"))? as f64,
+        None => parse_size(per).map_err(|_| bad("unknown rate unit"))? as f64,
     };
     if !(rate.is_finite() && rate > 0.0) {
         return Err(bad("must be positive"));
