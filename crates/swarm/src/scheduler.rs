@@ -227,7 +227,7 @@ impl PieceScheduler {
     pub fn new(have: Bitfield, piece_size: u64, cfg: SchedulerConfig) -> Self {
         let n = have.len() as usize;
         Self {
-            source_patience_ms: cfg.source_patience_min_ms,
+            source_patience_ms: cfg.source_patience_max_ms,
             cfg,
             piece_size: piece_size.max(1),
             inflight_any: Bitfield::new(have.len()),
@@ -1604,6 +1604,48 @@ mod tests {
         s.set_peer_at("src", Some(bits(16, &all)), 0, 0);
         s.set_source(Some("src"), None);
         assert_eq!(s.next_requests(10, 64).len(), 16);
+    }
+
+    #[test]
+    fn large_swarms_follow_source_stripes_only_for_a_nodes_only_blob() {
+        use crate::protocol::{AnnounceResponse, Role};
+        let resp = |n: u32| AnnounceResponse {
+            role: Role::Peer,
+            size: Some(16 << 20),
+            piece_size: MB,
+            hashes: Default::default(),
+            peers: Vec::new(),
+            source_alive: true,
+            source: Some("src".into()),
+            interval_ms: 1_000,
+            stripe: None,
+            source_stripe: Some([1, n]),
+            members: n + 1,
+        };
+        let all: Vec<u32> = (0..16).collect();
+        let asked = |n: u32, other_blobs: usize| {
+            let mut s = PieceScheduler::new(
+                Bitfield::new(16),
+                MB,
+                SchedulerConfig {
+                    min_window: 64,
+                    max_window: 64,
+                    max_inflight_total: 64,
+                    ..Default::default()
+                },
+            );
+            s.set_peer_at("src", Some(bits(16, &all)), 0, 0);
+            s.on_announce(&resp(n), other_blobs, 0);
+            s.next_requests(10, 64).len()
+        };
+        let small = SOURCE_STRIPE_ALWAYS_MEMBERS;
+        assert_eq!(
+            asked(small, 3),
+            2,
+            "small swarms: the stripe (1 and 9), whatever else"
+        );
+        assert_eq!(asked(small + 1, 0), 2, "one blob: the stripe (1 and 10)");
+        assert_eq!(asked(small + 1, 3), 16, "several blobs: anything");
     }
 
     #[test]
