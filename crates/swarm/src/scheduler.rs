@@ -45,15 +45,6 @@ use crate::Bitfield;
 
 pub type PeerId = String;
 
-/// Source stripes are followed in swarms of up to this many members (besides the
-/// source), and in larger ones only while the node downloads nothing else through the
-/// swarm. With several blobs at once (an image's layers), each layer's source has
-/// uplink to spare and every member's uplink is shared by its stripes of every layer:
-/// 16 nodes at 8 MiB/s pulling an image took 1.39–1.45 × T* with stripes against
-/// 1.07–1.12 without, while 16 nodes fetching one file took 1.10 with them (real
-/// runs, BENCHMARKS.md).
-pub const SOURCE_STRIPE_ALWAYS_MEMBERS: u32 = 8;
-
 /// Swarms with at least this many members get stall timeouts (the size at which the
 /// tracker gives rack stripes; the benchmarks of 4–16 nodes run without).
 pub const STALL_MIN_MEMBERS: u32 = 64;
@@ -346,20 +337,14 @@ impl PieceScheduler {
     }
 
     /// Takes in what a tracker answer says about the swarm's shape: rack stripe,
-    /// source and source stripe, member count. `other_blobs`: how many other blobs this
-    /// node is downloading through the swarm now. (One place for the agent and the
+    /// source and source stripe, member count. (One place for the agent and the
     /// simulator.)
-    pub fn on_announce(
-        &mut self,
-        resp: &crate::protocol::AnnounceResponse,
-        other_blobs: usize,
-        now_ms: u64,
-    ) {
+    pub fn on_announce(&mut self, resp: &crate::protocol::AnnounceResponse, now_ms: u64) {
         self.set_stripe(resp.stripe.map(|[i, n]| (i, n)));
-        let stripe = resp
-            .source_stripe
-            .filter(|&[_, n]| n <= SOURCE_STRIPE_ALWAYS_MEMBERS || other_blobs == 0);
-        self.set_source(resp.source.as_deref(), stripe.map(|[i, n]| (i, n)));
+        self.set_source(
+            resp.source.as_deref(),
+            resp.source_stripe.map(|[i, n]| (i, n)),
+        );
         self.set_members(resp.members, now_ms);
     }
 

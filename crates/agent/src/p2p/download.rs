@@ -342,8 +342,7 @@ impl Download {
         self.role = resp.role;
         self.source = resp.source.clone();
         self.interval = Duration::from_millis(resp.interval_ms.clamp(50, 10_000));
-        let other_blobs = self.p2p.downloads.lock().len().saturating_sub(1);
-        self.sched.on_announce(&resp, other_blobs, now);
+        self.sched.on_announce(&resp, now);
         self.learn_hashes(resp.hashes);
         self.p2p.metrics.swarm_peers.set(resp.peers.len() as i64);
         for l in self.links.values_mut() {

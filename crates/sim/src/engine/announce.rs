@@ -222,16 +222,13 @@ impl Engine<'_> {
                 (slot != s).then(|| (slot, self.net.topology[me].distance(&p.topology)))
             })
             .collect();
-        // The other layers this node's client is pulling now (the agent counts its
-        // swarm downloads in flight).
-        let other_blobs = self.nodes[s as usize].active.saturating_sub(1);
         let p = self.pull(s, l);
         p.role = resp.role;
         p.source = source;
         p.members = resp.members;
         p.interval = resp.interval_ms.clamp(50, 10_000) as f64 / 1e3;
         if let Some(sch) = p.sched.as_mut() {
-            sch.on_announce(&resp, other_blobs, now_ms);
+            sch.on_announce(&resp, now_ms);
         }
         p.striped = resp.stripe.is_some_and(|[i, n]| n > 1 && i < n);
         for i in resp.hashes.keys() {
