@@ -1592,9 +1592,9 @@ mod tests {
     }
 
     #[test]
-    fn large_swarms_follow_source_stripes_only_for_a_nodes_only_blob() {
+    fn a_tracker_answer_sets_the_source_and_this_nodes_source_stripe() {
         use crate::protocol::{AnnounceResponse, Role};
-        let resp = |n: u32| AnnounceResponse {
+        let resp = |stripe: Option<[u32; 2]>| AnnounceResponse {
             role: Role::Peer,
             size: Some(16 << 20),
             piece_size: MB,
@@ -1604,33 +1604,28 @@ mod tests {
             source: Some("src".into()),
             interval_ms: 1_000,
             stripe: None,
-            source_stripe: Some([1, n]),
-            members: n + 1,
+            source_stripe: stripe,
+            members: 10,
         };
         let all: Vec<u32> = (0..16).collect();
-        let asked = |n: u32, other_blobs: usize| {
-            let mut s = PieceScheduler::new(
-                Bitfield::new(16),
-                MB,
-                SchedulerConfig {
-                    min_window: 64,
-                    max_window: 64,
-                    max_inflight_total: 64,
-                    ..Default::default()
-                },
-            );
-            s.set_peer_at("src", Some(bits(16, &all)), 0, 0);
-            s.on_announce(&resp(n), other_blobs, 0);
-            s.next_requests(10, 64).len()
-        };
-        let small = SOURCE_STRIPE_ALWAYS_MEMBERS;
-        assert_eq!(
-            asked(small, 3),
-            2,
-            "small swarms: the stripe (1 and 9), whatever else"
+        let mut s = PieceScheduler::new(
+            Bitfield::new(16),
+            MB,
+            SchedulerConfig {
+                min_window: 64,
+                max_window: 64,
+                max_inflight_total: 64,
+                ..Default::default()
+            },
         );
-        assert_eq!(asked(small + 1, 0), 2, "one blob: the stripe (1 and 10)");
-        assert_eq!(asked(small + 1, 3), 16, "several blobs: anything");
+        s.set_peer_at("src", Some(bits(16, &all)), 0, 0);
+        s.on_announce(&resp(Some([1, 9])), 0);
+        let mut pieces: Vec<u32> = s.next_requests(10, 64).iter().map(|r| r.piece).collect();
+        pieces.sort_unstable();
+        assert_eq!(pieces, vec![1, 10], "the stripe only");
+        // The source is done (the tracker names no stripe): anything from it.
+        s.on_announce(&resp(None), 20);
+        assert_eq!(s.next_requests(20, 64).len(), 14);
     }
 
     #[test]
