@@ -306,20 +306,30 @@ impl<R: Read> Read for Tolerant<R> {
     }
 }
 
+/// Why a tar path is unsafe to place under the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnsafePath(pub String);
+
+impl std::fmt::Display for UnsafePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Normalizes a tar path; `Err` explains why it is unsafe.
-pub fn normalize_path(raw: &[u8]) -> Result<String, String> {
+pub fn normalize_path(raw: &[u8]) -> std::result::Result<String, UnsafePath> {
     let s = String::from_utf8_lossy(raw);
     if s.trim_matches('/').is_empty() {
         return Ok(String::new()); // the root directory itself
     }
     if s.starts_with('/') {
-        return Err(format!("absolute path {s:.200}"));
+        return Err(UnsafePath(format!("absolute path {s:.200}")));
     }
     let mut parts = Vec::new();
     for c in s.split('/') {
         match c {
             "" | "." => {}
-            ".." => return Err(format!("path escapes the root: {s:.200}")),
+            ".." => return Err(UnsafePath(format!("path escapes the root: {s:.200}"))),
             c => parts.push(c),
         }
     }

@@ -149,9 +149,19 @@ pub fn load(
     Ok(cfg)
 }
 
+/// What is wrong with one value; the caller says where the value came from.
+#[derive(Debug)]
+struct Problem(String);
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Whether `value` is good for `key` on its own, by the same serde code that reads the
 /// whole file.
-fn check(key: &str, value: &toml::Value) -> Result<(), String> {
+fn check(key: &str, value: &toml::Value) -> Result<(), Problem> {
     let mut one = toml::Table::new();
     one.insert(key.to_owned(), value.clone());
     toml::Value::Table(one)
@@ -159,15 +169,17 @@ fn check(key: &str, value: &toml::Value) -> Result<(), String> {
         .map(drop)
         // toml puts "in `key`" on a line of its own; one problem is one line.
         .map_err(|e| {
-            e.to_string()
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
+            Problem(
+                e.to_string()
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
         })
 }
 
 /// The TOML value a flag or variable stands for.
-fn cli_value(v: &CliValue) -> Result<toml::Value, String> {
+fn cli_value(v: &CliValue) -> Result<toml::Value, Problem> {
     let key = v.setting.key;
     match v.setting.how {
         How::Switch => Ok(toml::Value::Boolean(true)),
@@ -179,7 +191,7 @@ fn cli_value(v: &CliValue) -> Result<toml::Value, String> {
             let mut t = toml::Table::new();
             for pair in &v.values {
                 let Some((k, val)) = pair.split_once('=') else {
-                    return Err(format!("wants KEY=VALUE, got {pair:?}"));
+                    return Err(Problem(format!("wants KEY=VALUE, got {pair:?}")));
                 };
                 t.insert(k.to_owned(), toml::Value::String(val.to_owned()));
             }
@@ -187,7 +199,7 @@ fn cli_value(v: &CliValue) -> Result<toml::Value, String> {
         }
         How::Value | How::Secret => {
             let Some(raw) = v.values.last() else {
-                return Err("a value is required".into());
+                return Err(Problem("a value is required".into()));
             };
             // A number or boolean where the key takes one (`--max-uploads 8`),
             // otherwise the text (`--node-name 8` stays a name).
@@ -195,19 +207,21 @@ fn cli_value(v: &CliValue) -> Result<toml::Value, String> {
                 .filter(|lit| check(key, lit).is_ok())
                 .unwrap_or_else(|| toml::Value::String(raw.clone())))
         }
-        How::FileOnly => Err(format!("{key} is set in the configuration file only")),
+        How::FileOnly => Err(Problem(format!(
+            "{key} is set in the configuration file only"
+        ))),
     }
 }
 
 /// The registry and the `[registries."host"]` keys one registry flag value sets.
 /// A refused value is not echoed: it may hold a password.
-fn registry_entry(field: RegistryField, raw: &str) -> Result<(String, toml::Table), String> {
+fn registry_entry(field: RegistryField, raw: &str) -> Result<(String, toml::Table), Problem> {
     let text = |v: &str| toml::Value::String(v.to_owned());
     let mut keys = toml::Table::new();
     if field == RegistryField::SkipVerify {
         let host = raw.trim();
         if host.is_empty() || host.contains('=') {
-            return Err(format!("wants a REGISTRY, got {raw:?}"));
+            return Err(Problem(format!("wants a REGISTRY, got {raw:?}")));
         }
         keys.insert("skip_verify".into(), toml::Value::Boolean(true));
         return Ok((host.to_owned(), keys));
@@ -224,12 +238,16 @@ fn registry_entry(field: RegistryField, raw: &str) -> Result<(String, toml::Tabl
         .filter(|(h, v)| !h.trim().is_empty() && !v.is_empty());
     let (host, value) = match (field, split) {
         (RegistryField::Credentials, Some((_, up))) if !up.contains(':') => {
-            return Err("wants REGISTRY=USER:PASSWORD".into())
+            return Err(Problem("wants REGISTRY=USER:PASSWORD".into()))
         }
         (_, Some(pair)) => pair,
-        (RegistryField::Endpoint, None) => return Err(format!("wants REGISTRY=URL, got {raw:?}")),
-        (RegistryField::Credentials, None) => return Err("wants REGISTRY=USER:PASSWORD".into()),
-        (_, None) => return Err(format!("wants REGISTRY=PATH, got {raw:?}")),
+        (RegistryField::Endpoint, None) => {
+            return Err(Problem(format!("wants REGISTRY=URL, got {raw:?}")))
+        }
+        (RegistryField::Credentials, None) => {
+            return Err(Problem("wants REGISTRY=USER:PASSWORD".into()))
+        }
+        (_, None) => return Err(Problem(format!("wants REGISTRY=PATH, got {raw:?}"))),
     };
     match field {
         RegistryField::Endpoint => keys.insert("endpoint".into(), text(value)),

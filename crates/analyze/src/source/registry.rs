@@ -299,7 +299,7 @@ impl BlobSource for HttpBlobSource {
     fn open_blob(&self, digest: &Digest) -> Result<Box<dyn Read + Send + '_>> {
         let url = format!("{}/v2/{}/blobs/{digest}", self.base, self.repository);
         let resp = self.rt.block_on(self.get(&url, None))?;
-        let (tx, rx) = tokio::sync::mpsc::channel::<std::result::Result<bytes::Bytes, String>>(16);
+        let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(16);
         self.rt.spawn(async move {
             let mut resp = resp;
             loop {
@@ -311,7 +311,7 @@ impl BlobSource for HttpBlobSource {
                     }
                     Ok(None) => return,
                     Err(e) => {
-                        let _ = tx.send(Err(e.to_string())).await;
+                        let _ = tx.send(Err(std::io::Error::other(e))).await;
                         return;
                     }
                 }
@@ -325,7 +325,7 @@ impl BlobSource for HttpBlobSource {
 }
 
 struct ChannelReader {
-    rx: tokio::sync::mpsc::Receiver<std::result::Result<bytes::Bytes, String>>,
+    rx: tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>,
     cur: bytes::Bytes,
 }
 
@@ -334,7 +334,7 @@ impl Read for ChannelReader {
         while self.cur.is_empty() {
             match self.rx.blocking_recv() {
                 Some(Ok(b)) => self.cur = b,
-                Some(Err(e)) => return Err(std::io::Error::other(e)),
+                Some(Err(e)) => return Err(e),
                 None => return Ok(0),
             }
         }
