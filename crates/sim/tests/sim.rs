@@ -551,8 +551,10 @@ fn a_holders_line_sends_fresh_pieces_before_second_copies() {
 #[test]
 fn a_source_reads_disjoint_slices_over_several_registry_connections() {
     // A 1 GiB blob, a registry that gives each connection 100 MiB/s of its 1 GiB/s:
-    // the source splits the blob into slices (`registry_streams_for`: one per 256 MiB,
-    // at most `registry_streams`), fetched at once, and the registry sends one copy.
+    // the source reads over several connections (`registry_streams_for`: one per
+    // 256 MiB, at most `registry_streams`), each a run of neighbouring pieces near the
+    // front, a new Range GET per run (`plan_registry_runs`), and the registry sends one
+    // copy. One connection reads the whole blob in one GET.
     let run = |streams: u32| {
         let mut sc = scenario(2, r#"{ name = "a", size = "1GiB" }"#, "");
         sc.registry.egress = sim::scenario::Rate(1024.0 * MIB);
@@ -573,7 +575,8 @@ fn a_source_reads_disjoint_slices_over_several_registry_connections() {
         )
     };
     let (four, conns) = run(4);
-    assert_eq!(conns, 4);
+    // More GETs than connections (runs are bounded), none shorter than 16 MiB.
+    assert!((5..=1024 / 16).contains(&conns), "{conns} registry GETs");
     assert!(close(four, 1024.0 / 400.0, 0.05), "4 × 100 MiB/s: {four} s");
     let (one, conns) = run(1);
     assert_eq!(conns, 1);

@@ -167,6 +167,47 @@ async fn a_url_reaches_two_nodes_with_one_origin_read_whatever_its_query() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_source_reading_over_two_origin_connections_delivers_the_file_whole() {
+    // Past 256 MiB the elected source reads over two connections, in runs of
+    // neighbouring pieces near the front (`swarm::pieces::plan_registry_runs`), each its
+    // own Range GET; the runs must meet exactly, in order, with one origin copy.
+    let dir = tempfile::tempdir().unwrap();
+    let size = (256 << 20) + (16 << 20) + 12_345;
+    let Origin {
+        registry,
+        nginx,
+        bytes,
+    } = origin_with_file(size, 41).await;
+    let t = tracker(dir.path()).await;
+    let allow = ["--allowed-file-origin", &nginx.origin()];
+    let a = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
+    let dest = dir.path().join("d/w.bin");
+    let r = report(
+        &get(&[
+            &nginx.url("w.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &a.url(),
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(r["files"][0]["source"], "swarm", "{r}");
+    let got = std::fs::read(&dest).unwrap();
+    assert!(got == bytes, "the file differs from the origin's");
+    let responses = nginx.body_responses("w.bin");
+    assert!(
+        responses > 2,
+        "runs are bounded, each its own GET (two halves before): {responses}"
+    );
+    let sent = nginx.bytes_sent("w.bin");
+    assert!(
+        sent as f64 <= size as f64 * 1.05,
+        "about one origin copy: {sent} of {size}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_urls_get_clear_errors_and_leave_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;

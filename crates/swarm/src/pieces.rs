@@ -69,6 +69,63 @@ pub fn registry_streams_for(bytes: u64, max: u32) -> u32 {
     (bytes.div_ceil(REGISTRY_SLICE) as u32).clamp(1, max.max(1))
 }
 
+/// How long one registry run should last when a source reads over several connections.
+/// Its bytes reach the in-order reader (a runtime unpacking a layer, `starling get`
+/// writing a file) only when the runs before it are done, so the reader trails the
+/// fetch by about one run; each run costs one Range request's round trip, which stays a
+/// small share at two seconds. (Halves of the blob per connection left `starling get`
+/// trailing by half the file: BENCHMARKS.md, issue 13, "registry runs".)
+pub const REGISTRY_RUN_SECONDS: f64 = 2.0;
+/// Shortest and longest run; the shortest before any rate is measured.
+pub const REGISTRY_RUN_MIN: u64 = 16 * MIB;
+pub const REGISTRY_RUN_MAX: u64 = REGISTRY_SLICE;
+
+/// Bytes per registry run from the rate measured so far (`bytes` over `seconds`, shared
+/// by `streams` connections): [`REGISTRY_RUN_SECONDS`] of one connection's share.
+pub fn registry_run_bytes(bytes: u64, seconds: f64, streams: u32) -> u64 {
+    if seconds <= 0.0 || bytes == 0 {
+        return REGISTRY_RUN_MIN;
+    }
+    let per_stream = bytes as f64 / seconds / streams.max(1) as f64;
+    let run = per_stream * REGISTRY_RUN_SECONDS;
+    if run.is_finite() {
+        (run as u64).clamp(REGISTRY_RUN_MIN, REGISTRY_RUN_MAX)
+    } else {
+        REGISTRY_RUN_MAX
+    }
+}
+
+/// The registry runs to start for the open stretch `[a, b)` when `free` of the blob's
+/// `streams` connections are idle: consecutive runs from `a`, so the connections fetch
+/// neighbouring stretches near the front and the in-order prefix grows at their sum.
+/// One connection reads the stretch in order in one run.
+pub fn plan_registry_runs(
+    layout: PieceLayout,
+    a: u32,
+    b: u32,
+    free: u32,
+    streams: u32,
+    run_bytes: u64,
+) -> Vec<(u32, u32)> {
+    if a >= b || free == 0 {
+        return Vec::new();
+    }
+    if streams <= 1 {
+        return vec![(a, b)];
+    }
+    let by_rate = (run_bytes / layout.piece_size.max(1)).max(1);
+    let per = by_rate.min((b - a).div_ceil(free) as u64).max(1) as u32;
+    (0..free)
+        .map(|i| {
+            (
+                a.saturating_add(i.saturating_mul(per)),
+                a.saturating_add((i + 1).saturating_mul(per)).min(b),
+            )
+        })
+        .filter(|(x, y)| x < y)
+        .collect()
+}
+
 fn pow2_floor(x: u64) -> u64 {
     if x == 0 {
         1
@@ -202,6 +259,44 @@ impl PieceHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn registry_runs_start_neighbouring_at_the_front() {
+        let layout = PieceLayout::new(512 * MIB, MIB);
+        // Two idle connections, 16 MiB runs: the first two 16-piece stretches.
+        assert_eq!(
+            plan_registry_runs(layout, 0, 512, 2, 2, 16 * MIB),
+            vec![(0, 16), (16, 32)]
+        );
+        // One idle connection of two: the next stretch only.
+        assert_eq!(
+            plan_registry_runs(layout, 32, 512, 1, 2, 16 * MIB),
+            vec![(32, 48)]
+        );
+        // A short stretch is shared, never overrun.
+        assert_eq!(
+            plan_registry_runs(layout, 500, 505, 2, 2, 16 * MIB),
+            vec![(500, 503), (503, 505)]
+        );
+        // One connection reads the whole stretch in order.
+        assert_eq!(
+            plan_registry_runs(layout, 0, 512, 1, 1, 16 * MIB),
+            vec![(0, 512)]
+        );
+        assert!(plan_registry_runs(layout, 7, 7, 2, 2, 16 * MIB).is_empty());
+        assert!(plan_registry_runs(layout, 0, 512, 0, 2, 16 * MIB).is_empty());
+    }
+
+    #[test]
+    fn registry_run_length_follows_the_measured_rate() {
+        // Nothing measured yet: the shortest run.
+        assert_eq!(registry_run_bytes(0, 0.0, 2), REGISTRY_RUN_MIN);
+        // 100 MiB/s over 2 connections: 2 s of 50 MiB/s.
+        assert_eq!(registry_run_bytes(100 * MIB, 1.0, 2), 100 * MIB);
+        // Slow and fast links stay within the bounds.
+        assert_eq!(registry_run_bytes(MIB, 10.0, 4), REGISTRY_RUN_MIN);
+        assert_eq!(registry_run_bytes(u64::MAX, 1e-9, 1), REGISTRY_RUN_MAX);
+    }
 
     #[test]
     fn geometry() {

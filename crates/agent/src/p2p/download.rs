@@ -207,6 +207,7 @@ pub(crate) async fn start(
         started: Instant::now(),
         peer_bytes: 0,
         registry_bytes: 0,
+        registry_since: None,
         pieces_by_peer: BTreeMap::new(),
         registry_retry_at: None,
         origin_gone: None,
@@ -302,6 +303,8 @@ struct Download {
     started: Instant,
     peer_bytes: u64,
     registry_bytes: u64,
+    /// When the first registry run began: the rate its runs are sized from.
+    registry_since: Option<Instant>,
     /// Verified pieces by the peer that sent them (reported when the blob is done).
     pieces_by_peer: BTreeMap<String, u32>,
     registry_retry_at: Option<Instant>,
@@ -890,7 +893,7 @@ impl Download {
         // Elected source, or no tracker for a while: fetch what nobody can give.
         let tracker_lost = self.last_tracker_ok.elapsed() > TRACKER_GRACE;
         if (self.role == Role::Source || tracker_lost)
-            && self.runs.is_empty()
+            && (self.runs.len() as u32) < self.registry_stream_cap()
             && self.registry_retry_at.is_none_or(|t| Instant::now() >= t)
         {
             if let Some((a, b)) = self.next_registry_run(tracker_lost) {

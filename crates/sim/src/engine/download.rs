@@ -499,9 +499,12 @@ impl Engine<'_> {
             }
         }
         let p = self.pull_ref(s, l);
+        let cap = p
+            .layout
+            .map_or(1, |layout| self.registry_stream_cap(layout));
+        let p = self.pull_ref(s, l);
         if p.role == Role::Source
-            && p.runs.is_empty()
-            && p.pending_runs == 0
+            && (p.runs.len() as u32 + p.pending_runs) < cap
             && now >= p.registry_retry_at
         {
             let unverified = &p.unverified;

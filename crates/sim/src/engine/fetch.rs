@@ -2,7 +2,7 @@
 //! registry runs (disjoint slices over separate connections, download.rs
 //! `plan_runs`/`begin_run`, each piece held as its last byte is written).
 
-use swarm::pieces::{piece_size_for, registry_streams_for};
+use swarm::pieces::{piece_size_for, plan_registry_runs, registry_run_bytes, registry_streams_for};
 use swarm::PieceLayout;
 
 use super::flows::Owner;
@@ -120,21 +120,36 @@ impl Engine<'_> {
         }
     }
 
-    /// Pieces `[a, b)` cut into the slices fetched over separate registry
-    /// connections (download.rs `plan_runs`).
-    pub(crate) fn plan_runs(&self, layout: PieceLayout, a: u32, b: u32) -> Vec<(u32, u32)> {
-        if a >= b {
-            return Vec::new();
-        }
-        let bytes = layout.range(b - 1).1 - layout.range(a).0;
-        let k = registry_streams_for(bytes, self.sc.starling.registry_streams)
-            .min(b - a)
-            .max(1);
-        let per = (b - a).div_ceil(k);
-        (0..k)
-            .map(|i| (a + i * per, (a + (i + 1) * per).min(b)))
-            .filter(|(x, y)| x < y)
-            .collect()
+    /// Registry connections a source may use for this blob (the agent's
+    /// `registry_stream_cap`).
+    pub(crate) fn registry_stream_cap(&self, layout: PieceLayout) -> u32 {
+        registry_streams_for(layout.blob_size, self.sc.starling.registry_streams)
+    }
+
+    /// The runs to start for `[a, b)`, one per idle registry connection, sized from the
+    /// rate so far: the agent's `plan_runs`, through the same
+    /// `swarm::pieces::plan_registry_runs`.
+    pub(crate) fn plan_runs(
+        &self,
+        s: u32,
+        l: u32,
+        layout: PieceLayout,
+        a: u32,
+        b: u32,
+    ) -> Vec<(u32, u32)> {
+        let p = self.pull_ref(s, l);
+        let streams = self.registry_stream_cap(layout);
+        let busy = p.runs.len() as u32 + p.pending_runs;
+        let seconds = p.registry_since.map_or(0.0, |t| self.now - t);
+        let run_bytes = registry_run_bytes(p.registry_bytes as u64, seconds, streams);
+        plan_registry_runs(
+            layout,
+            a,
+            b,
+            streams.saturating_sub(busy),
+            streams,
+            run_bytes,
+        )
     }
 
     /// Starts registry runs for `[a, b)`: the first on `open` (the source's first GET,
@@ -146,7 +161,9 @@ impl Engine<'_> {
         };
         let lat = self.registry_latency(s, l);
         let mut t = self.now;
-        let plan = self.plan_runs(layout, a, b);
+        let plan = self.plan_runs(s, l, layout, a, b);
+        let now = self.now;
+        self.pull(s, l).registry_since.get_or_insert(now);
         self.pull(s, l).pending_runs += plan.len() as u32;
         for (i, (x, y)) in plan.into_iter().enumerate() {
             if i > 0 || !open {

@@ -72,6 +72,8 @@ pub(crate) struct Pull {
     /// Registry GETs sent whose runs have not started yet.
     pub pending_runs: u32,
     pub registry_bytes: f64,
+    /// When the first registry run was asked for (its runs are sized from the rate).
+    pub registry_since: Option<f64>,
     /// How many of `publish` the announce in flight carries.
     pub publish_sent: usize,
     /// Requests that took from the node's budget: (piece, holder slot).
@@ -125,6 +127,7 @@ impl Pull {
             runs: Vec::new(),
             pending_runs: 0,
             registry_bytes: 0.0,
+            registry_since: None,
             publish_sent: 0,
             budgeted: HashSet::new(),
             announcing: false,

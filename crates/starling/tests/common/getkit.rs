@@ -223,6 +223,15 @@ impl Nginx {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Responses for `name` so far that carried more than a one-byte probe.
+    pub fn body_responses(&self, name: &str) -> usize {
+        let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
+        log.lines()
+            .filter(|l| l.split(' ').nth(1) == Some(&format!("/{name}")))
+            .filter(|l| l.rsplit(' ').next().and_then(|b| b.parse::<u64>().ok()) > Some(1))
+            .count()
+    }
+
     /// Body bytes sent for `name` so far.
     pub fn bytes_sent(&self, name: &str) -> u64 {
         let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();

@@ -14,18 +14,21 @@ impl Download {
         })
     }
 
-    /// Pieces `[a, b)` cut into the slices fetched over separate registry
-    /// connections (`swarm::pieces::registry_streams_for`).
+    /// Registry connections this blob may use (`swarm::pieces::registry_streams_for`).
+    pub(super) fn registry_stream_cap(&self) -> u32 {
+        swarm::pieces::registry_streams_for(self.layout.blob_size, self.registry_streams)
+    }
+
+    /// The runs to start now for the open stretch `[a, b)`, one per idle registry
+    /// connection (`swarm::pieces::plan_registry_runs`), sized from the rate so far.
     pub(super) fn plan_runs(&self, a: u32, b: u32) -> Vec<(u32, u32)> {
-        let bytes = self.layout.range(b - 1).1 - self.layout.range(a).0;
-        let k = swarm::pieces::registry_streams_for(bytes, self.registry_streams)
-            .min(b - a)
-            .max(1);
-        let per = (b - a).div_ceil(k);
-        (0..k)
-            .map(|i| (a + i * per, (a + (i + 1) * per).min(b)))
-            .filter(|(x, y)| x < y)
-            .collect()
+        let streams = self.registry_stream_cap();
+        let free = streams.saturating_sub(self.runs.len() as u32);
+        let seconds = self
+            .registry_since
+            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let run_bytes = swarm::pieces::registry_run_bytes(self.registry_bytes, seconds, streams);
+        swarm::pieces::plan_registry_runs(self.layout, a, b, free, streams, run_bytes)
     }
 
     pub(super) async fn begin_run(
@@ -65,6 +68,7 @@ impl Download {
                 }
             }
         };
+        self.registry_since.get_or_insert_with(Instant::now);
         let id = match self.w.start_run(first, end) {
             Ok(id) => id,
             Err(e) => {
