@@ -142,30 +142,34 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         if self.active >= self.cfg.max_active.max(1) || self.queued == 0 {
             return None;
         }
-        // (urgent first, passed over too often first, then the longest-waiting of those
-        // or else the fewest sent, connection's place in turn, place in its line)
         let patience =
             FRESHER_FIRST_SKIPS.max((self.turn.len() as u32).saturating_mul(FRESHER_FIRST_ROUNDS));
-        let mut best: Option<((bool, bool, i64, usize, usize), C)> = None;
+        // (urgent first; passed over too often first, the longest-waiting of those
+        // first; fewest sent, within a starved line too; connection's place in turn;
+        // place in its line)
+        let mut best: Option<((bool, bool, i64, u32, usize, usize), C)> = None;
         for (t, conn) in self.turn.iter().enumerate() {
             let Some(line) = self.lines.get(conn) else {
                 continue;
             };
             let skipped = self.skipped.get(conn).copied().unwrap_or(0);
             let starved = skipped >= patience;
+            let wait_rank = if starved { -(skipped as i64) } else { 0 };
             for (k, q) in line.iter().enumerate() {
-                let order = if starved {
-                    -(skipped as i64)
-                } else {
-                    self.sent_count(q.blob, q.piece) as i64
-                };
-                let key = (!q.urgent, !starved, order, t, k);
+                let key = (
+                    !q.urgent,
+                    !starved,
+                    wait_rank,
+                    self.sent_count(q.blob, q.piece),
+                    t,
+                    k,
+                );
                 if best.is_none_or(|(b, _)| key < b) {
                     best = Some((key, *conn));
                 }
             }
         }
-        let ((_, _, _, t, k), conn) = best?;
+        let ((_, _, _, _, t, k), conn) = best?;
         let line = self.lines.get_mut(&conn)?;
         let q = line.remove(k)?;
         self.turn.remove(t);
