@@ -23,7 +23,7 @@ impl Bitfield {
 
     pub fn full(len: u32) -> Self {
         let mut bits = vec![0xff; (len as usize).div_ceil(8)];
-        if len % 8 != 0 {
+        if !len.is_multiple_of(8) {
             if let Some(last) = bits.last_mut() {
                 *last = (1u8 << (len % 8)) - 1;
             }
@@ -94,7 +94,7 @@ impl Bitfield {
         let mut i = from;
         while i < self.len {
             let byte = self.bits[(i / 8) as usize];
-            if i % 8 == 0 && byte == 0xff {
+            if i.is_multiple_of(8) && byte == 0xff {
                 i += 8;
                 continue;
             }
@@ -123,7 +123,7 @@ impl Bitfield {
             )));
         }
         // Clear padding bits a peer might have set, then count.
-        if len % 8 != 0 {
+        if !len.is_multiple_of(8) {
             if let Some(last) = bits.last_mut() {
                 *last &= (1u8 << (len % 8)) - 1;
             }

@@ -94,6 +94,9 @@ pub struct UploadQueue<C> {
     skipped: HashMap<C, u32>,
 }
 
+/// A waiting request's place in the serving order (see [`UploadQueue::next`]).
+type LineKey = (bool, bool, i64, u32, usize, usize);
+
 /// Sent counts remembered (then forgotten all at once): bounds the holder's memory.
 const MAX_SENT_ENTRIES: usize = 1 << 20;
 
@@ -147,7 +150,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         // (urgent first; passed over too often first, the longest-waiting of those
         // first; fewest sent, within a starved line too; connection's place in turn;
         // place in its line)
-        let mut best: Option<((bool, bool, i64, u32, usize, usize), C)> = None;
+        let mut best: Option<(LineKey, C)> = None;
         for (t, conn) in self.turn.iter().enumerate() {
             let Some(line) = self.lines.get(conn) else {
                 continue;
