@@ -160,6 +160,8 @@ pub struct RedisMetrics {
     pub(crate) errors: Family<ReasonLabels, Counter>,
     /// 1 while this replica holds the janitor lease.
     pub(crate) leader: Gauge,
+    /// 1 while this replica holds the prewarm planner lease.
+    pub(crate) prewarm_leader: Gauge,
 }
 
 pub struct RedisStore {
@@ -365,6 +367,31 @@ impl RedisStore {
             self.error(what);
             Error::Redis { what, source }
         }
+    }
+
+    /// A connection for one call (the manager reconnects as needed).
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.con.clone()
+    }
+
+    /// `name` under this store's key prefix.
+    pub(crate) fn prefixed(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// This replica's name in leases and locks.
+    pub(crate) fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// Says in `prewarm_leader` whether this replica plans prewarm.
+    pub(crate) fn note_prewarm_leader(&self, leads: bool) {
+        self.metrics.prewarm_leader.set(i64::from(leads));
+    }
+
+    /// Counts a failed call of `op` in `redis_errors`.
+    pub(crate) fn count_error(&self, op: &'static str) {
+        self.error(op);
     }
 
     fn swarms_key(&self) -> String {
