@@ -99,7 +99,9 @@ pub(crate) struct Inner {
     /// The version of the shared job set this copy holds (0: read it again).
     pub jobs_version: AtomicU64,
     /// One change of the shared job set at a time from this replica.
-    pub job_change: tokio::sync::Mutex<()>,
+    pub job_change: tokio::sync::Mutex<()>,    /// With a share: whether this replica has read the other replicas' reports once
+    /// (its planner must not judge nodes before).
+    pub shared_inventory_read: std::sync::atomic::AtomicBool,
 }
 
 /// Shared state of the cluster layer. Cheap to clone.
@@ -162,6 +164,7 @@ impl ClusterState {
                 publish: std::sync::OnceLock::new(),
                 jobs_version: AtomicU64::new(0),
                 job_change: tokio::sync::Mutex::new(()),
+                shared_inventory_read: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -432,6 +435,20 @@ impl ClusterState {
     /// Whether the job set is shared with other replicas.
     pub fn is_shared(&self) -> bool {
         self.inner.share.get().is_some()
+    }
+
+    /// The other replicas' reports were read once (call after the first full read).
+    pub fn note_shared_inventory_read(&self) {
+        self.inner
+            .shared_inventory_read
+            .store(true, Ordering::Release);
+    }
+
+    /// Whether this replica's inventory may judge jobs: always without a share; with
+    /// one, once the other replicas' reports were read (a fresh replica's empty copy
+    /// would see every node as gone).
+    pub fn inventory_complete(&self) -> bool {
+        !self.is_shared() || self.inner.shared_inventory_read.load(Ordering::Acquire)
     }
 
     /// Runs `f`, which changes jobs through this state's methods, as one change of

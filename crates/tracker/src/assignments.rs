@@ -206,7 +206,7 @@ pub fn spawn_planner(state: ClusterState, boxes: Mailboxes) {
             state.tick_inventory();
             if let Some(store) = &boxes.shared {
                 leads = redis_cluster::leads_prewarm(store, leads).await;
-                if !leads {
+                if !leads || !state.inventory_complete() {
                     continue;
                 }
             }

@@ -370,7 +370,10 @@ async fn pull_reports(store: std::sync::Weak<RedisStore>, state: ClusterState) {
         tick.tick().await;
         let Some(store) = store.upgrade() else { return };
         match pull_once(&store, &state, newest_ms).await {
-            Ok(n) => newest_ms = newest_ms.max(n),
+            Ok(n) => {
+                newest_ms = newest_ms.max(n);
+                state.note_shared_inventory_read();
+            }
             Err(e) => {
                 store.count_error("inventory");
                 debug!(error = %e, "cannot read the shared inventory");
