@@ -99,7 +99,8 @@ pub(crate) struct Inner {
     /// The version of the shared job set this copy holds (0: read it again).
     pub jobs_version: AtomicU64,
     /// One change of the shared job set at a time from this replica.
-    pub job_change: tokio::sync::Mutex<()>,    /// With a share: whether this replica has read the other replicas' reports once
+    pub job_change: tokio::sync::Mutex<()>,
+    /// With a share: whether this replica has read the other replicas' reports once
     /// (its planner must not judge nodes before).
     pub shared_inventory_read: std::sync::atomic::AtomicBool,
 }
@@ -388,7 +389,9 @@ impl ClusterState {
             }
         }
         if let Some(sink) = self.inner.publish.get() {
-            let report = (applied != Applied::Heartbeat).then_some(to_publish).flatten();
+            let report = (applied != Applied::Heartbeat)
+                .then_some(to_publish)
+                .flatten();
             // Full: the next report (every few seconds) publishes again; soft state.
             let _ = sink.try_send(Published {
                 node: node.clone(),
@@ -465,7 +468,9 @@ impl ClusterState {
         if let Some(records) = begun.jobs {
             self.inner.jobs.lock().replace_all(records);
         }
-        self.inner.jobs_version.store(begun.version, Ordering::Release);
+        self.inner
+            .jobs_version
+            .store(begun.version, Ordering::Release);
         let r = f();
         let changed = self.inner.jobs.lock().take_changed();
         let changed = match changed {

@@ -109,7 +109,11 @@ async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
     let prefer_second = format!("{},{}", second.url(), first.url());
     let mut agents = Vec::new();
     for i in 1..=8 {
-        let list = if i % 3 == 0 { &prefer_second } else { &prefer_first };
+        let list = if i % 3 == 0 {
+            &prefer_second
+        } else {
+            &prefer_first
+        };
         agents.push(agent(dir.path(), &format!("n{i}"), list, &registry).await);
     }
     let pulls = pull_all(&agents, &image).await;

@@ -135,9 +135,8 @@ async fn a_prewarm_job_finishes_through_the_other_replica_after_its_planner_dies
     let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
         .await
         .unwrap();
-    let image =
-        TestImage::push_multilayer(&registry, "ha/prewarm", "1", &[12 << 20, 12 << 20], 41)
-            .unwrap();
+    let image = TestImage::push_multilayer(&registry, "ha/prewarm", "1", &[12 << 20, 12 << 20], 41)
+        .unwrap();
     let mut first = replica(&dir.path().join("t1"), &redis.url(), Some(&registry)).await;
     let first_url = first.url();
     // The first replica plans (it holds the prewarm lease before the second starts).
@@ -208,8 +207,7 @@ async fn a_prewarm_job_finishes_through_the_other_replica_after_its_planner_dies
         || {
             let u = second_url.clone();
             async move {
-                get_json(&format!("{u}/api/v1/prewarm/{id}")).await["progress"]["status"]
-                    == "done"
+                get_json(&format!("{u}/api/v1/prewarm/{id}")).await["progress"]["status"] == "done"
             }
         },
     )
@@ -233,7 +231,8 @@ async fn a_prewarm_job_finishes_through_the_other_replica_after_its_planner_dies
     let full = |w: &serde_json::Value, n: &str| {
         w["nodes"].as_array().is_some_and(|v| {
             v.iter().any(|x| {
-                x["node"] == n && x["bytes_held"].as_u64().is_some_and(|b| b > 0)
+                x["node"] == n
+                    && x["bytes_held"].as_u64().is_some_and(|b| b > 0)
                     && x["bytes_held"] == x["total_bytes"]
             })
         })

@@ -34,13 +34,16 @@ pub const COLLECT_WITHIN: Duration = Duration::from_secs(30);
 /// collected in time.
 type Refused = (u64, String, String);
 
+/// Assignments waiting in this process, by node, with when they were posted.
+type WaitingByNode = HashMap<String, Vec<(Instant, Assignment)>>;
+
 /// Per-node queues of assignments not yet collected: in this process, or (with
 /// `--redis`) in Redis, where every replica's collection finds them. Bounded: at most
 /// [`MAILBOX_MAX`] per node, and only nodes the prewarm planner chose (known nodes,
 /// themselves capped by the inventory's node limit) ever get one.
 #[derive(Clone, Default)]
 pub struct Mailboxes {
-    memory: Arc<Mutex<HashMap<String, Vec<(Instant, Assignment)>>>>,
+    memory: Arc<Mutex<WaitingByNode>>,
     shared: Option<Arc<RedisStore>>,
 }
 
@@ -72,7 +75,11 @@ impl Mailboxes {
                 Ok(false) => full(),
                 Err(e) => {
                     store.count_error("mailbox");
-                    Some((a.job_id, a.node.clone(), format!("tracker could not queue the assignment: {e}")))
+                    Some((
+                        a.job_id,
+                        a.node.clone(),
+                        format!("tracker could not queue the assignment: {e}"),
+                    ))
                 }
             };
         }
@@ -233,7 +240,13 @@ pub fn spawn_planner(state: ClusterState, boxes: Mailboxes) {
                 refused.extend(boxes.post(a, now).await);
             }
             if !refused.is_empty() {
-                if let Err(e) = state.change_jobs(|| Ok(fail_all(&state, refused))).await {
+                if let Err(e) = state
+                    .change_jobs(|| {
+                        fail_all(&state, refused);
+                        Ok(())
+                    })
+                    .await
+                {
                     warn!(error = %e, "cannot record refused prewarm assignments");
                 }
             }

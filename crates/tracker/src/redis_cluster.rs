@@ -254,7 +254,11 @@ async fn read_jobs(
     Ok((Some(jobs), v))
 }
 
-async fn release(store: &RedisStore, con: &mut ConnectionManager, token: &str) -> redis::RedisResult<()> {
+async fn release(
+    store: &RedisStore,
+    con: &mut ConnectionManager,
+    token: &str,
+) -> redis::RedisResult<()> {
     let _: i64 = redis::cmd("EVAL")
         .arg("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0")
         .arg(1)
@@ -382,7 +386,11 @@ async fn pull_reports(store: std::sync::Weak<RedisStore>, state: ClusterState) {
     }
 }
 
-async fn pull_once(store: &RedisStore, state: &ClusterState, newest_ms: u64) -> redis::RedisResult<u64> {
+async fn pull_once(
+    store: &RedisStore,
+    state: &ClusterState,
+    newest_ms: u64,
+) -> redis::RedisResult<u64> {
     let limits = state.config().limits.clone();
     let max_bytes = state.config().max_report_bytes;
     let mut con = store.connection();
@@ -423,7 +431,9 @@ async fn pull_once(store: &RedisStore, state: &ClusterState, newest_ms: u64) -> 
             .query_async(&mut con)
             .await?;
         for (node, generation) in chunk.iter().zip(generations) {
-            let Some(generation) = generation else { continue };
+            let Some(generation) = generation else {
+                continue;
+            };
             let have = state.inventory().entry(node).map(|e| e.report.generation);
             match have {
                 Some(h) if h == generation => {
@@ -464,7 +474,11 @@ struct Posted {
 }
 
 /// Queues `a` in its node's mailbox; false when the mailbox is full.
-pub(crate) async fn post(store: &RedisStore, a: &Assignment, max: usize) -> redis::RedisResult<bool> {
+pub(crate) async fn post(
+    store: &RedisStore,
+    a: &Assignment,
+    max: usize,
+) -> redis::RedisResult<bool> {
     let entry = serde_json::to_vec(&Posted {
         posted_ms: wall_ms(),
         assignment: a.clone(),
@@ -512,15 +526,27 @@ pub(crate) async fn collect(
 }
 
 /// Removes and returns assignments posted more than `within` ago, in every mailbox.
-pub(crate) async fn expire(store: &RedisStore, within: Duration) -> redis::RedisResult<Vec<Assignment>> {
+pub(crate) async fn expire(
+    store: &RedisStore,
+    within: Duration,
+) -> redis::RedisResult<Vec<Assignment>> {
     let mut con = store.connection();
     let index = store.prefixed("mbox:nodes");
-    let count: usize = redis::cmd("SCARD").arg(&index).query_async(&mut con).await?;
+    let count: usize = redis::cmd("SCARD")
+        .arg(&index)
+        .query_async(&mut con)
+        .await?;
     if count > MAX_MAILBOXES {
-        warn!(count, "more shared mailboxes than nodes can have; leaving them to their TTL");
+        warn!(
+            count,
+            "more shared mailboxes than nodes can have; leaving them to their TTL"
+        );
         return Ok(Vec::new());
     }
-    let nodes: Vec<String> = redis::cmd("SMEMBERS").arg(&index).query_async(&mut con).await?;
+    let nodes: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(&index)
+        .query_async(&mut con)
+        .await?;
     let cutoff = wall_ms().saturating_sub(within.as_millis() as u64);
     let mut gone = Vec::new();
     for node in nodes {
@@ -543,7 +569,11 @@ pub(crate) async fn leads_prewarm(store: &RedisStore, was: bool) -> bool {
     let leads = store.lead("prewarm", PREWARM_LEASE).await.unwrap_or(false);
     store.note_prewarm_leader(leads);
     if leads != was {
-        info!(leads, "prewarm planner lease {}", if leads { "taken" } else { "lost" });
+        info!(
+            leads,
+            "prewarm planner lease {}",
+            if leads { "taken" } else { "lost" }
+        );
     }
     leads
 }
