@@ -107,6 +107,11 @@ async fn dashboard_page() -> impl IntoResponse {
 }
 
 async fn dashboard_json(State(s): State<ClusterState>) -> Json<Dashboard> {
+    // With a share, jobs as the other replicas left them; a failed read shows this
+    // replica's copy (the dashboard is a view, not a decision).
+    if let Err(e) = s.refresh_jobs().await {
+        tracing::debug!(error = %e, "dashboard shows this replica's copy of the jobs");
+    }
     Json(s.dashboard())
 }
 
