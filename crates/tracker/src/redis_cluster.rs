@@ -314,7 +314,7 @@ async fn publish_one(
     let limits = &state.config().limits;
     let ttl_ms = limits.node_expiry_s.saturating_mul(1000).max(1);
     let keys = inventory_keys(store, &p.node);
-    let mut con = store.connection();
+    let mut con = store.background_connection();
     let now = wall_ms();
     let report = match p.report {
         Some(r) => r,
@@ -393,7 +393,7 @@ async fn pull_once(
 ) -> redis::RedisResult<u64> {
     let limits = state.config().limits.clone();
     let max_bytes = state.config().max_report_bytes;
-    let mut con = store.connection();
+    let mut con = store.background_connection();
     let index = store.prefixed("inv:nodes");
     let now = wall_ms();
     let _: u64 = redis::cmd("ZREMRANGEBYSCORE")

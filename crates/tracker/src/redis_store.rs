@@ -166,6 +166,9 @@ pub struct RedisMetrics {
 
 pub struct RedisStore {
     con: ConnectionManager,
+    /// A connection of its own for bulk background work (the inventory read back every
+    /// second), so that a large reply never delays an announce queued behind it.
+    background: ConnectionManager,
     /// This replica's name in leases: unique per process start.
     replica: String,
     prefix: String,
@@ -222,10 +225,13 @@ impl RedisStore {
             .set_response_timeout(Some(opts.timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(1));
+        let background = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            .map_err(bad_url)?;
         let con = ConnectionManager::new_lazy_with_config(client, config).map_err(bad_url)?;
         info!(redis = %shown, prefix = %opts.prefix, "tracker state shared in Redis");
         Ok(Arc::new(RedisStore {
             con,
+            background,
             replica: {
                 // Several stores in one process (tests, a future multi-tenant tracker)
                 // are distinct replicas too.
@@ -372,6 +378,11 @@ impl RedisStore {
     /// A connection for one call (the manager reconnects as needed).
     pub(crate) fn connection(&self) -> ConnectionManager {
         self.con.clone()
+    }
+
+    /// The connection for bulk background work (see the field).
+    pub(crate) fn background_connection(&self) -> ConnectionManager {
+        self.background.clone()
     }
 
     /// `name` under this store's key prefix.
