@@ -21,7 +21,7 @@
 //! Redis is trusted no more than an agent.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use cluster::wire::Assignment;
 use cluster::{Begun, ClusterShare, ClusterState, Published, ShareFuture};
@@ -29,7 +29,7 @@ use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use crate::redis_store::RedisStore;
+use crate::redis_store::{wall_ms, RedisStore};
 
 /// How long the job lock lasts when its holder dies mid-change.
 const JOB_LOCK_TTL: Duration = Duration::from_secs(5);
@@ -52,12 +52,6 @@ const MAX_MAILBOXES: usize = 100_000;
 const PULL_CHUNK: usize = 1000;
 /// A stored assignment longer than this is dropped when read.
 const MAX_ASSIGNMENT_BYTES: usize = 4 << 20;
-
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 fn shared_err(what: &str) -> impl Fn(redis::RedisError) -> cluster::Error + '_ {
     move |e| cluster::Error::Shared(format!("redis {what}: {e}"))

@@ -184,7 +184,8 @@ pub struct RedisStore {
     shown: String,
 }
 
-fn wall_ms() -> u64 {
+/// Milliseconds since the Unix epoch: the clock replicas share through Redis.
+pub(crate) fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
