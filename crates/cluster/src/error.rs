@@ -56,6 +56,10 @@ pub enum Error {
     /// sending the report of another (the identity comes from the TLS layer).
     #[error("forbidden: {0}")]
     Forbidden(String),
+    /// The state shared with other tracker replicas (Redis) is out of reach or busy;
+    /// the same request may succeed later or at another replica.
+    #[error("shared cluster state: {0}")]
+    Shared(String),
     /// The embedded job store failed.
     #[error("job store: {0}")]
     Store(String),

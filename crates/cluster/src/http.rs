@@ -40,7 +40,7 @@ pub fn status_of(e: &Error) -> StatusCode {
         | Error::MutableTag { .. } => StatusCode::BAD_REQUEST,
         Error::RegistryDenied { .. } | Error::Forbidden(_) => StatusCode::FORBIDDEN,
         Error::ReportTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-        Error::Capacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Error::Capacity(_) | Error::Shared(_) => StatusCode::SERVICE_UNAVAILABLE,
         Error::UnknownNode(_)
         | Error::UnknownNodes(_)
         | Error::UnknownJob(_)
@@ -107,6 +107,11 @@ async fn dashboard_page() -> impl IntoResponse {
 }
 
 async fn dashboard_json(State(s): State<ClusterState>) -> Json<Dashboard> {
+    // With a share, jobs as the other replicas left them; a failed read shows this
+    // replica's copy (the dashboard is a view, not a decision).
+    if let Err(e) = s.refresh_jobs().await {
+        tracing::debug!(error = %e, "dashboard shows this replica's copy of the jobs");
+    }
     Json(s.dashboard())
 }
 
@@ -187,13 +192,14 @@ async fn submit_prewarm(
     Ok((StatusCode::CREATED, Json(s.submit_prewarm(req).await?)))
 }
 
-async fn list_prewarm(State(s): State<ClusterState>) -> Json<serde_json::Value> {
+async fn list_prewarm(State(s): State<ClusterState>) -> Result<Json<serde_json::Value>> {
+    s.refresh_jobs().await?;
     let jobs: Vec<serde_json::Value> = s.with_jobs(|j| {
         j.list()
             .map(|j| serde_json::json!({ "id": j.id, "images": j.images, "created_at": j.created_at, "progress": j.progress() }))
             .collect()
     });
-    Json(serde_json::json!({ "jobs": jobs }))
+    Ok(Json(serde_json::json!({ "jobs": jobs })))
 }
 
 fn parse_id(id: &str) -> Result<u64> {
@@ -206,6 +212,7 @@ async fn get_prewarm(
     Path(id): Path<String>,
 ) -> Result<Json<JobView>> {
     let id = parse_id(&id)?;
+    s.refresh_jobs().await?;
     s.with_jobs(|j| j.get(id).map(|j| j.view()))
         .map(Json)
         .ok_or(Error::UnknownJob(id))
@@ -217,7 +224,8 @@ async fn cancel_prewarm(
 ) -> Result<Json<JobView>> {
     let id = parse_id(&id)?;
     let now = s.now();
-    s.with_jobs(|j| j.cancel(id, now).map(|j| j.view()))
+    s.change_jobs(|| s.with_jobs(|j| j.cancel(id, now).map(|j| j.view())))
+        .await
         .map(Json)
 }
 

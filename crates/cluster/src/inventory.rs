@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use catalog::{tag_key, ReportedImages};
 pub use intern::{BlobId, FxHasher};
 use intern::{IdMap, Interner};
-pub use limits::InventoryLimits;
+pub use limits::{InventoryLimits, MAX_NODE_NAME};
 
 pub use crate::wire::{BlobHolding, BlobRef, Download, ImageRecord, NodeReport, Pin, SourceBytes};
 

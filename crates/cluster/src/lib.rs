@@ -12,6 +12,7 @@ pub mod inventory;
 pub mod metrics;
 pub mod prewarm;
 pub mod selector;
+pub mod share;
 mod state;
 pub mod text;
 pub mod wire;
@@ -23,3 +24,4 @@ pub use inventory::{Inventory, InventoryLimits, NodeReport, NodeStatus, Resolved
 pub use metrics::ClusterMetrics;
 pub use prewarm::{Assignment, JobStore, PrewarmRequest};
 pub use selector::Selector;
+pub use share::{Begun, ClusterShare, Published, ShareFuture};

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::inventory::{union_blobs, BlobRef, Inventory, NodeStatus, ResolvedImage};
 use crate::selector::Selector;
-pub use store::JobStore;
+pub use store::{JobStore, MAX_SHARED_JOBS, MAX_SHARED_JOB_BYTES};
 
 pub use crate::wire::{
     file_reference, FileSource, PrewarmRequest, Targets, DEFAULT_PIN_TTL_SECONDS,

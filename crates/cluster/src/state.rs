@@ -28,6 +28,7 @@ use crate::metrics::{
     ClusterMetrics, NodeLabels, PullLabels, ReasonLabels, StatusLabels, VerbLabels,
 };
 use crate::prewarm::{Assignment, JobStore, JobView, NodeUpdate, PrewarmRequest};
+use crate::share::{ClusterShare, Published};
 
 /// Tracker-side settings.
 #[derive(Clone, Debug)]
@@ -91,6 +92,17 @@ pub(crate) struct Inner {
     pub report_budget_bytes: usize,
     /// Unix seconds of the last warning about a refused report.
     pub last_refusal_warning: AtomicU64,
+    /// Where the job set replicas share lives (`None`: this process is the truth).
+    pub share: std::sync::OnceLock<Arc<dyn ClusterShare>>,
+    /// Reports taken here go to the other replicas through this.
+    pub publish: std::sync::OnceLock<tokio::sync::mpsc::Sender<Published>>,
+    /// The version of the shared job set this copy holds (0: read it again).
+    pub jobs_version: AtomicU64,
+    /// One change of the shared job set at a time from this replica.
+    pub job_change: tokio::sync::Mutex<()>,
+    /// With a share: whether this replica has read the other replicas' reports once
+    /// (its planner must not judge nodes before).
+    pub shared_inventory_read: std::sync::atomic::AtomicBool,
 }
 
 /// Shared state of the cluster layer. Cheap to clone.
@@ -149,6 +161,11 @@ impl ClusterState {
                 report_budget: Arc::new(tokio::sync::Semaphore::new(budget)),
                 report_budget_bytes: budget,
                 last_refusal_warning: AtomicU64::new(0),
+                share: std::sync::OnceLock::new(),
+                publish: std::sync::OnceLock::new(),
+                jobs_version: AtomicU64::new(0),
+                job_change: tokio::sync::Mutex::new(()),
+                shared_inventory_read: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -338,6 +355,9 @@ impl ClusterState {
             )
         });
         let node = report.node.clone();
+        let generation = report.generation;
+        // Kept only when other replicas are told (a copy of what `apply` consumes).
+        let to_publish = self.inner.publish.get().map(|_| report.clone());
         let applied = self.inner.inventory.write().apply(report, now);
         let applied = match applied {
             Ok(a) => a,
@@ -350,7 +370,7 @@ impl ClusterState {
             let mut sv = self.inner.saved.lock();
             let prev = sv
                 .per_node
-                .insert(node, (saved, registry))
+                .insert(node.clone(), (saved, registry))
                 .unwrap_or((0, 0));
             // Per-image figures are of the last pull; count growth only.
             let ds = saved.saturating_sub(prev.0);
@@ -368,11 +388,125 @@ impl ClusterState {
                 sv.series.pop_front();
             }
         }
+        if let Some(sink) = self.inner.publish.get() {
+            let report = (applied != Applied::Heartbeat)
+                .then_some(to_publish)
+                .flatten();
+            // Full: the next report (every few seconds) publishes again; soft state.
+            let _ = sink.try_send(Published {
+                node: node.clone(),
+                generation,
+                report,
+            });
+        }
         let due = self.inner.last_tick.lock().is_none_or(|t| now > t);
         if due {
-            self.tick()?;
+            if self.is_shared() {
+                // Jobs change only under the shared lock (the planner's tick).
+                self.tick_inventory();
+            } else {
+                self.tick()?;
+            }
         }
         Ok(applied)
+    }
+
+    /// Takes a report another replica took (read from the shared store): the same
+    /// checks as [`ingest`](Self::ingest), without publishing it again. A report of
+    /// the generation this copy holds counts as a heartbeat.
+    pub fn ingest_shared(&self, report: NodeReport) -> Result<Applied> {
+        let now = self.now();
+        self.inner.inventory.write().apply(report, now)
+    }
+
+    /// Another replica heard from `node` (same generation as its last report).
+    pub fn heartbeat_shared(&self, node: &str, generation: u64) -> Result<()> {
+        self.heartbeat(node, generation)
+    }
+
+    /// Shares the job set with other replicas through `share`; reports taken here
+    /// are sent to `publish` for them. Call once, before serving.
+    pub fn share_with(
+        &self,
+        share: Arc<dyn ClusterShare>,
+        publish: tokio::sync::mpsc::Sender<Published>,
+    ) {
+        let _ = self.inner.share.set(share);
+        let _ = self.inner.publish.set(publish);
+    }
+
+    /// Whether the job set is shared with other replicas.
+    pub fn is_shared(&self) -> bool {
+        self.inner.share.get().is_some()
+    }
+
+    /// The other replicas' reports were read once (call after the first full read).
+    pub fn note_shared_inventory_read(&self) {
+        self.inner
+            .shared_inventory_read
+            .store(true, Ordering::Release);
+    }
+
+    /// Whether this replica's inventory may judge jobs: always without a share; with
+    /// one, once the other replicas' reports were read (a fresh replica's empty copy
+    /// would see every node as gone).
+    pub fn inventory_complete(&self) -> bool {
+        !self.is_shared() || self.inner.shared_inventory_read.load(Ordering::Acquire)
+    }
+
+    /// Runs `f`, which changes jobs through this state's methods, as one change of
+    /// the job set: with a share, under its cluster-wide lock on a copy brought up to
+    /// date first, and written back before the lock is released; without one, as is.
+    pub async fn change_jobs<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let Some(share) = self.inner.share.get().cloned() else {
+            return f();
+        };
+        let _one = self.inner.job_change.lock().await;
+        let begun = share
+            .begin(self.inner.jobs_version.load(Ordering::Acquire))
+            .await?;
+        if let Some(records) = begun.jobs {
+            self.inner.jobs.lock().replace_all(records);
+        }
+        self.inner
+            .jobs_version
+            .store(begun.version, Ordering::Release);
+        let r = f();
+        let changed = self.inner.jobs.lock().take_changed();
+        let changed = match changed {
+            Ok(c) => c,
+            Err(e) => {
+                self.inner.jobs_version.store(0, Ordering::Release);
+                let _ = share.commit(begun.lock, Vec::new()).await;
+                return Err(e);
+            }
+        };
+        match share.commit(begun.lock, changed).await {
+            Ok(v) => self.inner.jobs_version.store(v, Ordering::Release),
+            Err(e) => {
+                // The copy holds a change the share may lack: read it again next time.
+                self.inner.jobs_version.store(0, Ordering::Release);
+                return Err(e);
+            }
+        }
+        r
+    }
+
+    /// Brings this copy of the job set up to date for a read (no lock; a no-op
+    /// without a share).
+    pub async fn refresh_jobs(&self) -> Result<()> {
+        let Some(share) = self.inner.share.get().cloned() else {
+            return Ok(());
+        };
+        let _one = self.inner.job_change.lock().await;
+        let (records, version) = share
+            .read(self.inner.jobs_version.load(Ordering::Acquire))
+            .await?;
+        if let Some(records) = records {
+            self.inner.jobs.lock().replace_all(records);
+        }
+        self.inner.jobs_version.store(version, Ordering::Release);
+        Ok(())
     }
 
     pub fn heartbeat(&self, node: &str, generation: u64) -> Result<()> {
@@ -469,6 +603,12 @@ impl ClusterState {
     /// forgotten, job progress from the inventory, silent nodes, deadlines, lead
     /// times, gauges. Reports also trigger it, at most once per clock second.
     pub fn tick(&self) -> Result<()> {
+        self.tick_inventory();
+        self.tick_jobs()
+    }
+
+    /// The inventory's part of [`tick`](Self::tick): silent nodes are forgotten.
+    pub fn tick_inventory(&self) {
         let now = self.now();
         *self.inner.last_tick.lock() = Some(now);
         let gone = self.inner.inventory.write().expire(now);
@@ -478,6 +618,13 @@ impl ClusterState {
                 sv.per_node.remove(n);
             }
         }
+    }
+
+    /// The jobs' part of [`tick`](Self::tick): progress from the inventory, silent
+    /// nodes, deadlines, lead times, job gauges (with a share: inside
+    /// [`change_jobs`](Self::change_jobs)).
+    pub fn tick_jobs(&self) -> Result<()> {
+        let now = self.now();
         let m = &self.inner.metrics;
         let inv = self.inner.inventory.read();
         let mut jobs = self.inner.jobs.lock();
@@ -544,7 +691,8 @@ impl ClusterState {
             img.reference = r.to_string();
             images.push(img);
         }
-        self.submit_prewarm_resolved(req, images)
+        self.change_jobs(|| self.submit_prewarm_resolved(req, images))
+            .await
     }
 
     /// Submits a prewarm job whose images the caller resolved (in request order).

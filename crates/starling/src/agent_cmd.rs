@@ -643,8 +643,13 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
     };
     std::fs::create_dir_all(&a.data_dir)
         .with_context(|| format!("creating {}", a.data_dir.display()))?;
-    let jobs = cluster::JobStore::open(&a.data_dir.join("jobs.redb"))
-        .context("opening the prewarm job store")?;
+    // With --redis the jobs live in Redis; this replica keeps only a copy.
+    let jobs = if a.redis.enabled() {
+        cluster::JobStore::in_memory()
+    } else {
+        cluster::JobStore::open(&a.data_dir.join("jobs.redb"))
+    }
+    .context("opening the prewarm job store")?;
     let mut ucfg = oci::UpstreamConfig::default();
     let mut configured = Vec::new();
     for e in &a.registry_endpoints {

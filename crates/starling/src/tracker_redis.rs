@@ -33,6 +33,12 @@ pub struct RedisArgs {
 }
 
 impl RedisArgs {
+    /// Whether the tracker shares its state in Redis (then prewarm jobs live there,
+    /// not in the local job file).
+    pub fn enabled(&self) -> bool {
+        self.redis.is_some()
+    }
+
     /// The tracker, sharing its state in Redis when `--redis` is given.
     pub fn apply(&self, t: tracker::Tracker) -> Result<tracker::Tracker> {
         let Some(url) = &self.redis else {

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
-//! Tracker replicas sharing their state in a real `redis-server` (issue 14): agents
-//! split over two replicas still form one swarm per blob with one registry fetcher;
-//! `kill -9` of a replica mid-pull fails no pull; a Redis restart mid-pull fails no pull,
+//! Tracker replicas sharing their state in a real `redis-server` (issue 14): eight
+//! agents split over two replicas still form one swarm per blob with one registry
+//! fetcher; `kill -9` of the replica most of them use mid-pull fails no pull; a Redis restart mid-pull fails no pull,
 //! the replicas say they are not ready while it is down (503, not stale answers) and
 //! recover when it returns.
 //!
@@ -103,17 +103,18 @@ async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
         TestImage::push_multilayer(&registry, "ha/redis", "1", &[24 << 20, 24 << 20], 31).unwrap();
     let mut first = replica(&dir.path().join("t1"), &redis.url()).await;
     let second = replica(&dir.path().join("t2"), &redis.url()).await;
-    // Half the agents prefer each replica: only shared state makes them one swarm.
+    // Eight agents, most preferring the replica that dies; the others the survivor: only
+    // shared state makes them one swarm.
     let prefer_first = format!("{},{}", first.url(), second.url());
     let prefer_second = format!("{},{}", second.url(), first.url());
     let mut agents = Vec::new();
-    for (name, list) in [
-        ("n1", &prefer_first),
-        ("n2", &prefer_second),
-        ("n3", &prefer_first),
-        ("n4", &prefer_second),
-    ] {
-        agents.push(agent(dir.path(), name, list, &registry).await);
+    for i in 1..=8 {
+        let list = if i % 3 == 0 {
+            &prefer_second
+        } else {
+            &prefer_first
+        };
+        agents.push(agent(dir.path(), &format!("n{i}"), list, &registry).await);
     }
     let pulls = pull_all(&agents, &image).await;
     let first_url = first.url();
@@ -123,7 +124,7 @@ async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
         POLL_WITHIN,
         || {
             let u = first_url.clone();
-            async move { peers(&swarms(&u).await) >= 2 }
+            async move { peers(&swarms(&u).await) >= 4 }
         },
     )
     .await;

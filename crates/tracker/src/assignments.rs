@@ -22,74 +22,145 @@ use http::StatusCode;
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
+use crate::redis_cluster;
+use crate::redis_store::RedisStore;
+
 /// Assignments one node may have waiting; more means the node is not collecting.
 pub const MAILBOX_MAX: usize = cluster::wire::MAX_WAITING_ASSIGNMENTS;
 /// An assignment not collected within this is failed, so its job moves on.
 pub const COLLECT_WITHIN: Duration = Duration::from_secs(30);
 
-/// Per-node queues of assignments not yet collected. Bounded: at most
+/// A node's part of a job that has to fail: its assignment could not wait or was not
+/// collected in time.
+type Refused = (u64, String, String);
+
+/// Assignments waiting in this process, by node, with when they were posted.
+type WaitingByNode = HashMap<String, Vec<(Instant, Assignment)>>;
+
+/// Per-node queues of assignments not yet collected: in this process, or (with
+/// `--redis`) in Redis, where every replica's collection finds them. Bounded: at most
 /// [`MAILBOX_MAX`] per node, and only nodes the prewarm planner chose (known nodes,
 /// themselves capped by the inventory's node limit) ever get one.
 #[derive(Clone, Default)]
-pub struct Mailboxes(Arc<Mutex<HashMap<String, Vec<(Instant, Assignment)>>>>);
+pub struct Mailboxes {
+    memory: Arc<Mutex<WaitingByNode>>,
+    shared: Option<Arc<RedisStore>>,
+}
 
 impl Mailboxes {
-    /// Queues `a` for its node; fails the node's part of the job when its box is full.
-    pub fn post(&self, state: &ClusterState, a: Assignment, now: Instant) {
-        let mut boxes = self.0.lock();
+    /// Mailboxes every replica sharing `store` sees.
+    pub fn shared(store: Arc<RedisStore>) -> Self {
+        Mailboxes {
+            memory: Arc::default(),
+            shared: Some(store),
+        }
+    }
+
+    /// Queues `a` for its node; returns the node's part to fail when its box is full
+    /// (or the shared store cannot take it).
+    async fn post(&self, a: Assignment, now: Instant) -> Option<Refused> {
+        let full = || {
+            Some((
+                a.job_id,
+                a.node.clone(),
+                format!("node has {MAILBOX_MAX} assignments it has not collected"),
+            ))
+        };
+        if let Some(store) = &self.shared {
+            return match redis_cluster::post(store, &a, MAILBOX_MAX).await {
+                Ok(true) => {
+                    info!(job = a.job_id, node = %a.node, seed = a.seed, "prewarm assignment ready for its node");
+                    None
+                }
+                Ok(false) => full(),
+                Err(e) => {
+                    store.count_error("mailbox");
+                    Some((
+                        a.job_id,
+                        a.node.clone(),
+                        format!("tracker could not queue the assignment: {e}"),
+                    ))
+                }
+            };
+        }
+        let mut boxes = self.memory.lock();
         let queue = boxes.entry(a.node.clone()).or_default();
         if queue.len() >= MAILBOX_MAX {
-            let (job, node) = (a.job_id, a.node.clone());
-            drop(boxes);
-            let _ = state.update_prewarm_node(
-                job,
-                &node,
-                NodeUpdate::Failed {
-                    reason: format!("node has {MAILBOX_MAX} assignments it has not collected"),
-                },
-            );
-            return;
+            return full();
         }
         info!(job = a.job_id, node = %a.node, seed = a.seed, "prewarm assignment ready for its node");
         queue.push((now, a));
+        None
     }
 
     /// Takes everything waiting for `node`.
-    pub fn collect(&self, node: &str) -> Vec<Assignment> {
-        self.0
+    async fn collect(&self, node: &str) -> Result<Vec<Assignment>, crate::Error> {
+        if let Some(store) = &self.shared {
+            return redis_cluster::collect(store, node, MAILBOX_MAX)
+                .await
+                .map_err(|source| {
+                    store.count_error("mailbox");
+                    crate::Error::Redis {
+                        what: "mailbox",
+                        source,
+                    }
+                });
+        }
+        Ok(self
+            .memory
             .lock()
             .remove(node)
             .map(|q| q.into_iter().map(|(_, a)| a).collect())
-            .unwrap_or_default()
+            .unwrap_or_default())
     }
 
-    /// Fails assignments older than [`COLLECT_WITHIN`]: their node is down or not
+    /// Assignments older than [`COLLECT_WITHIN`], removed: their node is down or not
     /// polling, and the job should not wait for it forever.
-    pub fn expire(&self, state: &ClusterState, now: Instant) {
-        let mut stale = Vec::new();
-        self.0.lock().retain(|_, q| {
-            q.retain(|(at, a)| {
-                let keep = now.saturating_duration_since(*at) < COLLECT_WITHIN;
-                if !keep {
-                    stale.push((a.job_id, a.node.clone()));
+    async fn expire(&self, now: Instant) -> Vec<Refused> {
+        let stale: Vec<Assignment> = if let Some(store) = &self.shared {
+            match redis_cluster::expire(store, COLLECT_WITHIN).await {
+                Ok(stale) => stale,
+                Err(e) => {
+                    store.count_error("mailbox");
+                    warn!(error = %e, "cannot expire shared prewarm mailboxes");
+                    Vec::new()
                 }
-                keep
+            }
+        } else {
+            let mut stale = Vec::new();
+            self.memory.lock().retain(|_, q| {
+                q.retain(|(at, a)| {
+                    let keep = now.saturating_duration_since(*at) < COLLECT_WITHIN;
+                    if !keep {
+                        stale.push(a.clone());
+                    }
+                    keep
+                });
+                !q.is_empty()
             });
-            !q.is_empty()
-        });
-        for (job, node) in stale {
-            warn!(job, %node, "prewarm assignment not collected in time");
-            let _ = state.update_prewarm_node(
-                job,
-                &node,
-                NodeUpdate::Failed {
-                    reason: format!(
+            stale
+        };
+        stale
+            .into_iter()
+            .map(|a| {
+                warn!(job = a.job_id, node = %a.node, "prewarm assignment not collected in time");
+                (
+                    a.job_id,
+                    a.node,
+                    format!(
                         "node did not collect its assignment within {} s (agent down or without --tracker?)",
                         COLLECT_WITHIN.as_secs()
                     ),
-                },
-            );
-        }
+                )
+            })
+            .collect()
+    }
+}
+
+/// Fails each refused node's part of its job (inside a job change).
+fn fail_all(state: &ClusterState, refused: Vec<Refused>) {
+    for (job, node, reason) in refused {
+        let _ = state.update_prewarm_node(job, &node, NodeUpdate::Failed { reason });
     }
 }
 
@@ -124,27 +195,60 @@ pub async fn collect(
                 .into_response();
         }
     };
-    (StatusCode::OK, Json(boxes.collect(&node))).into_response()
+    match boxes.collect(&node).await {
+        Ok(list) => (StatusCode::OK, Json(list)).into_response(),
+        Err(e) => e.response(),
+    }
 }
 
-/// Plans assignments and ticks the cluster state every second.
+/// Plans assignments and ticks the cluster state every second. With `--redis`, only
+/// the replica holding the `prewarm` lease plans (one at a time); another takes over
+/// within [`redis_cluster::PREWARM_LEASE`] when it stops renewing.
 pub fn spawn_planner(state: ClusterState, boxes: Mailboxes) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut leads = false;
         loop {
             tick.tick().await;
-            if let Err(e) = state.tick() {
-                warn!(error = %e, "cluster tick failed");
+            state.tick_inventory();
+            if let Some(store) = &boxes.shared {
+                leads = redis_cluster::leads_prewarm(store, leads).await;
+                if !leads || !state.inventory_complete() {
+                    continue;
+                }
             }
             let now = Instant::now();
-            boxes.expire(&state, now);
-            match state.next_assignments() {
-                Ok(list) => {
-                    for a in list {
-                        boxes.post(&state, a, now);
+            let stale = boxes.expire(now).await;
+            let planned = state
+                .change_jobs(|| {
+                    fail_all(&state, stale);
+                    if let Err(e) = state.tick_jobs() {
+                        warn!(error = %e, "cluster tick failed");
                     }
+                    state.next_assignments()
+                })
+                .await;
+            let list = match planned {
+                Ok(list) => list,
+                Err(e) => {
+                    warn!(error = %e, "cannot plan prewarm assignments");
+                    continue;
                 }
-                Err(e) => warn!(error = %e, "cannot plan prewarm assignments"),
+            };
+            let mut refused = Vec::new();
+            for a in list {
+                refused.extend(boxes.post(a, now).await);
+            }
+            if !refused.is_empty() {
+                if let Err(e) = state
+                    .change_jobs(|| {
+                        fail_all(&state, refused);
+                        Ok(())
+                    })
+                    .await
+                {
+                    warn!(error = %e, "cannot record refused prewarm assignments");
+                }
             }
         }
     });

@@ -209,7 +209,10 @@ pub async fn node_update(
     if let Some(refused) = crate::access::refuse_other_node(me.as_deref(), &node) {
         return refused;
     }
-    match state.update_prewarm_node(id, &node, update) {
+    let changed = state
+        .change_jobs(|| state.update_prewarm_node(id, &node, update))
+        .await;
+    match changed {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => (
             cluster::http::status_of(&e),

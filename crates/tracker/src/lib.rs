@@ -10,6 +10,7 @@ mod access;
 pub mod assignments;
 pub mod cluster_glue;
 mod decide;
+mod redis_cluster;
 pub mod redis_store;
 mod server;
 pub mod store;
@@ -83,7 +84,7 @@ impl Error {
 
     /// The HTTP answer for this error: 503 (retry, elsewhere) while the shared state is
     /// out of reach, never an answer computed without it.
-    fn response(&self) -> Response {
+    pub(crate) fn response(&self) -> Response {
         let status = match self {
             Error::Announce(_) => StatusCode::BAD_REQUEST,
             e if e.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
@@ -200,6 +201,11 @@ impl Default for Metrics {
             "1 while this replica holds the Redis janitor lease (one replica at a time)",
             redis.leader.clone(),
         );
+        registry.register(
+            "prewarm_leader",
+            "1 while this replica holds the Redis prewarm planner lease (one replica at a time)",
+            redis.prewarm_leader.clone(),
+        );
         let store_conflicts = Counter::default();
         registry.register(
             "store_conflicts",
@@ -277,6 +283,12 @@ impl Tracker {
         let redis = redis_store::RedisStore::connect(opts, ttl, self.metrics.redis.clone())?;
         redis.spawn_health();
         redis.spawn_janitor();
+        if let Some(c) = &self.cluster {
+            // Inventory, prewarm jobs and mailboxes in Redis too: any replica answers
+            // `starling nodes`, `where` and job status alike, and one plans.
+            redis_cluster::share_cluster(&redis, c);
+            self.mailboxes = assignments::Mailboxes::shared(redis.clone());
+        }
         self.store = redis;
         Ok(self)
     }

@@ -160,10 +160,15 @@ pub struct RedisMetrics {
     pub(crate) errors: Family<ReasonLabels, Counter>,
     /// 1 while this replica holds the janitor lease.
     pub(crate) leader: Gauge,
+    /// 1 while this replica holds the prewarm planner lease.
+    pub(crate) prewarm_leader: Gauge,
 }
 
 pub struct RedisStore {
     con: ConnectionManager,
+    /// A connection of its own for bulk background work (the inventory read back every
+    /// second), so that a large reply never delays an announce queued behind it.
+    background: ConnectionManager,
     /// This replica's name in leases: unique per process start.
     replica: String,
     prefix: String,
@@ -179,7 +184,8 @@ pub struct RedisStore {
     shown: String,
 }
 
-fn wall_ms() -> u64 {
+/// Milliseconds since the Unix epoch: the clock replicas share through Redis.
+pub(crate) fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -220,10 +226,13 @@ impl RedisStore {
             .set_response_timeout(Some(opts.timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(1));
+        let background = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            .map_err(bad_url)?;
         let con = ConnectionManager::new_lazy_with_config(client, config).map_err(bad_url)?;
         info!(redis = %shown, prefix = %opts.prefix, "tracker state shared in Redis");
         Ok(Arc::new(RedisStore {
             con,
+            background,
             replica: {
                 // Several stores in one process (tests, a future multi-tenant tracker)
                 // are distinct replicas too.
@@ -365,6 +374,36 @@ impl RedisStore {
             self.error(what);
             Error::Redis { what, source }
         }
+    }
+
+    /// A connection for one call (the manager reconnects as needed).
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.con.clone()
+    }
+
+    /// The connection for bulk background work (see the field).
+    pub(crate) fn background_connection(&self) -> ConnectionManager {
+        self.background.clone()
+    }
+
+    /// `name` under this store's key prefix.
+    pub(crate) fn prefixed(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// This replica's name in leases and locks.
+    pub(crate) fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// Says in `prewarm_leader` whether this replica plans prewarm.
+    pub(crate) fn note_prewarm_leader(&self, leads: bool) {
+        self.metrics.prewarm_leader.set(i64::from(leads));
+    }
+
+    /// Counts a failed call of `op` in `redis_errors`.
+    pub(crate) fn count_error(&self, op: &'static str) {
+        self.error(op);
     }
 
     fn swarms_key(&self) -> String {

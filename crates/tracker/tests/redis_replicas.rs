@@ -313,3 +313,95 @@ async fn the_password_in_the_url_authenticates_and_a_wrong_one_keeps_the_replica
     let metrics = metrics_text(&wrong).await;
     assert!(!metrics.contains("s3cret") && !metrics.contains("wrong@"));
 }
+
+/// A replica with the cluster layer (inventory, prewarm) sharing `redis`.
+fn cluster_replica(redis: &RedisServer) -> (Tracker, cluster::ClusterState) {
+    let state = cluster::ClusterState::new(
+        cluster::ClusterConfig::default(),
+        cluster::JobStore::in_memory().unwrap(),
+    );
+    let t = Tracker::new(SwarmConfig::default(), None)
+        .with_cluster(state.clone())
+        .with_redis(&RedisOptions::new(redis.url()))
+        .expect("a valid Redis URL");
+    (t, state)
+}
+
+fn report(node: &str) -> cluster::NodeReport {
+    serde_json::from_value(serde_json::json!({
+        "node": node,
+        "generation": 1,
+        "labels": {"gpu": "h100"},
+        "cache_budget": 1u64 << 40,
+        "cache_used": 0,
+        "cache_free": 1u64 << 40,
+        "blobs": [],
+        "images": [],
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn job_changes_racing_on_two_replicas_are_all_kept() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let ((_ta, a), (_tb, b)) = (cluster_replica(&redis), cluster_replica(&redis));
+    let nodes: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
+    for n in &nodes {
+        a.ingest(report(n)).unwrap();
+    }
+    // B learns A's reports from Redis.
+    for _ in 0..200 {
+        if b.inventory().entries().count() == nodes.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(b.inventory().entries().count(), nodes.len());
+
+    let req: cluster::PrewarmRequest = serde_json::from_value(serde_json::json!({
+        "images": ["registry.test/ml/train@sha256:0000000000000000000000000000000000000000000000000000000000000001"],
+        "targets": {"nodes": nodes},
+    }))
+    .unwrap();
+    let image = cluster::ResolvedImage {
+        reference: req.images[0].clone(),
+        manifest_digest: oci::Digest::of(b"manifest"),
+        blobs: vec![cluster::wire::BlobRef {
+            digest: oci::Digest::of(b"layer"),
+            size: 1 << 20,
+        }],
+    };
+    let id = a
+        .change_jobs(|| a.submit_prewarm_resolved(req, vec![image]))
+        .await
+        .unwrap()
+        .job
+        .id;
+    // Every node's completion arrives at one replica or the other, all at once: each
+    // change starts from the other's, none is lost.
+    let mut updates = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let (s, n) = (if i % 2 == 0 { a.clone() } else { b.clone() }, n.clone());
+        updates.push(tokio::spawn(async move {
+            s.change_jobs(|| s.update_prewarm_node(id, &n, cluster::wire::NodeUpdate::Done))
+                .await
+        }));
+    }
+    for u in updates {
+        u.await.unwrap().unwrap();
+    }
+    for s in [&a, &b] {
+        s.refresh_jobs().await.unwrap();
+        let done = s.with_jobs(|j| {
+            j.get(id).map_or(0, |job| {
+                job.nodes
+                    .values()
+                    .filter(|n| n.state == cluster::prewarm::NodeJobState::Done)
+                    .count()
+            })
+        });
+        assert_eq!(done, nodes.len(), "every node's Done kept");
+    }
+}

@@ -55,7 +55,7 @@ impl Default for InventoryLimits {
 }
 
 /// Longest node name (a DNS name).
-const MAX_NODE_NAME: usize = 253;
+pub const MAX_NODE_NAME: usize = 253;
 
 impl InventoryLimits {
     /// Refuses a report whose shape is over a limit (413) or whose node name is not one.

@@ -22,7 +22,16 @@ const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("prewarm_jobs");
 pub struct JobStore {
     db: redb::Database,
     jobs: BTreeMap<u64, Job>,
+    /// Jobs changed since [`take_changed`](Self::take_changed): what a shared store
+    /// (Redis, issue 14) must be told.
+    changed: BTreeSet<u64>,
 }
+
+/// Jobs read from a shared store at most: far above what operators submit, so a
+/// corrupted or hostile store cannot make a replica allocate without bound.
+pub const MAX_SHARED_JOBS: usize = 100_000;
+/// A stored job longer than this is skipped (a job over 10,000 nodes is ≈ 3 MB).
+pub const MAX_SHARED_JOB_BYTES: usize = 16 << 20;
 
 impl JobStore {
     /// Opens (or creates) the store. Nodes that were Running when the tracker stopped
@@ -58,14 +67,48 @@ impl JobStore {
                 jobs.insert(k.value(), job);
             }
         }
-        Ok(Self { db, jobs })
+        Ok(Self {
+            db,
+            jobs,
+            changed: BTreeSet::new(),
+        })
+    }
+
+    /// Makes this copy the job set a shared store holds (JSON records; oversized or
+    /// unreadable ones are skipped with a warning). Nodes Running stay Running: their
+    /// agents are at work and report to any replica.
+    pub fn replace_all(&mut self, records: Vec<Vec<u8>>) {
+        self.jobs.clear();
+        self.changed.clear();
+        for bytes in records.into_iter().take(MAX_SHARED_JOBS) {
+            if bytes.len() > MAX_SHARED_JOB_BYTES {
+                tracing::warn!(bytes = bytes.len(), "shared prewarm job too large; skipped");
+                continue;
+            }
+            match serde_json::from_slice::<Job>(&bytes) {
+                Ok(job) => {
+                    self.jobs.insert(job.id, job);
+                }
+                Err(e) => tracing::warn!(error = %e, "unreadable shared prewarm job; skipped"),
+            }
+        }
+    }
+
+    /// The jobs changed since the last call, as (id, JSON), for a shared store.
+    pub fn take_changed(&mut self) -> Result<Vec<(u64, Vec<u8>)>> {
+        let ids = std::mem::take(&mut self.changed);
+        ids.into_iter()
+            .filter_map(|id| self.jobs.get(&id).map(|j| (id, j)))
+            .map(|(id, j)| Ok((id, serde_json::to_vec(j)?)))
+            .collect()
     }
 
     /// Persists the given jobs (ids from a `*_deferred` step), in one transaction.
-    pub fn save_all(&self, ids: &BTreeSet<u64>) -> Result<()> {
+    pub fn save_all(&mut self, ids: &BTreeSet<u64>) -> Result<()> {
         if ids.is_empty() {
             return Ok(());
         }
+        self.changed.extend(ids.iter().copied());
         let tx = self.db.begin_write()?;
         {
             let mut t = tx.open_table(JOBS)?;
@@ -79,10 +122,11 @@ impl JobStore {
         Ok(())
     }
 
-    fn save(&self, id: u64) -> Result<()> {
+    fn save(&mut self, id: u64) -> Result<()> {
         let Some(job) = self.jobs.get(&id) else {
             return Ok(());
         };
+        self.changed.insert(id);
         let bytes = serde_json::to_vec(job)?;
         let tx = self.db.begin_write()?;
         {

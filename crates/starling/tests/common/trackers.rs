@@ -11,6 +11,17 @@ pub const TOKEN: &str = "test-cluster-token";
 /// An agent given the comma-separated `trackers` (an order of preference), slowed to
 /// 8 MiB/s so that kills land mid-pull.
 pub async fn agent(dir: &Path, name: &str, trackers: &str, registry: &Registry) -> Proc {
+    agent_with(dir, name, trackers, registry, &[]).await
+}
+
+/// [`agent`] with `extra` flags (labels, say).
+pub async fn agent_with(
+    dir: &Path,
+    name: &str,
+    trackers: &str,
+    registry: &Registry,
+    extra: &[&str],
+) -> Proc {
     let port = testkit::free_port();
     let cache = dir.join(name);
     let host = registry.host();
@@ -36,6 +47,8 @@ pub async fn agent(dir: &Path, name: &str, trackers: &str, registry: &Registry) 
         "--download-limit",
         "8MiB",
     ]);
+    let mut args = args;
+    args.extend(super::args(extra));
     Proc::start(args, port, dir.join(format!("{name}.log")), cache).await
 }
 

@@ -1,0 +1,573 @@
+//! `--redis`: the cluster layer's state in Redis, shared by every replica (issue 14):
+//! node inventory, prewarm jobs with their per-node state, and the mailboxes where
+//! assignments wait for their nodes. The decisions stay the cluster crate's
+//! (`cluster::JobStore`, `cluster::Inventory`), on each replica's copy; this module
+//! only keeps the copies one state.
+//!
+//! Keys (prefix `st:` by default):
+//!
+//! | key | type | what | TTL |
+//! |---|---|---|---|
+//! | `st:inv:nodes` | ZSET node → last report (ms) | which reports changed | trimmed past the node expiry |
+//! | `st:inv:report:<node>` | STRING JSON `NodeReport` | the node's last full report | node expiry |
+//! | `st:inv:gen:<node>` | STRING generation | so a replica fetches only new reports | node expiry |
+//! | `st:prewarm:jobs` | HASH id → JSON job | jobs and their per-node state | none (persisted) |
+//! | `st:prewarm:version` | counter | bumped by every change | none |
+//! | `st:prewarm:lock` | STRING replica | one change at a time (`SET NX PX`) | 5 s |
+//! | `st:mbox:<node>`, `st:mbox:nodes` | LIST, SET | assignments waiting for collection | 2 min |
+//! | `st:lease:prewarm` | STRING replica | the one replica planning (`RedisStore::lead`) | 5 s |
+//!
+//! Every size read back is bounded (node count, report bytes, jobs, mailbox entries):
+//! Redis is trusted no more than an agent.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cluster::wire::Assignment;
+use cluster::{Begun, ClusterShare, ClusterState, Published, ShareFuture};
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use crate::redis_store::{wall_ms, RedisStore};
+
+/// How long the job lock lasts when its holder dies mid-change.
+const JOB_LOCK_TTL: Duration = Duration::from_secs(5);
+/// How long a change waits for the job lock before it gets 503.
+const JOB_LOCK_WAIT: Duration = Duration::from_secs(3);
+/// The prewarm planner's lease: another replica plans after this much silence.
+pub const PREWARM_LEASE: Duration = Duration::from_secs(5);
+/// How often a replica reads the reports other replicas took.
+const INVENTORY_PULL_EVERY: Duration = Duration::from_secs(1);
+/// Reports read again behind the newest one seen (clocks of replicas differ a little).
+const INVENTORY_PULL_OVERLAP_MS: u64 = 5_000;
+/// Reports waiting to be published; beyond, the newest are dropped (the agent reports
+/// again within seconds).
+pub const PUBLISH_QUEUE: usize = 1024;
+/// A mailbox key lives this long without a post (uncollected entries fail after 30 s).
+const MAILBOX_TTL_MS: u64 = 120_000;
+/// Nodes with waiting assignments read at most per expiry round.
+const MAX_MAILBOXES: usize = 100_000;
+/// Generations read per Redis call when catching up with other replicas' reports.
+const PULL_CHUNK: usize = 1000;
+/// A stored assignment longer than this is dropped when read.
+const MAX_ASSIGNMENT_BYTES: usize = 4 << 20;
+
+fn shared_err(what: &str) -> impl Fn(redis::RedisError) -> cluster::Error + '_ {
+    move |e| cluster::Error::Shared(format!("redis {what}: {e}"))
+}
+
+/// Writes the changed jobs and releases the lock, only while the caller holds it.
+/// KEYS: lock, jobs, version. ARGV: lock token, then id/JSON pairs. Returns the version,
+/// or -1 when the lock was lost (expired and taken): nothing is written then.
+const COMMIT_JOBS: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+for i = 2, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+local v
+if #ARGV > 1 then v = redis.call('INCR', KEYS[3]) else v = tonumber(redis.call('GET', KEYS[3]) or '0') end
+redis.call('DEL', KEYS[1])
+return v
+";
+
+/// Returns the version and, when it differs from ARGV[1] (or ARGV[1] is 0), every job
+/// (at most ARGV[2] of them; more is an error). KEYS: jobs, version.
+const READ_JOBS: &str = r"
+local v = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) == v and v ~= 0 then return {v} end
+if redis.call('HLEN', KEYS[1]) > tonumber(ARGV[2]) then return redis.error_reply('too many prewarm jobs') end
+local out = redis.call('HVALS', KEYS[1])
+table.insert(out, 1, v)
+return out
+";
+
+/// Stores a node's full report unless the node is new and the index is full.
+/// KEYS: report, gen, index. ARGV: node, JSON, generation, TTL ms, now ms, max nodes.
+const PUBLISH_REPORT: &str = r"
+if not redis.call('ZSCORE', KEYS[3], ARGV[1]) and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[6]) then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+return 1
+";
+
+/// A heartbeat: refreshes the node's entries if its report of that generation is
+/// there; 0 when it is not (the caller publishes the whole report).
+/// KEYS: report, gen, index. ARGV: node, generation, TTL ms, now ms.
+const PUBLISH_HEARTBEAT: &str = r"
+if redis.call('GET', KEYS[2]) ~= ARGV[2] or redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+return 1
+";
+
+/// A report if it is not longer than ARGV[1] bytes ('' otherwise). KEYS: report.
+const GET_BOUNDED: &str = r"
+if redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[1]) then return '' end
+return redis.call('GET', KEYS[1]) or ''
+";
+
+/// Queues an assignment unless the node has ARGV[2] waiting. KEYS: mailbox, index.
+/// ARGV: entry JSON, max, TTL ms, node.
+const POST: &str = r"
+if redis.call('LLEN', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[4])
+return 1
+";
+
+/// Takes everything waiting (at most ARGV[1] entries). KEYS: mailbox, index. ARGV: max, node.
+const COLLECT: &str = r"
+local out = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[2])
+return out
+";
+
+/// Removes entries posted before ARGV[1] (ms) and returns them. KEYS: mailbox, index.
+/// ARGV: cutoff, node.
+const EXPIRE_POSTS: &str = r"
+local gone = {}
+for _, e in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local ok, v = pcall(cjson.decode, e)
+  if not ok or type(v) ~= 'table' or (tonumber(v.posted_ms) or 0) < tonumber(ARGV[1]) then
+    redis.call('LREM', KEYS[1], 1, e)
+    table.insert(gone, e)
+  end
+end
+if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[2]) end
+return gone
+";
+
+impl ClusterShare for RedisStore {
+    fn begin(&self, version: u64) -> ShareFuture<'_, Begun> {
+        Box::pin(async move {
+            let mut con = self.connection();
+            let lock_key = self.prefixed("prewarm:lock");
+            let token = format!("{}-{}", self.replica(), wall_ms());
+            let give_up = Instant::now() + JOB_LOCK_WAIT;
+            loop {
+                let took: Option<String> = redis::cmd("SET")
+                    .arg(&lock_key)
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(JOB_LOCK_TTL.as_millis() as u64)
+                    .query_async(&mut con)
+                    .await
+                    .map_err(|e| {
+                        self.count_error("jobs");
+                        shared_err("job lock")(e)
+                    })?;
+                if took.is_some() {
+                    break;
+                }
+                if Instant::now() >= give_up {
+                    return Err(cluster::Error::Shared(
+                        "another replica holds the prewarm job lock; retry".into(),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            match read_jobs(self, &mut con, version).await {
+                Ok((jobs, version)) => Ok(Begun {
+                    lock: token,
+                    jobs,
+                    version,
+                }),
+                Err(e) => {
+                    let _ = release(self, &mut con, &token).await;
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    fn commit(&self, lock: String, changed: Vec<(u64, Vec<u8>)>) -> ShareFuture<'_, u64> {
+        Box::pin(async move {
+            let mut con = self.connection();
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(COMMIT_JOBS)
+                .arg(3)
+                .arg(self.prefixed("prewarm:lock"))
+                .arg(self.prefixed("prewarm:jobs"))
+                .arg(self.prefixed("prewarm:version"))
+                .arg(&lock);
+            for (id, json) in &changed {
+                cmd.arg(id).arg(json.as_slice());
+            }
+            let v: i64 = cmd.query_async(&mut con).await.map_err(|e| {
+                self.count_error("jobs");
+                shared_err("job commit")(e)
+            })?;
+            u64::try_from(v).map_err(|_| {
+                cluster::Error::Shared(
+                    "the prewarm job lock expired before the change was written; retry".into(),
+                )
+            })
+        })
+    }
+
+    fn read(&self, version: u64) -> ShareFuture<'_, (Option<Vec<Vec<u8>>>, u64)> {
+        Box::pin(async move { read_jobs(self, &mut self.connection(), version).await })
+    }
+}
+
+async fn read_jobs(
+    store: &RedisStore,
+    con: &mut ConnectionManager,
+    version: u64,
+) -> cluster::Result<(Option<Vec<Vec<u8>>>, u64)> {
+    let reply: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(READ_JOBS)
+        .arg(2)
+        .arg(store.prefixed("prewarm:jobs"))
+        .arg(store.prefixed("prewarm:version"))
+        .arg(version)
+        .arg(cluster::prewarm::MAX_SHARED_JOBS)
+        .query_async(con)
+        .await
+        .map_err(|e| {
+            store.count_error("jobs");
+            shared_err("job read")(e)
+        })?;
+    let mut it = reply.into_iter();
+    let v: u64 = it
+        .next()
+        .and_then(|v| redis::from_redis_value(v).ok())
+        .unwrap_or(0);
+    if v == version && v != 0 {
+        return Ok((None, v));
+    }
+    let jobs = it
+        .filter_map(|v| redis::from_redis_value::<Vec<u8>>(v).ok())
+        .collect();
+    Ok((Some(jobs), v))
+}
+
+async fn release(
+    store: &RedisStore,
+    con: &mut ConnectionManager,
+    token: &str,
+) -> redis::RedisResult<()> {
+    let _: i64 = redis::cmd("EVAL")
+        .arg("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0")
+        .arg(1)
+        .arg(store.prefixed("prewarm:lock"))
+        .arg(token)
+        .query_async(con)
+        .await?;
+    Ok(())
+}
+
+/// Shares `state`'s jobs and inventory with the other replicas through `store`:
+/// job changes under its lock, reports taken here published, the others' applied here.
+pub fn share_cluster(store: &Arc<RedisStore>, state: &ClusterState) {
+    let (tx, rx) = tokio::sync::mpsc::channel(PUBLISH_QUEUE);
+    state.share_with(store.clone(), tx);
+    tokio::spawn(publish_reports(Arc::downgrade(store), state.clone(), rx));
+    tokio::spawn(pull_reports(Arc::downgrade(store), state.clone()));
+}
+
+struct InventoryKeys {
+    report: String,
+    generation: String,
+    index: String,
+}
+
+fn inventory_keys(store: &RedisStore, node: &str) -> InventoryKeys {
+    InventoryKeys {
+        report: store.prefixed(&format!("inv:report:{node}")),
+        generation: store.prefixed(&format!("inv:gen:{node}")),
+        index: store.prefixed("inv:nodes"),
+    }
+}
+
+async fn publish_reports(
+    store: std::sync::Weak<RedisStore>,
+    state: ClusterState,
+    mut rx: tokio::sync::mpsc::Receiver<Published>,
+) {
+    while let Some(p) = rx.recv().await {
+        let Some(store) = store.upgrade() else { return };
+        if let Err(e) = publish_one(&store, &state, p).await {
+            store.count_error("inventory");
+            debug!(error = %e, "cannot publish an inventory report; the node's next report will");
+        }
+    }
+}
+
+async fn publish_one(
+    store: &RedisStore,
+    state: &ClusterState,
+    p: Published,
+) -> redis::RedisResult<()> {
+    let limits = &state.config().limits;
+    let ttl_ms = limits.node_expiry_s.saturating_mul(1000).max(1);
+    let keys = inventory_keys(store, &p.node);
+    let mut con = store.background_connection();
+    let now = wall_ms();
+    let report = match p.report {
+        Some(r) => r,
+        None => {
+            let fresh: u32 = redis::cmd("EVAL")
+                .arg(PUBLISH_HEARTBEAT)
+                .arg(3)
+                .arg(&keys.report)
+                .arg(&keys.generation)
+                .arg(&keys.index)
+                .arg(&p.node)
+                .arg(p.generation)
+                .arg(ttl_ms)
+                .arg(now)
+                .query_async(&mut con)
+                .await?;
+            if fresh == 1 {
+                return Ok(());
+            }
+            // Redis lost it (restart, eviction): the whole report from this copy.
+            let held = state.inventory().entry(&p.node).map(|e| e.report.clone());
+            match held {
+                Some(r) if r.generation == p.generation => r,
+                _ => return Ok(()),
+            }
+        }
+    };
+    let Ok(json) = serde_json::to_vec(&report) else {
+        return Ok(());
+    };
+    let stored: u32 = redis::cmd("EVAL")
+        .arg(PUBLISH_REPORT)
+        .arg(3)
+        .arg(&keys.report)
+        .arg(&keys.generation)
+        .arg(&keys.index)
+        .arg(&p.node)
+        .arg(json)
+        .arg(report.generation)
+        .arg(ttl_ms)
+        .arg(now)
+        .arg(limits.max_nodes)
+        .query_async(&mut con)
+        .await?;
+    if stored == 0 {
+        warn!(node = %p.node, "shared inventory full; this node is known to this replica only");
+    }
+    Ok(())
+}
+
+/// Every second: reports other replicas published since the last look are applied
+/// here (same checks as an agent's); nodes silent past the expiry leave the index.
+async fn pull_reports(store: std::sync::Weak<RedisStore>, state: ClusterState) {
+    let mut tick = tokio::time::interval(INVENTORY_PULL_EVERY);
+    let mut newest_ms = 0u64;
+    loop {
+        tick.tick().await;
+        let Some(store) = store.upgrade() else { return };
+        match pull_once(&store, &state, newest_ms).await {
+            Ok(n) => {
+                newest_ms = newest_ms.max(n);
+                state.note_shared_inventory_read();
+            }
+            Err(e) => {
+                store.count_error("inventory");
+                debug!(error = %e, "cannot read the shared inventory");
+            }
+        }
+    }
+}
+
+async fn pull_once(
+    store: &RedisStore,
+    state: &ClusterState,
+    newest_ms: u64,
+) -> redis::RedisResult<u64> {
+    let limits = state.config().limits.clone();
+    let max_bytes = state.config().max_report_bytes;
+    let mut con = store.background_connection();
+    let index = store.prefixed("inv:nodes");
+    let now = wall_ms();
+    let _: u64 = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(&index)
+        .arg("-inf")
+        .arg(now.saturating_sub(limits.node_expiry_s.saturating_mul(1000)))
+        .query_async(&mut con)
+        .await?;
+    let since = newest_ms.saturating_sub(INVENTORY_PULL_OVERLAP_MS);
+    let changed: Vec<(String, u64)> = redis::cmd("ZRANGEBYSCORE")
+        .arg(&index)
+        .arg(since)
+        .arg("+inf")
+        .arg("WITHSCORES")
+        .arg("LIMIT")
+        .arg(0)
+        .arg(limits.max_nodes)
+        .query_async(&mut con)
+        .await?;
+    let mut newest = newest_ms;
+    let changed: Vec<String> = changed
+        .into_iter()
+        .inspect(|(_, at_ms)| newest = newest.max(*at_ms))
+        .map(|(node, _)| node)
+        .filter(|node| node.len() <= cluster::inventory::MAX_NODE_NAME)
+        .collect();
+    for chunk in changed.chunks(PULL_CHUNK) {
+        let generations: Vec<Option<u64>> = redis::cmd("MGET")
+            .arg(
+                chunk
+                    .iter()
+                    .map(|n| inventory_keys(store, n).generation)
+                    .collect::<Vec<_>>(),
+            )
+            .query_async(&mut con)
+            .await?;
+        for (node, generation) in chunk.iter().zip(generations) {
+            let Some(generation) = generation else {
+                continue;
+            };
+            let have = state.inventory().entry(node).map(|e| e.report.generation);
+            match have {
+                Some(h) if h == generation => {
+                    let _ = state.heartbeat_shared(node, generation);
+                    continue;
+                }
+                Some(h) if h > generation => continue,
+                _ => {}
+            }
+            let json: Vec<u8> = redis::cmd("EVAL")
+                .arg(GET_BOUNDED)
+                .arg(1)
+                .arg(inventory_keys(store, node).report)
+                .arg(max_bytes)
+                .query_async(&mut con)
+                .await?;
+            if json.is_empty() {
+                continue;
+            }
+            match serde_json::from_slice::<cluster::NodeReport>(&json) {
+                Ok(r) if r.node == *node => {
+                    if let Err(e) = state.ingest_shared(r) {
+                        debug!(%node, error = %e, "shared report not taken");
+                    }
+                }
+                _ => warn!(%node, "unreadable shared inventory report; skipped"),
+            }
+        }
+    }
+    Ok(newest)
+}
+
+/// An assignment as it waits in a Redis mailbox.
+#[derive(Serialize, Deserialize)]
+struct Posted {
+    posted_ms: u64,
+    assignment: Assignment,
+}
+
+/// Queues `a` in its node's mailbox; false when the mailbox is full.
+pub(crate) async fn post(
+    store: &RedisStore,
+    a: &Assignment,
+    max: usize,
+) -> redis::RedisResult<bool> {
+    let entry = serde_json::to_vec(&Posted {
+        posted_ms: wall_ms(),
+        assignment: a.clone(),
+    })
+    .map_err(|e| redis::RedisError::from(std::io::Error::other(e)))?;
+    let queued: u32 = redis::cmd("EVAL")
+        .arg(POST)
+        .arg(2)
+        .arg(store.prefixed(&format!("mbox:{}", a.node)))
+        .arg(store.prefixed("mbox:nodes"))
+        .arg(entry)
+        .arg(max)
+        .arg(MAILBOX_TTL_MS)
+        .arg(&a.node)
+        .query_async(&mut store.connection())
+        .await?;
+    Ok(queued == 1)
+}
+
+fn decode_posted(entries: Vec<Vec<u8>>) -> Vec<Assignment> {
+    entries
+        .into_iter()
+        .filter(|e| e.len() <= MAX_ASSIGNMENT_BYTES)
+        .filter_map(|e| serde_json::from_slice::<Posted>(&e).ok())
+        .map(|p| p.assignment)
+        .collect()
+}
+
+/// Takes everything waiting for `node` (at most `max`).
+pub(crate) async fn collect(
+    store: &RedisStore,
+    node: &str,
+    max: usize,
+) -> redis::RedisResult<Vec<Assignment>> {
+    let entries: Vec<Vec<u8>> = redis::cmd("EVAL")
+        .arg(COLLECT)
+        .arg(2)
+        .arg(store.prefixed(&format!("mbox:{node}")))
+        .arg(store.prefixed("mbox:nodes"))
+        .arg(max)
+        .arg(node)
+        .query_async(&mut store.connection())
+        .await?;
+    Ok(decode_posted(entries))
+}
+
+/// Removes and returns assignments posted more than `within` ago, in every mailbox.
+pub(crate) async fn expire(
+    store: &RedisStore,
+    within: Duration,
+) -> redis::RedisResult<Vec<Assignment>> {
+    let mut con = store.connection();
+    let index = store.prefixed("mbox:nodes");
+    let count: usize = redis::cmd("SCARD")
+        .arg(&index)
+        .query_async(&mut con)
+        .await?;
+    if count > MAX_MAILBOXES {
+        warn!(
+            count,
+            "more shared mailboxes than nodes can have; leaving them to their TTL"
+        );
+        return Ok(Vec::new());
+    }
+    let nodes: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(&index)
+        .query_async(&mut con)
+        .await?;
+    let cutoff = wall_ms().saturating_sub(within.as_millis() as u64);
+    let mut gone = Vec::new();
+    for node in nodes {
+        let entries: Vec<Vec<u8>> = redis::cmd("EVAL")
+            .arg(EXPIRE_POSTS)
+            .arg(2)
+            .arg(store.prefixed(&format!("mbox:{node}")))
+            .arg(&index)
+            .arg(cutoff)
+            .arg(&node)
+            .query_async(&mut con)
+            .await?;
+        gone.extend(decode_posted(entries));
+    }
+    Ok(gone)
+}
+
+/// Whether this replica plans prewarm now (the `prewarm` lease); logs changes.
+pub(crate) async fn leads_prewarm(store: &RedisStore, was: bool) -> bool {
+    let leads = store.lead("prewarm", PREWARM_LEASE).await.unwrap_or(false);
+    store.note_prewarm_leader(leads);
+    if leads != was {
+        info!(
+            leads,
+            "prewarm planner lease {}",
+            if leads { "taken" } else { "lost" }
+        );
+    }
+    leads
+}
