@@ -1,5 +1,6 @@
 //! Real containerd pulls through the agent; then the registry goes away and a fresh
 //! containerd still pulls by tag and by digest from the agent's cache.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

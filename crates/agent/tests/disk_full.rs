@@ -4,6 +4,7 @@
 //! client), the agent stays up, no partial file is left holding the space, and the
 //! store never holds a blob that is not complete and verified.
 //! Needs root (mount), like the containerd tests.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

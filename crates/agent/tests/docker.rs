@@ -2,6 +2,7 @@
 //! (`registry-mirrors`, which Docker applies to Docker Hub images only). The agent maps
 //! docker.io to the test registry, as an air-gapped site would. Then the registry goes
 //! away and a Docker Engine with a fresh data root pulls by digest from the agent's cache.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

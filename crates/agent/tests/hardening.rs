@@ -2,6 +2,7 @@
 //! and upstream replies (token endpoint, error bodies) that never end. The agent is
 //! served on loopback in front of the real docker-registry; the endless replies come
 //! from fault proxies, since no real server can be made to send them.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The mirror against the real docker-registry: skopeo, Range semantics, single flight,
 //! auth upstreams, bad input, and an upstream that cuts or corrupts blobs.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! a throwaway CA (and, in one test, requiring client certificates): per-registry
 //! `ca_file`, `client_cert`/`client_key` and `skip_verify`, errors that say what is
 //! wrong, and settings that never leak to another registry.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

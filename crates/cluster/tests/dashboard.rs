@@ -1,6 +1,7 @@
 //! The dashboard in headless Chromium: the page's JS fetches the JSON API and renders
 //! node names and byte figures that exist only in the JSON (so the JS ran).
 //! Chromium is installed with apt when missing; the test fails if it cannot be.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! (selectors, volumes, secrets, probes, host network, the containerd init step), the
 //! scheduler config's verbs are routes the cluster router serves, and every Grafana
 //! expression uses metrics that exist.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -1,5 +1,6 @@
 //! The kube-scheduler extender against recorded ExtenderArgs fixtures (real Pod and
 //! NodeList JSON shapes), and the plain ranking function.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The router end to end (in-process, through tower): every endpoint, JSON errors
 //! with 4xx codes, metrics.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Extender latency: filter + prioritize for 1,000 nodes and a 20-layer image,
 //! answered from memory, over 1,000 iterations. Prints p50/p99 (run with
 //! `--nocapture`; `--release` for production figures); wall-clock is not asserted.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

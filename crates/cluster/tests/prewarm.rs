@@ -1,5 +1,6 @@
 //! Prewarm: validation, target selection, the per-node state machine, seed-then-fan-out
 //! scheduling, rate limits, cancel, deadlines, node loss, and persistence across reopen.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! stable, in every `cargo test` (CI). The corpora live in `fuzz/corpus/<target>/` at
 //! the workspace root; the checks in `fuzzcheck` are the very functions the
 //! cargo-fuzz targets call.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

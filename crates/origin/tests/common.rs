@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
+
 #![allow(dead_code)]
 
 use std::net::SocketAddr;

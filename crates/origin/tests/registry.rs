@@ -1,4 +1,5 @@
 //! The origin as a registry: manifests, blobs, HEAD, ranges, errors, path safety.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

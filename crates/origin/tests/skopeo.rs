@@ -1,4 +1,5 @@
 //! Real-client compatibility: skopeo pulls from the origin, umoci unpacks the result.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Real TLS handshakes over loopback TCP with tokio-rustls: who gets in, who is refused,
 //! and why.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Property tests: the token parser and the name grammar never panic, and what is valid
 //! round-trips.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -1,5 +1,6 @@
 //! Certificate rotation without restart: after a swap, new handshakes present the new
 //! certificate (both as server and as client) and established connections carry on.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

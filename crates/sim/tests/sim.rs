@@ -1,5 +1,6 @@
 //! Simulated time is deterministic, so these assert on simulated seconds (never on
 //! wall-clock time).
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use std::path::Path;
 

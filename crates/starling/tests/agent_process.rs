@@ -1,4 +1,5 @@
 //! The agent as a real process: `kill -9` in the middle of a download, restart, resume.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

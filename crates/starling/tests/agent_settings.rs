@@ -2,6 +2,7 @@
 //! or a flag, the flag winning, and a bad one named with where it came from, all of
 //! them in one message. Runs the binary with `--print-config` (or until it refuses to
 //! start), so no agent is left running.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use std::process::{Command, Output};
 

@@ -1,6 +1,7 @@
 //! The benchmark commands themselves, run small: a benchmark that no longer starts
 //! (as `bench get` did once plain HTTP became opt-in) is found here, not by the next
 //! person measuring. Their figures are bytes, not times: tests never judge speed.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use std::process::Command;
 

@@ -1,6 +1,7 @@
 //! The cluster layer end to end: tracker + labelled agents (real processes), the real
 //! docker-registry, prewarm onto a subset, pins under GC pressure, the scheduler
 //! extender on recorded ExtenderArgs, and the inventory across restarts.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! `starling get oci://…` as a process, against real agents, a real tracker and the
 //! real docker-registry holding OCI artifacts pushed by testkit (issue 13); the cluster
 //! layer (prewarm, where) and a destination without room.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

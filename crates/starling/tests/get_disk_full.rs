@@ -2,6 +2,7 @@
 //! the free space after the free-space check passed): DEST's filesystem, then the
 //! agent's cache filesystem. Small tmpfs mounts, so this needs root like the agent's
 //! disk-full tests.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! (user info, a presigned query) that must not reach messages or logs. The origin is
 //! a real nginx; where nginx cannot produce the fault, a small HTTP/1.1 front written
 //! here stands in front of it and bends its answers.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

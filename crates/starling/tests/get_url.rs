@@ -1,6 +1,7 @@
 //! `starling get http(s)://…` as a process: a real nginx origin, agents and a tracker
 //! (issue 13): one origin read for many nodes, presigned queries, digests, bad URLs,
 //! an origin changing mid-get, a peer killed mid-file, resume against a version.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -4,6 +4,7 @@
 //!
 //! Settings a test needs are passed as `STARLING_TRACKER_*` environment variables, so the
 //! same test runs against a build that lacks them and fails for the missing behaviour.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

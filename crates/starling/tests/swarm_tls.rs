@@ -3,6 +3,7 @@
 //! `CACHE_DIR/pki`, talk to the tracker over mutual TLS, pull through the swarm, and
 //! renew their certificate without a restart. Between agents, the peer protocol runs
 //! over mutual TLS, and a peer is the node its certificate names.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

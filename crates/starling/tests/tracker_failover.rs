@@ -4,6 +4,7 @@
 //! `tracker_redis.rs`), so the pull may finish from the registry (the second tracker
 //! elects new sources); what must hold is that no pull fails or restarts and that the
 //! agents end up on the second tracker.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Cluster identity and TLS on a real `starling tracker --pki` process (issue 12, items
 //! 1–2): the `starling certs` commands, HTTPS with client certificates, the role table,
 //! nodes speaking only for themselves, refused certificates, bootstrap join and renewal.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

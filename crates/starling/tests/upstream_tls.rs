@@ -2,6 +2,7 @@
 //! serving HTTPS with a throwaway CA: the agent's and the tracker's per-registry TLS
 //! flags and environment variables, the system trust store as the default
 //! (`SSL_CERT_FILE`), and `skip_verify` logged at warn.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 mod common;
 

@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
+
 use futures::StreamExt;
 use oci::Digest;
 use store::{Begin, Store, StoreConfig};

@@ -5,6 +5,7 @@
 //! - `PieceScheduler`: what it requests, from whom, how many, and its in-flight
 //!   bookkeeping through every way a request ends;
 //! - `UploadQueue`: slots, counts and order of the holder's upload line.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 

@@ -1,4 +1,5 @@
 //! containerd pulls (through hosts.toml) from a real registry.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use testkit::{write_hosts_toml, Containerd, Registry, RegistryAuth, TestImage};
 

@@ -1,4 +1,5 @@
 //! Registry + token server + image builders against the real programs.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use std::time::Duration;
 

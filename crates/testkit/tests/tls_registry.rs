@@ -1,5 +1,6 @@
 //! The real docker-registry over HTTPS with a throwaway CA, with and without
 //! required client certificates.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use testkit::{skopeo, Registry, RegistryAuth, RegistryTls, TestCa, TestImage};
 

@@ -1,4 +1,5 @@
 //! The blocking helpers must be usable (and droppable) inside tokio tests.
+#![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
 
 use testkit::{Containerd, Registry, RegistryAuth, TestImage};
 
