@@ -14,10 +14,8 @@ async fn containerd_pulls_through_agent_and_survives_registry_outage() {
     let host = registry.host();
     let image = {
         let r = &registry;
-        let img =
-            TestImage::push_multilayer(r, "team/train", "v1", &[3 << 20, 1 << 20, 200 << 10], 7)
-                .expect("push");
-        img
+        TestImage::push_multilayer(r, "team/train", "v1", &[3 << 20, 1 << 20, 200 << 10], 7)
+            .expect("push")
     };
     let cache = tempfile::tempdir().unwrap();
     let agent = start_agent(cache.path(), &host, &reg, None, |c| {

@@ -177,7 +177,10 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
         agent.metric("starling_agent_disk_full_total") >= 1.0,
         "the write really failed with ENOSPC"
     );
-    assert_eq!(complete_entries_verify(&agent, &cache, &[layer.clone()]), 0);
+    assert_eq!(
+        complete_entries_verify(&agent, &cache, std::slice::from_ref(&layer)),
+        0
+    );
     no_partials(&cache);
 
     // Still serving, still correct, while the disk stays full.

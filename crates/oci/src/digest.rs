@@ -164,7 +164,7 @@ mod tests {
             Err(Error::Unsupported(_))
         ));
         assert!(matches!(
-            Digest::parse(&"sha256:".repeat(1)),
+            Digest::parse("sha256:"),
             Err(Error::DigestInvalid(_))
         ));
         let upper = d.to_string().to_uppercase().replace("SHA256", "sha256");

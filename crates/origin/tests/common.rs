@@ -1,5 +1,4 @@
 #![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
-
 #![allow(dead_code)]
 
 use std::net::SocketAddr;

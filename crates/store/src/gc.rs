@@ -87,7 +87,7 @@ mod tests {
         let b = Digest::of(b"b");
         let c = Digest::of(b"c");
         let (b2, c2) = (b.to_string(), c.to_string());
-        let set = closure(&[a.clone()], |d| {
+        let set = closure(std::slice::from_ref(&a), |d| {
             if *d == a {
                 vec![b2.clone()]
             } else if *d == b {

@@ -671,8 +671,7 @@ mod tests {
         assert_eq!(cfg.cache_budget.bytes(), 200 << 30);
         assert_eq!(cfg.upload_limit.map(|b| b.bytes()), Some(1 << 20));
         let bad = toml::from_str::<AgentConfig>("cache_budget = \"lots\"\n")
-            .err()
-            .expect("refused at load")
+            .expect_err("refused at load")
             .to_string();
         assert!(bad.contains("cache_budget"), "{bad}");
     }
