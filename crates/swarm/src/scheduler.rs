@@ -56,6 +56,9 @@ pub const LARGE_SWARM_MEMBERS: u32 = 256;
 /// piece sooner, so waiting for a near holder pays more (the simulator at 1,000 and
 /// 10,000 nodes: BENCHMARKS.md, issue 11).
 pub const HUGE_SWARM_MEMBERS: u32 = 2_048;
+/// How long the read head may wait as an ordinary request before it is also asked of
+/// another holder urgently.
+pub const HEAD_PATIENCE_MS: u64 = 2_000;
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -182,6 +185,10 @@ pub struct PieceScheduler {
     /// looked up on every scheduling pass, millions of times in a simulated swarm.
     inflight: Vec<Vec<u32>>,
     claimed: Bitfield,
+    /// The read head and since when (ms) it has been the head.
+    head_since: (u32, u64),
+    /// The last piece asked for urgently as the read head.
+    head_asked_urgently: Option<u32>,
     /// Holders per piece among partial, unbanned peers; complete peers are counted
     /// once in `complete_holders`.
     avail: Vec<u32>,
@@ -223,6 +230,8 @@ impl PieceScheduler {
             piece_size: piece_size.max(1),
             inflight_any: Bitfield::new(have.len()),
             claimed: Bitfield::new(have.len()),
+            head_since: (u32::MAX, 0),
+            head_asked_urgently: None,
             inflight: vec![Vec::new(); n],
             avail: vec![0; n],
             complete_holders: 0,
@@ -631,10 +640,30 @@ impl PieceScheduler {
         }
         // The read head: urgent, to the best holder even past its window.
         let head = self.have.prefix();
+        if self.head_since.0 != head {
+            self.head_since = (head, now_ms);
+        }
         if head < self.have.len() && !self.inflight_any.get(head) {
             if let Some(p) = self.pick_peer(head, now_ms, true, &[]) {
                 self.assign(head, p, now_ms);
                 out.push(self.request(head, p, true));
+                self.head_asked_urgently = Some(head);
+            }
+        } else if head < self.have.len()
+            && self.head_asked_urgently != Some(head)
+            && !self.claimed.get(head)
+            && self.inflight[head as usize].len() < 2
+            && now_ms.saturating_sub(self.head_since.1) >= HEAD_PATIENCE_MS
+        {
+            // The head was asked for as an ordinary request before it became the head,
+            // and that request may wait in a holder's line behind fresher pieces while
+            // the reader gets nothing (seen for 20–80 s at 16 × 8 MiB/s): ask another
+            // holder urgently, once; the first copy wins and the other is cancelled.
+            let busy = self.inflight[head as usize].clone();
+            if let Some(p) = self.pick_peer(head, now_ms, true, &busy) {
+                self.assign(head, p, now_ms);
+                out.push(self.request(head, p, true));
+                self.head_asked_urgently = Some(head);
             }
         }
         let mut budget = max_new;
@@ -1296,6 +1325,52 @@ mod tests {
         assert!(
             from_a.iter().all(|&p| p >= 4),
             "the only holder of rare pieces serves rare pieces: {from_a:?}"
+        );
+    }
+
+    #[test]
+    fn a_head_stuck_as_an_ordinary_request_is_asked_of_another_holder_urgently() {
+        let mut s = sched(
+            8,
+            SchedulerConfig {
+                min_window: 2,
+                max_window: 2,
+                ..Default::default()
+            },
+        );
+        s.set_peer("a", None, 0);
+        s.set_peer("b", None, 0);
+        let first = s.next_requests(0, 100);
+        let next = first
+            .iter()
+            .filter(|r| !r.urgent)
+            .min_by_key(|r| r.piece)
+            .expect("ordinary requests")
+            .clone();
+        let (k, holder) = (next.piece, next.peer.clone());
+        // Everything before it arrives: piece k is the head now, still an ordinary
+        // request.
+        for r in first.iter().filter(|r| r.piece < k) {
+            s.on_done(r.piece, &r.peer, 50);
+        }
+        for i in 0..k {
+            s.on_done(i, "a", 50);
+        }
+        assert_eq!(s.have.prefix(), k);
+        assert!(
+            s.next_requests(100, 0).iter().all(|r| r.piece != k),
+            "not at once: the ordinary request may well be on its way"
+        );
+        let late = s.next_requests(100 + HEAD_PATIENCE_MS, 0);
+        let again: Vec<&Request> = late.iter().filter(|r| r.piece == k).collect();
+        assert_eq!(again.len(), 1, "{late:?}");
+        assert!(again[0].urgent);
+        assert_ne!(again[0].peer, holder, "another holder");
+        assert!(
+            s.next_requests(100 + 2 * HEAD_PATIENCE_MS, 0)
+                .iter()
+                .all(|r| r.piece != k),
+            "once"
         );
     }
 
