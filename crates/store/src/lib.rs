@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod catalog;
+mod chain_digest;
 mod error;
 mod eviction;
 pub mod gc;

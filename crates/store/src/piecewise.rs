@@ -1,10 +1,14 @@
 //! The single writer of one blob in piece mode (P2P): pieces arrive in any order,
 //! from peers (received into the file by their connections, verified against their
 //! piece hash, then marked held here) and from registry runs (trusted bytes streamed
-//! in order, hashed into piece hashes as they pass). The blob's sha256 is computed in
-//! order on its own thread, from the run's buffers when they are next in line and from
-//! the page cache otherwise, so verifying the whole blob overlaps with receiving it.
+//! in order). The blob's sha256 runs in order on its own thread
+//! ([`crate::chain_digest`]): from a run's buffers when they are next in line, from
+//! the page cache otherwise, and not at all over a piece a connection verified from
+//! the hash before it. Its value at each piece boundary is the piece's hash, so a
+//! registry piece is held (and published) once its bytes are on disk and the digest
+//! has passed it.
 
+use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,9 +17,9 @@ use bytes::Bytes;
 use oci::Verifier;
 use swarm::pieces::PieceHasher;
 use swarm::{Bitfield, PieceHash, PieceLayout};
-use tokio::sync::mpsc;
 use tracing::warn;
 
+use crate::chain_digest::{Feed, OrderedDigest};
 use crate::inflight::{Inflight, PieceState, Status};
 use crate::writer::{commit, fail_download, sidecar_path, Sidecar};
 use crate::{Error, Store};
@@ -24,73 +28,6 @@ use crate::{Error, Store};
 const RUN_FLUSH_BYTES: usize = 1 << 20;
 /// The piece map is persisted at most this often (a restart keeps the pieces it lists).
 const SIDECAR_EVERY: Duration = Duration::from_millis(250);
-/// Feeds queued for the digest thread: bounds the memory held when the hash is slower
-/// than the network.
-const DIGEST_QUEUE: usize = 16;
-
-enum Feed {
-    Bytes(Bytes),
-    File { offset: u64, len: u64 },
-}
-
-/// The blob's sha256, computed in order on a blocking thread.
-struct OrderedDigest {
-    tx: Option<mpsc::Sender<Feed>>,
-    done: Option<tokio::task::JoinHandle<std::io::Result<Verifier>>>,
-}
-
-impl OrderedDigest {
-    fn start(mut verifier: Verifier, file: Arc<std::fs::File>) -> Self {
-        let (tx, mut rx) = mpsc::channel::<Feed>(DIGEST_QUEUE);
-        let done = tokio::task::spawn_blocking(move || {
-            let mut buf = vec![0u8; 0];
-            while let Some(feed) = rx.blocking_recv() {
-                match feed {
-                    Feed::Bytes(b) => verifier.update(&b),
-                    Feed::File { offset, len } => {
-                        let mut pos = offset;
-                        let end = offset + len;
-                        while pos < end {
-                            let n = ((end - pos) as usize).min(1 << 20);
-                            if buf.len() < n {
-                                buf.resize(n, 0);
-                            }
-                            file.read_exact_at(&mut buf[..n], pos)?;
-                            verifier.update(&buf[..n]);
-                            pos += n as u64;
-                        }
-                    }
-                }
-            }
-            Ok(verifier)
-        });
-        Self {
-            tx: Some(tx),
-            done: Some(done),
-        }
-    }
-
-    async fn feed(&mut self, f: Feed) -> Result<(), Error> {
-        match &self.tx {
-            Some(tx) => tx
-                .send(f)
-                .await
-                .map_err(|_| Error::Db("digest thread stopped".into())),
-            None => Err(Error::Db("digest already finished".into())),
-        }
-    }
-
-    async fn finish(&mut self) -> Result<Verifier, Error> {
-        self.tx = None;
-        let done = self
-            .done
-            .take()
-            .ok_or_else(|| Error::Db("digest already finished".into()))?;
-        done.await
-            .map_err(|e| Error::Db(format!("digest task: {e}")))?
-            .map_err(|e| Error::Db(format!("digest read: {e}")))
-    }
-}
 
 struct PendingWrite {
     start: u64,
@@ -105,11 +42,10 @@ struct Run {
     end: u64,
     buf: Vec<u8>,
     buf_start: u64,
-    /// The piece being hashed, and its hasher.
+    /// The first piece not wholly received.
     piece: u32,
-    hasher: PieceHasher,
-    /// Pieces hashed whose bytes are not all on disk yet.
-    hashed: Vec<(u32, PieceHash)>,
+    /// The first piece not wholly on disk.
+    unsettled: u32,
     pending: Option<PendingWrite>,
     /// Bytes of the run on disk: `[start, settled)`.
     start: u64,
@@ -132,6 +68,13 @@ pub struct PieceWriter {
     /// Bytes handed to the digest thread, in order from 0.
     digested: u64,
     digest: OrderedDigest,
+    /// Registry pieces on disk whose hash the digest has not reached yet.
+    unhashed: Bitfield,
+    /// Registry pieces the digest hashed before their bytes were all on disk.
+    hashed_early: HashMap<u32, PieceHash>,
+    /// Held pieces past the digest, verified from the hash before them when they
+    /// arrived: `(before, after)`, so the digest can step over them.
+    verified: HashMap<u32, (Option<PieceHash>, PieceHash)>,
     /// Registry runs going, by their first piece.
     runs: std::collections::BTreeMap<u32, Run>,
     source: String,
@@ -149,6 +92,9 @@ impl PieceWriter {
         verifier: Verifier,
         source: String,
     ) -> Self {
+        // A resumed prefix is held; the digest re-reads it from the start, which also
+        // gives its pieces their hashes (rare: a sequential download resumed in piece
+        // mode).
         let hashed = verifier.len();
         let mut held = Bitfield::new(layout.count());
         let mut prefix = 0;
@@ -156,25 +102,7 @@ impl PieceWriter {
             held.set(prefix);
             prefix += 1;
         }
-        // A prefix ending mid-piece: the digest restarts at the last whole piece.
-        let (verifier, digested) = if layout.range(prefix).0 == hashed || prefix == layout.count() {
-            (verifier, hashed)
-        } else {
-            let mut v = Verifier::new(inflight.digest.clone());
-            let whole = layout.range(prefix).0;
-            if whole > 0 {
-                // Rare (a sequential download resumed into piece mode): re-hash.
-                held = Bitfield::new(layout.count());
-                prefix = 0;
-            }
-            v = if whole > 0 {
-                Verifier::new(inflight.digest.clone())
-            } else {
-                v
-            };
-            (v, 0)
-        };
-        let digest = OrderedDigest::start(verifier, inflight.file.clone());
+        let digest = OrderedDigest::start(layout, inflight.file.clone());
         let count = layout.count() as usize;
         *inflight.pieces.lock() = Some(PieceState {
             layout,
@@ -191,8 +119,11 @@ impl PieceWriter {
             inflight,
             layout,
             prefix,
-            digested,
+            digested: 0,
             digest,
+            unhashed: Bitfield::new(layout.count()),
+            hashed_early: HashMap::new(),
+            verified: HashMap::new(),
             runs: std::collections::BTreeMap::new(),
             source,
             done: false,
@@ -226,9 +157,15 @@ impl PieceWriter {
         self.source = source.to_owned();
     }
 
-    /// A piece a peer connection received into the file and verified against `hash`.
+    /// A piece a peer connection received into the file and verified: hashed from
+    /// `before` (the hash of the piece before it; `None` for the first) to `hash`.
     /// Returns `false` if it was already held.
-    pub async fn mark_received(&mut self, piece: u32, hash: PieceHash) -> Result<bool, Error> {
+    pub async fn mark_received(
+        &mut self,
+        piece: u32,
+        before: Option<PieceHash>,
+        hash: PieceHash,
+    ) -> Result<bool, Error> {
         let new = {
             let mut g = self.inflight.pieces.lock();
             let Some(st) = g.as_mut() else {
@@ -244,40 +181,56 @@ impl PieceWriter {
             }
         };
         if new {
+            self.verified.insert(piece, (before, hash));
             let _ = self.inflight.held_events.send(piece);
             self.advance().await?;
         }
         Ok(new)
     }
 
-    /// Reads a piece back from the file and keeps it if it matches `expected` (pieces a
-    /// previous run left on disk). Returns whether it was kept.
+    /// Reads a piece back from the file and keeps it if it hashes from `before` to
+    /// `expected` (pieces a previous run left on disk). Returns whether it was kept.
     pub async fn verify_existing(
         &mut self,
         piece: u32,
+        before: Option<PieceHash>,
         expected: PieceHash,
     ) -> Result<bool, Error> {
         if piece >= self.layout.count() || self.held().get(piece) {
             return Ok(false);
         }
-        let (a, b) = self.layout.range(piece);
-        let file = self.inflight.file.clone();
-        let path = self.inflight.path.clone();
-        let got = tokio::task::spawn_blocking(move || -> Result<PieceHash, Error> {
-            let mut buf = vec![0u8; (b - a) as usize];
-            file.read_exact_at(&mut buf, a)
-                .map_err(|e| Error::io(&path, e))?;
-            Ok(PieceHash::of(&buf))
-        })
-        .await
-        .map_err(|e| Error::Db(format!("reader task: {e}")))??;
-        if got != expected {
+        if self.hash_stored(piece, before).await? != Some(expected) {
             return Ok(false);
         }
         if !self.inflight.claim_piece(piece) {
             return Ok(false);
         }
-        self.mark_received(piece, expected).await
+        self.mark_received(piece, before, expected).await
+    }
+
+    /// Hashes piece `piece` as it is in the file, from `before`, the hash of the piece
+    /// before it (a piece that arrived before that hash was known). `None` when
+    /// `before` is needed and missing.
+    pub async fn hash_stored(
+        &self,
+        piece: u32,
+        before: Option<PieceHash>,
+    ) -> Result<Option<PieceHash>, Error> {
+        let Some(mut hasher) = PieceHasher::for_piece(self.layout, piece, before) else {
+            return Ok(None);
+        };
+        let (a, b) = self.layout.range(piece);
+        let file = self.inflight.file.clone();
+        let path = self.inflight.path.clone();
+        tokio::task::spawn_blocking(move || -> Result<Option<PieceHash>, Error> {
+            let mut buf = vec![0u8; (b - a) as usize];
+            file.read_exact_at(&mut buf, a)
+                .map_err(|e| Error::io(&path, e))?;
+            hasher.update(&buf);
+            Ok(Some(hasher.finish()))
+        })
+        .await
+        .map_err(|e| Error::Db(format!("reader task: {e}")))?
     }
 
     /// Starts a registry run over pieces `[first, end)`, named by `first`: the caller
@@ -316,8 +269,7 @@ impl PieceWriter {
                 buf: Vec::with_capacity(RUN_FLUSH_BYTES),
                 buf_start: start,
                 piece: first,
-                hasher: PieceHasher::new(),
-                hashed: Vec::new(),
+                unsettled: first,
                 pending: None,
                 start,
                 settled: start,
@@ -336,7 +288,7 @@ impl PieceWriter {
     }
 
     /// Registry bytes for run `id`, in order. Returns the pieces that became held
-    /// (their bytes on disk) with their hashes.
+    /// (their bytes on disk and hashed by the digest) with their hashes.
     pub async fn write_run(&mut self, id: u32, chunk: Bytes) -> Result<RunChunkOutcome, Error> {
         let layout = self.layout;
         let mut out = RunChunkOutcome::default();
@@ -355,13 +307,10 @@ impl PieceWriter {
             while !rest.is_empty() {
                 let piece_end = layout.range(run.piece).1;
                 let take = ((piece_end - run.pos) as usize).min(rest.len());
-                run.hasher.update(&rest[..take]);
                 run.buf.extend_from_slice(&rest[..take]);
                 run.pos += take as u64;
                 rest = &rest[take..];
                 if run.pos == piece_end {
-                    run.hashed.push((run.piece, run.hasher.finish()));
-                    run.hasher = PieceHasher::new();
                     run.piece += 1;
                 }
             }
@@ -442,34 +391,80 @@ impl PieceWriter {
         run.settled = p.start + p.len;
         let settled = run.settled;
         let layout = self.layout;
-        let mut held = Vec::new();
-        run.hashed.retain(|&(i, h)| {
-            if layout.range(i).1 <= settled {
-                held.push((i, h));
-                false
-            } else {
-                true
-            }
-        });
+        let first = run.unsettled;
+        while run.unsettled < layout.count() && layout.range(run.unsettled).1 <= settled {
+            run.unsettled += 1;
+        }
+        let on_disk = first..run.unsettled;
         let finished = run.pos == run.end && run.buf.is_empty();
-        {
-            let mut g = self.inflight.pieces.lock();
-            if let Some(st) = g.as_mut() {
-                for &(i, h) in &held {
-                    st.receiving.clear(i);
-                    st.held.set(i);
-                    st.hashes[i as usize] = Some(h);
-                }
+        let mut hashed = Vec::new();
+        for i in on_disk {
+            self.unhashed.set(i);
+            if let Some(h) = self.hashed_early.remove(&i) {
+                hashed.push((i, h));
             }
         }
-        for &(i, _) in &held {
-            let _ = self.inflight.held_events.send(i);
-        }
+        let mut held = self.take_hashes(hashed);
         self.advance().await?;
+        let ready = self.digest.ready_hashes();
+        held.extend(self.hold_hashed(ready).await?);
         if finished {
             self.runs.remove(&id);
         }
         Ok(held)
+    }
+
+    /// Piece hashes the digest computed since the last call, waiting for at least one
+    /// (cancel-safe). Hand them to [`PieceWriter::hold_hashed`].
+    pub async fn next_hashes(&mut self) -> Vec<(u32, PieceHash)> {
+        self.digest.next_hashes().await
+    }
+
+    /// Holds the registry pieces that `hashes` (from [`PieceWriter::next_hashes`])
+    /// complete, returning them with their hashes (to publish).
+    pub async fn hold_hashed(
+        &mut self,
+        hashes: Vec<(u32, PieceHash)>,
+    ) -> Result<Vec<(u32, PieceHash)>, Error> {
+        let held = self.take_hashes(hashes);
+        if !held.is_empty() {
+            self.advance().await?;
+        }
+        Ok(held)
+    }
+
+    /// Records hashes from the digest: a registry piece on disk becomes held; one still
+    /// being written keeps its hash until it settles; a held piece without a hash (a
+    /// resumed prefix) gets it. Returns what became held or gained a hash.
+    fn take_hashes(&mut self, hashes: Vec<(u32, PieceHash)>) -> Vec<(u32, PieceHash)> {
+        let mut out = Vec::new();
+        {
+            let mut g = self.inflight.pieces.lock();
+            let Some(st) = g.as_mut() else {
+                return out;
+            };
+            for (i, h) in hashes {
+                if i >= self.layout.count() {
+                    continue;
+                }
+                if self.unhashed.get(i) {
+                    self.unhashed.clear(i);
+                    st.receiving.clear(i);
+                    st.held.set(i);
+                    st.hashes[i as usize] = Some(h);
+                    out.push((i, h));
+                } else if !st.held.get(i) {
+                    self.hashed_early.insert(i, h);
+                } else if st.hashes[i as usize].is_none() {
+                    st.hashes[i as usize] = Some(h);
+                    out.push((i, h));
+                }
+            }
+        }
+        for &(i, _) in &out {
+            let _ = self.inflight.held_events.send(i);
+        }
+        out
     }
 
     /// Ends run `id` early (its stream failed): whole pieces already received are kept,
@@ -506,28 +501,48 @@ impl PieceWriter {
         }
     }
 
-    /// Moves the held prefix forward, feeds the digest what became contiguous, and
-    /// publishes how far readers may read: the held prefix, or further into a registry
-    /// run that continues it (the registry's bytes, readable as they reach the disk,
-    /// as on the plain mirror path; the blob's sha256 still decides at the end).
+    /// Moves the held prefix forward, feeds the digest every piece on disk that
+    /// continues what it has (stepping over pieces verified on arrival), and publishes
+    /// how far readers may read: the prefix on disk, or further into a registry run
+    /// that continues it (the registry's bytes, readable as they reach the disk, as on
+    /// the plain mirror path; the blob's sha256 still decides at the end).
     async fn advance(&mut self) -> Result<(), Error> {
         let count = self.layout.count();
-        self.prefix = self.held().first_missing_from(self.prefix);
-        let prefix_bytes = if self.prefix >= count {
+        let held = self.held();
+        self.prefix = held.first_missing_from(self.prefix);
+        let on_disk = |i: u32| held.get(i) || self.unhashed.get(i);
+        let mut disk_prefix = self.prefix;
+        while disk_prefix < count && on_disk(disk_prefix) {
+            disk_prefix += 1;
+        }
+        let mut feeds = Vec::new();
+        while self.digested < self.layout.blob_size {
+            let piece = self.layout.piece_of(self.digested);
+            if !on_disk(piece) {
+                break;
+            }
+            let (a, b) = self.layout.range(piece);
+            feeds.push(match self.verified.remove(&piece) {
+                Some((before, after)) if self.digested == a => Feed::Verified {
+                    piece,
+                    before,
+                    after,
+                },
+                _ => Feed::File {
+                    offset: self.digested,
+                    len: b - self.digested,
+                },
+            });
+            self.digested = b;
+        }
+        for f in feeds {
+            self.digest.feed(f).await?;
+        }
+        let prefix_bytes = if disk_prefix >= count {
             self.layout.blob_size
         } else {
-            self.layout.range(self.prefix).0
+            self.layout.range(disk_prefix).0
         };
-        if prefix_bytes > self.digested {
-            let from = self.digested;
-            self.digest
-                .feed(Feed::File {
-                    offset: from,
-                    len: prefix_bytes - from,
-                })
-                .await?;
-            self.digested = prefix_bytes;
-        }
         let readable = self
             .runs
             .values()
@@ -570,6 +585,11 @@ impl PieceWriter {
             self.flush_run(id).await?;
             self.settle_run(id).await?;
         }
+        self.advance().await?;
+        let digested = self.digest.finish().await?;
+        let rest = self.digest.ready_hashes();
+        self.take_hashes(rest);
+        self.prefix = self.held().first_missing_from(self.prefix);
         if !self.is_complete() {
             return Err(Error::Db(format!(
                 "finish with {} of {} pieces",
@@ -577,8 +597,7 @@ impl PieceWriter {
                 self.layout.count()
             )));
         }
-        let verifier = self.digest.finish().await?;
-        let size = verifier.len();
+        let size = digested.len;
         if size != self.layout.blob_size {
             let e: Error = oci::Error::SizeMismatch {
                 expected: self.layout.blob_size,
@@ -588,7 +607,15 @@ impl PieceWriter {
             self.discard(&e.to_string());
             return Err(e);
         }
-        let checked = verifier.finish();
+        let actual = oci::Digest::from_sha256(digested.sha256.0);
+        let checked = if actual == self.inflight.digest {
+            Ok(())
+        } else {
+            Err(oci::Error::DigestMismatch {
+                expected: self.inflight.digest.clone(),
+                actual,
+            })
+        };
         if let Err(e) =
             checked.or_else(|e| crate::writer::identity_keyed(&self.store, &self.inflight, e))
         {

@@ -3,6 +3,8 @@
 use futures::StreamExt;
 use oci::Digest;
 use store::{Begin, Store, StoreConfig};
+use swarm::chain::piece_hashes;
+use swarm::PieceHash;
 
 fn data(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
@@ -221,15 +223,34 @@ async fn gc_evicts_lru_but_keeps_pinned_and_served_blobs() {
 }
 
 /// What a peer connection does with a piece: claim it, write it, then the download
-/// task marks it held once its hash matched.
-async fn receive(w: &mut store::PieceWriter, i: u32, bytes: &[u8]) {
+/// task marks it held once it hashed from the piece before's hash to its own.
+async fn receive(w: &mut store::PieceWriter, hashes: &[PieceHash], i: u32, bytes: &[u8]) {
     let inf = w.inflight();
     assert!(inf.claim_piece(i), "piece {i} is free to receive");
     inf.write_claimed(w.layout().range(i).0, bytes).unwrap();
+    let before = i.checked_sub(1).map(|j| hashes[j as usize]);
     assert!(w
-        .mark_received(i, swarm::PieceHash::of(bytes))
+        .mark_received(i, before, hashes[i as usize])
         .await
         .unwrap());
+}
+
+/// Waits until the digest has hashed the registry pieces and they are held (or
+/// `done` says so earlier).
+async fn hold_hashed_until(
+    w: &mut store::PieceWriter,
+    held: &mut Vec<(u32, PieceHash)>,
+    done: impl Fn(&store::PieceWriter) -> bool,
+) {
+    let count = w.layout().count() as usize;
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while !done(w) && held.len() < count {
+            let hashes = w.next_hashes().await;
+            held.extend(w.hold_hashed(hashes).await.unwrap());
+        }
+    })
+    .await
+    .expect("the digest reaches every piece on disk");
 }
 
 #[tokio::test]
@@ -238,6 +259,7 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
     let body = data(10 << 20, 9);
     let d = Digest::of(&body);
     let layout = swarm::PieceLayout::new(body.len() as u64, 4 << 20);
+    let hashes = piece_hashes(layout, &body);
     let piece = |i: u32| {
         let (a, b) = layout.range(i);
         bytes::Bytes::copy_from_slice(&body[a as usize..b as usize])
@@ -251,7 +273,7 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
         assert!(claims.is_empty());
         let inf = w.inflight();
         let reader = tokio::spawn(collect(store::read_inflight(inf.clone(), 0, None)));
-        receive(&mut w, 2, &piece(2)).await;
+        receive(&mut w, &hashes, 2, &piece(2)).await;
         assert_eq!(
             inf.progress().written,
             0,
@@ -262,7 +284,7 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
         assert!(inf.claim_piece(0));
         assert!(!inf.claim_piece(0), "one receiver per piece");
         inf.release_piece_claim(0);
-        assert_eq!(inf.piece_hash(2), Some(swarm::PieceHash::of(&piece(2))));
+        assert_eq!(inf.piece_hash(2), Some(hashes[2]));
         assert_eq!(
             &inf.read_at(8 << 20, 16).await.unwrap()[..],
             &body[8 << 20..(8 << 20) + 16]
@@ -282,18 +304,24 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
         "the piece written before the crash is offered for re-verification"
     );
     assert!(
-        !w.verify_existing(2, swarm::PieceHash::of(b"wrong"))
+        !w.verify_existing(2, Some(hashes[1]), PieceHash::of(b"wrong"))
             .await
             .unwrap(),
         "kept only if it matches its hash"
     );
+    assert!(
+        !w.verify_existing(2, Some(hashes[0]), hashes[2])
+            .await
+            .unwrap(),
+        "nor if hashed from another piece's hash"
+    );
     assert!(w
-        .verify_existing(2, swarm::PieceHash::of(&piece(2)))
+        .verify_existing(2, Some(hashes[1]), hashes[2])
         .await
         .unwrap());
     let reader = tokio::spawn(collect(store::read_inflight(w.inflight(), 0, None)));
-    receive(&mut w, 1, &piece(1)).await;
-    receive(&mut w, 0, &piece(0)).await;
+    receive(&mut w, &hashes, 1, &piece(1)).await;
+    receive(&mut w, &hashes, 0, &piece(0)).await;
     assert_eq!(w.inflight().progress().written, body.len() as u64);
     w.finish().await.unwrap();
     assert_eq!(reader.await.unwrap().unwrap(), body);
@@ -302,6 +330,66 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
         .join("partial")
         .join(format!("{}.pieces", d.hex()))
         .exists());
+}
+
+/// A source that publishes a chain of hashes computed over other bytes: every piece
+/// matches the false chain, but the chain does not end in the digest, so nothing is
+/// kept.
+#[tokio::test]
+async fn pieces_matching_a_false_chain_are_refused_by_the_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(3 << 20, 7);
+    let d = Digest::of(&body);
+    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
+    let mut forged = body.clone();
+    forged[(1 << 20) + 99] ^= 0xff;
+    let lies = piece_hashes(layout, &forged);
+    let store = open(dir.path());
+    let Begin::Lead(w) = store.begin(&d, None, "peer").await.unwrap() else {
+        panic!()
+    };
+    let (mut w, _) = w.into_pieces(layout);
+    for i in 0..layout.count() {
+        let (a, b) = layout.range(i);
+        receive(&mut w, &lies, i, &forged[a as usize..b as usize]).await;
+    }
+    let err = w
+        .finish()
+        .await
+        .expect_err("the chain ends in another digest");
+    assert!(err.to_string().contains("digest"), "{err}");
+    assert!(store.open_complete(&d).unwrap().is_none());
+}
+
+/// A piece verified from a published hash that is not what the bytes before it hash
+/// to (the published values disagree with each other): the digest does not step over
+/// it but reads it back, so the blob's sha256 is still computed over the real bytes.
+#[tokio::test]
+async fn a_piece_verified_from_a_disagreeing_start_is_read_back_by_the_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(3 << 20, 8);
+    let d = Digest::of(&body);
+    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
+    let hashes = piece_hashes(layout, &body);
+    let store = open(dir.path());
+    let Begin::Lead(w) = store.begin(&d, None, "peer").await.unwrap() else {
+        panic!()
+    };
+    let (mut w, _) = w.into_pieces(layout);
+    let inf = w.inflight();
+    for i in [2, 0] {
+        let (a, b) = layout.range(i);
+        receive(&mut w, &hashes, i, &body[a as usize..b as usize]).await;
+    }
+    let (a, b) = layout.range(1);
+    assert!(inf.claim_piece(1));
+    inf.write_claimed(a, &body[a as usize..b as usize]).unwrap();
+    assert!(w
+        .mark_received(1, Some(PieceHash::of(b"not piece 0")), hashes[1])
+        .await
+        .unwrap());
+    w.finish().await.unwrap();
+    assert!(store.open_complete(&d).unwrap().is_some());
 }
 
 #[tokio::test]
@@ -352,16 +440,17 @@ async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes(
         }
     }
     held.extend(w.flush_runs().await.unwrap());
+    hold_hashed_until(&mut w, &mut held, |w| w.is_complete()).await;
     held.sort_by_key(|x| x.0);
-    assert_eq!(held.len(), layout.count() as usize);
-    for (i, h) in held {
-        let (a, b) = layout.range(i);
-        assert_eq!(
-            h,
-            swarm::PieceHash::of(&body[a as usize..b as usize]),
-            "piece {i}"
-        );
-    }
+    assert_eq!(
+        held,
+        piece_hashes(layout, &body)
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| (i as u32, h))
+            .collect::<Vec<_>>(),
+        "each piece once, with the blob's chained sha256 at its end"
+    );
     w.finish().await.unwrap();
     assert_eq!(reader.await.unwrap().unwrap(), body);
 }
@@ -382,13 +471,8 @@ async fn an_aborted_run_keeps_whole_pieces_and_frees_the_rest() {
     w.write_run(run, bytes::Bytes::copy_from_slice(&body[..3 << 19]))
         .await
         .unwrap();
-    let held: Vec<u32> = w
-        .abort_run(run)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|x| x.0)
-        .collect();
+    let mut held = w.abort_run(run).await.unwrap();
+    hold_hashed_until(&mut w, &mut held, |w| w.held().get(0)).await;
     let now = w.held();
     assert!(
         now.get(0) && !now.get(1),
@@ -399,9 +483,10 @@ async fn an_aborted_run_keeps_whole_pieces_and_frees_the_rest() {
         assert!(inf.claim_piece(i), "piece {i} is free for someone else");
         inf.release_piece_claim(i);
     }
+    let hashes = piece_hashes(layout, &body);
     for i in 1..4 {
         let (a, b) = layout.range(i);
-        receive(&mut w, i, &body[a as usize..b as usize]).await;
+        receive(&mut w, &hashes, i, &body[a as usize..b as usize]).await;
     }
     w.finish().await.unwrap();
     assert!(store.open_complete(&d).unwrap().is_some());
@@ -476,4 +561,34 @@ async fn a_download_cut_by_a_full_disk_resumes_into_the_right_bytes() {
         body.len() as u64,
         "resumed bytes verify"
     );
+}
+
+/// A blob of two pieces in one registry run: once the digest has hashed both, the
+/// writer is complete, whichever call took the hashes.
+#[tokio::test]
+async fn registry_pieces_hashed_by_the_digest_complete_the_blob() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(300 << 10, 3);
+    let d = Digest::of(&body);
+    let layout = swarm::PieceLayout::new(body.len() as u64, 256 << 10);
+    let store = open(dir.path());
+    let Begin::Lead(w) = store.begin(&d, None, "registry").await.unwrap() else {
+        panic!()
+    };
+    let (mut w, _) = w.into_pieces(layout);
+    let run = w.start_run(0, 2).unwrap();
+    let mut held = Vec::new();
+    for c in body.chunks(16 << 10) {
+        held.extend(
+            w.write_run(run, bytes::Bytes::copy_from_slice(c))
+                .await
+                .unwrap()
+                .held,
+        );
+    }
+    assert_eq!(w.run_position(run), None, "the run is done");
+    hold_hashed_until(&mut w, &mut held, |_| false).await;
+    assert!(w.is_complete(), "both pieces held: {held:?}");
+    w.finish().await.unwrap();
+    assert!(store.open_complete(&d).unwrap().is_some());
 }

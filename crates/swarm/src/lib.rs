@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bitfield;
+pub mod chain;
 pub mod links;
 mod peers;
 pub mod pieces;

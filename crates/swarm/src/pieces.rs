@@ -1,7 +1,9 @@
-//! Piece geometry of a blob, the piece-size rule, and piece hashes.
+//! Piece geometry of a blob, the piece-size rule and registry runs; piece hashes are
+//! in [`crate::chain`].
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::chain::{PieceHash, PieceHasher};
 use crate::Error;
 
 pub const KIB: u64 = 1 << 10;
@@ -208,54 +210,6 @@ impl PieceLayout {
     }
 }
 
-/// A piece's BLAKE3 hash. Chosen by measurement over sha256 (BENCHMARKS.md, issue 11):
-/// on this machine's AVX-512 cores BLAKE3 hashes 5.5 GB/s against sha256's 1.2 GB/s
-/// with SHA-NI, and every received byte is hashed twice (piece hash, then the blob's
-/// mandatory sha256), so the piece hash choice moves ~0.6 CPU-s per GiB.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PieceHash(pub [u8; 32]);
-
-impl PieceHash {
-    pub fn of(bytes: &[u8]) -> Self {
-        Self(*blake3::hash(bytes).as_bytes())
-    }
-
-    pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
-    }
-
-    pub fn from_hex(s: &str) -> Result<Self, Error> {
-        let mut out = [0u8; 32];
-        hex::decode_to_slice(s, &mut out)
-            .map_err(|e| Error::Hash(format!("piece hash {s:.80}: {e}")))?;
-        Ok(Self(out))
-    }
-}
-
-impl std::fmt::Debug for PieceHash {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PieceHash({})", &self.to_hex()[..16])
-    }
-}
-
-/// Hashes a piece as its bytes arrive, in order.
-#[derive(Clone, Default)]
-pub struct PieceHasher(blake3::Hasher);
-
-impl PieceHasher {
-    pub fn new() -> Self {
-        Self(blake3::Hasher::new())
-    }
-
-    pub fn update(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
-    }
-
-    pub fn finish(&self) -> PieceHash {
-        PieceHash(*self.0.finalize().as_bytes())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,17 +302,5 @@ mod tests {
         assert!(validate_geometry(u64::MAX, MAX_PIECE_SIZE).is_err());
         assert!(validate_geometry(MAX_PIECES as u64 * MIB + 1, MIB).is_err());
         assert!(validate_geometry(MAX_PIECES as u64 * MIB, MIB).is_ok());
-    }
-
-    #[test]
-    fn piece_hash_hex_roundtrip_and_incremental() {
-        let h = PieceHash::of(b"hello world");
-        assert_eq!(PieceHash::from_hex(&h.to_hex()).unwrap(), h);
-        let mut inc = PieceHasher::new();
-        inc.update(b"hello ");
-        inc.update(b"world");
-        assert_eq!(inc.finish(), h);
-        assert!(PieceHash::from_hex("zz").is_err());
-        assert!(PieceHash::from_hex(&"ab".repeat(31)).is_err());
     }
 }

@@ -4,7 +4,7 @@
 //! download task and writes received piece bytes straight into the blob's partial
 //! file (only pieces this agent asked for and could claim, hashed as they arrive).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,12 +67,13 @@ pub(crate) enum PeerEvent {
         piece: u32,
         hash: Option<PieceHash>,
     },
-    /// A piece's bytes are in the file and hashed; the piece stays claimed until the
-    /// download task compares the hash and keeps or releases it.
+    /// A piece's bytes are in the file; the piece stays claimed until the download
+    /// task compares the hash and keeps or releases it. `hash`: computed on arrival
+    /// from the hash of the piece before, if that was known when it was requested.
     Received {
         peer: String,
         piece: u32,
-        hash: PieceHash,
+        hash: Option<PieceHash>,
     },
     /// Bytes of a piece arrive (at most every 100 ms per piece): the peer is alive.
     Progress {
@@ -107,7 +108,9 @@ struct RecvChan {
     /// A prewarm's rate for this blob, paid as bytes arrive.
     limit: Option<Arc<ratelimit::TokenBucket>>,
     events: mpsc::Sender<PeerEvent>,
-    requested: parking_lot::Mutex<HashSet<u32>>,
+    /// Pieces asked for, each with the hash of the piece before it when known (the
+    /// hash its bytes continue from).
+    requested: parking_lot::Mutex<HashMap<u32, Option<PieceHash>>>,
 }
 
 pub(crate) struct PeerConn {
@@ -154,7 +157,7 @@ impl PeerConn {
                 layout,
                 limit,
                 events,
-                requested: parking_lot::Mutex::new(HashSet::new()),
+                requested: parking_lot::Mutex::new(HashMap::new()),
             }),
         );
         self.send(Frame::Open {
@@ -167,14 +170,17 @@ impl PeerConn {
         Ok(chan)
     }
 
+    /// Asks for `piece`; `before` is the trusted hash of the piece before it, if known,
+    /// so the bytes are verified as they arrive.
     pub(crate) async fn request(
         &self,
         chan: ChannelId,
         piece: u32,
         urgent: bool,
+        before: Option<PieceHash>,
     ) -> Result<(), Error> {
         if let Some(c) = self.chans.lock().get(&chan) {
-            c.requested.lock().insert(piece);
+            c.requested.lock().insert(piece, before);
         }
         self.send(Frame::Request {
             chan,
@@ -205,7 +211,7 @@ impl PeerConn {
         }
         let chans: Vec<Arc<RecvChan>> = self.chans.lock().drain().map(|(_, c)| c).collect();
         for c in chans {
-            for p in c.requested.lock().drain() {
+            for (p, _) in c.requested.lock().drain() {
                 // A piece cut mid-way keeps no claim: someone else may produce it.
                 if !c.inflight.has_piece(c.layout.piece_size, p) {
                     c.inflight.release_piece_claim(p);
@@ -397,7 +403,8 @@ struct Receiving {
     chan: Arc<RecvChan>,
     piece: u32,
     got: u64,
-    hasher: PieceHasher,
+    /// `None`: the hash before it was not known; the download hashes the stored piece.
+    hasher: Option<PieceHasher>,
     /// False: the piece could not be claimed; its bytes are read and dropped.
     claimed: bool,
     last_progress: Instant,
@@ -593,15 +600,15 @@ async fn receive_data(
                 "a new piece began before the last one ended",
             ));
         }
-        if !chan.requested.lock().contains(&piece) {
+        let Some(before) = chan.requested.lock().get(&piece).copied() else {
             return Err(peer_err(node, format!("piece {piece} was not requested")));
-        }
+        };
         let claimed = chan.inflight.claim_piece(piece);
         *cur = Some(Receiving {
             chan: chan.clone(),
             piece,
             got: 0,
-            hasher: PieceHasher::new(),
+            hasher: PieceHasher::for_piece(chan.layout, piece, before),
             claimed,
             last_progress: Instant::now(),
         });
@@ -629,7 +636,9 @@ async fn receive_data(
             peer_err(node, "peer stopped in the middle of a piece")
         })??;
     if r.claimed {
-        r.hasher.update(bytes);
+        if let Some(h) = &mut r.hasher {
+            h.update(bytes);
+        }
         let at = chan.layout.range(piece).0 + offset as u64;
         let t = Instant::now();
         let written = chan.inflight.write_claimed(at, bytes);
@@ -661,7 +670,7 @@ async fn receive_data(
         PeerEvent::Received {
             peer: node.to_owned(),
             piece,
-            hash: done.hasher.finish(),
+            hash: done.hasher.as_ref().map(PieceHasher::finish),
         }
     } else {
         PeerEvent::Dropped {

@@ -284,7 +284,7 @@ struct Download {
     internal_tx: mpsc::Sender<Internal>,
     /// Pieces received before their hash was known: their bytes wait in the file,
     /// claimed, with the hash they had.
-    unverified: HashMap<u32, (String, PieceHash)>,
+    unverified: HashMap<u32, (String, Option<PieceHash>)>,
     /// Pieces on disk from before a restart, to re-verify once hashes are known.
     claims: Vec<u32>,
     runs: HashMap<u32, RegistryRun>,
@@ -474,6 +474,16 @@ impl Download {
                         }
                     }
                 }
+                hashes = self.w.next_hashes() => {
+                    // The digest passed registry pieces: now held, with hashes to publish.
+                    match self.w.hold_hashed(hashes).await {
+                        Ok(held) => self.on_registry_pieces(held),
+                        Err(e) => {
+                            self.abort(&e.to_string()).await;
+                            return;
+                        }
+                    }
+                }
                 ev = events.recv() => {
                     if let Some(ev) = ev {
                         if let Err(e) = self.on_event(ev).await {
@@ -596,7 +606,8 @@ impl Download {
                 self.p2p.budget.take(1);
                 self.budgeted.insert((r.piece, r.peer.clone()));
             }
-            if conn.request(chan, r.piece, r.urgent).await.is_err() {
+            let before = self.hash_before(r.piece);
+            if conn.request(chan, r.piece, r.urgent, before).await.is_err() {
                 self.request_ended(r.piece, &r.peer);
                 self.lost(&r.peer);
             }

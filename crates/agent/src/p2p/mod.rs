@@ -31,6 +31,7 @@ pub struct P2pMetrics {
     pub upload_bytes: Counter,
     pub pieces_rejected: Counter,
     pub pieces_from_peers: Counter,
+    pub pieces_hashed_from_disk: Counter,
     pub uploads_refused: Counter,
     pub uploads_active: Gauge,
     pub tracker_errors: Counter,
@@ -51,6 +52,7 @@ impl P2pMetrics {
             upload_bytes: Counter::default(),
             pieces_rejected: Counter::default(),
             pieces_from_peers: Counter::default(),
+            pieces_hashed_from_disk: Counter::default(),
             uploads_refused: Counter::default(),
             uploads_active: Gauge::default(),
             tracker_errors: Counter::default(),
@@ -86,6 +88,11 @@ impl P2pMetrics {
             "p2p_pieces_from_peers",
             "Verified pieces received from peers",
             m.pieces_from_peers.clone(),
+        );
+        r.register(
+            "p2p_pieces_hashed_from_disk",
+            "Pieces from peers hashed by reading them back (the hash before them was not known when they were asked for)",
+            m.pieces_hashed_from_disk.clone(),
         );
         r.register(
             "p2p_uploads_refused",

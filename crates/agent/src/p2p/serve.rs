@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oci::Digest;
+use swarm::pieces::PieceHasher;
 use swarm::upload::{Admit, Queued};
 use swarm::wire::{self, ChannelId, Frame, RejectReason};
 use swarm::{PieceHash, PieceLayout};
@@ -513,11 +514,17 @@ async fn send_hashes(
                     use std::os::unix::fs::FileExt;
                     let mut out = Vec::with_capacity(layout.count() as usize);
                     let mut buf = vec![0u8; layout.piece_size as usize];
+                    let mut before = None;
                     for i in 0..layout.count() {
                         let (a, b) = layout.range(i);
                         let n = (b - a) as usize;
                         file.read_exact_at(&mut buf[..n], a)?;
-                        out.push(PieceHash::of(&buf[..n]));
+                        let mut h = PieceHasher::for_piece(layout, i, before)
+                            .ok_or_else(|| std::io::Error::other("piece off a block boundary"))?;
+                        h.update(&buf[..n]);
+                        let hash = h.finish();
+                        before = Some(hash);
+                        out.push(hash);
                     }
                     Ok(out)
                 })

@@ -310,21 +310,49 @@ impl Engine<'_> {
         self.have_out(s, l, piece);
         if complete {
             self.finish(s, l);
+        } else if from != REGISTRY {
+            self.digest_forward(s, l);
         }
     }
 
-    /// A piece read from the registry by this source.
+    /// A piece read from the registry by this source: on disk, held once the digest
+    /// reaches it.
     pub(crate) fn registry_piece(&mut self, s: u32, l: u32, piece: u32) {
         let p = self.pull(s, l);
         if p.done {
             return;
         }
-        if piece < p.hashes.len() {
-            p.hashes.set(piece);
+        p.unhashed.insert(piece);
+        self.digest_forward(s, l);
+    }
+
+    /// Moves the in-order digest over every piece on disk, holding and publishing the
+    /// registry pieces it passes.
+    fn digest_forward(&mut self, s: u32, l: u32) {
+        loop {
+            let p = self.pull(s, l);
+            if p.done {
+                return;
+            }
+            let at = p.digest_at;
+            let held = p
+                .sched
+                .as_ref()
+                .is_some_and(|x| at < x.have().len() && x.have().get(at));
+            let from_registry = p.unhashed.remove(&at);
+            if !held && !from_registry {
+                return;
+            }
+            p.digest_at += 1;
+            if from_registry && !held {
+                if at < p.hashes.len() {
+                    p.hashes.set(at);
+                }
+                p.publish.push(at);
+                self.piece_held(s, l, at, REGISTRY);
+                self.mark(s, l);
+            }
         }
-        p.publish.push(piece);
-        self.piece_held(s, l, piece, REGISTRY);
-        self.mark(s, l);
     }
 
     fn cancel_duplicates(&mut self, s: u32, l: u32, piece: u32) {

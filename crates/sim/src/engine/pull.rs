@@ -63,6 +63,13 @@ pub(crate) struct Pull {
     pub hashes: Bitfield,
     /// Hashes this agent computed from registry bytes, not yet sent to the tracker.
     pub publish: Vec<u32>,
+    /// Registry pieces on disk that the in-order digest has not reached: a piece's
+    /// hash is the blob's sha256 state at its end (`swarm::chain`), so a source can
+    /// hold and publish a registry piece only once every piece before it is on disk
+    /// (the store's `PieceWriter`).
+    pub unhashed: std::collections::BTreeSet<u32>,
+    /// The first piece the digest has not passed.
+    pub digest_at: u32,
     /// Pieces received before their hash was known, and from whom.
     pub unverified: HashMap<u32, u32>,
     /// Pieces a connection is receiving or that wait for their hash (the writer's
@@ -122,6 +129,8 @@ impl Pull {
             to_dial: Vec::new(),
             hashes: Bitfield::new(0),
             publish: Vec::new(),
+            unhashed: std::collections::BTreeSet::new(),
+            digest_at: 0,
             unverified: HashMap::new(),
             claimed: Bitfield::new(0),
             runs: Vec::new(),
