@@ -901,7 +901,14 @@ impl Download {
                 conn.ask_hashes(chan).await;
             }
         }
-        // Elected source, or no tracker for a while: fetch what nobody can give.
+        self.refill_registry_runs().await;
+        self.settle_unverified().await
+    }
+
+    /// Elected source, or no tracker for a while: fetch what nobody can give, on every
+    /// idle registry connection (each tick, and the moment a run ends: a connection
+    /// idle until the next tick lost up to 50 ms per half-second run).
+    pub(super) async fn refill_registry_runs(&mut self) {
         let tracker_lost = self.last_tracker_ok.elapsed() > TRACKER_GRACE;
         if (self.role == Role::Source || tracker_lost)
             && (self.runs.len() as u32) < self.registry_stream_cap()
@@ -913,6 +920,5 @@ impl Download {
                 }
             }
         }
-        self.settle_unverified().await
     }
 }

@@ -355,6 +355,31 @@ impl Engine<'_> {
         }
     }
 
+    /// A source's idle registry connections each start a run (the agent's
+    /// `refill_registry_runs`: every tick, and the moment a run ends).
+    pub(crate) fn refill_runs(&mut self, s: u32, l: u32) {
+        let now = self.now;
+        let p = self.pull_ref(s, l);
+        let cap = p
+            .layout
+            .map_or(1, |layout| self.registry_stream_cap(layout));
+        let p = self.pull_ref(s, l);
+        if p.role == Role::Source
+            && !p.done
+            && (p.runs.len() as u32 + p.pending_runs) < cap
+            && now >= p.registry_retry_at
+        {
+            let unverified = &p.unverified;
+            let claimed = &p.claimed;
+            let run = p.sched.as_ref().and_then(|x| {
+                x.registry_run(false, |i| unverified.contains_key(&i) || claimed.get(i))
+            });
+            if let Some((a, b)) = run {
+                self.begin_runs(s, l, a, b, false);
+            }
+        }
+    }
+
     fn cancel_duplicates(&mut self, s: u32, l: u32, piece: u32) {
         let dups = self
             .pull_ref(s, l)
@@ -526,24 +551,7 @@ impl Engine<'_> {
                 self.at(t, Timer::PeerHashes { slot: s, layer: l });
             }
         }
-        let p = self.pull_ref(s, l);
-        let cap = p
-            .layout
-            .map_or(1, |layout| self.registry_stream_cap(layout));
-        let p = self.pull_ref(s, l);
-        if p.role == Role::Source
-            && (p.runs.len() as u32 + p.pending_runs) < cap
-            && now >= p.registry_retry_at
-        {
-            let unverified = &p.unverified;
-            let claimed = &p.claimed;
-            let run = p.sched.as_ref().and_then(|x| {
-                x.registry_run(false, |i| unverified.contains_key(&i) || claimed.get(i))
-            });
-            if let Some((a, b)) = run {
-                self.begin_runs(s, l, a, b, false);
-            }
-        }
+        self.refill_runs(s, l);
         self.settle_unverified(s, l);
         self.cancel_stalled(s, l);
         // Scheduling: the agent passes through `schedule` after every tick; here only

@@ -164,6 +164,15 @@ impl Engine<'_> {
         let plan = self.plan_runs(s, l, layout, a, b);
         let now = self.now;
         self.pull(s, l).registry_since.get_or_insert(now);
+        // Claimed now, as the agent's task claims a run before it plans the next: a
+        // connection freed meanwhile must not plan the same pieces.
+        if let Some(sch) = self.pull(s, l).sched.as_mut() {
+            for &(x, y) in &plan {
+                for i in x..y {
+                    sch.claim(i);
+                }
+            }
+        }
         self.pull(s, l).pending_runs += plan.len() as u32;
         for (i, (x, y)) in plan.into_iter().enumerate() {
             if i > 0 || !open {
@@ -190,11 +199,8 @@ impl Engine<'_> {
         let Some(layout) = p.layout else {
             return;
         };
-        let Some(sch) = p.sched.as_mut() else {
+        if p.sched.is_none() {
             return;
-        };
-        for i in first..end {
-            sch.claim(i);
         }
         let start = first;
         let len = layout.len(start) as f64;
@@ -250,11 +256,13 @@ impl Engine<'_> {
         if next < run.end {
             self.pull(s, l).runs[ri].next = next;
             self.extend_flow(id, layout.len(next) as f64);
+            self.registry_piece(s, l, piece);
         } else {
             self.remove_flow(id);
             self.pull(s, l).runs.remove(ri);
+            self.registry_piece(s, l, piece);
+            self.refill_runs(s, l);
         }
-        self.registry_piece(s, l, piece);
     }
 }
 

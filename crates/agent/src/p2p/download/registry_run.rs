@@ -132,6 +132,7 @@ impl Download {
                     if let Some(r) = self.runs.remove(&id) {
                         r.stop.abort();
                     }
+                    self.refill_registry_runs().await;
                 }
                 Ok(())
             }
