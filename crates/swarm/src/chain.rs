@@ -16,6 +16,7 @@
 //! of separate piece hashes, and the blob's digest check still decides at the end.
 
 use sha2::digest::generic_array::GenericArray;
+use sha2::digest::typenum::U64;
 use sha2::Digest as _;
 
 use crate::pieces::PieceLayout;
@@ -26,6 +27,8 @@ const SHA256_IV: [u32; 8] = [
     0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
 ];
 const BLOCK: usize = 64;
+/// Blocks compressed per call.
+const BATCH: usize = 64;
 
 /// A piece's hash: the blob's SHA-256 chaining value at the piece's end (big-endian
 /// words), or for the last piece the blob's sha256 digest.
@@ -130,13 +133,17 @@ impl BlobSha256 {
             self.filled = 0;
         }
         let whole = bytes.len() - bytes.len() % BLOCK;
-        // One block per call: the safe way to view bytes as blocks. The per-call cost
-        // is a CPU-feature check, a few ns against ~40 ns per block with SHA-NI.
-        for block in bytes[..whole].chunks_exact(BLOCK) {
-            sha2::compress256(
-                &mut self.state,
-                std::slice::from_ref(GenericArray::from_slice(block)),
-            );
+        // The compression function takes a slice of block arrays, and viewing bytes as
+        // one needs `unsafe`: copy up to 4 KiB at a time into an array of blocks (in
+        // L1) and compress them in one call, not one call per block, which loads and
+        // stores the state around every block (BENCHMARKS.md, issue 11, "chained").
+        let mut blocks = [GenericArray::<u8, U64>::default(); BATCH];
+        for batch in bytes[..whole].chunks(BATCH * BLOCK) {
+            let n = batch.len() / BLOCK;
+            for (block, src) in blocks.iter_mut().zip(batch.chunks_exact(BLOCK)) {
+                block.copy_from_slice(src);
+            }
+            sha2::compress256(&mut self.state, &blocks[..n]);
         }
         let rest = &bytes[whole..];
         self.pending[..rest.len()].copy_from_slice(rest);
