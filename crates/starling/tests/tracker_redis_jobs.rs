@@ -101,15 +101,20 @@ async fn a_thousand_nodes_reporting_through_both_replicas_lose_no_report() {
     }
     for u in urls.iter() {
         let u = u.clone();
-        testkit::until("every node in both inventories", POLL_EVERY, POLL_WITHIN, || {
-            let u = u.clone();
-            async move {
-                get_json(&format!("{u}/api/v1/nodes")).await["nodes"]
-                    .as_array()
-                    .map_or(0, Vec::len)
-                    == NODES
-            }
-        })
+        testkit::until(
+            "every node in both inventories",
+            POLL_EVERY,
+            POLL_WITHIN,
+            || {
+                let u = u.clone();
+                async move {
+                    get_json(&format!("{u}/api/v1/nodes")).await["nodes"]
+                        .as_array()
+                        .map_or(0, Vec::len)
+                        == NODES
+                }
+            },
+        )
         .await;
     }
 
@@ -169,14 +174,19 @@ async fn a_thousand_nodes_reporting_through_both_replicas_lose_no_report() {
     let failing = NODES.div_ceil(FAILING_EVERY) as u64;
     for u in urls.iter() {
         let u = u.clone();
-        testkit::until("the job finished as reported", POLL_EVERY, POLL_WITHIN, || {
-            let u = u.clone();
-            async move {
-                let p = &get_json(&format!("{u}/api/v1/prewarm/{id}")).await["progress"];
-                p["status"] == "completed_with_failures"
-                    && p["nodes_by_state"]["done"].as_u64() == Some(NODES as u64 - failing)
-            }
-        })
+        testkit::until(
+            "the job finished as reported",
+            POLL_EVERY,
+            POLL_WITHIN,
+            || {
+                let u = u.clone();
+                async move {
+                    let p = &get_json(&format!("{u}/api/v1/prewarm/{id}")).await["progress"];
+                    p["status"] == "completed_with_failures"
+                        && p["nodes_by_state"]["done"].as_u64() == Some(NODES as u64 - failing)
+                }
+            },
+        )
         .await;
         let view = get_json(&format!("{u}/api/v1/prewarm/{id}")).await;
         let nodes = view["nodes"].as_object().unwrap();

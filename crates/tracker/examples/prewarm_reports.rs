@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // a load tool: a failed request ends the run
 //! A load run of prewarm progress reports against running trackers (issue 14): how many
 //! `POST /api/v1/prewarm/{id}/nodes/{node}` a job of many nodes takes per second, and
 //! what the trackers (and Redis) spend on them.
@@ -116,7 +117,9 @@ async fn send_all(
             let (mut lat, mut bad) = (Vec::new(), 0usize);
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((node, body)) = work.get(i) else { break };
+                let Some((node, body)) = work.get(i) else {
+                    break;
+                };
                 let url = format!(
                     "{}/api/v1/prewarm/{job}/nodes/n{node:05}",
                     trackers[node % trackers.len()]
@@ -214,7 +217,10 @@ async fn main() {
         .flat_map(|r| {
             (0..a.nodes).map(move |i| {
                 let done = size / (a.rounds as u64 + 1) * r as u64;
-                (i, serde_json::json!({"kind": "progress", "bytes_done": done}))
+                (
+                    i,
+                    serde_json::json!({"kind": "progress", "bytes_done": done}),
+                )
             })
         })
         .collect();
@@ -246,8 +252,9 @@ async fn main() {
         busy * 100.0
     );
 
-    let done: Vec<(usize, serde_json::Value)> =
-        (0..a.nodes).map(|i| (i, serde_json::json!({"kind": "done"}))).collect();
+    let done: Vec<(usize, serde_json::Value)> = (0..a.nodes)
+        .map(|i| (i, serde_json::json!({"kind": "done"})))
+        .collect();
     let (_, bad_done) = send_all(&client, &a.trackers, id, done, a.concurrency).await;
     let finishing = Instant::now();
     for t in &a.trackers {

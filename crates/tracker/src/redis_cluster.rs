@@ -28,8 +28,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster::wire::Assignment;
 use cluster::prewarm::MAX_SHARED_NODE_BYTES;
+use cluster::wire::Assignment;
 use cluster::{
     Begun, ClusterShare, ClusterState, NodeRecord, NodeWrite, NodesPulled, Published, ShareFuture,
 };
@@ -309,8 +309,7 @@ impl ClusterShare for RedisStore {
                 -2 => Err(cluster::Error::Shared(FENCED.into())),
                 v => u64::try_from(v).map_err(|_| {
                     cluster::Error::Shared(
-                        "the prewarm job lock expired before the change was written; retry"
-                            .into(),
+                        "the prewarm job lock expired before the change was written; retry".into(),
                     )
                 }),
             }
@@ -380,14 +379,18 @@ impl ClusterShare for RedisStore {
             for w in &writes {
                 cmd.arg(&w.node).arg(w.expect).arg(w.json.as_slice());
             }
-            let revisions: Vec<i64> = cmd.query_async(&mut self.connection()).await.map_err(|e| {
-                if e.code() == Some("FENCED") {
-                    return cluster::Error::Shared(FENCED.into());
-                }
-                self.count_error("jobs");
-                shared_err("job node write")(e)
-            })?;
-            Ok(revisions.into_iter().map(|r| u64::try_from(r).ok()).collect())
+            let revisions: Vec<i64> =
+                cmd.query_async(&mut self.connection()).await.map_err(|e| {
+                    if e.code() == Some("FENCED") {
+                        return cluster::Error::Shared(FENCED.into());
+                    }
+                    self.count_error("jobs");
+                    shared_err("job node write")(e)
+                })?;
+            Ok(revisions
+                .into_iter()
+                .map(|r| u64::try_from(r).ok())
+                .collect())
         })
     }
 }

@@ -467,7 +467,11 @@ async fn an_agent_report_racing_a_planner_step_wins_and_the_step_learns_it() {
             let job = j.get(id).unwrap();
             (job.nodes["n0"].state.clone(), job.nodes["n1"].state.clone())
         });
-        assert_eq!(states.0, cluster::prewarm::NodeJobState::Done, "the agent's report kept");
+        assert_eq!(
+            states.0,
+            cluster::prewarm::NodeJobState::Done,
+            "the agent's report kept"
+        );
         assert_eq!(
             states.1,
             cluster::prewarm::NodeJobState::Failed {
@@ -493,8 +497,16 @@ async fn a_planner_that_lost_its_lease_writes_nothing_after_the_next_took_it() {
     };
     let (a, b) = (connect(), connect());
     let lease = Duration::from_millis(300);
-    let old = a.lead_fenced("prewarm", lease).await.unwrap().expect("a leads");
-    assert_eq!(b.lead_fenced("prewarm", lease).await.unwrap(), None, "one leader");
+    let old = a
+        .lead_fenced("prewarm", lease)
+        .await
+        .unwrap()
+        .expect("a leads");
+    assert_eq!(
+        b.lead_fenced("prewarm", lease).await.unwrap(),
+        None,
+        "one leader"
+    );
     let mut new = None;
     for _ in 0..200 {
         new = b.lead_fenced("prewarm", lease).await.unwrap();

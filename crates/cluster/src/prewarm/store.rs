@@ -18,8 +18,8 @@ use std::path::Path;
 use redb::{ReadableTable, TableDefinition};
 
 use super::{
-    resolve_targets, validate, Assignment, Job, NodeJob, NodeJobState, NodeUpdate,
-    PrewarmRequest, MAX_SHARED_NODE_BYTES,
+    resolve_targets, validate, Assignment, Job, NodeJob, NodeJobState, NodeUpdate, PrewarmRequest,
+    MAX_SHARED_NODE_BYTES,
 };
 use crate::error::{Error, Result};
 use crate::inventory::{union_blobs, Inventory, NodeStatus, ResolvedImage};
@@ -208,9 +208,10 @@ impl JobStore {
             }
             if let (Some(unshared), Some(job)) = (self.unshared.as_mut(), self.jobs.get_mut(&id)) {
                 for (name, nj) in carried {
-                    if !job.nodes.contains_key(&name) {
-                        unshared.nodes.insert((id, name.clone()));
-                        job.nodes.insert(name, nj);
+                    if let std::collections::btree_map::Entry::Vacant(slot) = job.nodes.entry(name)
+                    {
+                        unshared.nodes.insert((id, slot.key().clone()));
+                        slot.insert(nj);
                     }
                 }
             }
@@ -605,16 +606,23 @@ mod tests {
         {
             let mut store = JobStore::open(&path).unwrap();
             assert_eq!(store.get(1).unwrap().nodes.len(), 2);
-            store
-                .update_node(1, "a", NodeUpdate::Done, 101)
-                .unwrap();
+            store.update_node(1, "a", NodeUpdate::Done, 101).unwrap();
         }
         let db = redb::Database::create(&path).unwrap();
         let tx = db.begin_read().unwrap();
-        let header: Job =
-            serde_json::from_slice(tx.open_table(JOBS).unwrap().get(1).unwrap().unwrap().value())
-                .unwrap();
-        assert!(header.nodes.is_empty(), "the header no longer carries nodes");
+        let header: Job = serde_json::from_slice(
+            tx.open_table(JOBS)
+                .unwrap()
+                .get(1)
+                .unwrap()
+                .unwrap()
+                .value(),
+        )
+        .unwrap();
+        assert!(
+            header.nodes.is_empty(),
+            "the header no longer carries nodes"
+        );
         let nodes = tx.open_table(JOB_NODES).unwrap();
         let a: NodeJob =
             serde_json::from_slice(nodes.get((1, "a")).unwrap().unwrap().value()).unwrap();

@@ -215,5 +215,4 @@ impl ClusterState {
             "node {node} of job {id} was written by others {NODE_WRITE_TRIES} times while this report was applied; retry"
         )))
     }
-
 }
