@@ -179,7 +179,10 @@ async fn main() {
     for p in posts {
         assert!(p.await.unwrap(), "inventory report refused");
     }
+    // A replica drops reports it cannot publish fast enough (agents report again
+    // every few seconds): what is missing is sent again, as an agent's next report.
     for t in &a.trackers {
+        let mut waited = 0u32;
         loop {
             let v: serde_json::Value = client
                 .get(format!("{t}/api/v1/nodes"))
@@ -189,8 +192,26 @@ async fn main() {
                 .json()
                 .await
                 .unwrap();
-            if v["nodes"].as_array().map_or(0, Vec::len) >= a.nodes {
+            let listed: std::collections::HashSet<&str> = v["nodes"]
+                .as_array()
+                .map(|n| n.iter().filter_map(|x| x["name"].as_str()).collect())
+                .unwrap_or_default();
+            if listed.len() >= a.nodes {
                 break;
+            }
+            waited += 1;
+            if waited % 10 == 0 {
+                for i in (0..a.nodes).filter(|i| !listed.contains(format!("n{i:05}").as_str())) {
+                    client
+                        .post(format!(
+                            "{}/api/v1/reports",
+                            a.trackers[i % a.trackers.len()]
+                        ))
+                        .json(&report(&format!("n{i:05}")))
+                        .send()
+                        .await
+                        .unwrap();
+                }
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
