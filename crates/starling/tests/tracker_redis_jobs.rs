@@ -63,7 +63,7 @@ async fn get_json(url: &str) -> serde_json::Value {
 /// reason naming the node for every tenth). Each goes to the replica after the one
 /// before, so every node's reports arrive through both.
 fn reports_of(i: usize, size: u64) -> Vec<serde_json::Value> {
-    let last = if i % FAILING_EVERY == 0 {
+    let last = if i.is_multiple_of(FAILING_EVERY) {
         serde_json::json!({"kind": "failed", "reason": format!("disk full on {}", node_name(i))})
     } else {
         serde_json::json!({"kind": "done"})
@@ -193,7 +193,7 @@ async fn a_thousand_nodes_reporting_through_both_replicas_lose_no_report() {
         assert_eq!(nodes.len(), NODES);
         for (i, name) in names.iter().enumerate() {
             let n = &nodes[name];
-            if i % FAILING_EVERY == 0 {
+            if i.is_multiple_of(FAILING_EVERY) {
                 assert_eq!(n["state"], "failed", "{name}: {n}");
                 assert_eq!(n["reason"], format!("disk full on {name}"), "{name}: {n}");
             } else {

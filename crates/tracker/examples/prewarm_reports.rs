@@ -200,7 +200,7 @@ async fn main() {
                 break;
             }
             waited += 1;
-            if waited % 10 == 0 {
+            if waited.is_multiple_of(10) {
                 for i in (0..a.nodes).filter(|i| !listed.contains(format!("n{i:05}").as_str())) {
                     client
                         .post(format!(
