@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::inventory::{union_blobs, BlobRef, Inventory, NodeStatus, ResolvedImage};
 use crate::selector::Selector;
-pub use store::{JobStore, MAX_SHARED_JOBS, MAX_SHARED_JOB_BYTES};
+pub use store::{HeadersReplaced, JobChanges, JobStore, MAX_SHARED_JOBS, MAX_SHARED_JOB_BYTES};
 
 pub use crate::wire::{
     file_reference, FileSource, PrewarmRequest, Targets, DEFAULT_PIN_TTL_SECONDS,
@@ -284,6 +284,13 @@ impl NodeJobState {
     }
 }
 
+/// A failure reason an agent sends is kept up to this many bytes: a node's state is
+/// stored on its own (issue 14) and read back bounded.
+pub const MAX_REASON_BYTES: usize = 2048;
+
+/// A stored node state longer than this is skipped when read from a shared store.
+pub const MAX_SHARED_NODE_BYTES: usize = 16 << 10;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeJob {
     #[serde(flatten)]
@@ -301,6 +308,41 @@ pub struct NodeJob {
     /// Set once the prewarm lead time (first use − done) has been measured.
     #[serde(default)]
     pub lead_measured: bool,
+}
+
+impl NodeJob {
+    /// An agent's word about this node's part of a job. Returns whether it changed
+    /// anything (a finished node's state is final).
+    pub fn apply(&mut self, update: NodeUpdate, now: u64) -> bool {
+        if self.state.is_terminal() {
+            return false;
+        }
+        match update {
+            NodeUpdate::Progress { bytes_done } => {
+                self.bytes_done = bytes_done.min(self.bytes_total);
+                self.state = NodeJobState::Running;
+            }
+            NodeUpdate::Done => {
+                self.state = NodeJobState::Done;
+                self.bytes_done = self.bytes_total;
+                self.eta_seconds = Some(0.0);
+                self.finished_at = Some(now);
+            }
+            NodeUpdate::Failed { mut reason } => {
+                if reason.len() > MAX_REASON_BYTES {
+                    let mut end = MAX_REASON_BYTES;
+                    while !reason.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    reason.truncate(end);
+                }
+                self.state = NodeJobState::Failed { reason };
+                self.eta_seconds = None;
+            }
+        }
+        self.updated_at = now;
+        true
+    }
 }
 
 /// A job as a whole.
@@ -493,12 +535,12 @@ impl Job {
     }
 
     /// Updates from the inventory: bytes held, done, node gone silent or back,
-    /// deadline. Returns whether anything changed.
-    pub fn observe(&mut self, inv: &Inventory, now: u64) -> bool {
+    /// deadline. Returns the nodes whose state changed.
+    pub fn observe(&mut self, inv: &Inventory, now: u64) -> Vec<String> {
         if !self.is_active() {
-            return false;
+            return Vec::new();
         }
-        let mut changed = false;
+        let mut changed = Vec::new();
         let deadline_passed = self.deadline_at.is_some_and(|d| now > d);
         for (name, nj) in self.nodes.iter_mut() {
             if nj.state.is_terminal() {
@@ -549,7 +591,7 @@ impl Job {
             }
             if *nj != before {
                 nj.updated_at = now;
-                changed = true;
+                changed.push(name.clone());
             }
         }
         changed

@@ -65,6 +65,9 @@ impl Default for ClusterConfig {
     }
 }
 
+mod shared_jobs;
+pub(crate) use shared_jobs::JobSync;
+
 type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 #[derive(Default)]
@@ -96,10 +99,9 @@ pub(crate) struct Inner {
     pub share: std::sync::OnceLock<Arc<dyn ClusterShare>>,
     /// Reports taken here go to the other replicas through this.
     pub publish: std::sync::OnceLock<tokio::sync::mpsc::Sender<Published>>,
-    /// The version of the shared job set this copy holds (0: read it again).
-    pub jobs_version: AtomicU64,
-    /// One change of the shared job set at a time from this replica.
-    pub job_change: tokio::sync::Mutex<()>,
+    /// Where this copy of the shared job set is; held by one change or read at a
+    /// time from this replica (agents' node reports do not take it).
+    pub job_sync: tokio::sync::Mutex<JobSync>,
     /// With a share: whether this replica has read the other replicas' reports once
     /// (its planner must not judge nodes before).
     pub shared_inventory_read: std::sync::atomic::AtomicBool,
@@ -163,8 +165,7 @@ impl ClusterState {
                 last_refusal_warning: AtomicU64::new(0),
                 share: std::sync::OnceLock::new(),
                 publish: std::sync::OnceLock::new(),
-                jobs_version: AtomicU64::new(0),
-                job_change: tokio::sync::Mutex::new(()),
+                job_sync: tokio::sync::Mutex::new(JobSync::default()),
                 shared_inventory_read: std::sync::atomic::AtomicBool::new(false),
             }),
         }
@@ -433,6 +434,7 @@ impl ClusterState {
     ) {
         let _ = self.inner.share.set(share);
         let _ = self.inner.publish.set(publish);
+        self.inner.jobs.lock().share();
     }
 
     /// Whether the job set is shared with other replicas.
@@ -452,61 +454,6 @@ impl ClusterState {
     /// would see every node as gone).
     pub fn inventory_complete(&self) -> bool {
         !self.is_shared() || self.inner.shared_inventory_read.load(Ordering::Acquire)
-    }
-
-    /// Runs `f`, which changes jobs through this state's methods, as one change of
-    /// the job set: with a share, under its cluster-wide lock on a copy brought up to
-    /// date first, and written back before the lock is released; without one, as is.
-    pub async fn change_jobs<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        let Some(share) = self.inner.share.get().cloned() else {
-            return f();
-        };
-        let _one = self.inner.job_change.lock().await;
-        let begun = share
-            .begin(self.inner.jobs_version.load(Ordering::Acquire))
-            .await?;
-        if let Some(records) = begun.jobs {
-            self.inner.jobs.lock().replace_all(records);
-        }
-        self.inner
-            .jobs_version
-            .store(begun.version, Ordering::Release);
-        let r = f();
-        let changed = self.inner.jobs.lock().take_changed();
-        let changed = match changed {
-            Ok(c) => c,
-            Err(e) => {
-                self.inner.jobs_version.store(0, Ordering::Release);
-                let _ = share.commit(begun.lock, Vec::new()).await;
-                return Err(e);
-            }
-        };
-        match share.commit(begun.lock, changed).await {
-            Ok(v) => self.inner.jobs_version.store(v, Ordering::Release),
-            Err(e) => {
-                // The copy holds a change the share may lack: read it again next time.
-                self.inner.jobs_version.store(0, Ordering::Release);
-                return Err(e);
-            }
-        }
-        r
-    }
-
-    /// Brings this copy of the job set up to date for a read (no lock; a no-op
-    /// without a share).
-    pub async fn refresh_jobs(&self) -> Result<()> {
-        let Some(share) = self.inner.share.get().cloned() else {
-            return Ok(());
-        };
-        let _one = self.inner.job_change.lock().await;
-        let (records, version) = share
-            .read(self.inner.jobs_version.load(Ordering::Acquire))
-            .await?;
-        if let Some(records) = records {
-            self.inner.jobs.lock().replace_all(records);
-        }
-        self.inner.jobs_version.store(version, Ordering::Release);
-        Ok(())
     }
 
     pub fn heartbeat(&self, node: &str, generation: u64) -> Result<()> {
@@ -628,12 +575,11 @@ impl ClusterState {
         let m = &self.inner.metrics;
         let inv = self.inner.inventory.read();
         let mut jobs = self.inner.jobs.lock();
-        let mut changed = jobs.observe_deferred(&inv, now);
-        let (leads, measured) = jobs.take_lead_times_deferred(&inv);
-        changed.extend(measured);
+        jobs.observe_deferred(&inv, now);
+        let (leads, _) = jobs.take_lead_times_deferred(&inv);
         // Committed with the inventory released: an fsync must not stall the extender.
         drop(inv);
-        jobs.save_all(&changed)?;
+        jobs.flush()?;
         for lead in leads {
             m.prewarm_lead_seconds.observe(lead);
         }
@@ -712,9 +658,9 @@ impl ClusterState {
         let now = self.now();
         let inv = self.inventory();
         let mut jobs = self.inner.jobs.lock();
-        let (out, changed) = jobs.next_assignments_deferred(&inv, now);
+        let (out, _) = jobs.next_assignments_deferred(&inv, now);
         drop(inv);
-        jobs.save_all(&changed)?;
+        jobs.flush()?;
         Ok(out)
     }
 

@@ -22,7 +22,7 @@ use http::StatusCode;
 use parking_lot::Mutex;
 use tracing::{info, warn};
 
-use crate::redis_cluster;
+use crate::redis_cluster::{self, PostOutcome};
 use crate::redis_store::RedisStore;
 
 /// Assignments one node may have waiting; more means the node is not collecting.
@@ -33,6 +33,10 @@ pub const COLLECT_WITHIN: Duration = Duration::from_secs(30);
 /// A node's part of a job that has to fail: its assignment could not wait or was not
 /// collected in time.
 type Refused = (u64, String, String);
+
+/// A newer planner took the lease: this one's decisions are not written.
+#[derive(Debug)]
+struct Fenced;
 
 /// Assignments waiting in this process, by node, with when they were posted.
 type WaitingByNode = HashMap<String, Vec<(Instant, Assignment)>>;
@@ -57,8 +61,14 @@ impl Mailboxes {
     }
 
     /// Queues `a` for its node; returns the node's part to fail when its box is full
-    /// (or the shared store cannot take it).
-    async fn post(&self, a: Assignment, now: Instant) -> Option<Refused> {
+    /// (or the shared store cannot take it). With a `fence` (the planner's lease
+    /// epoch) nothing is posted once a newer planner leads ([`Fenced`]).
+    async fn post(
+        &self,
+        a: Assignment,
+        now: Instant,
+        fence: Option<u64>,
+    ) -> Result<Option<Refused>, Fenced> {
         let full = || {
             Some((
                 a.job_id,
@@ -67,30 +77,31 @@ impl Mailboxes {
             ))
         };
         if let Some(store) = &self.shared {
-            return match redis_cluster::post(store, &a, MAILBOX_MAX).await {
-                Ok(true) => {
+            return match redis_cluster::post(store, &a, MAILBOX_MAX, fence).await {
+                Ok(PostOutcome::Queued) => {
                     info!(job = a.job_id, node = %a.node, seed = a.seed, "prewarm assignment ready for its node");
-                    None
+                    Ok(None)
                 }
-                Ok(false) => full(),
+                Ok(PostOutcome::Full) => Ok(full()),
+                Ok(PostOutcome::Fenced) => Err(Fenced),
                 Err(e) => {
                     store.count_error("mailbox");
-                    Some((
+                    Ok(Some((
                         a.job_id,
                         a.node.clone(),
                         format!("tracker could not queue the assignment: {e}"),
-                    ))
+                    )))
                 }
             };
         }
         let mut boxes = self.memory.lock();
         let queue = boxes.entry(a.node.clone()).or_default();
         if queue.len() >= MAILBOX_MAX {
-            return full();
+            return Ok(full());
         }
         info!(job = a.job_id, node = %a.node, seed = a.seed, "prewarm assignment ready for its node");
         queue.push((now, a));
-        None
+        Ok(None)
     }
 
     /// Takes everything waiting for `node`.
@@ -207,20 +218,21 @@ pub async fn collect(
 pub fn spawn_planner(state: ClusterState, boxes: Mailboxes) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut leads = false;
+        // With Redis: this replica's planner epoch while it holds the lease.
+        let mut fence = None;
         loop {
             tick.tick().await;
             state.tick_inventory();
             if let Some(store) = &boxes.shared {
-                leads = redis_cluster::leads_prewarm(store, leads).await;
-                if !leads || !state.inventory_complete() {
+                fence = redis_cluster::leads_prewarm(store, fence).await;
+                if fence.is_none() || !state.inventory_complete() {
                     continue;
                 }
             }
             let now = Instant::now();
             let stale = boxes.expire(now).await;
             let planned = state
-                .change_jobs(|| {
+                .change_jobs_fenced(fence, || {
                     fail_all(&state, stale);
                     if let Err(e) = state.tick_jobs() {
                         warn!(error = %e, "cluster tick failed");
@@ -229,7 +241,12 @@ pub fn spawn_planner(state: ClusterState, boxes: Mailboxes) {
                 })
                 .await;
             let list = match planned {
-                Ok(list) => list,
+                // A node an agent reported on while this step ran keeps the agent's
+                // state: its assignment is not sent (the next step decides again).
+                Ok((mut list, lost)) => {
+                    list.retain(|a| !lost.contains(&(a.job_id, a.node.clone())));
+                    list
+                }
                 Err(e) => {
                     warn!(error = %e, "cannot plan prewarm assignments");
                     continue;
@@ -237,11 +254,17 @@ pub fn spawn_planner(state: ClusterState, boxes: Mailboxes) {
             };
             let mut refused = Vec::new();
             for a in list {
-                refused.extend(boxes.post(a, now).await);
+                match boxes.post(a, now, fence).await {
+                    Ok(r) => refused.extend(r),
+                    Err(Fenced) => {
+                        warn!("a newer prewarm planner leads; this one's assignments are not sent");
+                        break;
+                    }
+                }
             }
             if !refused.is_empty() {
                 if let Err(e) = state
-                    .change_jobs(|| {
+                    .change_jobs_fenced(fence, || {
                         fail_all(&state, refused);
                         Ok(())
                     })

@@ -209,9 +209,7 @@ pub async fn node_update(
     if let Some(refused) = crate::access::refuse_other_node(me.as_deref(), &node) {
         return refused;
     }
-    let changed = state
-        .change_jobs(|| state.update_prewarm_node(id, &node, update))
-        .await;
+    let changed = state.report_prewarm_node(id, &node, update).await;
     match changed {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => (

@@ -105,6 +105,22 @@ end
 return 0
 ";
 
+/// [`LEAD`] with an epoch: taking the lease bumps KEYS[2]. Returns the epoch while
+/// ARGV[1] leads, 0 otherwise.
+const LEAD_FENCED: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return redis.call('INCR', KEYS[2])
+elseif cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local e = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if e == 0 then e = redis.call('INCR', KEYS[2]) end
+  return e
+end
+return 0
+";
+
 /// Drops the members of swarm KEYS[1] last seen before ARGV[1]; returns how many.
 const TRIM: &str = r"
 local gone = 0
@@ -283,6 +299,25 @@ impl RedisStore {
             .await
             .map_err(self.redis_err("lease"))?;
         Ok(led == 1)
+    }
+
+    /// [`lead`](Self::lead) with a fencing epoch (the counter `lease:NAME:epoch`,
+    /// bumped each time a replica takes the lease): the epoch while this replica
+    /// leads. A leader that was paused past its lease and lost it to another holds a
+    /// stale epoch, and the writes that carry it are refused.
+    pub async fn lead_fenced(&self, name: &str, ttl: Duration) -> Result<Option<u64>, Error> {
+        let mut con = self.con.clone();
+        let epoch: u64 = redis::cmd("EVAL")
+            .arg(LEAD_FENCED)
+            .arg(2)
+            .arg(format!("{}lease:{name}", self.prefix))
+            .arg(format!("{}lease:{name}:epoch", self.prefix))
+            .arg(&self.replica)
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut con)
+            .await
+            .map_err(self.redis_err("lease"))?;
+        Ok((epoch != 0).then_some(epoch))
     }
 
     /// One janitor round: members silent for ten peer TTLs leave Redis (the embedded

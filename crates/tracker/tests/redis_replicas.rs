@@ -405,3 +405,147 @@ async fn job_changes_racing_on_two_replicas_are_all_kept() {
         assert_eq!(done, nodes.len(), "every node's Done kept");
     }
 }
+
+/// A planner step on one replica decides for a node while an agent's report for that
+/// node lands through the other: the report is kept, the step's change of that node
+/// is reported lost (its assignment is not sent), and its change of another node is
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_report_racing_a_planner_step_wins_and_the_step_learns_it() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let ((_ta, a), (_tb, b)) = (cluster_replica(&redis), cluster_replica(&redis));
+    for n in ["n0", "n1"] {
+        a.ingest(report(n)).unwrap();
+    }
+    let req: cluster::PrewarmRequest = serde_json::from_value(serde_json::json!({
+        "images": ["registry.test/ml/train@sha256:0000000000000000000000000000000000000000000000000000000000000002"],
+        "targets": {"nodes": ["n0", "n1"]},
+    }))
+    .unwrap();
+    let image = cluster::ResolvedImage {
+        reference: req.images[0].clone(),
+        manifest_digest: oci::Digest::of(b"manifest"),
+        blobs: vec![cluster::wire::BlobRef {
+            digest: oci::Digest::of(b"layer"),
+            size: 1 << 20,
+        }],
+    };
+    let id = a
+        .change_jobs(|| a.submit_prewarm_resolved(req, vec![image]))
+        .await
+        .unwrap()
+        .job
+        .id;
+    let failed = |why: &str| cluster::wire::NodeUpdate::Failed { reason: why.into() };
+    let ((), lost) = a
+        .change_jobs_fenced(None, || {
+            // The agent of n0 reports Done through the other replica after this step
+            // read the job, before it writes.
+            tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(b.report_prewarm_node(
+                    id,
+                    "n0",
+                    cluster::wire::NodeUpdate::Done,
+                ))
+            })
+            .unwrap();
+            a.update_prewarm_node(id, "n0", failed("planner's word"))?;
+            a.update_prewarm_node(id, "n1", failed("planner's word"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        lost.into_iter().collect::<Vec<_>>(),
+        [(id, "n0".to_owned())],
+        "only the raced node's change is lost"
+    );
+    for s in [&a, &b] {
+        s.refresh_jobs().await.unwrap();
+        let states = s.with_jobs(|j| {
+            let job = j.get(id).unwrap();
+            (job.nodes["n0"].state.clone(), job.nodes["n1"].state.clone())
+        });
+        assert_eq!(
+            states.0,
+            cluster::prewarm::NodeJobState::Done,
+            "the agent's report kept"
+        );
+        assert_eq!(
+            states.1,
+            cluster::prewarm::NodeJobState::Failed {
+                reason: "planner's word".into()
+            }
+        );
+    }
+}
+
+/// A planner paused past its lease, which another replica took meanwhile, resumes
+/// believing it plans: its node writes and its commit carry its old epoch and are
+/// refused (nothing written, the job lock let go), while the new planner's go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_that_lost_its_lease_writes_nothing_after_the_next_took_it() {
+    use cluster::{ClusterShare, NodeWrite};
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let opts = RedisOptions::new(redis.url());
+    let connect = || {
+        tracker::redis_store::RedisStore::connect(&opts, Duration::from_secs(5), Default::default())
+            .unwrap()
+    };
+    let (a, b) = (connect(), connect());
+    let lease = Duration::from_millis(300);
+    let old = a
+        .lead_fenced("prewarm", lease)
+        .await
+        .unwrap()
+        .expect("a leads");
+    assert_eq!(
+        b.lead_fenced("prewarm", lease).await.unwrap(),
+        None,
+        "one leader"
+    );
+    let mut new = None;
+    for _ in 0..200 {
+        new = b.lead_fenced("prewarm", lease).await.unwrap();
+        if new.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let new = new.expect("the lease passed on");
+    assert!(new > old, "a new term: {new} after {old}");
+
+    let write = || NodeWrite {
+        node: "n0".into(),
+        expect: 0,
+        json: br#"{"state":"pending"}"#.to_vec(),
+    };
+    assert!(a.write_nodes(1, Some(old), vec![write()]).await.is_err());
+    let begun = a.begin(0).await.unwrap();
+    assert!(a
+        .commit(begun.lock, Some(old), vec![(1, b"{}".to_vec())])
+        .await
+        .is_err());
+    let (headers, _) = b.read(0).await.unwrap();
+    assert!(headers.unwrap_or_default().is_empty(), "no header written");
+    assert!(
+        b.pull_nodes(0, vec![1]).await.unwrap().nodes.is_empty(),
+        "no node written"
+    );
+
+    // The refused commit let go of the job lock; the current planner writes.
+    assert_eq!(
+        b.write_nodes(1, Some(new), vec![write()]).await.unwrap(),
+        [Some(1)]
+    );
+    let begun = b.begin(0).await.unwrap();
+    b.commit(begun.lock, Some(new), vec![(1, b"{}".to_vec())])
+        .await
+        .unwrap();
+    let pulled = b.pull_nodes(0, Vec::new()).await.unwrap();
+    assert_eq!(pulled.nodes.len(), 1);
+    assert_eq!(pulled.revision, 1);
+}
