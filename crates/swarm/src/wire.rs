@@ -20,7 +20,10 @@ use bytes::{Buf, BufMut, BytesMut};
 use crate::pieces::{validate_geometry, PieceHash, MAX_PIECES};
 use crate::{Bitfield, Error};
 
-pub const PROTOCOL_VERSION: u16 = 1;
+/// 2: piece hashes are the blob's sha256 chaining values (`crate::chain`), not BLAKE3.
+/// Agents of different versions refuse each other at HELLO instead of failing each
+/// other's pieces (upgrade a cluster's agents together; see README).
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Largest control frame (a bitfield of [`MAX_PIECES`] is 8 KiB, a hash batch 128 KiB).
 pub const MAX_CONTROL_FRAME: usize = 256 << 10;
