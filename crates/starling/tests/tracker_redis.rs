@@ -15,10 +15,9 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
-use common::trackers::{agent, peers, swarms, TOKEN};
+use common::trackers::{agent, peers, redis_replica, swarms, TOKEN};
 use common::{pull_via, Proc};
 use testkit::{RedisServer, Registry, RegistryAuth, TestImage};
 
@@ -26,16 +25,6 @@ use testkit::{RedisServer, Registry, RegistryAuth, TestImage};
 /// measurement).
 const POLL_EVERY: Duration = Duration::from_millis(100);
 const POLL_WITHIN: Duration = Duration::from_secs(60);
-
-async fn replica(dir: &Path, redis: &str) -> Proc {
-    std::fs::create_dir_all(dir).unwrap();
-    common::start_tracker(
-        dir,
-        &["--cluster-token", TOKEN],
-        &[("STARLING_TRACKER_REDIS", redis)],
-    )
-    .await
-}
 
 async fn health(tracker: &str) -> u16 {
     reqwest::get(format!("{tracker}/healthz"))
@@ -101,8 +90,8 @@ async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
         .unwrap();
     let image =
         TestImage::push_multilayer(&registry, "ha/redis", "1", &[24 << 20, 24 << 20], 31).unwrap();
-    let mut first = replica(&dir.path().join("t1"), &redis.url()).await;
-    let second = replica(&dir.path().join("t2"), &redis.url()).await;
+    let mut first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;
+    let second = redis_replica(&dir.path().join("t2"), &redis.url(), None).await;
     // Eight agents, most preferring the replica that dies; the others the survivor: only
     // shared state makes them one swarm.
     let prefer_first = format!("{},{}", first.url(), second.url());
@@ -181,8 +170,8 @@ async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
         32,
     )
     .unwrap();
-    let first = replica(&dir.path().join("t1"), &redis.url()).await;
-    let second = replica(&dir.path().join("t2"), &redis.url()).await;
+    let first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;
+    let second = redis_replica(&dir.path().join("t2"), &redis.url(), None).await;
     let list = format!("{},{}", first.url(), second.url());
     let mut agents = Vec::new();
     for name in ["r1", "r2", "r3"] {

@@ -10,29 +10,15 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
-use common::trackers::{agent_with, TOKEN};
-use common::Proc;
+use common::trackers::{agent_with, get_json, redis_replica as replica, TOKEN};
 use testkit::{RedisServer, Registry, RegistryAuth, TestImage};
 
 /// How often and how long `testkit::until` checks (a bound on waiting, not a
 /// measurement).
 const POLL_EVERY: Duration = Duration::from_millis(200);
 const POLL_WITHIN: Duration = Duration::from_secs(90);
-
-/// A replica sharing `redis`, resolving images in `registry` when given.
-async fn replica(dir: &Path, redis: &str, registry: Option<&Registry>) -> Proc {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut extra = vec!["--cluster-token".to_owned(), TOKEN.to_owned()];
-    if let Some(r) = registry {
-        extra.push("--registry-endpoint".into());
-        extra.push(format!("{}={}", r.host(), r.url()));
-    }
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    common::start_tracker(dir, &extra, &[("STARLING_TRACKER_REDIS", redis)]).await
-}
 
 /// `starling ARGS… --tracker TRACKER --json`, parsed.
 async fn cli_json(args: &[&str], tracker: &str) -> serde_json::Value {
@@ -62,13 +48,6 @@ async fn node_names(tracker: &str) -> Vec<String> {
         .unwrap_or_default();
     names.sort();
     names
-}
-
-async fn get_json(url: &str) -> serde_json::Value {
-    match reqwest::get(url).await {
-        Ok(r) => r.json().await.unwrap_or(serde_json::Value::Null),
-        Err(_) => serde_json::Value::Null,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

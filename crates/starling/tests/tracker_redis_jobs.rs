@@ -7,12 +7,10 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::trackers::TOKEN;
-use common::Proc;
+use common::trackers::{get_json, redis_replica};
 use testkit::RedisServer;
 
 const NODES: usize = 1000;
@@ -24,16 +22,6 @@ const FAILING_EVERY: usize = 10;
 /// measurement).
 const POLL_EVERY: Duration = Duration::from_millis(200);
 const POLL_WITHIN: Duration = Duration::from_secs(120);
-
-async fn replica(dir: &Path, redis: &str) -> Proc {
-    std::fs::create_dir_all(dir).unwrap();
-    common::start_tracker(
-        dir,
-        &["--cluster-token", TOKEN],
-        &[("STARLING_TRACKER_REDIS", redis)],
-    )
-    .await
-}
 
 fn node_name(i: usize) -> String {
     format!("gpu-{i:04}")
@@ -50,13 +38,6 @@ fn inventory_report(node: &str) -> serde_json::Value {
         "blobs": [],
         "images": [],
     })
-}
-
-async fn get_json(url: &str) -> serde_json::Value {
-    match reqwest::get(url).await {
-        Ok(r) => r.json().await.unwrap_or(serde_json::Value::Null),
-        Err(_) => serde_json::Value::Null,
-    }
 }
 
 /// Node `i`'s reports, in order: two progress reports, then Done (or Failed with a
@@ -81,8 +62,8 @@ async fn a_thousand_nodes_reporting_through_both_replicas_lose_no_report() {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .unwrap();
-    let first = replica(&dir.path().join("t1"), &redis.url()).await;
-    let second = replica(&dir.path().join("t2"), &redis.url()).await;
+    let first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;
+    let second = redis_replica(&dir.path().join("t2"), &redis.url(), None).await;
     let urls: Arc<[String]> = Arc::from(vec![first.url(), second.url()]);
     let client = reqwest::Client::new();
 

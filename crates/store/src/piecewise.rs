@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use oci::Verifier;
 use swarm::pieces::PieceHasher;
 use swarm::{Bitfield, PieceHash, PieceLayout};
 use tracing::warn;
@@ -83,19 +82,18 @@ pub struct PieceWriter {
 }
 
 impl PieceWriter {
-    /// Piece mode for a download whose first `hashed` bytes are on disk and already
-    /// fed to `verifier` (a resumed prefix). Called by `BlobWriter::into_pieces`.
+    /// Piece mode for a download whose first `hashed` bytes are on disk and matched
+    /// the digest so far (a resumed prefix). Called by `BlobWriter::into_pieces`.
     pub(crate) fn new(
         store: Store,
         inflight: Arc<Inflight>,
         layout: PieceLayout,
-        verifier: Verifier,
+        hashed: u64,
         source: String,
     ) -> Self {
         // A resumed prefix is held; the digest re-reads it from the start, which also
         // gives its pieces their hashes (rare: a sequential download resumed in piece
         // mode).
-        let hashed = verifier.len();
         let mut held = Bitfield::new(layout.count());
         let mut prefix = 0;
         while prefix < layout.count() && layout.range(prefix).1 <= hashed {

@@ -126,21 +126,18 @@ impl BlobWriter {
             Some(sc) if sc.layout == layout => sc.have.iter_ones().collect(),
             _ => Vec::new(),
         };
-        // The writer's prefix (re-hashed on resume) is handed over with its digest.
-        let verifier = if self.written == self.verifier.len() && self.buf.is_empty() {
-            std::mem::replace(
-                &mut self.verifier,
-                Verifier::new(self.inflight.digest.clone()),
-            )
+        // The writer's verified prefix (re-hashed on resume) counts as held pieces.
+        let hashed = if self.written == self.verifier.len() && self.buf.is_empty() {
+            self.verifier.len()
         } else {
-            Verifier::new(self.inflight.digest.clone())
+            0
         };
         self.done = true;
         let pw = PieceWriter::new(
             self.store.clone(),
             self.inflight.clone(),
             layout,
-            verifier,
+            hashed,
             self.source.clone(),
         );
         let held = pw.held();

@@ -54,10 +54,27 @@ pub async fn agent_with(
 
 /// `/swarm/v1/swarms` of a tracker; `Null` when it does not answer.
 pub async fn swarms(tracker: &str) -> serde_json::Value {
-    match reqwest::get(format!("{tracker}/swarm/v1/swarms")).await {
+    get_json(&format!("{tracker}/swarm/v1/swarms")).await
+}
+
+/// A GET answered with JSON; `Null` when nothing (or no JSON) answers.
+pub async fn get_json(url: &str) -> serde_json::Value {
+    match reqwest::get(url).await {
         Ok(r) => r.json().await.unwrap_or(serde_json::Value::Null),
         Err(_) => serde_json::Value::Null,
     }
+}
+
+/// A tracker replica sharing `redis`, resolving images in `registry` when given.
+pub async fn redis_replica(dir: &Path, redis: &str, registry: Option<&Registry>) -> Proc {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut extra = vec!["--cluster-token".to_owned(), TOKEN.to_owned()];
+    if let Some(r) = registry {
+        extra.push("--registry-endpoint".into());
+        extra.push(format!("{}={}", r.host(), r.url()));
+    }
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    super::start_tracker(dir, &extra, &[("STARLING_TRACKER_REDIS", redis)]).await
 }
 
 /// Members of the largest swarm in a `/swarm/v1/swarms` answer.
