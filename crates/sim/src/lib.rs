@@ -27,7 +27,7 @@
 //!   announces. `next_requests` decides every piece request (per-agent seed
 //!   `seed_for(node)`, `SchedulerConfig::default()` limits per peer and per blob).
 //!   Non-urgent requests take from the agent-wide `RequestBudget`
-//!   (`max_piece_requests`, 16) until their response ends; a blob's read head is
+//!   (`max_piece_requests`, 32) until their response ends; a blob's read head is
 //!   requested urgently, outside the budget.
 //! - Serving a piece (serve.rs): the holder's `swarm::upload::UploadQueue` (its
 //!   `max_uploads` slots, urgent first, then the piece it sent fewest times), the

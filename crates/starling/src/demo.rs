@@ -122,6 +122,10 @@ struct Report {
     /// (seconds, bytes each agent had received from peers and the registry), every
     /// half second of the P2P run.
     receive_series: Vec<(f64, Vec<u64>)>,
+    /// (seconds, bytes each agent had uploaded to peers), at the same instants: with
+    /// the registry sending each byte once, the swarm meets T* only if the members'
+    /// uplinks stay nearly full (N - 1 copies of the image through N uplinks).
+    upload_series: Vec<(f64, Vec<u64>)>,
 }
 
 /// Writes `bytes` of zeros to `path` and deletes it: the freed page-cache pages are
@@ -491,13 +495,16 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     // Bytes each agent received (peers + registry), sampled every half second: shows
     // how busy each node's download link was over the run.
     let series: Arc<std::sync::Mutex<Vec<(f64, Vec<u64>)>>> = Arc::default();
+    let uploads: Arc<std::sync::Mutex<Vec<(f64, Vec<u64>)>>> = Arc::default();
     let sampler = {
         let series = series.clone();
+        let uploads = uploads.clone();
         let ports: Vec<u16> = agents.iter().map(|(_, p, _)| *p).collect();
         tokio::spawn(async move {
             let client = reqwest::Client::new();
             loop {
                 let mut row = Vec::with_capacity(ports.len());
+                let mut sent = Vec::with_capacity(ports.len());
                 for p in &ports {
                     let text = match client
                         .get(format!("http://127.0.0.1:{p}/metrics"))
@@ -511,9 +518,14 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
                         metric(&text, "starling_agent_p2p_peer_bytes_total")
                             + metric(&text, "starling_agent_upstream_bytes_total"),
                     );
+                    sent.push(metric(&text, "starling_agent_p2p_upload_bytes_total"));
                 }
+                let at = started.elapsed().as_secs_f64();
                 if let Ok(mut s) = series.lock() {
-                    s.push((started.elapsed().as_secs_f64(), row));
+                    s.push((at, row));
+                }
+                if let Ok(mut s) = uploads.lock() {
+                    s.push((at, sent));
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -578,6 +590,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     ticker.abort();
     sampler.abort();
     let receive_series = series.lock().map(|s| s.clone()).unwrap_or_default();
+    let upload_series = uploads.lock().map(|s| s.clone()).unwrap_or_default();
     let machine_cpu_busy = (jiffies_after.0 - jiffies_before.0) as f64
         / (jiffies_after.1 - jiffies_before.1).max(1) as f64;
     // Which node fetched each swarm blob from the registry, and its piece size.
@@ -679,6 +692,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         non_seed_first_byte_max: ttfb.last().copied().unwrap_or(0.0),
         piece_time_seconds: largest_piece as f64 / node_limit as f64,
         receive_series,
+        upload_series,
         per_node,
     };
     if a.json {

@@ -143,9 +143,9 @@ struct Cand {
     slot: u32,
     window: u32,
     distance: u8,
-    rate: f64,
+    speed: u32,
     complete: bool,
-    rank: u32,
+    tie: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -158,6 +158,10 @@ struct Slot {
     banned: bool,
     /// Measured throughput from this peer (bytes/s, EWMA); 0 until the first piece.
     rate: f64,
+    /// This requester's own order among peers alike in everything else: a hash of
+    /// its seed and the peer's name, so requesters spread over equal holders instead
+    /// of all preferring the same one.
+    tie: u64,
     /// Start of the current measurement: when the peer went from idle to busy, or its
     /// previous piece completed while others were still in flight.
     mark_ms: Option<u64>,
@@ -197,10 +201,6 @@ pub struct PieceScheduler {
     first_seen: Vec<u64>,
     slots: Vec<Option<Slot>>,
     by_name: HashMap<PeerId, u32>,
-    /// Per slot, its name's place in name order (the last tie-break), kept so the
-    /// fill loop compares integers; rebuilt when peers come or go.
-    name_rank: Vec<u32>,
-    ranks_stale: bool,
     stripe: Option<(u32, u32)>,
     /// The source (the agent fetching from the registry) and this node's stripe of
     /// what to ask it for.
@@ -239,8 +239,6 @@ impl PieceScheduler {
             have,
             slots: Vec::new(),
             by_name: HashMap::new(),
-            name_rank: Vec::new(),
-            ranks_stale: false,
             stripe: None,
             source: None,
             source_stripe: None,
@@ -435,6 +433,7 @@ impl PieceScheduler {
                     inflight: 0,
                     banned: false,
                     rate: 0.0,
+                    tie: mix(self.cfg.seed ^ seed_for(id), 0),
                     mark_ms: None,
                     busy_until_ms: 0,
                     last_progress_ms: now_ms,
@@ -451,7 +450,6 @@ impl PieceScheduler {
                     }
                 };
                 self.by_name.insert(id.to_owned(), i);
-                self.ranks_stale = true;
                 i
             }
         };
@@ -515,7 +513,6 @@ impl PieceScheduler {
             }
         }
         self.slots[i as usize] = None;
-        self.ranks_stale = true;
         released
     }
 
@@ -752,21 +749,6 @@ impl PieceScheduler {
     /// (a peer without one now has none later in the same pass), each with its window
     /// (its rate does not change during a pass) and its static tie keys.
     fn fill_candidates(&mut self, now_ms: u64) -> Vec<Cand> {
-        if self.ranks_stale || self.name_rank.len() != self.slots.len() {
-            let mut named: Vec<(&str, u32)> = self
-                .slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| s.as_ref().map(|s| (s.name.as_str(), i as u32)))
-                .collect();
-            named.sort_unstable();
-            let mut ranks = vec![u32::MAX; self.slots.len()];
-            for (r, (_, i)) in named.into_iter().enumerate() {
-                ranks[i as usize] = r as u32;
-            }
-            self.name_rank = ranks;
-            self.ranks_stale = false;
-        }
         // The open pieces (neither held nor in flight), and those of them a far peer
         // may give, once per pass: each peer is then one AND over the bytes (at 1,000
         // nodes, testing each peer's pieces one by one was a fifth of the run).
@@ -829,16 +811,16 @@ impl PieceScheduler {
                 slot: i,
                 window: self.window(s),
                 distance: s.distance,
-                rate: s.rate,
+                speed: speed_class(s.rate),
                 complete: s.have.is_none(),
-                rank: self.name_rank[i as usize],
+                tie: s.tie,
             })
             .collect()
     }
 
     /// `least_loaded` over the candidates: fewest in flight relative to the window,
-    /// then nearest, fastest, partial before complete, name. Returns an index into
-    /// `cands`.
+    /// then nearest, fastest (in [`speed_class`]es), partial before complete, this
+    /// requester's own order. Returns an index into `cands`.
     fn least_loaded_of(&self, cands: &[Cand]) -> Option<usize> {
         let mut best: Option<(usize, f64)> = None;
         for (k, c) in cands.iter().enumerate() {
@@ -855,9 +837,9 @@ impl PieceScheduler {
                     let o = &cands[b];
                     load.total_cmp(&bl)
                         .then(c.distance.cmp(&o.distance))
-                        .then(o.rate.total_cmp(&c.rate))
+                        .then(o.speed.cmp(&c.speed))
                         .then(c.complete.cmp(&o.complete))
-                        .then(c.rank.cmp(&o.rank))
+                        .then(c.tie.cmp(&o.tie))
                         .is_lt()
                 }
             };
@@ -930,9 +912,9 @@ impl PieceScheduler {
                 let lb = b.inflight as f64 / self.window(b) as f64;
                 la.total_cmp(&lb)
                     .then(a.distance.cmp(&b.distance))
-                    .then(b.rate.total_cmp(&a.rate))
+                    .then(speed_class(b.rate).cmp(&speed_class(a.rate)))
                     .then(a.have.is_none().cmp(&b.have.is_none()))
-                    .then(a.name.cmp(&b.name))
+                    .then(a.tie.cmp(&b.tie))
             })
             .map(|(i, _)| i)
     }
@@ -989,9 +971,9 @@ impl PieceScheduler {
                 a.inflight
                     .cmp(&b.inflight)
                     .then(a.distance.cmp(&b.distance))
-                    .then(b.rate.total_cmp(&a.rate))
+                    .then(speed_class(b.rate).cmp(&speed_class(a.rate)))
                     .then(a.have.is_none().cmp(&b.have.is_none()))
-                    .then(a.name.cmp(&b.name))
+                    .then(a.tie.cmp(&b.tie))
             })
             .map(|(i, _)| i)
     }
@@ -1266,6 +1248,21 @@ impl PieceScheduler {
     }
 }
 
+/// How peers of equal load and distance rank by speed: in doublings of the measured
+/// rate, so peers of about the same speed tie and each requester's own order spreads
+/// requests over them. A peer not measured yet ranks first, so every holder is tried
+/// once: ranked last (rate 0), a holder that joined after the first rates were taken
+/// got only what the others left while the request budget was the limit, so it was
+/// never measured — at 16 × 8 MiB/s the four agents that started last ran their
+/// uplinks at 23–59 % of the limit while the others ran at 96–99 %.
+fn speed_class(rate: f64) -> u32 {
+    if rate > 0.0 {
+        rate.max(1.0).log2() as u32
+    } else {
+        u32::MAX
+    }
+}
+
 /// A cheap bijective mix of (seed, piece) for per-node piece orders (splitmix64).
 pub fn mix(seed: u64, i: u32) -> u64 {
     let mut z = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -1473,6 +1470,49 @@ mod tests {
         assert!(
             fast >= 8,
             "rate × window_ms / piece = 50, capped at 8: {fast}"
+        );
+    }
+
+    fn with_rate(s: &mut PieceScheduler, peer: &str, rate: f64) {
+        let i = s.by_name[peer] as usize;
+        s.slots[i].as_mut().unwrap().rate = rate;
+    }
+
+    #[test]
+    fn a_holder_not_measured_yet_is_tried_before_measured_ones() {
+        let mut s = sched(64, SchedulerConfig::default());
+        for p in ["a", "b", "c"] {
+            s.set_peer(p, None, 0);
+        }
+        with_rate(&mut s, "a", 8e6);
+        with_rate(&mut s, "b", 9e6);
+        let reqs = s.next_requests(0, 1);
+        let head = reqs.iter().find(|r| r.urgent).expect("the read head");
+        assert_eq!(head.peer, "c", "the unmeasured holder first: {reqs:?}");
+        let other = reqs.iter().find(|r| !r.urgent).expect("one more request");
+        assert_ne!(other.peer, "c", "c is loaded now: {reqs:?}");
+    }
+
+    #[test]
+    fn requesters_spread_over_holders_of_the_same_speed() {
+        let picks: std::collections::HashSet<String> = (0..8)
+            .map(|n| {
+                let cfg = SchedulerConfig {
+                    seed: seed_for(&format!("node-{n}")),
+                    ..Default::default()
+                };
+                let mut s = PieceScheduler::new(Bitfield::new(64), MB, cfg);
+                for (p, rate) in [("a", 8.0e6), ("b", 8.5e6), ("c", 9.0e6), ("d", 9.5e6)] {
+                    s.set_peer(p, None, 0);
+                    with_rate(&mut s, p, rate);
+                }
+                let reqs = s.next_requests(0, 0);
+                reqs[0].peer.clone()
+            })
+            .collect();
+        assert!(
+            picks.len() >= 3,
+            "8 requesters should not all pick the same of 4 equal holders: {picks:?}"
         );
     }
 
