@@ -12,6 +12,9 @@
 //! - Within a window, rarest first (holder counts kept up to date as bitfields and
 //!   HAVEs arrive), ties in a per-node seeded order so nodes that start together fetch
 //!   different pieces and trade them.
+//! - Among holders of equal load and distance: one not measured yet first (so every
+//!   holder is tried), then the faster in doublings of the measured rate, then this
+//!   node's own order of peers, so requesters spread over equal holders.
 //! - Near peers before far ones at equal load. With rack stripes (large swarms), a
 //!   piece is fetched from outside the rack only by the member whose stripe it is in,
 //!   or by anyone once it has been available outside for `patience_ms` without a near
