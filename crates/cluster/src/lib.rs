@@ -24,4 +24,6 @@ pub use inventory::{Inventory, InventoryLimits, NodeReport, NodeStatus, Resolved
 pub use metrics::ClusterMetrics;
 pub use prewarm::{Assignment, JobStore, PrewarmRequest};
 pub use selector::Selector;
-pub use share::{Begun, ClusterShare, NodeRecord, NodeWrite, NodesPulled, Published, ShareFuture};
+pub use share::{
+    Begun, ClusterShare, NodeRecord, NodeWrite, NodesPulled, PublishQueue, Published, ShareFuture,
+};

@@ -589,12 +589,37 @@ impl Job {
                 };
                 nj.eta_seconds = None;
             }
+            if !eta_moved(before.eta_seconds, nj.eta_seconds) {
+                // The clock alone moves a running node's ETA every second: a node is
+                // written (to redb, or to Redis for every replica) when something else
+                // changed or the ETA moved by a step worth showing.
+                nj.eta_seconds = before.eta_seconds;
+            }
             if *nj != before {
                 nj.updated_at = now;
                 changed.push(name.clone());
             }
         }
         changed
+    }
+}
+
+/// An ETA change below this many seconds is not worth a write...
+const ETA_STEP_MIN_S: f64 = 5.0;
+/// ...nor one below this fraction of the ETA last written.
+const ETA_STEP_FRACTION: f64 = 0.1;
+
+/// Whether a node's ETA moved enough to be written: it appeared or went, or it moved
+/// by at least 5 s and 10 % of the one written (an ETA of 100 s is rewritten when it
+/// crosses 90 or 110 s; 20 s when it crosses 15 or 25 s).
+fn eta_moved(written: Option<f64>, now: Option<f64>) -> bool {
+    match (written, now) {
+        (Some(w), Some(n)) => {
+            let step = (w.abs() * ETA_STEP_FRACTION).max(ETA_STEP_MIN_S);
+            (n - w).abs() >= step || !n.is_finite() || !w.is_finite()
+        }
+        (None, None) => false,
+        _ => true,
     }
 }
 

@@ -28,7 +28,7 @@ use crate::metrics::{
     ClusterMetrics, NodeLabels, PullLabels, ReasonLabels, StatusLabels, VerbLabels,
 };
 use crate::prewarm::{Assignment, JobStore, JobView, NodeUpdate, PrewarmRequest};
-use crate::share::{ClusterShare, Published};
+use crate::share::{ClusterShare, PublishQueue, Published};
 
 /// Tracker-side settings.
 #[derive(Clone, Debug)]
@@ -97,8 +97,9 @@ pub(crate) struct Inner {
     pub last_refusal_warning: AtomicU64,
     /// Where the job set replicas share lives (`None`: this process is the truth).
     pub share: std::sync::OnceLock<Arc<dyn ClusterShare>>,
-    /// Reports taken here go to the other replicas through this.
-    pub publish: std::sync::OnceLock<tokio::sync::mpsc::Sender<Published>>,
+    /// Reports taken here go to the other replicas through this (one waiting per
+    /// node, the latest).
+    pub publish: std::sync::OnceLock<Arc<PublishQueue>>,
     /// Where this copy of the shared job set is; held by one change or read at a
     /// time from this replica (agents' node reports do not take it).
     pub job_sync: tokio::sync::Mutex<JobSync>,
@@ -393,8 +394,9 @@ impl ClusterState {
             let report = (applied != Applied::Heartbeat)
                 .then_some(to_publish)
                 .flatten();
-            // Full: the next report (every few seconds) publishes again; soft state.
-            let _ = sink.try_send(Published {
+            // Dropped only when as many other nodes wait as the inventory keeps; the
+            // node's next report (every few seconds) publishes again: soft state.
+            let _ = sink.push(Published {
                 node: node.clone(),
                 generation,
                 report,
@@ -427,11 +429,7 @@ impl ClusterState {
 
     /// Shares the job set with other replicas through `share`; reports taken here
     /// are sent to `publish` for them. Call once, before serving.
-    pub fn share_with(
-        &self,
-        share: Arc<dyn ClusterShare>,
-        publish: tokio::sync::mpsc::Sender<Published>,
-    ) {
+    pub fn share_with(&self, share: Arc<dyn ClusterShare>, publish: Arc<PublishQueue>) {
         let _ = self.inner.share.set(share);
         let _ = self.inner.publish.set(publish);
         self.inner.jobs.lock().share();

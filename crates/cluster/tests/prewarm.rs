@@ -625,19 +625,24 @@ fn priority_orders_assignments_across_jobs() {
     );
 }
 
+/// The train image to n1, submitted at NOW: the job's id.
+fn submit_train_to_n1(store: &mut JobStore, inv: &Inventory) -> u64 {
+    store
+        .submit(
+            req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1"])),
+            vec![train()],
+            inv,
+            NOW,
+        )
+        .expect("submit")
+        .id
+}
+
 #[test]
 fn lead_time_is_first_use_after_done() {
     let mut inv = inv();
     let mut store = JobStore::in_memory().expect("store");
-    let id = store
-        .submit(
-            req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1"])),
-            vec![train()],
-            &inv,
-            NOW,
-        )
-        .expect("submit")
-        .id;
+    let id = submit_train_to_n1(&mut store, &inv);
     store.next_assignments(&inv, NOW).expect("seed");
     let mut n1 = pool_node("n1", "h100", "a", &full(&train()));
     n1.generation = 2;
@@ -710,4 +715,43 @@ fn files_need_their_source_and_views_hide_the_urls_secrets() {
     // The agents get the whole URL: they need the signature.
     let a = store.next_assignments(&inv, NOW).expect("assignments");
     assert_eq!(a[0].files, vec![source]);
+}
+
+/// The planner observes every second; a running node whose bytes did not move is not
+/// rewritten because the clock moved its ETA a little (with Redis, every rewrite went
+/// to every replica), only once the ETA moved by the documented step.
+#[test]
+fn a_running_node_is_rewritten_for_its_eta_only_when_it_moved_by_a_step() {
+    let mut inv = inv();
+    inv.apply(pool_node("src", "cpu", "a", &full(&train())), NOW)
+        .expect("src");
+    let mut store = JobStore::in_memory().expect("store");
+    let id = submit_train_to_n1(&mut store, &inv);
+    store.next_assignments(&inv, NOW).expect("assign");
+    // 1 GiB in after 10 s: progress, written; ETA (2.1 GiB left at 0.1 GiB/s) 21 s.
+    let mut n1 = pool_node("n1", "h100", "a", &[(blob(2, GIB), GIB)]);
+    n1.generation = 2;
+    inv.apply(n1, NOW + 10).expect("progress");
+    assert!(store.observe_deferred(&inv, NOW + 10).contains(&id));
+    let written = store.get(id).expect("job").nodes["n1"].clone();
+    assert_eq!(written.state, NodeJobState::Running);
+    let eta = written.eta_seconds.expect("an ETA");
+    // No new bytes: the estimate drifts to 23.1 s, then 25.2 s (< 5 s from 21 s).
+    for t in [11, 12] {
+        for n in ["n1", "src"] {
+            inv.heartbeat(n, if n == "n1" { 2 } else { 1 }, NOW + t)
+                .expect("hb");
+        }
+        assert!(
+            store.observe_deferred(&inv, NOW + t).is_empty(),
+            "nothing to write at +{t} s"
+        );
+        let nj = &store.get(id).expect("job").nodes["n1"];
+        assert_eq!(nj, &written, "the node as written, ETA included");
+    }
+    // 27.3 s: moved 6.3 s from the written 21 s, past the 5 s step: written.
+    inv.heartbeat("n1", 2, NOW + 13).expect("hb");
+    assert!(store.observe_deferred(&inv, NOW + 13).contains(&id));
+    let later = store.get(id).expect("job").nodes["n1"].eta_seconds;
+    assert!(later.expect("an ETA") > eta + 5.0, "{later:?} after {eta}");
 }

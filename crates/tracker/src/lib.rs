@@ -10,7 +10,10 @@ mod access;
 pub mod assignments;
 pub mod cluster_glue;
 mod decide;
+mod member_entry;
 mod redis_cluster;
+mod redis_inventory;
+mod redis_members;
 pub mod redis_store;
 mod server;
 pub mod store;
@@ -205,6 +208,18 @@ impl Default for Metrics {
             "prewarm_leader",
             "1 while this replica holds the Redis prewarm planner lease (one replica at a time)",
             redis.prewarm_leader.clone(),
+        );
+        registry.register(
+            "redis_member_reads",
+            "Reads of a swarm's members from Redis by kind: changes (only what changed since \
+             the last read) or full (start, stream trimmed past the last read, safety net)",
+            redis.member_reads.clone(),
+        );
+        registry.register(
+            "redis_inventory_reads",
+            "Reads of the shared inventory by kind: changes (reports changed since the last \
+             read, every second) or sweep (the whole index: heartbeats, start, safety net)",
+            redis.inventory_reads.clone(),
         );
         let store_conflicts = Counter::default();
         registry.register(

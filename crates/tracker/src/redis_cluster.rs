@@ -8,9 +8,7 @@
 //!
 //! | key | type | what | TTL |
 //! |---|---|---|---|
-//! | `st:inv:nodes` | ZSET node → last report (ms) | which reports changed | trimmed past the node expiry |
-//! | `st:inv:report:<node>` | STRING JSON `NodeReport` | the node's last full report | node expiry |
-//! | `st:inv:gen:<node>` | STRING generation | so a replica fetches only new reports | node expiry |
+//! | `st:inv:…` | | node inventory: see [`crate::redis_inventory`] | |
 //! | `st:prewarm:jobs` | HASH id → JSON job header (the job without its nodes) | jobs | none (persisted) |
 //! | `st:prewarm:version` | counter | bumped by every header change | none |
 //! | `st:prewarm:lock` | STRING replica | one header change or planner step at a time (`SET NX PX`) | 5 s |
@@ -31,11 +29,12 @@ use std::time::{Duration, Instant};
 use cluster::prewarm::MAX_SHARED_NODE_BYTES;
 use cluster::wire::Assignment;
 use cluster::{
-    Begun, ClusterShare, ClusterState, NodeRecord, NodeWrite, NodesPulled, Published, ShareFuture,
+    Begun, ClusterShare, ClusterState, NodeRecord, NodeWrite, NodesPulled, PublishQueue,
+    ShareFuture,
 };
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::redis_store::{wall_ms, RedisStore};
 
@@ -45,19 +44,10 @@ const JOB_LOCK_TTL: Duration = Duration::from_secs(5);
 const JOB_LOCK_WAIT: Duration = Duration::from_secs(3);
 /// The prewarm planner's lease: another replica plans after this much silence.
 pub const PREWARM_LEASE: Duration = Duration::from_secs(5);
-/// How often a replica reads the reports other replicas took.
-const INVENTORY_PULL_EVERY: Duration = Duration::from_secs(1);
-/// Reports read again behind the newest one seen (clocks of replicas differ a little).
-const INVENTORY_PULL_OVERLAP_MS: u64 = 5_000;
-/// Reports waiting to be published; beyond, the newest are dropped (the agent reports
-/// again within seconds).
-pub const PUBLISH_QUEUE: usize = 1024;
 /// A mailbox key lives this long without a post (uncollected entries fail after 30 s).
 const MAILBOX_TTL_MS: u64 = 120_000;
 /// Nodes with waiting assignments read at most per expiry round.
 const MAX_MAILBOXES: usize = 100_000;
-/// Generations read per Redis call when catching up with other replicas' reports.
-const PULL_CHUNK: usize = 1000;
 /// A stored assignment longer than this is dropped when read.
 const MAX_ASSIGNMENT_BYTES: usize = 4 << 20;
 /// Node states read per Redis call.
@@ -171,35 +161,6 @@ if redis.call('HSTRLEN', KEYS[1], ARGV[1]) <= tonumber(ARGV[2]) then
   v = redis.call('HGET', KEYS[1], ARGV[1]) or ''
 end
 return {rev, v}
-";
-
-/// Stores a node's full report unless the node is new and the index is full.
-/// KEYS: report, gen, index. ARGV: node, JSON, generation, TTL ms, now ms, max nodes.
-const PUBLISH_REPORT: &str = r"
-if not redis.call('ZSCORE', KEYS[3], ARGV[1]) and redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[6]) then
-  return 0
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[4])
-redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
-return 1
-";
-
-/// A heartbeat: refreshes the node's entries if its report of that generation is
-/// there; 0 when it is not (the caller publishes the whole report).
-/// KEYS: report, gen, index. ARGV: node, generation, TTL ms, now ms.
-const PUBLISH_HEARTBEAT: &str = r"
-if redis.call('GET', KEYS[2]) ~= ARGV[2] or redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-return 1
-";
-
-/// A report if it is not longer than ARGV[1] bytes ('' otherwise). KEYS: report.
-const GET_BOUNDED: &str = r"
-if redis.call('STRLEN', KEYS[1]) > tonumber(ARGV[1]) then return '' end
-return redis.call('GET', KEYS[1]) or ''
 ";
 
 /// Queues an assignment unless the node has ARGV[2] waiting (0) or, with a fence
@@ -544,198 +505,9 @@ async fn release(
 /// Shares `state`'s jobs and inventory with the other replicas through `store`:
 /// job changes under its lock, reports taken here published, the others' applied here.
 pub fn share_cluster(store: &Arc<RedisStore>, state: &ClusterState) {
-    let (tx, rx) = tokio::sync::mpsc::channel(PUBLISH_QUEUE);
-    state.share_with(store.clone(), tx);
-    tokio::spawn(publish_reports(Arc::downgrade(store), state.clone(), rx));
-    tokio::spawn(pull_reports(Arc::downgrade(store), state.clone()));
-}
-
-struct InventoryKeys {
-    report: String,
-    generation: String,
-    index: String,
-}
-
-fn inventory_keys(store: &RedisStore, node: &str) -> InventoryKeys {
-    InventoryKeys {
-        report: store.prefixed(&format!("inv:report:{node}")),
-        generation: store.prefixed(&format!("inv:gen:{node}")),
-        index: store.prefixed("inv:nodes"),
-    }
-}
-
-async fn publish_reports(
-    store: std::sync::Weak<RedisStore>,
-    state: ClusterState,
-    mut rx: tokio::sync::mpsc::Receiver<Published>,
-) {
-    while let Some(p) = rx.recv().await {
-        let Some(store) = store.upgrade() else { return };
-        if let Err(e) = publish_one(&store, &state, p).await {
-            store.count_error("inventory");
-            debug!(error = %e, "cannot publish an inventory report; the node's next report will");
-        }
-    }
-}
-
-async fn publish_one(
-    store: &RedisStore,
-    state: &ClusterState,
-    p: Published,
-) -> redis::RedisResult<()> {
-    let limits = &state.config().limits;
-    let ttl_ms = limits.node_expiry_s.saturating_mul(1000).max(1);
-    let keys = inventory_keys(store, &p.node);
-    let mut con = store.background_connection();
-    let now = wall_ms();
-    let report = match p.report {
-        Some(r) => r,
-        None => {
-            let fresh: u32 = redis::cmd("EVAL")
-                .arg(PUBLISH_HEARTBEAT)
-                .arg(3)
-                .arg(&keys.report)
-                .arg(&keys.generation)
-                .arg(&keys.index)
-                .arg(&p.node)
-                .arg(p.generation)
-                .arg(ttl_ms)
-                .arg(now)
-                .query_async(&mut con)
-                .await?;
-            if fresh == 1 {
-                return Ok(());
-            }
-            // Redis lost it (restart, eviction): the whole report from this copy.
-            let held = state.inventory().entry(&p.node).map(|e| e.report.clone());
-            match held {
-                Some(r) if r.generation == p.generation => r,
-                _ => return Ok(()),
-            }
-        }
-    };
-    let Ok(json) = serde_json::to_vec(&report) else {
-        return Ok(());
-    };
-    let stored: u32 = redis::cmd("EVAL")
-        .arg(PUBLISH_REPORT)
-        .arg(3)
-        .arg(&keys.report)
-        .arg(&keys.generation)
-        .arg(&keys.index)
-        .arg(&p.node)
-        .arg(json)
-        .arg(report.generation)
-        .arg(ttl_ms)
-        .arg(now)
-        .arg(limits.max_nodes)
-        .query_async(&mut con)
-        .await?;
-    if stored == 0 {
-        warn!(node = %p.node, "shared inventory full; this node is known to this replica only");
-    }
-    Ok(())
-}
-
-/// Every second: reports other replicas published since the last look are applied
-/// here (same checks as an agent's); nodes silent past the expiry leave the index.
-async fn pull_reports(store: std::sync::Weak<RedisStore>, state: ClusterState) {
-    let mut tick = tokio::time::interval(INVENTORY_PULL_EVERY);
-    let mut newest_ms = 0u64;
-    loop {
-        tick.tick().await;
-        let Some(store) = store.upgrade() else { return };
-        match pull_once(&store, &state, newest_ms).await {
-            Ok(n) => {
-                newest_ms = newest_ms.max(n);
-                state.note_shared_inventory_read();
-            }
-            Err(e) => {
-                store.count_error("inventory");
-                debug!(error = %e, "cannot read the shared inventory");
-            }
-        }
-    }
-}
-
-async fn pull_once(
-    store: &RedisStore,
-    state: &ClusterState,
-    newest_ms: u64,
-) -> redis::RedisResult<u64> {
-    let limits = state.config().limits.clone();
-    let max_bytes = state.config().max_report_bytes;
-    let mut con = store.background_connection();
-    let index = store.prefixed("inv:nodes");
-    let now = wall_ms();
-    let _: u64 = redis::cmd("ZREMRANGEBYSCORE")
-        .arg(&index)
-        .arg("-inf")
-        .arg(now.saturating_sub(limits.node_expiry_s.saturating_mul(1000)))
-        .query_async(&mut con)
-        .await?;
-    let since = newest_ms.saturating_sub(INVENTORY_PULL_OVERLAP_MS);
-    let changed: Vec<(String, u64)> = redis::cmd("ZRANGEBYSCORE")
-        .arg(&index)
-        .arg(since)
-        .arg("+inf")
-        .arg("WITHSCORES")
-        .arg("LIMIT")
-        .arg(0)
-        .arg(limits.max_nodes)
-        .query_async(&mut con)
-        .await?;
-    let mut newest = newest_ms;
-    let changed: Vec<String> = changed
-        .into_iter()
-        .inspect(|(_, at_ms)| newest = newest.max(*at_ms))
-        .map(|(node, _)| node)
-        .filter(|node| node.len() <= cluster::inventory::MAX_NODE_NAME)
-        .collect();
-    for chunk in changed.chunks(PULL_CHUNK) {
-        let generations: Vec<Option<u64>> = redis::cmd("MGET")
-            .arg(
-                chunk
-                    .iter()
-                    .map(|n| inventory_keys(store, n).generation)
-                    .collect::<Vec<_>>(),
-            )
-            .query_async(&mut con)
-            .await?;
-        for (node, generation) in chunk.iter().zip(generations) {
-            let Some(generation) = generation else {
-                continue;
-            };
-            let have = state.inventory().entry(node).map(|e| e.report.generation);
-            match have {
-                Some(h) if h == generation => {
-                    let _ = state.heartbeat_shared(node, generation);
-                    continue;
-                }
-                Some(h) if h > generation => continue,
-                _ => {}
-            }
-            let json: Vec<u8> = redis::cmd("EVAL")
-                .arg(GET_BOUNDED)
-                .arg(1)
-                .arg(inventory_keys(store, node).report)
-                .arg(max_bytes)
-                .query_async(&mut con)
-                .await?;
-            if json.is_empty() {
-                continue;
-            }
-            match serde_json::from_slice::<cluster::NodeReport>(&json) {
-                Ok(r) if r.node == *node => {
-                    if let Err(e) = state.ingest_shared(r) {
-                        debug!(%node, error = %e, "shared report not taken");
-                    }
-                }
-                _ => warn!(%node, "unreadable shared inventory report; skipped"),
-            }
-        }
-    }
-    Ok(newest)
+    let queue = Arc::new(PublishQueue::new(state.config().limits.max_nodes));
+    state.share_with(store.clone(), queue.clone());
+    crate::redis_inventory::spawn(store, state, queue);
 }
 
 /// What posting an assignment did.

@@ -6,7 +6,9 @@
 //! | key | type | what | TTL |
 //! |---|---|---|---|
 //! | `st:{d}:meta` | HASH size, piece_size, born | geometry, set once (`HSETNX`) | swarm idle TTL |
-//! | `st:{d}:peers` | HASH node → JSON [`SharedPeer`] | members and bitfields | swarm idle TTL |
+//! | `st:{d}:members` | HASH node → binary [`SharedPeer`] ([`crate::member_entry`]) | members and bitfields | swarm idle TTL |
+//! | `st:{d}:changes` | STREAM `n` → node | which members changed ([`crate::redis_members`]) | swarm idle TTL, `MAXLEN ~` 2 × members |
+//! | `st:{d}:seen` | ZSET node → last stored `last_seen` | the janitor's expiry | swarm idle TTL |
 //! | `st:{d}:source` | STRING node | the one registry fetcher (`SET NX PX`) | peer TTL, renewed by its announces |
 //! | `st:{d}:hashes` | HASH piece → 32 bytes | hashes from the source only | swarm idle TTL |
 //! | `st:{d}:elections`, `st:{d}:elected` | counter, LIST | elections across replicas | swarm idle TTL |
@@ -15,8 +17,16 @@
 //!
 //! Every announce is one script ([`COMMIT`]), so a change is whole or absent: there is
 //! nothing to repair when Redis comes back. Reads of members and hashes refresh a
-//! replica's copy at most every `refresh` per swarm; the source and the geometry are
-//! read at every announce.
+//! replica's copy at most every `refresh` per swarm, and read only the members that
+//! changed since the last read ([`crate::redis_members`]); the source and the
+//! geometry are read at every announce.
+//!
+//! Upgrading from a version that stored members as JSON in `st:{d}:peers`: that key
+//! is no longer read or written (it expires with the swarm's idle TTL). Replicas of
+//! the old and the new version share elections, geometry and hashes, but each sees
+//! only the members announced to its own version until the last old replica stops;
+//! agents announce every second, so the new replicas' member sets are whole again
+//! one announce interval after that.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -33,15 +43,10 @@ use swarm::state::{SharedPeer, SharedSwarm};
 use swarm::PieceHash;
 use tracing::{info, warn};
 
+use crate::redis_members::{self, MemberCopies, ReadKind};
 use crate::store::{Elections, Outcome, Refresh, Settled, SourceIntent, StoreFuture, SwarmStore};
-use crate::{Error, ReasonLabels};
+use crate::{member_entry, Error, ReasonLabels};
 
-/// Members read per swarm at most (a hostile or corrupted store cannot make a replica
-/// allocate without bound): far above the 10,000-node target.
-const MAX_MEMBERS: usize = 100_000;
-/// A stored member entry longer than this is skipped (a 65,536-piece bitfield in base64
-/// is ≈ 11 KB).
-const MAX_MEMBER_BYTES: usize = 64 * 1024;
 /// Swarms whose last refresh time is remembered; beyond it the table starts over.
 const MAX_REFRESH_ENTRIES: usize = 100_000;
 /// Failed health pings in a row before the replica says it is not ready.
@@ -49,22 +54,51 @@ const PINGS_BEFORE_DOWN: u32 = 2;
 
 /// Settles one announce atomically: geometry set once, the member entry, the election
 /// (`SET NX PX`, renewed by the source's announces, released when it finishes or
-/// leaves), the source's hashes, TTLs. Returns the stored size and piece size, the
+/// leaves), the source's hashes, TTLs. The member entry is stored, and its node
+/// appended to the change stream, when the member is new or leaves, when its shape
+/// (address, topology, completion: [`member_entry`]'s bytes 0 and 9..11+m) changed, or
+/// when the stored one is a heartbeat old; otherwise (only the bitfield or `last_seen`
+/// moved) nothing is written for it. Returns the stored size and piece size, the
 /// current source ('' for none) and 1 when this call elected it.
 ///
-/// KEYS: meta, peers, source, hashes, elections, elected.
-/// ARGV: node, member JSON ('' = leaving), intent (claim|release|keep), source TTL ms,
-/// idle TTL ms, size ('' = unknown), piece size ('0' = unknown), born, then hash pairs.
+/// KEYS: meta, members, source, hashes, elections, elected, changes, seen.
+/// ARGV: node, member entry ('' = leaving), intent (claim|release|keep), source TTL
+/// ms, idle TTL ms, size ('' = unknown), piece size ('0' = unknown), born, now ms,
+/// heartbeat ms, least stream length kept, this replica (the stream entry's writer:
+/// its own reads skip it), then hash pairs.
 const COMMIT: &str = r"
+local function shape(e)
+  if #e < 11 then return '' end
+  local m = string.byte(e, 10) * 256 + string.byte(e, 11)
+  return string.sub(e, 1, 1) .. string.sub(e, 10, 11 + m)
+end
+local function stored_at(e)
+  local v = 0
+  for i = 2, 9 do v = v * 256 + (string.byte(e, i) or 0) end
+  return v
+end
 local node = ARGV[1]
+local now = tonumber(ARGV[9])
 if ARGV[6] ~= '' then redis.call('HSETNX', KEYS[1], 'size', ARGV[6]) end
 if ARGV[7] ~= '0' then redis.call('HSETNX', KEYS[1], 'piece_size', ARGV[7]) end
 redis.call('HSETNX', KEYS[1], 'born', ARGV[8])
 local geo = redis.call('HMGET', KEYS[1], 'size', 'piece_size')
+local changed = false
 if ARGV[2] == '' then
-  redis.call('HDEL', KEYS[2], node)
+  changed = redis.call('HDEL', KEYS[2], node) == 1
+  redis.call('ZREM', KEYS[8], node)
 else
-  redis.call('HSET', KEYS[2], node, ARGV[2])
+  local old = redis.call('HGET', KEYS[2], node)
+  if not old or shape(old) == '' or shape(old) ~= shape(ARGV[2])
+      or math.abs(now - stored_at(old)) >= tonumber(ARGV[10]) then
+    redis.call('HSET', KEYS[2], node, ARGV[2])
+    redis.call('ZADD', KEYS[8], now, node)
+    changed = true
+  end
+end
+if changed then
+  local keep = math.max(tonumber(ARGV[11]), 2 * redis.call('HLEN', KEYS[2]))
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', keep, '*', 'n', node, 'r', ARGV[12])
 end
 local cur = redis.call('GET', KEYS[3])
 local elected = 0
@@ -79,13 +113,13 @@ elseif not cur and ARGV[3] == 'claim' then
   redis.call('LTRIM', KEYS[6], 0, 7)
 end
 if cur == node then
-  for i = 9, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+  for i = 13, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 end
 if cur == node and ARGV[3] == 'release' then
   redis.call('DEL', KEYS[3])
   cur = false
 end
-for i = 1, 6 do
+for i = 1, 8 do
   if i ~= 3 then redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 end
 return {geo[1] or '', geo[2] or '', cur or '', elected}
@@ -121,19 +155,24 @@ end
 return 0
 ";
 
-/// Drops the members of swarm KEYS[1] last seen before ARGV[1]; returns how many.
+/// Drops the members of a swarm stored last before ARGV[1] (at most 10,000 per
+/// call), appending each to the change stream (with no writer: every replica reads
+/// it, the janitor's own included); returns how many.
+/// KEYS: members, seen, changes. ARGV: cutoff ms, least stream length kept.
 const TRIM: &str = r"
-local gone = 0
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local ok, peer = pcall(cjson.decode, all[i + 1])
-  if not ok or type(peer) ~= 'table' or (tonumber(peer.last_seen) or 0) < tonumber(ARGV[1]) then
-    redis.call('HDEL', KEYS[1], all[i])
-    gone = gone + 1
-  end
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1], 'LIMIT', 0, 10000)
+local keep = math.max(tonumber(ARGV[2]), 2 * redis.call('HLEN', KEYS[1]))
+for _, n in ipairs(gone) do
+  redis.call('HDEL', KEYS[1], n)
+  redis.call('ZREM', KEYS[2], n)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', keep, '*', 'n', n)
 end
-return gone
+return #gone
 ";
+
+/// Stream entries kept at least per swarm (beyond, twice its members): a replica
+/// reading every second finds its place in it unless it fell this far behind.
+const MIN_STREAM_LEN: usize = 1024;
 
 /// How long the janitor lease lasts without renewal, and how often it is tried.
 const JANITOR_LEASE: Duration = Duration::from_secs(10);
@@ -148,8 +187,15 @@ pub struct RedisOptions {
     pub url: String,
     /// Key prefix, so that one Redis can serve several clusters.
     pub prefix: String,
-    /// How often a replica re-reads a swarm's members and hashes at most.
+    /// How often a replica re-reads a swarm's members and hashes at most (the
+    /// changes since its last read).
     pub refresh: Duration,
+    /// How often a replica reads a swarm's members whole even though the change
+    /// stream says what changed: a safety net, not the normal path.
+    pub full_reread: Duration,
+    /// How often a replica reads the whole shared inventory index (every node's
+    /// heartbeat); changed reports are read every second from a change stream.
+    pub inventory_sweep: Duration,
     /// A swarm nobody announced for this long is dropped from Redis.
     pub swarm_idle: Duration,
     /// Connection and response timeout of one Redis call: beyond it the announce gets
@@ -163,6 +209,8 @@ impl RedisOptions {
             url: url.into(),
             prefix: "st:".into(),
             refresh: Duration::from_secs(1),
+            full_reread: Duration::from_secs(300),
+            inventory_sweep: Duration::from_secs(10),
             swarm_idle: Duration::from_secs(600),
             timeout: Duration::from_secs(1),
         }
@@ -178,6 +226,16 @@ pub struct RedisMetrics {
     pub(crate) leader: Gauge,
     /// 1 while this replica holds the prewarm planner lease.
     pub(crate) prewarm_leader: Gauge,
+    /// Member reads by kind: `changes` (the normal path) or `full`.
+    pub(crate) member_reads: Family<ReadLabels, Counter>,
+    /// Shared inventory reads by kind: `changes` (every second) or `sweep`.
+    pub(crate) inventory_reads: Family<ReadLabels, Counter>,
+}
+
+/// How a replica read a swarm's members or the inventory.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub(crate) struct ReadLabels {
+    pub kind: &'static str,
 }
 
 pub struct RedisStore {
@@ -189,8 +247,14 @@ pub struct RedisStore {
     replica: String,
     prefix: String,
     refresh_ms: u64,
+    full_reread_ms: u64,
+    inventory_sweep: Duration,
     source_ttl_ms: u64,
+    /// See [`redis_members::heartbeat_ms`].
+    heartbeat_ms: u64,
     idle_ms: u64,
+    /// This replica's copies of swarms' members, kept by reading changes.
+    members: MemberCopies,
     /// Per swarm, when this replica last read its members (wall-clock ms).
     refreshed: Mutex<HashMap<Digest, u64>>,
     up: AtomicBool,
@@ -258,8 +322,12 @@ impl RedisStore {
             },
             prefix: opts.prefix.clone(),
             refresh_ms: opts.refresh.as_millis() as u64,
+            full_reread_ms: opts.full_reread.as_millis().max(1) as u64,
+            inventory_sweep: opts.inventory_sweep,
             source_ttl_ms: source_ttl.as_millis().max(1) as u64,
+            heartbeat_ms: redis_members::heartbeat_ms(source_ttl.as_millis() as u64),
             idle_ms: opts.swarm_idle.as_millis().max(1) as u64,
+            members: MemberCopies::default(),
             refreshed: Mutex::new(HashMap::new()),
             up: AtomicBool::new(false),
             failed_pings: AtomicU32::new(0),
@@ -341,14 +409,17 @@ impl RedisStore {
             .query_async(&mut con)
             .await
             .map_err(self.redis_err("sweep"))?;
-        let cutoff = now.saturating_sub(self.source_ttl_ms.saturating_mul(10));
+        let cutoff = self.expired_before(now);
         let mut gone = 0u64;
         for d in digests.iter().filter_map(|d| d.parse::<Digest>().ok()) {
             let n: u64 = redis::cmd("EVAL")
                 .arg(TRIM)
-                .arg(1)
-                .arg(self.key(&d, "peers"))
+                .arg(3)
+                .arg(self.key(&d, "members"))
+                .arg(self.key(&d, "seen"))
+                .arg(self.key(&d, "changes"))
                 .arg(cutoff)
+                .arg(MIN_STREAM_LEN)
                 .query_async(&mut con)
                 .await
                 .map_err(self.redis_err("sweep"))?;
@@ -426,6 +497,19 @@ impl RedisStore {
         format!("{}{name}", self.prefix)
     }
 
+    /// See [`RedisOptions::inventory_sweep`].
+    pub(crate) fn inventory_sweep(&self) -> Duration {
+        self.inventory_sweep
+    }
+
+    /// Counts a read of the shared inventory (`changes` or `sweep`).
+    pub(crate) fn note_inventory_read(&self, kind: &'static str) {
+        self.metrics
+            .inventory_reads
+            .get_or_create(&ReadLabels { kind })
+            .inc();
+    }
+
     /// This replica's name in leases and locks.
     pub(crate) fn replica(&self) -> &str {
         &self.replica
@@ -439,6 +523,12 @@ impl RedisStore {
     /// Counts a failed call of `op` in `redis_errors`.
     pub(crate) fn count_error(&self, op: &'static str) {
         self.error(op);
+    }
+
+    /// Members stored last before this are expired (ten peer TTLs: the embedded
+    /// tracker's expiry).
+    fn expired_before(&self, now: u64) -> u64 {
+        now.saturating_sub(self.source_ttl_ms.saturating_mul(10))
     }
 
     fn swarms_key(&self) -> String {
@@ -472,16 +562,9 @@ fn parse_u64(v: Option<&String>) -> Option<u64> {
 fn shared_swarm(
     meta: HashMap<String, String>,
     source: Option<String>,
-    peers: Option<HashMap<String, Vec<u8>>>,
+    peers: Option<BTreeMap<String, SharedPeer>>,
     hashes: Option<HashMap<u32, Vec<u8>>>,
 ) -> SharedSwarm {
-    let peers = peers.map(|m| {
-        m.into_iter()
-            .take(MAX_MEMBERS)
-            .filter(|(_, v)| v.len() <= MAX_MEMBER_BYTES)
-            .filter_map(|(n, v)| Some((n, serde_json::from_slice::<SharedPeer>(&v).ok()?)))
-            .collect::<BTreeMap<_, _>>()
-    });
     SharedSwarm {
         size: parse_u64(meta.get("size")),
         piece_size: parse_u64(meta.get("piece_size")).unwrap_or(0),
@@ -523,8 +606,17 @@ impl SwarmStore for RedisStore {
             for (d, due) in digests.iter().zip(&due) {
                 pipe.hgetall(self.key(d, "meta")).get(self.key(d, "source"));
                 if *due {
-                    pipe.hgetall(self.key(d, "peers"))
-                        .hgetall(self.key(d, "hashes"));
+                    let (cursor, hash_count) = self.members.next_read(d, now, self.full_reread_ms);
+                    pipe.cmd("EVAL")
+                        .arg(redis_members::READ)
+                        .arg(3)
+                        .arg(self.key(d, "members"))
+                        .arg(self.key(d, "changes"))
+                        .arg(self.key(d, "hashes"))
+                        .arg(cursor)
+                        .arg(hash_count)
+                        .arg(redis_members::MAX_MEMBERS)
+                        .arg(&self.replica);
                 }
             }
             let mut con = self.con.clone();
@@ -535,17 +627,32 @@ impl SwarmStore for RedisStore {
                 .into();
             let mut next = || values.pop_front().unwrap_or(redis::Value::Nil);
             let mut out = Vec::with_capacity(digests.len());
-            for due in due {
+            for (d, due) in digests.iter().zip(due) {
                 let decode = self.redis_err("decode");
                 let meta: HashMap<String, String> =
                     redis::from_redis_value(next()).map_err(|e| decode(e.into()))?;
                 let source: Option<String> =
                     redis::from_redis_value(next()).map_err(|e| decode(e.into()))?;
                 let (peers, hashes) = if due {
-                    (
-                        Some(redis::from_redis_value(next()).map_err(|e| decode(e.into()))?),
-                        Some(redis::from_redis_value(next()).map_err(|e| decode(e.into()))?),
-                    )
+                    let mut read = redis_members::parse_read(next()).map_err(&decode)?;
+                    let hashes = read.hashes.take();
+                    let (peers, kind) = self.members.apply(
+                        d,
+                        read,
+                        now,
+                        self.expired_before(now),
+                        refresh == Refresh::Now,
+                    );
+                    self.metrics
+                        .member_reads
+                        .get_or_create(&ReadLabels {
+                            kind: match kind {
+                                ReadKind::Full => "full",
+                                ReadKind::Changes => "changes",
+                            },
+                        })
+                        .inc();
+                    (peers, hashes)
                 } else {
                     (None, None)
                 };
@@ -559,13 +666,16 @@ impl SwarmStore for RedisStore {
 
     fn commit<'a>(&'a self, outcomes: &'a [Outcome]) -> StoreFuture<'a, Vec<Settled>> {
         Box::pin(async move {
+            let now = self.now_ms();
             let mut pipe = redis::pipe();
-            for o in outcomes {
+            // A member whose entry does not fit the format (a 64 KiB address) is not
+            // shared: stored as leaving.
+            let entries: Vec<Option<Vec<u8>>> = outcomes
+                .iter()
+                .map(|o| o.peer.as_ref().and_then(member_entry::encode))
+                .collect();
+            for (o, entry) in outcomes.iter().zip(&entries) {
                 let d = &o.digest;
-                let member = match &o.peer {
-                    Some(p) => serde_json::to_vec(p).unwrap_or_default(),
-                    None => Vec::new(),
-                };
                 let intent = match o.intent {
                     SourceIntent::Claim => "claim",
                     SourceIntent::Release => "release",
@@ -574,18 +684,31 @@ impl SwarmStore for RedisStore {
                 // The script text travels with every call (EVAL): Redis caches it by
                 // its digest, and a Redis restarted empty needs no SCRIPT LOAD.
                 let mut cmd = redis::cmd("EVAL");
-                cmd.arg(COMMIT).arg(6);
-                for part in ["meta", "peers", "source", "hashes", "elections", "elected"] {
+                cmd.arg(COMMIT).arg(8);
+                for part in [
+                    "meta",
+                    "members",
+                    "source",
+                    "hashes",
+                    "elections",
+                    "elected",
+                    "changes",
+                    "seen",
+                ] {
                     cmd.arg(self.key(d, part));
                 }
                 cmd.arg(&o.node)
-                    .arg(member)
+                    .arg(entry.as_deref().unwrap_or_default())
                     .arg(intent)
                     .arg(self.source_ttl_ms)
                     .arg(self.idle_ms)
                     .arg(o.size.map(|s| s.to_string()).unwrap_or_default())
                     .arg(o.piece_size)
-                    .arg(o.born);
+                    .arg(o.born)
+                    .arg(o.peer.as_ref().map_or(now, |p| p.last_seen))
+                    .arg(self.heartbeat_ms)
+                    .arg(MIN_STREAM_LEN)
+                    .arg(&self.replica);
                 for (i, h) in &o.hashes {
                     cmd.arg(*i).arg(&h.0[..]);
                 }
@@ -603,6 +726,10 @@ impl SwarmStore for RedisStore {
                 .query_async(&mut con)
                 .await
                 .map_err(self.redis_err("commit"))?;
+            for (o, entry) in outcomes.iter().zip(&entries) {
+                let stored = entry.as_ref().and(o.peer.as_ref());
+                self.members.note_commit(&o.digest, &o.node, stored);
+            }
             Ok(rows
                 .into_iter()
                 .map(|(size, piece_size, source, _elected)| Settled {

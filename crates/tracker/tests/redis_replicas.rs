@@ -4,13 +4,17 @@
 //! replicas, one geometry, hashes published on one replica served by the other, and
 //! 503 (not answers from a stale copy) while Redis is down, then recovery.
 
+mod common;
+
 use std::time::Duration;
 
-use axum::body::Body;
-use http::{Request, StatusCode};
-use swarm::{AnnounceRequest, AnnounceResponse, Role, SwarmConfig, Topology};
+use common::{
+    announce, ask, cluster_replica, get, metrics_text, replica_with_peer_ttl, report, stream_nodes,
+    submit_one_layer_job,
+};
+use http::StatusCode;
+use swarm::{AnnounceResponse, Role, SwarmConfig};
 use testkit::RedisServer;
-use tower::ServiceExt;
 use tracker::{RedisOptions, Tracker};
 
 fn replica(redis: &RedisServer) -> Tracker {
@@ -21,43 +25,6 @@ fn replica(redis: &RedisServer) -> Tracker {
     Tracker::new(SwarmConfig::default(), None)
         .with_redis(&opts)
         .expect("a valid Redis URL")
-}
-
-fn ask(node: &str, digest: &oci::Digest) -> AnnounceRequest {
-    let mut r = AnnounceRequest::new(node, "127.0.0.1:9", &Topology::default(), digest);
-    r.size = Some(64 << 20);
-    r.piece_size = Some(1 << 20);
-    r
-}
-
-/// One request through a replica's router: the status and the body.
-async fn call(t: &Tracker, req: Request<Body>) -> (StatusCode, axum::body::Bytes) {
-    let resp = t.router().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let body = axum::body::to_bytes(resp.into_body(), 64 << 20)
-        .await
-        .unwrap();
-    (status, body)
-}
-
-async fn announce(t: &Tracker, req: &AnnounceRequest) -> (StatusCode, Option<AnnounceResponse>) {
-    let (status, body) = call(
-        t,
-        Request::post("/swarm/v1/announce")
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Body::from(serde_json::to_vec(req).unwrap()))
-            .unwrap(),
-    )
-    .await;
-    (status, serde_json::from_slice(&body).ok())
-}
-
-async fn get(t: &Tracker, path: &str) -> (StatusCode, serde_json::Value) {
-    let (status, body) = call(t, Request::get(path).body(Body::empty()).unwrap()).await;
-    (
-        status,
-        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
-    )
 }
 
 async fn until_status(t: &Tracker, path: &str, want: StatusCode) {
@@ -222,11 +189,6 @@ async fn without_redis_a_replica_is_unready_and_refuses_then_recovers() {
     drop(redis);
 }
 
-async fn metrics_text(t: &Tracker) -> String {
-    let (_, body) = call(t, Request::get("/metrics").body(Body::empty()).unwrap()).await;
-    String::from_utf8_lossy(&body).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_leads_at_a_time_and_another_takes_over_when_it_stops() {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
@@ -264,13 +226,7 @@ async fn the_janitor_removes_members_that_stopped_announcing() {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .unwrap();
-    let cfg = SwarmConfig {
-        peer_ttl_ms: 10,
-        ..SwarmConfig::default()
-    };
-    let t = Tracker::new(cfg, None)
-        .with_redis(&RedisOptions::new(redis.url()))
-        .unwrap();
+    let t = replica_with_peer_ttl(&RedisOptions::new(redis.url()), 10);
     let digest = oci::Digest::of(b"janitor");
     assert_eq!(announce(&t, &ask("gone", &digest)).await.0, StatusCode::OK);
     let janitor = tracker::redis_store::RedisStore::connect(
@@ -289,6 +245,8 @@ async fn the_janitor_removes_members_that_stopped_announcing() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(removed, 1, "the silent member left Redis");
+    // Joined, then removed by the janitor: replicas reading the change stream learn both.
+    assert_eq!(stream_nodes(&redis, &digest).await, ["gone", "gone"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,42 +272,18 @@ async fn the_password_in_the_url_authenticates_and_a_wrong_one_keeps_the_replica
     assert!(!metrics.contains("s3cret") && !metrics.contains("wrong@"));
 }
 
-/// A replica with the cluster layer (inventory, prewarm) sharing `redis`.
-fn cluster_replica(redis: &RedisServer) -> (Tracker, cluster::ClusterState) {
-    let state = cluster::ClusterState::new(
-        cluster::ClusterConfig::default(),
-        cluster::JobStore::in_memory().unwrap(),
-    );
-    let t = Tracker::new(SwarmConfig::default(), None)
-        .with_cluster(state.clone())
-        .with_redis(&RedisOptions::new(redis.url()))
-        .expect("a valid Redis URL");
-    (t, state)
-}
-
-fn report(node: &str) -> cluster::NodeReport {
-    serde_json::from_value(serde_json::json!({
-        "node": node,
-        "generation": 1,
-        "labels": {"gpu": "h100"},
-        "cache_budget": 1u64 << 40,
-        "cache_used": 0,
-        "cache_free": 1u64 << 40,
-        "blobs": [],
-        "images": [],
-    }))
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn job_changes_racing_on_two_replicas_are_all_kept() {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .unwrap();
-    let ((_ta, a), (_tb, b)) = (cluster_replica(&redis), cluster_replica(&redis));
+    let ((_ta, a), (_tb, b)) = (
+        cluster_replica(&RedisOptions::new(redis.url())),
+        cluster_replica(&RedisOptions::new(redis.url())),
+    );
     let nodes: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
     for n in &nodes {
-        a.ingest(report(n)).unwrap();
+        a.ingest(report(n, 1)).unwrap();
     }
     // B learns A's reports from Redis.
     for _ in 0..200 {
@@ -360,25 +294,15 @@ async fn job_changes_racing_on_two_replicas_are_all_kept() {
     }
     assert_eq!(b.inventory().entries().count(), nodes.len());
 
-    let req: cluster::PrewarmRequest = serde_json::from_value(serde_json::json!({
-        "images": ["registry.test/ml/train@sha256:0000000000000000000000000000000000000000000000000000000000000001"],
-        "targets": {"nodes": nodes},
-    }))
-    .unwrap();
-    let image = cluster::ResolvedImage {
-        reference: req.images[0].clone(),
-        manifest_digest: oci::Digest::of(b"manifest"),
-        blobs: vec![cluster::wire::BlobRef {
-            digest: oci::Digest::of(b"layer"),
-            size: 1 << 20,
-        }],
-    };
-    let id = a
-        .change_jobs(|| a.submit_prewarm_resolved(req, vec![image]))
-        .await
-        .unwrap()
-        .job
-        .id;
+    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let id = submit_one_layer_job(
+        &a,
+        "registry.test/ml/train@sha256:0000000000000000000000000000000000000000000000000000000000000001",
+        &oci::Digest::of(b"layer"),
+        1 << 20,
+        &names,
+    )
+    .await;
     // Every node's completion arrives at one replica or the other, all at once: each
     // change starts from the other's, none is lost.
     let mut updates = Vec::new();
@@ -415,29 +339,21 @@ async fn an_agent_report_racing_a_planner_step_wins_and_the_step_learns_it() {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .unwrap();
-    let ((_ta, a), (_tb, b)) = (cluster_replica(&redis), cluster_replica(&redis));
+    let ((_ta, a), (_tb, b)) = (
+        cluster_replica(&RedisOptions::new(redis.url())),
+        cluster_replica(&RedisOptions::new(redis.url())),
+    );
     for n in ["n0", "n1"] {
-        a.ingest(report(n)).unwrap();
+        a.ingest(report(n, 1)).unwrap();
     }
-    let req: cluster::PrewarmRequest = serde_json::from_value(serde_json::json!({
-        "images": ["registry.test/ml/train@sha256:0000000000000000000000000000000000000000000000000000000000000002"],
-        "targets": {"nodes": ["n0", "n1"]},
-    }))
-    .unwrap();
-    let image = cluster::ResolvedImage {
-        reference: req.images[0].clone(),
-        manifest_digest: oci::Digest::of(b"manifest"),
-        blobs: vec![cluster::wire::BlobRef {
-            digest: oci::Digest::of(b"layer"),
-            size: 1 << 20,
-        }],
-    };
-    let id = a
-        .change_jobs(|| a.submit_prewarm_resolved(req, vec![image]))
-        .await
-        .unwrap()
-        .job
-        .id;
+    let id = submit_one_layer_job(
+        &a,
+        "registry.test/ml/train@sha256:0000000000000000000000000000000000000000000000000000000000000002",
+        &oci::Digest::of(b"layer"),
+        1 << 20,
+        &["n0", "n1"],
+    )
+    .await;
     let failed = |why: &str| cluster::wire::NodeUpdate::Failed { reason: why.into() };
     let ((), lost) = a
         .change_jobs_fenced(None, || {
