@@ -403,34 +403,11 @@ struct Receiving {
     chan: Arc<RecvChan>,
     piece: u32,
     got: u64,
-    /// `None`: the hash before it was not known (the download hashes the stored
-    /// piece), or the hasher is with `hashing`.
+    /// `None`: the hash before it was not known; the download hashes the stored piece.
     hasher: Option<PieceHasher>,
-    /// The last chunk being hashed on a blocking thread while the next one is read: the
-    /// hasher comes back with the chunk's buffer, to be read into again.
-    hashing: Option<tokio::task::JoinHandle<(PieceHasher, Vec<u8>)>>,
     /// False: the piece could not be claimed; its bytes are read and dropped.
     claimed: bool,
     last_progress: Instant,
-}
-
-impl Receiving {
-    /// The piece's hasher once the chunk before is hashed (`None`: no hash known); the
-    /// buffer that chunk was in becomes `spare`.
-    async fn take_hasher(
-        &mut self,
-        node: &str,
-        spare: &mut Vec<u8>,
-    ) -> Result<Option<PieceHasher>, Error> {
-        let Some(job) = self.hashing.take() else {
-            return Ok(self.hasher.take());
-        };
-        let (hasher, chunk) = job
-            .await
-            .map_err(|e| peer_err(node, format!("hashing a piece: {e}")))?;
-        *spare = chunk;
-        Ok(Some(hasher))
-    }
 }
 
 async fn read_loop(
@@ -441,7 +418,6 @@ async fn read_loop(
     let node = conn.node.clone();
     let mut cur: Option<Receiving> = None;
     let mut buf: Vec<u8> = Vec::new();
-    let mut spare: Vec<u8> = Vec::new();
     let result = async {
         let mut last_frame = tokio::time::Instant::now();
         let mut pinged: Option<tokio::time::Instant> = None;
@@ -561,7 +537,7 @@ async fn read_loop(
                         conn.receiving
                             .store((((chan as u64) << 32) | piece as u64) + 1, Ordering::Release);
                     }
-                    receive_data(p2p, &node, reader, &mut cur, [&mut buf, &mut spare], chan_of(chan), piece, offset, len)
+                    receive_data(p2p, &node, reader, &mut cur, &mut buf, chan_of(chan), piece, offset, len)
                         .await?;
                     if cur.is_none() {
                         conn.receiving.store(0, Ordering::Release);
@@ -600,7 +576,7 @@ async fn receive_data(
     node: &str,
     reader: &mut FrameReader<PeerRead>,
     cur: &mut Option<Receiving>,
-    [buf, spare]: [&mut Vec<u8>; 2],
+    buf: &mut Vec<u8>,
     chan: Option<Arc<RecvChan>>,
     piece: u32,
     offset: u32,
@@ -633,7 +609,6 @@ async fn receive_data(
             piece,
             got: 0,
             hasher: PieceHasher::for_piece(chan.layout, piece, before),
-            hashing: None,
             claimed,
             last_progress: Instant::now(),
         });
@@ -661,6 +636,9 @@ async fn receive_data(
             peer_err(node, "peer stopped in the middle of a piece")
         })??;
     if r.claimed {
+        if let Some(h) = &mut r.hasher {
+            h.update(bytes);
+        }
         let at = chan.layout.range(piece).0 + offset as u64;
         let t = Instant::now();
         let written = chan.inflight.write_claimed(at, bytes);
@@ -671,20 +649,6 @@ async fn receive_data(
             chan.inflight.release_piece_claim(piece);
             *cur = None;
             return Err(peer_err(node, format!("cannot store piece bytes: {e}")));
-        }
-        // The sha256 is most of a received byte's cost: done here, it would cap one
-        // connection at what one core hashes. A blocking thread hashes this chunk
-        // while the next is read; only the hashing moves (the bytes are written
-        // above, under this task's claim), so a connection killed meanwhile leaves a
-        // job whose result nobody reads.
-        if let Some(hasher) = r.take_hasher(node, spare).await? {
-            let chunk = std::mem::replace(buf, std::mem::take(spare));
-            let n = len as usize;
-            r.hashing = Some(tokio::task::spawn_blocking(move || {
-                let mut hasher = hasher;
-                hasher.update(&chunk[..n]);
-                (hasher, chunk)
-            }));
         }
     }
     r.got += len as u64;
@@ -698,7 +662,6 @@ async fn receive_data(
         }
         return Ok(());
     }
-    let hash = r.take_hasher(node, spare).await?.map(|h| h.finish());
     let Some(done) = cur.take() else {
         return Ok(());
     };
@@ -707,7 +670,7 @@ async fn receive_data(
         PeerEvent::Received {
             peer: node.to_owned(),
             piece,
-            hash,
+            hash: done.hasher.as_ref().map(PieceHasher::finish),
         }
     } else {
         PeerEvent::Dropped {
