@@ -196,6 +196,8 @@ pub struct PieceScheduler {
     /// When each piece was first seen at some peer (ms), for rack-stripe patience.
     first_seen: Vec<u64>,
     slots: Vec<Option<Slot>>,
+    /// The sum of the slots' `inflight`, kept as they change: asked on every pass.
+    inflight_total: u32,
     by_name: HashMap<PeerId, u32>,
     /// Per slot, its name's place in name order (the last tie-break), kept so the
     /// fill loop compares integers; rebuilt when peers come or go.
@@ -238,6 +240,7 @@ impl PieceScheduler {
             first_seen: vec![u64::MAX; n],
             have,
             slots: Vec::new(),
+            inflight_total: 0,
             by_name: HashMap::new(),
             name_rank: Vec::new(),
             ranks_stale: false,
@@ -514,7 +517,9 @@ impl PieceScheduler {
                 released.push(piece as u32);
             }
         }
-        self.slots[i as usize] = None;
+        if let Some(s) = self.slots[i as usize].take() {
+            self.inflight_total -= s.inflight.min(self.inflight_total);
+        }
         self.ranks_stale = true;
         released
     }
@@ -578,7 +583,7 @@ impl PieceScheduler {
 
     /// Requests in flight to peers (claims by the registry stream not counted).
     pub fn inflight_count(&self) -> u32 {
-        self.slots.iter().flatten().map(|s| s.inflight).sum()
+        self.inflight_total
     }
 
     pub fn is_inflight(&self, piece: u32) -> bool {
@@ -978,12 +983,14 @@ impl PieceScheduler {
             .iter()
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().map(|s| (i as u32, s)))
+            // The slot's own fields before its bitfield (another allocation, a cache
+            // miss per peer in a simulated swarm).
             .filter(|(i, s)| {
-                s.holds(piece)
-                    && !exclude.contains(i)
-                    && s.busy_until_ms <= now_ms
+                s.busy_until_ms <= now_ms
                     && (urgent || s.inflight < self.window(s))
+                    && !exclude.contains(i)
                     && self.allowed(piece, s, now_ms)
+                    && s.holds(piece)
             })
             .min_by(|(_, a), (_, b)| {
                 a.inflight
@@ -1008,6 +1015,7 @@ impl PieceScheduler {
                 s.last_progress_ms = now_ms;
             }
             s.inflight += 1;
+            self.inflight_total += 1;
         }
     }
 
@@ -1030,7 +1038,10 @@ impl PieceScheduler {
                 self.stall_cancelled.swap_remove(k);
             }
             if let Some(s) = self.slots[slot as usize].as_mut() {
-                s.inflight = s.inflight.saturating_sub(1);
+                if s.inflight > 0 {
+                    s.inflight -= 1;
+                    self.inflight_total -= 1;
+                }
                 if s.inflight == 0 {
                     s.mark_ms = None;
                 }
@@ -1216,7 +1227,13 @@ impl PieceScheduler {
         source: Option<&str>,
     ) -> Option<PeerId> {
         let source = source?;
-        if holder == source || piece >= self.have.len() || self.have.get(piece) {
+        // Not in flight (the common case): no request to move, and no need to look
+        // at the per-piece request lists.
+        if holder == source
+            || piece >= self.have.len()
+            || self.have.get(piece)
+            || !self.inflight_any.get(piece)
+        {
             return None;
         }
         let asked = &self.inflight[piece as usize];

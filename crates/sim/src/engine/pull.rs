@@ -35,6 +35,65 @@ pub(crate) struct Link {
     pub useful_ms: u64,
 }
 
+/// A task's links by peer slot: keys and values in two vectors, keys in order. Every
+/// HAVE delivered looks its sender up here (139 M times at 10,000 nodes), and a few
+/// dozen sorted `u32`s are found in a cache line or three, without hashing. Iteration
+/// is in slot order.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Links {
+    keys: Vec<u32>,
+    values: Vec<Link>,
+}
+
+impl Links {
+    fn find(&self, h: u32) -> Result<usize, usize> {
+        self.keys.binary_search(&h)
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn get(&self, h: &u32) -> Option<&Link> {
+        self.find(*h).ok().map(|i| &self.values[i])
+    }
+
+    pub fn get_mut(&mut self, h: &u32) -> Option<&mut Link> {
+        self.find(*h).ok().map(|i| &mut self.values[i])
+    }
+
+    pub fn remove(&mut self, h: &u32) -> Option<Link> {
+        let i = self.find(*h).ok()?;
+        self.keys.remove(i);
+        Some(self.values.remove(i))
+    }
+
+    /// The link to `h`, made by `new` if there is none.
+    pub fn get_or_insert_with(&mut self, h: u32, new: impl FnOnce() -> Link) -> &mut Link {
+        let i = match self.find(h) {
+            Ok(i) => i,
+            Err(i) => {
+                self.keys.insert(i, h);
+                self.values.insert(i, new());
+                i
+            }
+        };
+        &mut self.values[i]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&u32, &Link)> {
+        self.keys.iter().zip(&self.values)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &Link> {
+        self.values.iter()
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Link> {
+        self.values.iter_mut()
+    }
+}
+
 /// A registry run: pieces `[first, end)` over one registry connection; `next` is
 /// the piece whose bytes arrive now.
 #[derive(Clone, Copy, Debug)]
@@ -56,7 +115,7 @@ pub(crate) struct Pull {
     pub role: Role,
     /// The elected source's slot, whose HAVE hashes this task trusts.
     pub source: Option<u32>,
-    pub links: HashMap<u32, Link>,
+    pub links: Links,
     /// Links handed out but not dialed yet.
     pub to_dial: Vec<u32>,
     /// Piece hashes known (from the tracker, or from the source's HAVEs).
@@ -125,7 +184,7 @@ impl Pull {
             sched: None,
             role: Role::Peer,
             source: None,
-            links: HashMap::new(),
+            links: Links::default(),
             to_dial: Vec::new(),
             hashes: Bitfield::new(0),
             publish: Vec::new(),
