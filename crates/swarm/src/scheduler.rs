@@ -590,8 +590,7 @@ impl PieceScheduler {
 
     /// Whether a known peer holds the whole blob.
     pub fn peer_is_complete(&self, id: &str) -> bool {
-        self.slot(id)
-            .is_some_and(|(_, s)| s.complete && !s.banned)
+        self.slot(id).is_some_and(|(_, s)| s.complete && !s.banned)
     }
 
     /// [`PieceScheduler::peer_is_complete`] by handle ([`PieceScheduler::peer_handle`]).
@@ -879,9 +878,7 @@ impl PieceScheduler {
             if s.complete {
                 mask.iter().any(|&b| b != 0)
             } else {
-                mask.iter()
-                    .zip(self.rows.row(i))
-                    .any(|(&m, &t)| m & t != 0)
+                mask.iter().zip(self.rows.row(i)).any(|(&m, &t)| m & t != 0)
             }
         };
         self.slots
@@ -1288,11 +1285,11 @@ impl PieceScheduler {
     ) -> Option<PeerId> {
         let source = source?;
         // Not in flight (the common case): no request to move, and no need to look
-        // at the per-piece request lists.
-        if holder == source
-            || piece >= self.have.len()
+        // at the per-piece request lists (nor to compare names).
+        if piece >= self.have.len()
             || self.have.get(piece)
             || !self.inflight_any.get(piece)
+            || holder == source
         {
             return None;
         }
@@ -2089,5 +2086,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn peer_rows_follow_haves_completion_and_slot_reuse() {
+        // 10 pieces: rows of two bytes, the second one partly padding.
+        let mut s = sched(10, SchedulerConfig::default());
+        s.set_peer("a", Some(bits(10, &[0, 9])), 0);
+        s.set_peer("b", Some(bits(10, &[1])), 0);
+        for p in 1..9 {
+            s.peer_has("a", p, 0);
+        }
+        assert!(s.peer_is_complete("a"), "the last HAVE makes it complete");
+        assert_eq!(
+            s.usable_holders(1),
+            2,
+            "b by its row, a as a complete holder"
+        );
+        s.on_not_held(3, "a");
+        assert!(!s.peer_is_complete("a"));
+        assert_eq!(s.usable_holders(3), 0);
+        assert_eq!(s.usable_holders(4), 1);
+        // b leaves and c takes its slot: c holds what it says, nothing of b's.
+        let b = s.peer_handle("b");
+        s.remove_peer("b");
+        s.set_peer("c", Some(bits(10, &[5])), 0);
+        assert_eq!(s.peer_handle("c"), b, "the freed slot is reused");
+        assert_eq!(s.usable_holders(1), 1, "b's piece is only a's now");
+        assert_eq!(s.usable_holders(5), 2);
+        let reqs = s.next_requests(0, 16);
+        assert!(
+            reqs.iter().all(|r| r.peer == "a" || r.piece == 5),
+            "c is asked only for its one piece: {reqs:?}"
+        );
+        assert!(reqs.iter().all(|r| r.piece != 3), "nobody holds piece 3");
     }
 }

@@ -255,3 +255,36 @@ pub(crate) const PEER_HASH_ASK_EVERY: f64 = 2.0;
 /// most `SIZE_WAIT`.
 pub(crate) const SIZE_POLL: f64 = 0.020;
 pub(crate) const SIZE_WAIT: f64 = 10.0;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(distance: u8) -> Link {
+        Link {
+            distance,
+            connected: false,
+            connecting: false,
+            fresh: true,
+            handle: None,
+            useful_ms: 0,
+        }
+    }
+
+    #[test]
+    fn links_are_found_by_slot_and_kept_in_slot_order() {
+        let mut links = Links::default();
+        for h in [7, 3, 9, 1] {
+            links.get_or_insert_with(h, || link(h as u8));
+        }
+        links.get_or_insert_with(3, || link(99)).connected = true;
+        assert_eq!(links.len(), 4, "an existing link is not made again");
+        let order: Vec<u32> = links.iter().map(|(&h, _)| h).collect();
+        assert_eq!(order, vec![1, 3, 7, 9]);
+        assert!(links.get(&3).is_some_and(|k| k.connected && k.distance == 3));
+        assert_eq!(links.remove(&7).map(|k| k.distance), Some(7));
+        assert!(links.get(&7).is_none() && links.remove(&7).is_none());
+        assert!(links.get(&9).is_some_and(|k| k.distance == 9));
+        assert_eq!(links.values().count(), 3);
+    }
+}
