@@ -281,7 +281,9 @@ mod tests {
         assert_eq!(links.len(), 4, "an existing link is not made again");
         let order: Vec<u32> = links.iter().map(|(&h, _)| h).collect();
         assert_eq!(order, vec![1, 3, 7, 9]);
-        assert!(links.get(&3).is_some_and(|k| k.connected && k.distance == 3));
+        assert!(links
+            .get(&3)
+            .is_some_and(|k| k.connected && k.distance == 3));
         assert_eq!(links.remove(&7).map(|k| k.distance), Some(7));
         assert!(links.get(&7).is_none() && links.remove(&7).is_none());
         assert!(links.get(&9).is_some_and(|k| k.distance == 9));
