@@ -243,14 +243,7 @@ impl Engine<'_> {
             let to_dial = &mut p.to_dial;
             let link = p.links.get_or_insert_with(slot, || {
                 to_dial.push(slot);
-                Link {
-                    distance,
-                    connected: false,
-                    connecting: false,
-                    fresh: true,
-                    handle: None,
-                    useful_ms: now_ms,
-                }
+                Link::handed_out(distance, now_ms)
             });
             link.fresh = true;
             link.distance = distance;

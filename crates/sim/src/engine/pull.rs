@@ -35,6 +35,20 @@ pub(crate) struct Link {
     pub useful_ms: u64,
 }
 
+impl Link {
+    /// A peer the tracker just handed out, not dialed yet.
+    pub fn handed_out(distance: u8, now_ms: u64) -> Self {
+        Self {
+            distance,
+            connected: false,
+            connecting: false,
+            fresh: true,
+            handle: None,
+            useful_ms: now_ms,
+        }
+    }
+}
+
 /// A task's links by peer slot: keys and values in two vectors, keys in order. Every
 /// HAVE delivered looks its sender up here (139 M times at 10,000 nodes), and a few
 /// dozen sorted `u32`s are found in a cache line or three, without hashing. Iteration
@@ -260,24 +274,15 @@ pub(crate) const SIZE_WAIT: f64 = 10.0;
 mod tests {
     use super::*;
 
-    fn link(distance: u8) -> Link {
-        Link {
-            distance,
-            connected: false,
-            connecting: false,
-            fresh: true,
-            handle: None,
-            useful_ms: 0,
-        }
-    }
-
     #[test]
     fn links_are_found_by_slot_and_kept_in_slot_order() {
         let mut links = Links::default();
         for h in [7, 3, 9, 1] {
-            links.get_or_insert_with(h, || link(h as u8));
+            links.get_or_insert_with(h, || Link::handed_out(h as u8, 0));
         }
-        links.get_or_insert_with(3, || link(99)).connected = true;
+        links
+            .get_or_insert_with(3, || Link::handed_out(99, 0))
+            .connected = true;
         assert_eq!(links.len(), 4, "an existing link is not made again");
         let order: Vec<u32> = links.iter().map(|(&h, _)| h).collect();
         assert_eq!(order, vec![1, 3, 7, 9]);
