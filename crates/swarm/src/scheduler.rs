@@ -281,7 +281,7 @@ impl PieceScheduler {
             slots: Vec::new(),
             rows: Rows {
                 bytes: Vec::new(),
-                width: (n as usize).div_ceil(8),
+                width: n.div_ceil(8),
             },
             inflight_total: 0,
             by_name: HashMap::new(),
