@@ -515,7 +515,8 @@ fn rank<'a>(
             }
         }
     }
-    chosen.sort_by_key(|&i| near_key(i));
+    // Each key compares topologies and hashes a name: computed once per peer.
+    chosen.sort_by_cached_key(|&i| near_key(i));
     if let Some(e) = exposure {
         for &i in &chosen {
             let cell = &e[cands[i].0 as usize];

@@ -240,16 +240,10 @@ impl Engine<'_> {
             link.fresh = false;
         }
         for (slot, distance) in links {
-            let link = p.links.entry(slot).or_insert_with(|| {
-                p.to_dial.push(slot);
-                Link {
-                    distance,
-                    connected: false,
-                    connecting: false,
-                    fresh: true,
-                    handle: None,
-                    useful_ms: now_ms,
-                }
+            let to_dial = &mut p.to_dial;
+            let link = p.links.get_or_insert_with(slot, || {
+                to_dial.push(slot);
+                Link::handed_out(distance, now_ms)
             });
             link.fresh = true;
             link.distance = distance;

@@ -191,10 +191,15 @@ impl Engine<'_> {
         let actionable = wanted
             && (handle.is_none_or(|hd| sch.could_request_from(hd, piece, now_ms))
                 || self.nodes[s as usize].budget.available() > p.budget_seen);
-        let src_name = p
-            .source
-            .map(|x| self.names[self.nodes[x as usize].node as usize].as_str());
-        let retarget = sch.retarget_on_have(piece, name, src_name);
+        // Only a HAVE from someone other than the source can move a request away from
+        // it (`retarget_on_have` says no otherwise): names are compared only then.
+        let retarget = match p.source {
+            Some(src) if src != h => {
+                let src_name = self.names[self.nodes[src as usize].node as usize].as_str();
+                sch.retarget_on_have(piece, name, Some(src_name))
+            }
+            _ => None,
+        };
         let striped = p.striped && far;
         let patience = sch.patience_ms() as f64 / 1e3;
         if let (Some(_), Some(src)) = (retarget, p.source) {
