@@ -62,9 +62,9 @@ pub const DEFAULT_QUEUE_TOTAL: usize = 4096;
 /// busy holders' lines, few enough that each piece arrives soon. At 16 × 8 MiB/s,
 /// where every uplink must stay ~94 % busy (each byte leaves the registry once), 16
 /// left some uplinks idle while requests waited at the holders of the freshest pieces
-/// (the least busy uplink 31–84 % over T*, 1.09–1.27 × T* in seven runs); 32 kept
-/// the least busy at 66–83 % (1.10–1.14 × T* in five of five; BENCHMARKS.md, issue
-/// 11, sixth session).
+/// (the least busy uplink 31–84 % over T*, 1.09–1.27 × T* in seven runs); with 32,
+/// 1.08–1.27 × T*, ≤ 1.15 in eight of eleven (BENCHMARKS.md, issue 11, sixth
+/// session).
 pub const DEFAULT_REQUEST_BUDGET: u32 = 32;
 
 #[derive(Clone, Debug)]
