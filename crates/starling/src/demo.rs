@@ -35,11 +35,11 @@ pub struct DemoArgs {
     /// Tracker announce interval while downloading.
     #[arg(long, default_value = "1s")]
     pub announce_interval: String,
-    /// Pieces each agent sends at once.
-    #[arg(long, default_value_t = 4)]
+    /// Pieces each agent sends at once (the agent's default).
+    #[arg(long, default_value_t = swarm::upload::DEFAULT_MAX_ACTIVE)]
     pub max_uploads: usize,
-    /// Piece requests in flight per agent.
-    #[arg(long, default_value_t = 16)]
+    /// Piece requests in flight per agent (the agent's default).
+    #[arg(long, default_value_t = swarm::upload::DEFAULT_REQUEST_BUDGET as usize)]
     pub max_piece_requests: usize,
     /// Layers each node's pull client fetches at once (containerd: 3).
     #[arg(long, default_value_t = 4)]
