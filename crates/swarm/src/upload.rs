@@ -62,9 +62,9 @@ pub const DEFAULT_QUEUE_TOTAL: usize = 4096;
 /// busy holders' lines, few enough that each piece arrives soon. At 16 × 8 MiB/s,
 /// where every uplink must stay ~94 % busy (each byte leaves the registry once), 16
 /// left some uplinks idle while requests waited at the holders of the freshest pieces
-/// (the least busy uplink 31–84 % over T*, 1.09–1.27 × T* in seven runs); with 32,
-/// 1.08–1.27 × T*, ≤ 1.15 in eight of eleven (BENCHMARKS.md, issue 11, sixth
-/// session).
+/// (the least busy uplink 14–84 % over T*, ≤ 1.15 × T* in six of thirteen runs); 32
+/// kept it at 53–83 % (1.09–1.14 in eight of eight). At 4 × 100 MiB/s 32 costs ≈ 4 %
+/// (BENCHMARKS.md, issue 11, sixth session).
 pub const DEFAULT_REQUEST_BUDGET: u32 = 32;
 
 #[derive(Clone, Debug)]
