@@ -82,14 +82,7 @@ async fn racing_announces_on_two_replicas_elect_exactly_one_fetcher() {
         }
         // Both replicas count one election for this blob.
         for t in &replicas {
-            let (_, swarms) = get(t, "/swarm/v1/swarms").await;
-            let mine = swarms
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|s| s["digest"] == digest.to_string())
-                .cloned()
-                .expect("the replica knows the swarm");
+            let mine = common::swarm_entry(t, &digest).await;
             assert_eq!(mine["source_elections"], 1, "{mine}");
         }
     }

@@ -13,12 +13,11 @@ mod common;
 
 use std::time::Duration;
 
-use axum::body::Body;
 use common::{
-    ask, call, cluster_replica, key, metrics_text, raw, replica_with_peer_ttl, report,
+    ask, cluster_replica, key, metrics_text, raw, replica_with_peer_ttl, report,
     submit_one_layer_job,
 };
-use http::{Request, StatusCode};
+use http::StatusCode;
 use swarm::{AnnounceRequest, SwarmConfig};
 use testkit::RedisServer;
 use tracker::{RedisOptions, Tracker};
@@ -47,22 +46,7 @@ async fn announce(t: &Tracker, req: &AnnounceRequest) {
 
 /// (members, complete members) of swarm `digest` as replica `t` has them now.
 async fn members(t: &Tracker, digest: &oci::Digest) -> (u64, u64) {
-    let (status, body) = call(
-        t,
-        Request::get("/swarm/v1/swarms")
-            .body(Body::empty())
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    let swarms: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    let s = swarms
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["digest"] == digest.to_string())
-        .cloned()
-        .expect("the replica knows the swarm");
+    let s = common::swarm_entry(t, digest).await;
     (
         s["peers"].as_u64().unwrap(),
         s["complete"].as_u64().unwrap(),

@@ -49,6 +49,19 @@ pub async fn get(t: &Tracker, path: &str) -> (StatusCode, serde_json::Value) {
     )
 }
 
+/// Swarm `digest` as replica `t` lists it on `/swarm/v1/swarms`.
+pub async fn swarm_entry(t: &Tracker, digest: &oci::Digest) -> serde_json::Value {
+    let (status, swarms) = get(t, "/swarm/v1/swarms").await;
+    assert_eq!(status, StatusCode::OK);
+    swarms
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["digest"] == digest.to_string())
+        .cloned()
+        .expect("the replica knows the swarm")
+}
+
 pub async fn metrics_text(t: &Tracker) -> String {
     let (_, body) = call(t, Request::get("/metrics").body(Body::empty()).unwrap()).await;
     String::from_utf8_lossy(&body).into_owned()
