@@ -220,7 +220,30 @@ impl Drop for Procs {
     }
 }
 
+/// A port on 127.0.0.1 that is free now, for a child to bind in a moment. Chosen
+/// below the kernel's ephemeral range: a port from `bind(:0)` could be taken before
+/// the child binds it by an agent already running (its outgoing connections and its
+/// peer listener draw from that range), which failed one swarm benchmark in about
+/// thirty.
 pub(crate) fn free_port() -> Result<u16> {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let range = (ephemeral_low / 2).max(1_024)..ephemeral_low;
+    if !range.is_empty() {
+        use std::hash::{BuildHasher, Hasher};
+        // std's per-process random hash keys: enough randomness to spread the picks.
+        let keys = std::collections::hash_map::RandomState::new();
+        for attempt in 0..256u64 {
+            let mut h = keys.build_hasher();
+            h.write_u64(attempt);
+            let port = range.start + (h.finish() % (range.end - range.start) as u64) as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
