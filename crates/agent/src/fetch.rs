@@ -95,7 +95,7 @@ impl Agent {
                         None => writer,
                     };
                     return self
-                        .lead_from_registry(registry, repo, d, writer, limit)
+                        .lead_from_registry(registry, repo, d, *writer, limit)
                         .await;
                 }
                 Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {

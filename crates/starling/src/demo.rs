@@ -121,11 +121,11 @@ struct Report {
     piece_time_seconds: f64,
     /// (seconds, bytes each agent had received from peers and the registry), every
     /// half second of the P2P run.
-    receive_series: Vec<(f64, Vec<u64>)>,
+    receive_series: CounterSeries,
     /// (seconds, bytes each agent had uploaded to peers), at the same instants: with
     /// the registry sending each byte once, the swarm meets T* only if the members'
     /// uplinks stay nearly full (N - 1 copies of the image through N uplinks).
-    upload_series: Vec<(f64, Vec<u64>)>,
+    upload_series: CounterSeries,
 }
 
 /// Writes `bytes` of zeros to `path` and deletes it: the freed page-cache pages are
@@ -225,6 +225,10 @@ impl Drop for Procs {
 /// the child binds it by an agent already running (its outgoing connections and its
 /// peer listener draw from that range), which failed one swarm benchmark in about
 /// thirty.
+/// Per-agent counters sampled over a run: (seconds since the pulls began, one value
+/// per agent).
+type CounterSeries = Vec<(f64, Vec<u64>)>;
+
 pub(crate) fn free_port() -> Result<u16> {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -517,8 +521,8 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     }
     // Bytes each agent received (peers + registry), sampled every half second: shows
     // how busy each node's download link was over the run.
-    let series: Arc<std::sync::Mutex<Vec<(f64, Vec<u64>)>>> = Arc::default();
-    let uploads: Arc<std::sync::Mutex<Vec<(f64, Vec<u64>)>>> = Arc::default();
+    let series: Arc<std::sync::Mutex<CounterSeries>> = Arc::default();
+    let uploads: Arc<std::sync::Mutex<CounterSeries>> = Arc::default();
     let sampler = {
         let series = series.clone();
         let uploads = uploads.clone();

@@ -44,9 +44,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the node agent: a caching, streaming registry mirror for containerd, Docker and skopeo.
-    Agent(agent_cmd::AgentArgs),
+    Agent(Box<agent_cmd::AgentArgs>),
     /// Run the tracker: swarm membership, registry-fetch election, peer handout.
-    Tracker(agent_cmd::TrackerArgs),
+    Tracker(Box<agent_cmd::TrackerArgs>),
     /// Serve an OCI image layout directory read-only as a registry (air-gapped origin).
     ServeOci(agent_cmd::ServeOciArgs),
     /// Pull an image through a registry or mirror with digest verification, and report timings.
@@ -111,8 +111,8 @@ fn main() -> std::process::ExitCode {
     };
     let result: Result<i32> = rt.block_on(async move {
         match cli.command {
-            Command::Agent(a) => agent_cmd::run_agent(a).await.map(|_| 0),
-            Command::Tracker(a) => agent_cmd::run_tracker(a).await.map(|_| 0),
+            Command::Agent(a) => agent_cmd::run_agent(*a).await.map(|_| 0),
+            Command::Tracker(a) => agent_cmd::run_tracker(*a).await.map(|_| 0),
             Command::ServeOci(a) => agent_cmd::run_serve_oci(a).await.map(|_| 0),
             Command::Pull(a) => agent_cmd::run_pull(a).await.map(|_| 0),
             Command::Setup(s) => setup_cmd::run(s).map(|_| 0),

@@ -110,7 +110,7 @@ pub enum Begin {
     /// Someone is downloading it; read along.
     Join(Arc<Inflight>),
     /// You are the writer. `writer.offset()` tells where to resume.
-    Lead(BlobWriter),
+    Lead(Box<BlobWriter>),
 }
 
 /// Held while a complete blob is streamed to a client, so GC leaves it alone.
@@ -421,7 +421,7 @@ impl Store {
         } else if existing > 0 && sidecar.is_some() {
             writer.claimed = sidecar;
         }
-        Ok(Begin::Lead(writer))
+        Ok(Begin::Lead(Box::new(writer)))
     }
 
     pub(crate) fn make_room_excluding_pub(

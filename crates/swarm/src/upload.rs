@@ -99,7 +99,7 @@ pub struct UploadQueue<C> {
     skipped: HashMap<C, u32>,
 }
 
-/// A waiting request's place in the serving order (see [`UploadQueue::next`]).
+/// A waiting request's place in the serving order (see [`UploadQueue::next_to_send`]).
 type LineKey = (bool, bool, i64, u32, usize, usize);
 
 /// Sent counts remembered (then forgotten all at once): bounds the holder's memory.
@@ -146,7 +146,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
 
     /// The next request to serve, if a slot is free (see the module's order). The
     /// slot is taken; give it back with [`UploadQueue::done`].
-    pub fn next(&mut self) -> Option<(C, Queued)> {
+    pub fn next_to_send(&mut self) -> Option<(C, Queued)> {
         if self.active >= self.cfg.max_active.max(1) || self.queued == 0 {
             return None;
         }
@@ -304,22 +304,22 @@ mod tests {
         u.push('b', q(10, false));
         u.push('c', q(20, false));
         u.push('c', q(21, true));
-        let (c1, first) = u.next().unwrap();
+        let (c1, first) = u.next_to_send().unwrap();
         assert_eq!((c1, first.piece), ('c', 21), "urgent first");
-        let (c2, second) = u.next().unwrap();
+        let (c2, second) = u.next_to_send().unwrap();
         assert_eq!((c2, second.piece), ('a', 0));
-        assert!(u.next().is_none(), "two slots busy");
+        assert!(u.next_to_send().is_none(), "two slots busy");
         u.done();
-        assert_eq!(u.next().map(|(c, x)| (c, x.piece)), Some(('b', 10)));
+        assert_eq!(u.next_to_send().map(|(c, x)| (c, x.piece)), Some(('b', 10)));
         u.done();
-        assert_eq!(u.next().map(|(c, x)| (c, x.piece)), Some(('c', 20)));
+        assert_eq!(u.next_to_send().map(|(c, x)| (c, x.piece)), Some(('c', 20)));
         u.done();
-        assert_eq!(u.next().map(|(c, x)| (c, x.piece)), Some(('a', 1)));
+        assert_eq!(u.next_to_send().map(|(c, x)| (c, x.piece)), Some(('a', 1)));
         assert!(u.cancel('a', 1, 2));
         assert!(!u.cancel('a', 1, 2));
         u.done();
         u.done();
-        assert!(u.next().is_none());
+        assert!(u.next_to_send().is_none());
         assert_eq!(u.queued(), 0);
     }
 
@@ -357,7 +357,7 @@ mod tests {
         assert_eq!(u.queued(), 2);
         u.drop_waiting(1, None);
         assert_eq!(u.queued(), 1);
-        assert_eq!(u.next().map(|(c, x)| (c, x.piece)), Some((2, 5)));
+        assert_eq!(u.next_to_send().map(|(c, x)| (c, x.piece)), Some((2, 5)));
     }
 
     #[test]
@@ -373,7 +373,7 @@ mod tests {
         u.push('d', q(3, false));
         let order: Vec<u32> = (0..4)
             .map(|_| {
-                let (_, x) = u.next().unwrap();
+                let (_, x) = u.next_to_send().unwrap();
                 u.done();
                 x.piece
             })
@@ -396,7 +396,7 @@ mod tests {
         // others keep asking for pieces this holder has never sent.
         for _ in 0..10 {
             u.push('z', q(0, false));
-            u.next();
+            u.next_to_send();
             u.done();
         }
         u.push('l', q(0, false));
@@ -407,7 +407,7 @@ mod tests {
                 u.push(c, q(fresh, false));
                 fresh += 1;
             }
-            let (c, _) = u.next().unwrap();
+            let (c, _) = u.next_to_send().unwrap();
             u.done();
             if c == 'l' {
                 break;

@@ -815,7 +815,7 @@ fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, TestCaseErro
             }
             UploadOp::Next => {
                 let urgent_waiting = waiting.values().flatten().any(|q| q.urgent);
-                match u.next() {
+                match u.next_to_send() {
                     None => prop_assert!(
                         active >= max_active || queued == 0,
                         "nothing served with {} active and {} waiting",
@@ -885,7 +885,9 @@ fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, TestCaseErro
         while u.active() > 0 {
             u.done();
         }
-        let Some((c, q)) = u.next() else { break };
+        let Some((c, q)) = u.next_to_send() else {
+            break;
+        };
         let urgent_waiting = waiting.values().flatten().any(|x| x.urgent);
         prop_assert!(q.urgent || !urgent_waiting);
         if let Some(line) = waiting.get_mut(&c) {

@@ -57,7 +57,7 @@ pub(crate) enum Start {
     /// The swarm download runs; stream from this inflight.
     Started(Arc<Inflight>, u64),
     /// Not a swarm blob (small, or the tracker is unreachable): the plain registry path.
-    NotSwarm(BlobWriter),
+    NotSwarm(Box<BlobWriter>),
     Failed(oci::Error),
     /// The store cannot take the blob: stream it without caching.
     Passthrough(u64),
@@ -79,7 +79,7 @@ pub(crate) async fn start(
     registry: String,
     repo: String,
     d: Digest,
-    mut writer: BlobWriter,
+    mut writer: Box<BlobWriter>,
     limit: Option<Arc<TokenBucket>>,
 ) -> Start {
     let req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);

@@ -166,6 +166,9 @@ impl PeerTls {
     }
 }
 
+/// A blob's piece hashes, shared by the connections that serve them.
+pub(crate) type PieceHashList = Arc<Vec<PieceHash>>;
+
 pub struct P2p {
     pub node: String,
     /// Where peers reach this agent's peer listener, `host:port`.
@@ -199,7 +202,7 @@ pub struct P2p {
         parking_lot::Mutex<HashMap<oci::Digest, tokio::sync::mpsc::Sender<conn::PeerEvent>>>,
     pub(crate) sched_cfg: SchedulerConfig,
     /// Piece hashes computed from complete blobs, by (digest, piece size).
-    pub(crate) hash_cache: parking_lot::Mutex<HashMap<(oci::Digest, u64), Arc<Vec<PieceHash>>>>,
+    pub(crate) hash_cache: parking_lot::Mutex<HashMap<(oci::Digest, u64), PieceHashList>>,
     pub threshold: u64,
     /// A fixed piece size to propose instead of the rule's.
     pub(crate) piece_size: Option<u64>,

@@ -564,7 +564,7 @@ async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
     loop {
         p2p.upload_ready.notified().await;
         loop {
-            let next = p2p.uploads.lock().next();
+            let next = p2p.uploads.lock().next_to_send();
             let Some((conn_id, q)) = next else {
                 break;
             };

@@ -138,7 +138,7 @@ impl Engine<'_> {
 
     /// Hands queued requests to their connections' writers while slots are free.
     pub(crate) fn dispatch(&mut self, h: u32) {
-        while let Some((s, q)) = self.nodes[h as usize].uploads.next() {
+        while let Some((s, q)) = self.nodes[h as usize].uploads.next_to_send() {
             let layout = self.pull_ref(s, q.chan).layout;
             let Some(len) = layout.map(|x| x.len(q.piece)) else {
                 self.nodes[h as usize].uploads.done();
