@@ -1,0 +1,247 @@
+//! A download's traffic with its peers: the scheduler's requests sent over the
+//! peers' channels, and what comes back (holdings, pieces, rejections, lost links),
+//! with the cancellations that keep the source's uplink for pieces nobody else has.
+
+use super::*;
+
+impl Download {
+    /// Sends the scheduler's next requests over the peers' channels.
+    pub(super) async fn schedule(&mut self) {
+        let now = self.now_ms();
+        let avail = self.p2p.budget.available();
+        let reqs = self.sched.next_requests(now, avail);
+        for r in reqs {
+            if r.piece == 0 {
+                debug!(digest = %self.d, peer = %r.peer, ms = self.started.elapsed().as_millis() as u64, urgent = r.urgent, "piece 0 requested");
+            }
+            let link = self.links.get(&r.peer).and_then(|l| l.conn.clone());
+            let Some((conn, chan)) = link else {
+                self.sched.on_failed(r.piece, &r.peer, false);
+                continue;
+            };
+            if !r.urgent {
+                self.p2p.budget.take(1);
+                self.budgeted.insert((r.piece, r.peer.clone()));
+            }
+            let before = self.hash_before(r.piece);
+            if conn.request(chan, r.piece, r.urgent, before).await.is_err() {
+                self.request_ended(r.piece, &r.peer);
+                self.lost(&r.peer);
+            }
+        }
+    }
+
+    pub(super) fn request_ended(&mut self, piece: u32, peer: &str) {
+        if self.budgeted.remove(&(piece, peer.to_owned())) {
+            self.p2p.budget.give_back(1);
+        }
+    }
+
+    /// The peer's channel is gone: its requests end, it leaves the scheduler.
+    pub(super) fn lost(&mut self, peer: &str) {
+        for piece in self.sched.remove_peer(peer) {
+            self.request_ended(piece, peer);
+        }
+        if let Some(l) = self.links.get_mut(peer) {
+            l.conn = None;
+            l.connecting = false;
+            l.retry_at = Some(Instant::now() + Duration::from_secs(1));
+        }
+    }
+
+    /// Dials the links that have no channel yet (shared connections are reused).
+    pub(super) fn connect_links(&mut self) {
+        let now = Instant::now();
+        for (node, l) in self.links.iter_mut() {
+            if l.conn.is_some() || l.connecting || l.retry_at.is_some_and(|t| t > now) {
+                continue;
+            }
+            if self.sched.is_banned(node) {
+                continue;
+            }
+            l.connecting = true;
+            let (p2p, node, addr, tx) = (
+                self.p2p.clone(),
+                node.clone(),
+                l.addr.clone(),
+                self.events_tx.clone(),
+            );
+            let (inflight, layout, limit) = (self.w.inflight(), self.layout, self.limit.clone());
+            tokio::spawn(async move {
+                let ev = match p2p.pool.get(&p2p, &node, &addr).await {
+                    Ok(conn) => match conn.open(inflight, layout, tx.clone(), limit).await {
+                        Ok(chan) => PeerEvent::Connected {
+                            peer: node,
+                            conn,
+                            chan,
+                        },
+                        Err(e) => PeerEvent::ConnectFailed {
+                            peer: node,
+                            error: e.to_string(),
+                        },
+                    },
+                    Err(e) => PeerEvent::ConnectFailed {
+                        peer: node,
+                        error: e.to_string(),
+                    },
+                };
+                let _ = tx.send(ev).await;
+            });
+        }
+    }
+
+    pub(super) async fn on_event(&mut self, ev: PeerEvent) -> Result<(), store::Error> {
+        let now = self.now_ms();
+        match ev {
+            PeerEvent::Discovered { peer, addr } => {
+                if !self.links.contains_key(&peer) && self.links.len() < MAX_LINKS {
+                    let distance = 2;
+                    self.links.insert(
+                        peer,
+                        Link {
+                            addr,
+                            distance,
+                            conn: None,
+                            connecting: false,
+                            retry_at: None,
+                            fresh: true,
+                            useful_ms: now,
+                        },
+                    );
+                    self.connect_links();
+                }
+            }
+            PeerEvent::Connected { peer, conn, chan } => match self.links.get_mut(&peer) {
+                Some(l) => {
+                    l.connecting = false;
+                    l.conn = Some((conn, chan));
+                }
+                None => conn.close(chan).await,
+            },
+            PeerEvent::ConnectFailed { peer, error } => {
+                debug!(digest = %self.d, %peer, %error, "cannot reach peer");
+                if let Some(l) = self.links.get_mut(&peer) {
+                    l.connecting = false;
+                    l.retry_at = Some(Instant::now() + Duration::from_secs(2));
+                }
+            }
+            PeerEvent::Holds { peer, have } => {
+                debug!(digest = %self.d, %peer, ms = self.started.elapsed().as_millis() as u64, held = have.as_ref().map_or(u32::MAX, |h| h.count()), "peer holds");
+                let distance = self.links.get(&peer).map_or(2, |l| l.distance);
+                self.sched.set_peer_at(&peer, have, distance, now);
+            }
+            PeerEvent::NotHeld { peer } => {
+                for piece in self.sched.remove_peer(&peer) {
+                    self.request_ended(piece, &peer);
+                }
+                if let Some(l) = self.links.get_mut(&peer) {
+                    if let Some((conn, chan)) = l.conn.take() {
+                        conn.close(chan).await;
+                    }
+                    l.retry_at = Some(Instant::now() + Duration::from_secs(2));
+                }
+            }
+            PeerEvent::Have { peer, piece, hash } => {
+                if let Some(h) = hash {
+                    // Only the elected source's word on a hash counts: it read the
+                    // piece from the registry. Anyone else's is ignored.
+                    if self.source.as_deref() == Some(peer.as_str()) {
+                        if let Some(slot) = self.hashes.get_mut(piece as usize) {
+                            slot.get_or_insert(h);
+                        }
+                    }
+                }
+                self.sched.peer_has(&peer, piece, now);
+                self.retarget(piece, &peer).await;
+                self.settle_unverified().await?;
+            }
+            PeerEvent::Progress { peer } => self.sched.on_progress(&peer, now),
+
+            PeerEvent::Received { peer, piece, hash } => {
+                self.request_ended(piece, &peer);
+                if let Some(l) = self.links.get_mut(&peer) {
+                    l.useful_ms = now;
+                }
+                self.check_piece(piece, &peer, hash).await?;
+            }
+            PeerEvent::Dropped { peer, piece } => {
+                self.request_ended(piece, &peer);
+                self.sched.forget(piece, &peer);
+            }
+            PeerEvent::Rejected {
+                peer,
+                piece,
+                reason,
+            } => {
+                self.request_ended(piece, &peer);
+                match reason {
+                    RejectReason::Busy => self.sched.on_busy(piece, &peer, now),
+                    RejectReason::NotHeld => self.sched.on_not_held(piece, &peer),
+                    RejectReason::Invalid => self.sched.on_failed(piece, &peer, false),
+                    RejectReason::Cancelled => self.sched.on_cancelled(piece, &peer, now),
+                }
+            }
+            PeerEvent::Hashes {
+                peer,
+                first,
+                hashes,
+            } => {
+                // A complete peer's hashes come from a digest-verified blob; used only
+                // when no other source publishes (see `takes_peer_hash_lists`).
+                if self.takes_peer_hash_lists() && self.sched.peer_is_complete(&peer) {
+                    for (k, h) in hashes.into_iter().enumerate() {
+                        if let Some(slot) = self.hashes.get_mut(first as usize + k) {
+                            slot.get_or_insert(h);
+                        }
+                    }
+                    debug!(digest = %self.d, %peer, "piece hashes taken from a complete peer");
+                    self.settle_unverified().await?;
+                }
+            }
+            PeerEvent::Lost { peer } => self.lost(&peer),
+        }
+        Ok(())
+    }
+
+    /// A fresh piece now also at `holder`: a request for it still waiting in the
+    /// source's line is cancelled, so the source's uplink goes to pieces nobody else
+    /// has and this piece comes from the peer that has it.
+    pub(super) async fn retarget(&mut self, piece: u32, holder: &str) {
+        let Some(source) = self
+            .sched
+            .retarget_on_have(piece, holder, self.source.as_deref())
+        else {
+            return;
+        };
+        if let Some((conn, chan)) = self.links.get(&source).and_then(|l| l.conn.clone()) {
+            if !conn.is_receiving(chan, piece) {
+                conn.cancel(chan, piece).await;
+            }
+        }
+    }
+
+    /// Requests kept waiting past the stall timeout (swarms of 64 or more): cancelled
+    /// unless their bytes have begun; the holder's REJECT (cancelled) then opens the
+    /// piece for another holder (`PieceScheduler::on_cancelled`).
+    pub(super) async fn cancel_stalled(&mut self) {
+        let now = self.now_ms();
+        for r in self.sched.stalled_requests(now) {
+            if let Some((conn, chan)) = self.links.get(&r.peer).and_then(|l| l.conn.clone()) {
+                if !conn.is_receiving(chan, r.piece) {
+                    self.p2p.metrics.stall_cancels.inc();
+                    conn.cancel(chan, r.piece).await;
+                }
+            }
+        }
+    }
+
+    pub(super) async fn cancel_duplicates(&mut self, piece: u32) {
+        for peer in self.sched.duplicates_of(piece) {
+            self.sched.forget(piece, &peer);
+            self.request_ended(piece, &peer);
+            if let Some((conn, chan)) = self.links.get(&peer).and_then(|l| l.conn.clone()) {
+                conn.cancel(chan, piece).await;
+            }
+        }
+    }
+}
