@@ -272,30 +272,14 @@ pub(crate) async fn handle(
                 .await
         }
         Route::TagsList { repo } => {
+            let path = format!("/v2/{repo}/tags/list{}", strip_ns(query));
             let registry = agent.registry_for(ns)?;
-            let q = strip_ns(query);
-            passthrough(
-                agent,
-                &registry,
-                &repo,
-                &format!("/v2/{repo}/tags/list{q}"),
-                hdr(header::ACCEPT),
-                head,
-            )
-            .await
+            passthrough(agent, &registry, &repo, &path, hdr(header::ACCEPT), head).await
         }
         Route::Referrers { repo, digest } => {
+            let path = format!("/v2/{repo}/referrers/{digest}{}", strip_ns(query));
             let registry = agent.registry_for(ns)?;
-            let q = strip_ns(query);
-            passthrough(
-                agent,
-                &registry,
-                &repo,
-                &format!("/v2/{repo}/referrers/{digest}{q}"),
-                hdr(header::ACCEPT),
-                head,
-            )
-            .await
+            passthrough(agent, &registry, &repo, &path, hdr(header::ACCEPT), head).await
         }
     }
 }

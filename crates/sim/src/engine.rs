@@ -359,6 +359,8 @@ impl<'a> Engine<'a> {
             window_ms: st.window_ms,
             max_inflight_total: st.max_inflight_total,
             patience_ms: st.patience_ms,
+            large_patience_ms: st.large_patience_ms,
+            huge_patience_ms: st.huge_patience_ms,
             ..SchedulerConfig::default()
         };
         let sizes: Vec<u64> = sc.image.layers.iter().map(|l| l.size.0).collect();

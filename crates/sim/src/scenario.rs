@@ -168,6 +168,10 @@ pub struct Starling {
     /// Rack stripes: how long a piece seen only outside the rack waits for the member
     /// whose stripe it is in.
     pub patience_ms: u64,
+    /// ... in swarms of more than `swarm::scheduler::LARGE_SWARM_MEMBERS`.
+    pub large_patience_ms: u64,
+    /// ... in swarms of more than `swarm::scheduler::HUGE_SWARM_MEMBERS`.
+    pub huge_patience_ms: u64,
     /// One-way delay of a frame between two agents (request, HAVE, bitfield, reject,
     /// cancel); a new connection costs three (TCP and the HELLO/AUTH exchange).
     pub peer_latency_ms: f64,
@@ -220,6 +224,8 @@ impl Default for Starling {
             window_ms: p.window_ms,
             max_inflight_total: p.max_inflight_total,
             patience_ms: p.patience_ms,
+            large_patience_ms: p.large_patience_ms,
+            huge_patience_ms: p.huge_patience_ms,
             peer_latency_ms: 0.25,
             tracker_rtt_ms: 2.0,
             request_jitter_ms: 0.0,
@@ -275,6 +281,8 @@ impl Starling {
             window_ms: partial.window_ms.unwrap_or(d.window_ms),
             max_inflight_total: partial.max_inflight_total.unwrap_or(d.max_inflight_total),
             patience_ms: partial.patience_ms.unwrap_or(d.patience_ms),
+            large_patience_ms: partial.large_patience_ms.unwrap_or(d.large_patience_ms),
+            huge_patience_ms: partial.huge_patience_ms.unwrap_or(d.huge_patience_ms),
             peer_latency_ms: partial.peer_latency_ms.unwrap_or(d.peer_latency_ms),
             tracker_rtt_ms: partial.tracker_rtt_ms.unwrap_or(d.tracker_rtt_ms),
             request_jitter_ms: partial.request_jitter_ms.unwrap_or(d.request_jitter_ms),
@@ -327,6 +335,8 @@ struct StarlingPartial {
     window_ms: Option<u64>,
     max_inflight_total: Option<u32>,
     patience_ms: Option<u64>,
+    large_patience_ms: Option<u64>,
+    huge_patience_ms: Option<u64>,
     peer_latency_ms: Option<f64>,
     tracker_rtt_ms: Option<f64>,
     request_jitter_ms: Option<f64>,

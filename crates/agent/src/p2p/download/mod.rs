@@ -245,6 +245,21 @@ struct Link {
     useful_ms: u64,
 }
 
+impl Link {
+    /// A peer just learned of: not connected yet, useful as of `now_ms`.
+    fn new(addr: String, distance: u8, now_ms: u64) -> Self {
+        Self {
+            addr,
+            distance,
+            conn: None,
+            connecting: false,
+            retry_at: None,
+            fresh: true,
+            useful_ms: now_ms,
+        }
+    }
+}
+
 /// A registry run in progress: pieces `[first, end)` over one registry connection.
 struct RegistryRun {
     first: u32,
@@ -358,15 +373,10 @@ impl Download {
                 continue;
             }
             let distance = self.p2p.topology.distance(&p.topology);
-            let link = self.links.entry(p.node.clone()).or_insert_with(|| Link {
-                addr: p.addr.clone(),
-                distance,
-                conn: None,
-                connecting: false,
-                retry_at: None,
-                fresh: true,
-                useful_ms: now,
-            });
+            let link = self
+                .links
+                .entry(p.node.clone())
+                .or_insert_with(|| Link::new(p.addr.clone(), distance, now));
             link.fresh = true;
             link.distance = distance;
             if link.addr != p.addr && link.conn.is_none() {

@@ -96,18 +96,7 @@ impl Download {
             PeerEvent::Discovered { peer, addr } => {
                 if !self.links.contains_key(&peer) && self.links.len() < MAX_LINKS {
                     let distance = 2;
-                    self.links.insert(
-                        peer,
-                        Link {
-                            addr,
-                            distance,
-                            conn: None,
-                            connecting: false,
-                            retry_at: None,
-                            fresh: true,
-                            useful_ms: now,
-                        },
-                    );
+                    self.links.insert(peer, Link::new(addr, distance, now));
                     self.connect_links();
                 }
             }
