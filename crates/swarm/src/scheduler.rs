@@ -108,6 +108,16 @@ pub struct SchedulerConfig {
     pub source_patience_min_ms: u64,
     /// ... also the patience before any rate is measured.
     pub source_patience_max_ms: u64,
+    /// Swarms of [`STALL_MIN_MEMBERS`] or more leave this many of the agent-wide
+    /// request budget (`max_new` of [`PieceScheduler::next_requests`]) unused: 16 of
+    /// the default 32. In a large swarm a piece crosses several hops, each after the
+    /// piece is whole here, so a link split over fewer pieces at once passes each on
+    /// sooner; a small swarm needs the larger budget to keep every uplink busy while
+    /// requests wait in the few holders' lines. The simulator with 16 against 32
+    /// in flight, seeds 0/1/2: `seed-100x5gb` 1.285/1.257/1.255 against
+    /// 1.285/1.269/1.262 × T*, `scale-1000x15gb` 1.278/1.282/1.293 against
+    /// 1.284/1.286/1.314; real 16 × 8 MiB/s runs needed 32 (BENCHMARKS.md, issue 11).
+    pub large_swarm_withheld_requests: u32,
 }
 
 impl Default for SchedulerConfig {
@@ -129,6 +139,7 @@ impl Default for SchedulerConfig {
             source_patience_factor: 5,
             source_patience_min_ms: 1_000,
             source_patience_max_ms: 4_000,
+            large_swarm_withheld_requests: 16,
         }
     }
 }
@@ -726,7 +737,11 @@ impl PieceScheduler {
                 self.head_asked_urgently = Some(head);
             }
         }
-        let mut budget = max_new;
+        let mut budget = if self.large {
+            max_new.saturating_sub(self.cfg.large_swarm_withheld_requests)
+        } else {
+            max_new
+        };
         let total_cap = self.cfg.max_inflight_total;
         // Fill windows, one request at a time to the least-loaded peer that can take
         // one, so requests spread over peers instead of filling the first.
@@ -1899,10 +1914,42 @@ mod tests {
     }
 
     #[test]
+    fn a_large_swarm_leaves_part_of_the_agents_budget_unused() {
+        let cfg = SchedulerConfig {
+            min_window: 16,
+            max_window: 16,
+            max_inflight_total: 64,
+            ..Default::default()
+        };
+        let withheld = cfg.large_swarm_withheld_requests;
+        assert!(withheld > 0 && withheld < 32);
+        let run = |members: u32| {
+            let mut s = sched(64, cfg.clone());
+            s.set_members(members, 0);
+            for p in ["a", "b", "c", "d"] {
+                s.set_peer(p, None, 0);
+            }
+            let reqs = s.next_requests(0, 32);
+            reqs.iter().filter(|r| !r.urgent).count() as u32
+        };
+        assert_eq!(
+            run(STALL_MIN_MEMBERS - 1),
+            32,
+            "a small swarm takes the whole budget"
+        );
+        assert_eq!(
+            run(STALL_MIN_MEMBERS),
+            32 - withheld,
+            "a large one leaves {withheld}"
+        );
+    }
+
+    #[test]
     fn a_request_stalled_in_a_holders_line_moves_to_another_holder() {
         let cfg = SchedulerConfig {
             min_window: 2,
             max_window: 2,
+            large_swarm_withheld_requests: 0,
             ..Default::default()
         };
         let stall = cfg.stall_ms;

@@ -64,7 +64,8 @@ pub const DEFAULT_QUEUE_TOTAL: usize = 4096;
 /// left some uplinks idle while requests waited at the holders of the freshest pieces
 /// (the least busy uplink 14–84 % over T*, ≤ 1.15 × T* in six of thirteen runs); 32
 /// kept it at 53–83 % (1.09–1.14 in eight of eight). At 4 × 100 MiB/s 32 costs ≈ 4 %
-/// (BENCHMARKS.md, issue 11, sixth session).
+/// (BENCHMARKS.md, issue 11, sixth session). A download in a swarm of 64 or more
+/// members uses only part of it (`SchedulerConfig::large_swarm_withheld_requests`).
 pub const DEFAULT_REQUEST_BUDGET: u32 = 32;
 
 #[derive(Clone, Debug)]
