@@ -9,6 +9,7 @@ struct Cli {
 }
 
 fn main() {
+    sim::cli::reexec_with_huge_pages();
     let cli = Cli::parse();
     match sim::run(&cli.args) {
         Ok(code) => std::process::exit(code),

@@ -220,3 +220,36 @@ pub fn run(args: &SimArgs) -> Result<i32, Error> {
         0
     })
 }
+
+/// Runs this process again with glibc's heap on transparent huge pages
+/// (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`), once, unless the variable is set
+/// already; returns only if that cannot be done. A 10,000-node run reads ~600 MiB of
+/// schedulers at random, one cache line here and there, and with 4 KiB pages most of
+/// those reads also missed the TLB: huge pages took 16 % off its CPU time (simulated
+/// results are the same; BENCHMARKS.md, issue 6/11, seventh session). Where THP is
+/// off, or not glibc, the variable does nothing. For the binaries' `main`, before any
+/// thread starts.
+pub fn reexec_with_huge_pages() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::process::CommandExt;
+        /// Where glibc reads its malloc tunables from, at start only.
+        const GLIBC_TUNABLES: &str = "GLIBC_TUNABLES";
+        if std::env::var_os(GLIBC_TUNABLES).is_some() {
+            return;
+        }
+        let Ok(exe) = std::env::current_exe() else {
+            return;
+        };
+        let mut args = std::env::args_os();
+        let mut cmd = std::process::Command::new(exe);
+        if let Some(arg0) = args.next() {
+            cmd.arg0(arg0);
+        }
+        // `exec` returns only on failure: then the run goes on without.
+        let _ = cmd
+            .args(args)
+            .env(GLIBC_TUNABLES, "glibc.malloc.hugetlb=1")
+            .exec();
+    }
+}

@@ -307,6 +307,8 @@ pub struct Engine<'a> {
     /// holders without touching their state (at 10,000 nodes each of those is a cache
     /// miss, and half the fan-out goes to tasks that hold the piece).
     pub(crate) held: Vec<Vec<swarm::Bitfield>>,
+    /// Scratch for `haves_arrive`: the subscribers a HAVE is delivered to.
+    pub(crate) have_targets: Vec<u32>,
     pub(crate) flows: Vec<FlowRec>,
     pub(crate) free_flows: Vec<u32>,
     pub(crate) streams: Vec<Option<Stream>>,
@@ -433,6 +435,7 @@ impl<'a> Engine<'a> {
             conns: Default::default(),
             hash_hex: vec![Vec::new(); layers],
             held: vec![Vec::new(); layers],
+            have_targets: Vec::new(),
             flows: Vec::new(),
             free_flows: Vec::new(),
             streams: Vec::new(),

@@ -94,6 +94,9 @@ fn init_logging(filter: &str, json: bool) {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Sim(_)) {
+        sim::cli::reexec_with_huge_pages();
+    }
     // The demo prints its own report; per-blob log lines would drown it.
     let quiet_default = matches!(cli.command, Command::Demo(_))
         && std::env::var_os("STARLING_LOG").is_none()

@@ -274,6 +274,10 @@ pub struct PieceScheduler {
     asked: Vec<(u32, u32, u64)>,
     /// Requests cancelled for a stall, waiting for the holder's answer.
     stall_cancelled: Vec<(u32, u32)>,
+    /// The fill loop's masks of open pieces (all peers, far peers), kept between
+    /// passes so a pass allocates none.
+    open_scratch: Vec<u8>,
+    open_far_scratch: Vec<u8>,
 }
 
 impl PieceScheduler {
@@ -307,6 +311,8 @@ impl PieceScheduler {
             large: false,
             asked: Vec::new(),
             stall_cancelled: Vec::new(),
+            open_scratch: Vec::new(),
+            open_far_scratch: Vec::new(),
         }
     }
 
@@ -572,6 +578,41 @@ impl PieceScheduler {
         }
     }
 
+    /// Reads, and changes nothing, what a HAVE for `piece` reads of this node's own
+    /// state: its bits and the in-flight bits, the piece's holder count and first
+    /// sighting. Returns a value made of all of them, for `std::hint::black_box`.
+    ///
+    /// A caller handing one HAVE to many schedulers reads ahead for all of them
+    /// before delivering it to each, so their cache misses overlap instead of coming
+    /// one after another: the simulator hands 130 M HAVEs to 10,000 schedulers, and
+    /// those misses were most of its run. See also
+    /// [`PieceScheduler::read_ahead_peer`].
+    pub fn read_ahead_piece(&self, piece: u32) -> u64 {
+        let i = piece as usize;
+        let byte = i / 8;
+        let have = self.have.as_bytes().get(byte).copied().unwrap_or(0);
+        let busy = self.inflight_any.as_bytes().get(byte).copied().unwrap_or(0);
+        let avail = self.avail.get(i).copied().unwrap_or(0);
+        let seen = self.first_seen.get(i).copied().unwrap_or(0);
+        (have as u64) ^ ((busy as u64) << 8) ^ ((avail as u64) << 16) ^ seen
+    }
+
+    /// [`PieceScheduler::read_ahead_piece`] for what the HAVE reads of the peer with
+    /// `handle` ([`PieceScheduler::peer_handle`]): its slot and its row.
+    pub fn read_ahead_peer(&self, handle: u32, piece: u32) -> u64 {
+        let Some(s) = self.slots.get(handle as usize).and_then(Option::as_ref) else {
+            return 0;
+        };
+        let at = handle as usize * self.rows.width + piece as usize / 8;
+        let row = self.rows.bytes.get(at).copied().unwrap_or(0);
+        (row as u64)
+            ^ (s.held as u64)
+            ^ s.busy_until_ms
+            ^ s.rate.to_bits()
+            ^ ((s.inflight as u64) << 32)
+            ^ ((s.complete as u64) << 40)
+    }
+
     /// Forgets a peer; returns the pieces that were in flight from it (now open).
     pub fn remove_peer(&mut self, id: &str) -> Vec<u32> {
         let Some(i) = self.by_name.remove(id) else {
@@ -823,23 +864,59 @@ impl PieceScheduler {
         }
     }
 
-    /// The peers the fill loop may ask: not banned, not resting, with an open piece
-    /// (a peer without one now has none later in the same pass), each with its window
-    /// (its rate does not change during a pass) and its static tie keys.
+    /// The peers the fill loop may ask: not banned, not resting, with room in their
+    /// window and an open piece (a peer without one now has none later in the same
+    /// pass, and a full window stays full: a pass only adds requests), each with its
+    /// window (its rate does not change during a pass) and its static tie keys, in
+    /// slot order.
     fn fill_candidates(&mut self, now_ms: u64) -> Vec<Cand> {
+        // The peers' own fields first: when no peer has room (often, in a big swarm),
+        // the piece masks below are not built and no bitfield is read.
+        let mut cands: Vec<Cand> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i as u32, s)))
+            .filter(|&(_, s)| !s.banned && s.busy_until_ms <= now_ms)
+            .map(|(i, s)| Cand {
+                slot: i,
+                window: self.window(s),
+                distance: s.distance,
+                speed: speed_class(s.rate),
+                complete: s.complete,
+                tie: s.tie,
+            })
+            .filter(|c| {
+                self.slots[c.slot as usize]
+                    .as_ref()
+                    .is_some_and(|s| s.inflight < c.window)
+            })
+            .collect();
+        if cands.is_empty() {
+            return cands;
+        }
         // The open pieces (neither held nor in flight), and those of them a far peer
         // may give, once per pass: each peer is then one AND over the bytes (at 1,000
-        // nodes, testing each peer's pieces one by one was a fifth of the run).
+        // nodes, testing each peer's pieces one by one was a fifth of the run). The
+        // masks live in buffers kept between passes.
         let len = self.have.len();
-        let have = self.have.as_bytes();
-        let busy = self.inflight_any.as_bytes();
-        let mut open: Vec<u8> = have.iter().zip(busy).map(|(&m, &b)| !m & !b).collect();
+        let mut open = std::mem::take(&mut self.open_scratch);
+        let mut open_far = std::mem::take(&mut self.open_far_scratch);
+        open.clear();
+        open.extend(
+            self.have
+                .as_bytes()
+                .iter()
+                .zip(self.inflight_any.as_bytes())
+                .map(|(&m, &b)| !m & !b),
+        );
         if let Some(last) = open.last_mut() {
             if !len.is_multiple_of(8) {
                 *last &= (1u8 << (len % 8)) - 1;
             }
         }
-        let mut open_far = open.clone();
+        open_far.clear();
+        open_far.extend_from_slice(&open);
         if self.stripe.is_some() {
             for (byte, bits) in open_far.iter_mut().enumerate() {
                 let mut rest = *bits;
@@ -881,20 +958,14 @@ impl PieceScheduler {
                 mask.iter().zip(self.rows.row(i)).any(|(&m, &t)| m & t != 0)
             }
         };
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|s| (i as u32, s)))
-            .filter(|&(i, s)| !s.banned && s.busy_until_ms <= now_ms && any_open(i, s))
-            .map(|(i, s)| Cand {
-                slot: i,
-                window: self.window(s),
-                distance: s.distance,
-                speed: speed_class(s.rate),
-                complete: s.complete,
-                tie: s.tie,
-            })
-            .collect()
+        cands.retain(|c| {
+            self.slots[c.slot as usize]
+                .as_ref()
+                .is_some_and(|s| any_open(c.slot, s))
+        });
+        self.open_scratch = open;
+        self.open_far_scratch = open_far;
+        cands
     }
 
     /// `least_loaded` over the candidates: fewest in flight relative to the window,
@@ -1301,6 +1372,18 @@ impl PieceScheduler {
             }
             _ => None,
         }
+    }
+
+    /// [`PieceScheduler::retarget_on_have`] by handle ([`PieceScheduler::peer_handle`])
+    /// for a HAVE from a peer other than the source: whether this node's only request
+    /// for `piece` waits at the peer with handle `source`. No names are read: in a
+    /// simulated swarm, reading the request's slot and name cost two cache misses per
+    /// HAVE for a piece in flight.
+    pub fn retarget_on_have_handle(&self, piece: u32, source: u32) -> bool {
+        piece < self.have.len()
+            && !self.have.get(piece)
+            && self.inflight_any.get(piece)
+            && self.inflight[piece as usize].as_slice() == [source]
     }
 
     /// The next run of consecutive pieces to fetch from the registry: pieces nobody
@@ -1911,6 +1994,19 @@ mod tests {
         );
         assert_eq!(s.retarget_on_have(p, "src", Some("src")), None);
         assert_eq!(s.retarget_on_have(7 - p.min(7), "x", None), None);
+        // By handle, the same answers for every piece and peer.
+        let src = s.peer_handle("src").unwrap();
+        let x = s.peer_handle("x").unwrap();
+        for piece in 0..8 {
+            for (handle, name) in [(src, "src"), (x, "x")] {
+                assert_eq!(
+                    s.retarget_on_have_handle(piece, handle),
+                    s.retarget_on_have(piece, "y", Some(name)).is_some(),
+                    "piece {piece} at {name}"
+                );
+            }
+        }
+        assert!(s.retarget_on_have_handle(p, src));
     }
 
     #[test]

@@ -192,17 +192,21 @@ impl Engine<'_> {
             && (handle.is_none_or(|hd| sch.could_request_from(hd, piece, now_ms))
                 || self.nodes[s as usize].budget.available() > p.budget_seen);
         // Only a HAVE from someone other than the source can move a request away from
-        // it (`retarget_on_have` says no otherwise): names are compared only then.
+        // it (`retarget_on_have` says no otherwise). By handle: the scheduler knows a
+        // peer exactly while its link has the handle (`holds_arrived`, `drop_link`), so
+        // this is `retarget_on_have` with the source's name, without reading names.
         let retarget = match p.source {
-            Some(src) if src != h => {
-                let src_name = self.names[self.nodes[src as usize].node as usize].as_str();
-                sch.retarget_on_have(piece, name, Some(src_name))
-            }
+            Some(src) if src != h && sch.is_inflight(piece) => p
+                .links
+                .get(&src)
+                .and_then(|k| k.handle)
+                .filter(|&sh| sch.retarget_on_have_handle(piece, sh))
+                .map(|_| src),
             _ => None,
         };
         let striped = p.striped && far;
         let patience = sch.patience_ms() as f64 / 1e3;
-        if let (Some(_), Some(src)) = (retarget, p.source) {
+        if let Some(src) = retarget {
             if !self.is_receiving(src, s, l, piece) {
                 self.out.counters.retargets += 1;
                 let t = self.now + self.peer_latency();
@@ -415,7 +419,9 @@ impl Engine<'_> {
     }
 
     fn request_ended(&mut self, s: u32, l: u32, piece: u32, h: u32) {
-        if self.pull(s, l).budgeted.remove(&(piece, h)) {
+        let budgeted = &mut self.pull(s, l).budgeted;
+        if let Some(at) = budgeted.iter().position(|&x| x == (piece, h)) {
+            budgeted.swap_remove(at);
             self.nodes[s as usize].budget.give_back(1);
         }
     }
@@ -666,7 +672,9 @@ impl Engine<'_> {
                 continue;
             };
             if !r.urgent {
-                p.budgeted.insert((r.piece, h));
+                if !p.budgeted.contains(&(r.piece, h)) {
+                    p.budgeted.push((r.piece, h));
+                }
                 self.nodes[s as usize].budget.take(1);
             }
             self.out.counters.requests += 1;

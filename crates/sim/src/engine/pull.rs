@@ -1,7 +1,7 @@
 //! One node's fetch of one layer: the download task's state (`p2p/download.rs`'s
 //! `Download`, what the simulator needs of it), or a direct or cache pull.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use swarm::{AnnounceResponse, Bitfield, PieceLayout, PieceScheduler, Role};
 
@@ -95,6 +95,17 @@ impl Links {
         &mut self.values[i]
     }
 
+    /// Reads every cache line of the keys, so that a lookup soon after finds them
+    /// (`Engine::read_ahead_haves`); returns a value made of what it read.
+    pub fn read_ahead(&self) -> u64 {
+        // 16 keys to a 64-byte line.
+        self.keys
+            .iter()
+            .step_by(16)
+            .chain(self.keys.last())
+            .fold(0, |acc, &k| acc ^ k as u64)
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&u32, &Link)> {
         self.keys.iter().zip(&self.values)
     }
@@ -156,8 +167,9 @@ pub(crate) struct Pull {
     pub registry_since: Option<f64>,
     /// How many of `publish` the announce in flight carries.
     pub publish_sent: usize,
-    /// Requests that took from the node's budget: (piece, holder slot).
-    pub budgeted: HashSet<(u32, u32)>,
+    /// Requests that took from the node's budget: (piece, holder slot). A few dozen
+    /// at most, found by a scan (a hashed set cost a SipHash per request).
+    pub budgeted: Vec<(u32, u32)>,
     pub announcing: bool,
     pub reply: Option<AnnounceResponse>,
     pub last_announce: f64,
@@ -211,7 +223,7 @@ impl Pull {
             registry_bytes: 0.0,
             registry_since: None,
             publish_sent: 0,
-            budgeted: HashSet::new(),
+            budgeted: Vec::new(),
             announcing: false,
             reply: None,
             last_announce: 0.0,
@@ -242,6 +254,12 @@ impl Pull {
     /// what ripens at `t` (a rested peer, a stripe's patience) not ripe yet.
     pub fn wake_at(&mut self, t: f64) {
         let t = self.tick_at(t);
+        // Most wake-ups asked for are the latest yet (now plus a patience that rarely
+        // changes): appended without a search through the line.
+        if self.wake.back().is_none_or(|&x| x < t - 1e-9) {
+            self.wake.push_back(t);
+            return;
+        }
         let at = self.wake.partition_point(|&x| x < t - 1e-9);
         if self.wake.get(at).is_none_or(|&x| x > t + 1e-9) {
             self.wake.insert(at, t);
