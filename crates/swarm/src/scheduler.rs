@@ -162,9 +162,11 @@ struct Cand {
     tie: u64,
 }
 
+/// A peer's state, one cache line each (its name is in `PieceScheduler::names`): a
+/// scheduling pass reads every slot, and a HAVE reads its sender's.
 #[derive(Clone, Debug)]
+#[repr(align(64))]
 struct Slot {
-    name: PeerId,
     /// The peer has every piece (else its pieces are its row in `rows`).
     complete: bool,
     /// Pieces set in its row.
@@ -252,6 +254,8 @@ pub struct PieceScheduler {
     /// When each piece was first seen at some peer (ms), for rack-stripe patience.
     first_seen: Vec<u64>,
     slots: Vec<Option<Slot>>,
+    /// The peers' names by slot (a freed slot's until it is taken again).
+    names: Vec<PeerId>,
     rows: Rows,
     /// The sum of the slots' `inflight`, kept as they change: asked on every pass.
     inflight_total: u32,
@@ -297,6 +301,7 @@ impl PieceScheduler {
             first_seen: vec![u64::MAX; n],
             have,
             slots: Vec::new(),
+            names: Vec::new(),
             rows: Rows {
                 bytes: Vec::new(),
                 width: n.div_ceil(8),
@@ -430,8 +435,10 @@ impl PieceScheduler {
             return;
         }
         self.source = source.map(str::to_owned);
-        for s in self.slots.iter_mut().flatten() {
-            s.is_source = Some(s.name.as_str()) == source;
+        for (s, name) in self.slots.iter_mut().zip(&self.names) {
+            if let Some(s) = s {
+                s.is_source = Some(name.as_str()) == source;
+            }
         }
     }
 
@@ -505,7 +512,6 @@ impl PieceScheduler {
             }
             None => {
                 let slot = Slot {
-                    name: id.to_owned(),
                     complete,
                     held,
                     distance,
@@ -521,10 +527,12 @@ impl PieceScheduler {
                 let i = match self.slots.iter().position(Option::is_none) {
                     Some(free) => {
                         self.slots[free] = Some(slot);
+                        self.names[free] = id.to_owned();
                         free as u32
                     }
                     None => {
                         self.slots.push(Some(slot));
+                        self.names.push(id.to_owned());
                         (self.slots.len() - 1) as u32
                     }
                 };
@@ -637,7 +645,11 @@ impl PieceScheduler {
     }
 
     pub fn peers(&self) -> impl Iterator<Item = &str> {
-        self.slots.iter().flatten().map(|s| s.name.as_str())
+        self.slots
+            .iter()
+            .zip(&self.names)
+            .filter(|(s, _)| s.is_some())
+            .map(|(_, name)| name.as_str())
     }
 
     /// Whether a known peer holds the whole blob.
@@ -858,7 +870,7 @@ impl PieceScheduler {
             piece,
             peer: self.slots[slot as usize]
                 .as_ref()
-                .map(|s| s.name.clone())
+                .map(|_| self.names[slot as usize].clone())
                 .unwrap_or_default(),
             urgent,
         }
@@ -1087,11 +1099,18 @@ impl PieceScheduler {
                 let bit = open.trailing_zeros();
                 open &= open - 1;
                 let piece = byte as u32 * 8 + bit;
-                if piece >= self.have.len() || !self.allowed(piece, s, now_ms) {
+                if piece >= self.have.len() {
+                    continue;
+                }
+                // The key's parts in order, each only while the piece can still win:
+                // most lose on the holder count, before the divisions below.
+                let holders = self.usable_holders(piece);
+                if best.is_some_and(|((h, _, _), _)| holders > h) || !self.allowed(piece, s, now_ms)
+                {
                     continue;
                 }
                 let key = (
-                    self.usable_holders(piece),
+                    holders,
                     piece.saturating_sub(head) / group,
                     mix(self.cfg.seed, piece),
                 );
@@ -1218,7 +1237,11 @@ impl PieceScheduler {
             .get(piece as usize)
             .map(|v| {
                 v.iter()
-                    .filter_map(|&i| self.slots[i as usize].as_ref().map(|s| s.name.clone()))
+                    .filter_map(|&i| {
+                        self.slots[i as usize]
+                            .as_ref()
+                            .map(|_| self.names[i as usize].clone())
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -1367,8 +1390,9 @@ impl PieceScheduler {
         let asked = &self.inflight[piece as usize];
         match asked.as_slice() {
             [only] => {
-                let s = self.slots[*only as usize].as_ref()?;
-                (s.name == source).then(|| s.name.clone())
+                self.slots[*only as usize].as_ref()?;
+                let name = &self.names[*only as usize];
+                (name == source).then(|| name.clone())
             }
             _ => None,
         }
@@ -1964,6 +1988,12 @@ mod tests {
             assert!(s.on_done(p, "src", 9_001 + p as u64));
         }
         assert_eq!(s.source_patience_ms, cfg.source_patience_min_ms);
+    }
+
+    #[test]
+    fn a_slot_is_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Option<Slot>>(), 64);
+        assert_eq!(std::mem::align_of::<Option<Slot>>(), 64);
     }
 
     #[test]

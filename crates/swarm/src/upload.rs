@@ -92,12 +92,12 @@ pub struct UploadQueue<C> {
     active: usize,
     queued: usize,
     lines: HashMap<C, VecDeque<Queued>>,
-    /// Connections with something waiting, in serving order.
-    turn: VecDeque<C>,
+    /// Connections with something waiting, in serving order, each with the times it
+    /// was passed over since it was last served (kept here, not in a map by
+    /// connection: `next` reads every waiting connection's count and adds to it).
+    turn: VecDeque<(C, u32)>,
     /// Times each (blob, piece) was sent.
     sent: HashMap<(u64, u32), u32>,
-    /// Times each waiting connection was passed over since it was last served.
-    skipped: HashMap<C, u32>,
 }
 
 /// A waiting request's place in the serving order (see [`UploadQueue::next_to_send`]).
@@ -115,7 +115,6 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             lines: HashMap::new(),
             turn: VecDeque::new(),
             sent: HashMap::new(),
-            skipped: HashMap::new(),
         }
     }
 
@@ -138,7 +137,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             return Admit::Busy;
         }
         if line.is_empty() {
-            self.turn.push_back(conn);
+            self.turn.push_back((conn, 0));
         }
         line.push_back(q);
         self.queued += 1;
@@ -157,11 +156,10 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         // first; fewest sent, within a starved line too; connection's place in turn;
         // place in its line)
         let mut best: Option<(LineKey, C)> = None;
-        for (t, conn) in self.turn.iter().enumerate() {
-            let Some(line) = self.lines.get(conn) else {
+        for (t, &(conn, skipped)) in self.turn.iter().enumerate() {
+            let Some(line) = self.lines.get(&conn) else {
                 continue;
             };
-            let skipped = self.skipped.get(conn).copied().unwrap_or(0);
             let starved = skipped >= patience;
             let wait_rank = if starved { -(skipped as i64) } else { 0 };
             for (k, q) in line.iter().enumerate() {
@@ -174,7 +172,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
                     k,
                 );
                 if best.is_none_or(|(b, _)| key < b) {
-                    best = Some((key, *conn));
+                    best = Some((key, conn));
                 }
             }
         }
@@ -184,12 +182,11 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         self.turn.remove(t);
         let still_waiting = !line.is_empty();
         if still_waiting {
-            self.turn.push_back(conn);
+            self.turn.push_back((conn, 0));
         }
-        self.skipped.remove(&conn);
-        for other in &self.turn {
+        for (other, skipped) in &mut self.turn {
             if *other != conn {
-                *self.skipped.entry(*other).or_insert(0) += 1;
+                *skipped += 1;
             }
         }
         self.queued -= 1;
@@ -216,8 +213,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         line.remove(at);
         self.queued -= 1;
         if line.is_empty() {
-            self.turn.retain(|c| *c != conn);
-            self.skipped.remove(&conn);
+            self.turn.retain(|&(c, _)| c != conn);
         }
         true
     }
@@ -230,8 +226,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             self.queued -= before - line.len();
             if line.is_empty() {
                 self.lines.remove(&conn);
-                self.turn.retain(|c| *c != conn);
-                self.skipped.remove(&conn);
+                self.turn.retain(|&(c, _)| c != conn);
             }
         }
     }

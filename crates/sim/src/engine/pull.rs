@@ -254,11 +254,20 @@ impl Pull {
     /// what ripens at `t` (a rested peer, a stripe's patience) not ripe yet.
     pub fn wake_at(&mut self, t: f64) {
         let t = self.tick_at(t);
-        // Most wake-ups asked for are the latest yet (now plus a patience that rarely
-        // changes): appended without a search through the line.
-        if self.wake.back().is_none_or(|&x| x < t - 1e-9) {
-            self.wake.push_back(t);
-            return;
+        // Most wake-ups asked for are the latest yet, or at the latest tick already
+        // asked for (now plus a patience that rarely changes): no search through the
+        // line for those.
+        match self.wake.back() {
+            None => {
+                self.wake.push_back(t);
+                return;
+            }
+            Some(&last) if last < t - 1e-9 => {
+                self.wake.push_back(t);
+                return;
+            }
+            Some(&last) if last <= t + 1e-9 => return,
+            Some(_) => {}
         }
         let at = self.wake.partition_point(|&x| x < t - 1e-9);
         if self.wake.get(at).is_none_or(|&x| x > t + 1e-9) {
@@ -311,5 +320,33 @@ mod tests {
         assert!(links.get(&7).is_none() && links.remove(&7).is_none());
         assert!(links.get(&9).is_some_and(|k| k.distance == 9));
         assert_eq!(links.values().count(), 3);
+    }
+
+    #[test]
+    fn wake_ups_stay_one_per_tick_in_order() {
+        // What `wake_at` keeps, by the plain rule: one entry per tick, in order.
+        let mut p = Pull::new(false);
+        p.t0 = 0.01;
+        let mut want: Vec<f64> = Vec::new();
+        let mut x = 7u64;
+        for i in 0..2_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Mostly later and later, sometimes earlier, often the same tick again.
+            let t = i as f64 * 0.013 + (x >> 40) as f64 / (1u64 << 24) as f64 * 3.0 - 1.0;
+            p.wake_at(t);
+            let tick = p.tick_at(t);
+            if !want.iter().any(|&w| (w - tick).abs() <= 1e-9) {
+                want.push(tick);
+                want.sort_by(f64::total_cmp);
+            }
+            if x.is_multiple_of(5) && !want.is_empty() {
+                want.remove(0);
+                p.wake.pop_front();
+            }
+        }
+        assert!(want.len() > 50);
+        assert_eq!(p.wake.iter().copied().collect::<Vec<_>>(), want);
     }
 }
