@@ -225,10 +225,10 @@ pub fn run(args: &SimArgs) -> Result<i32, Error> {
 /// (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`), once, unless the variable is set
 /// already; returns only if that cannot be done. A 10,000-node run reads ~600 MiB of
 /// schedulers at random, one cache line here and there, and with 4 KiB pages most of
-/// those reads also missed the TLB: huge pages took 16 % off its CPU time (simulated
-/// results are the same; BENCHMARKS.md, issue 6/11, seventh session). Where THP is
-/// off, or not glibc, the variable does nothing. For the binaries' `main`, before any
-/// thread starts.
+/// those reads also missed the TLB: huge pages took 17–21 % off the wall time of the
+/// 1,000-node scenario, with the same simulated results (BENCHMARKS.md, issue 11,
+/// seventh session). Where THP is off, or not glibc, the variable does nothing. For
+/// the binaries' `main`, before any thread starts.
 pub fn reexec_with_huge_pages() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
