@@ -16,7 +16,8 @@ use clap::Args;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::demo::{free_port, machine_jiffies, proc_usage, spawn, wait_ready, Procs};
+use crate::demo::{free_port, proc_usage, spawn, wait_ready, Procs};
+use crate::machine::CpuTicks;
 
 #[derive(Args, Clone)]
 pub struct GetBenchArgs {
@@ -65,6 +66,10 @@ struct Report {
     agent_cpu_seconds_per_gib: f64,
     get_cpu_seconds_per_gib: f64,
     machine_cpu_busy: f64,
+    /// Part of that the hypervisor took for other guests (steal time).
+    machine_cpu_steal: f64,
+    /// One core's sha256 rate just before the run (MB/s), to compare runs across time.
+    sha256_reference_mb_per_s: f64,
     direct_all_nodes_seconds: Option<f64>,
     direct_origin_bytes: Option<u64>,
     direct_machine_cpu_busy: Option<f64>,
@@ -368,7 +373,8 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
         })
         .collect();
     let sent_before = proxy.sent.load(Ordering::Relaxed);
-    let jiffies_before = machine_jiffies();
+    let sha256_reference_mb_per_s = crate::machine::sha256_reference_mb_per_s();
+    let cpu_before = CpuTicks::now();
     let agent_cpu_before: f64 = agents.iter().map(|(_, pid)| proc_usage(*pid).0).sum();
     let (per_node_seconds, get_rss, all_nodes, get_cpu) = run_gets(&exe, argsets, &dests).await?;
     let agent_cpu = agents
@@ -376,11 +382,9 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
         .map(|(_, pid)| proc_usage(*pid).0)
         .sum::<f64>()
         - agent_cpu_before;
-    let jiffies_after = machine_jiffies();
+    let machine_cpu = CpuTicks::now().since(cpu_before);
     let origin_bytes = proxy.sent.load(Ordering::Relaxed) - sent_before;
     let agent_rss: Vec<f64> = agents.iter().map(|(_, pid)| proc_usage(*pid).1).collect();
-    let busy = |b: (u64, u64), a: (u64, u64)| (a.0 - b.0) as f64 / (a.1 - b.1).max(1) as f64;
-    let machine_cpu_busy = busy(jiffies_before, jiffies_after);
     // Agents and their caches go before the baseline: its disk and CPU are its own.
     drop(procs);
     let _ = std::fs::remove_dir_all(&dests);
@@ -424,9 +428,9 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
                 ]
             })
             .collect();
-        let jb = machine_jiffies();
+        let direct_before = CpuTicks::now();
         let (_, _, all, _) = run_gets(&exe, argsets, &dests).await?;
-        direct_busy = Some(busy(jb, machine_jiffies()));
+        direct_busy = Some(CpuTicks::now().since(direct_before).busy);
         direct_secs = Some(all);
         direct_bytes = Some(proxy.sent.load(Ordering::Relaxed));
         let _ = std::fs::remove_dir_all(&dests);
@@ -446,7 +450,9 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
         get_peak_rss_mib: get_rss,
         agent_cpu_seconds_per_gib: agent_cpu / (nf * sf / (1u64 << 30) as f64),
         get_cpu_seconds_per_gib: get_cpu / (nf * sf / (1u64 << 30) as f64),
-        machine_cpu_busy,
+        machine_cpu_busy: machine_cpu.busy,
+        machine_cpu_steal: machine_cpu.steal,
+        sha256_reference_mb_per_s,
         direct_all_nodes_seconds: direct_secs,
         direct_origin_bytes: direct_bytes,
         direct_machine_cpu_busy: direct_busy,

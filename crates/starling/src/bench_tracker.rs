@@ -169,19 +169,6 @@ fn trackers_cpu_ticks(pids: &[String]) -> Option<u64> {
     pids.iter().map(|p| proc_cpu_ticks(p)).sum()
 }
 
-/// (busy, total) jiffies of the whole machine, from /proc/stat.
-fn machine_jiffies() -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let cpu = stat.lines().next()?.strip_prefix("cpu ")?;
-    let v: Vec<u64> = cpu
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let total: u64 = v.iter().sum();
-    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
-    Some((total - idle, total))
-}
-
 /// Linux reports process CPU in clock ticks of 1/100 s on every architecture it runs
 /// GPU nodes on (USER_HZ).
 const TICKS_PER_SEC: f64 = 100.0;
@@ -693,14 +680,14 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     let (t0, c0, m0) = (
         trackers_cpu_ticks(&pids),
         proc_cpu_ticks(&self_pid),
-        machine_jiffies(),
+        crate::machine::CpuTicks::now(),
     );
     tokio::time::sleep_until(plan.measure_until.into()).await;
     let r1 = redis_pid.as_deref().and_then(proc_cpu_ticks);
     let (t1, c1, m1) = (
         trackers_cpu_ticks(&pids),
         proc_cpu_ticks(&self_pid),
-        machine_jiffies(),
+        crate::machine::CpuTicks::now(),
     );
     let peak_rss = pids.iter().filter_map(|p| proc_peak_rss_kib(p)).max();
     let mut total = Tally::default();
@@ -725,10 +712,7 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     let tracker_cpu = cpu(t0, t1);
     let redis_cpu = cpu(r0, r1);
     let client_cpu = cpu(c0, c1);
-    let busy = match (m0, m1) {
-        (Some((b0, t0)), Some((b1, t1))) if t1 > t0 => Some((b1 - b0) as f64 / (t1 - t0) as f64),
-        _ => None,
-    };
+    let machine_cpu = m1.since(m0);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let out = serde_json::json!({
         "trackers": urls,
@@ -758,7 +742,8 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         "client_cpu_s": client_cpu,
         "client_cores_used": client_cpu.map(|c| c / secs),
         "machine_cores": cores,
-        "machine_cpu_busy": busy,
+        "machine_cpu_busy": machine_cpu.busy,
+        "machine_cpu_steal": machine_cpu.steal,
     });
     if a.json {
         println!("{out}");
@@ -796,13 +781,14 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         total.errors, total.reconnects, total.late
     );
     println!(
-        "tracker cpu={} s ({} cores) peak_rss={} MiB | client cpu={} s ({} cores) | machine busy={} of {cores} cores",
+        "tracker cpu={} s ({} cores) peak_rss={} MiB | client cpu={} s ({} cores) | machine busy={:.0}% of {cores} cores (steal {:.0}%)",
         f(tracker_cpu),
         f(tracker_cpu.map(|c| c / secs)),
         f(peak_rss.map(|k| k as f64 / 1024.0)),
         f(client_cpu),
         f(client_cpu.map(|c| c / secs)),
-        busy.map_or("n/a".to_owned(), |b| format!("{:.0}%", b * 100.0)),
+        machine_cpu.busy * 100.0,
+        machine_cpu.steal * 100.0,
     );
     if let Some(c) = redis_cpu {
         println!("redis cpu={c:.2} s ({:.2} cores)", c / secs);

@@ -107,6 +107,11 @@ struct Report {
     /// The whole machine's CPU busy fraction during the P2P run (all processes: the
     /// agents, the pulling clients, the registry): near 1 means CPU-bound.
     machine_cpu_busy: f64,
+    /// Part of that the hypervisor took for other guests (steal time).
+    machine_cpu_steal: f64,
+    /// One core's sha256 rate measured just before the run (MB/s): compare runs made
+    /// at different times with it.
+    sha256_reference_mb_per_s: f64,
     /// Whether `--pretouch` backed the page cache's memory before the run.
     pretouch: bool,
     /// Whether the cluster ran with mutual TLS (`--tls`) or plain HTTP.
@@ -182,22 +187,6 @@ impl DemoTls {
             .identity(reqwest::Identity::from_pem(self.viewer_pem.as_bytes())?)
             .build()?)
     }
-}
-
-/// (busy, total) jiffies of the whole machine.
-pub(crate) fn machine_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(cpu) = stat.lines().next() else {
-        return (0, 0);
-    };
-    let v: Vec<u64> = cpu
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total.saturating_sub(idle), total)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -501,7 +490,8 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     ));
     let progress: Vec<Arc<AtomicU64>> = (0..a.nodes).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let egress_before = stats.egress_bytes();
-    let jiffies_before = machine_jiffies();
+    let sha256_reference_mb_per_s = crate::machine::sha256_reference_mb_per_s();
+    let cpu_before = crate::machine::CpuTicks::now();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (i, (_, port, _)) in agents.iter().enumerate() {
@@ -613,13 +603,11 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         });
     }
     let all_nodes = started.elapsed().as_secs_f64();
-    let jiffies_after = machine_jiffies();
+    let machine_cpu = crate::machine::CpuTicks::now().since(cpu_before);
     ticker.abort();
     sampler.abort();
     let receive_series = series.lock().map(|s| s.clone()).unwrap_or_default();
     let upload_series = uploads.lock().map(|s| s.clone()).unwrap_or_default();
-    let machine_cpu_busy = (jiffies_after.0 - jiffies_before.0) as f64
-        / (jiffies_after.1 - jiffies_before.1).max(1) as f64;
     // Which node fetched each swarm blob from the registry, and its piece size.
     let swarms: Vec<swarm::state::SwarmStats> = http
         .get(format!("{scheme}://127.0.0.1:{tport}/swarm/v1/swarms"))
@@ -713,7 +701,9 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         pretouch: a.pretouch,
         tls: a.tls,
         agent_peak_rss_mib_max: rss_max,
-        machine_cpu_busy,
+        machine_cpu_busy: machine_cpu.busy,
+        machine_cpu_steal: machine_cpu.steal,
+        sha256_reference_mb_per_s,
         non_seed_first_byte_p50: percentile(&ttfb, 0.5),
         non_seed_first_byte_p95: percentile(&ttfb, 0.95),
         non_seed_first_byte_max: ttfb.last().copied().unwrap_or(0.0),
@@ -760,8 +750,10 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         report.agent_cpu_seconds_per_gib, rss_max
     );
     println!(
-        "  machine CPU busy      {:.0} % during the P2P run (agents, clients and registry share 2 cores)",
-        machine_cpu_busy * 100.0
+        "  machine CPU busy      {:.0} % during the P2P run (agents, clients and registry share the cores), {:.0} % of it stolen by the hypervisor; sha256 {:.0} MB/s on one core",
+        machine_cpu.busy * 100.0,
+        machine_cpu.steal * 100.0,
+        sha256_reference_mb_per_s
     );
     println!(
         "  first byte, non-seed  p50 {:.3} s, p95 {:.3} s, max {:.3} s (one piece at the node limit: {:.3} s)",

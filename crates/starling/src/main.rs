@@ -11,6 +11,7 @@ mod cluster_cmd;
 mod demo;
 mod get_cmd;
 mod get_file;
+mod machine;
 mod setup_cmd;
 mod tracker_redis;
 
