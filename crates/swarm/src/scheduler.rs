@@ -890,18 +890,16 @@ impl PieceScheduler {
             .enumerate()
             .filter_map(|(i, s)| s.as_ref().map(|s| (i as u32, s)))
             .filter(|&(_, s)| !s.banned && s.busy_until_ms <= now_ms)
-            .map(|(i, s)| Cand {
-                slot: i,
-                window: self.window(s),
-                distance: s.distance,
-                speed: speed_class(s.rate),
-                complete: s.complete,
-                tie: s.tie,
-            })
-            .filter(|c| {
-                self.slots[c.slot as usize]
-                    .as_ref()
-                    .is_some_and(|s| s.inflight < c.window)
+            .filter_map(|(i, s)| {
+                let window = self.window(s);
+                (s.inflight < window).then(|| Cand {
+                    slot: i,
+                    window,
+                    distance: s.distance,
+                    speed: speed_class(s.rate),
+                    complete: s.complete,
+                    tie: s.tie,
+                })
             })
             .collect();
         if cands.is_empty() {

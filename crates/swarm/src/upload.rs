@@ -94,7 +94,7 @@ pub struct UploadQueue<C> {
     lines: HashMap<C, VecDeque<Queued>>,
     /// Connections with something waiting, in serving order, each with the times it
     /// was passed over since it was last served (kept here, not in a map by
-    /// connection: `next` reads every waiting connection's count and adds to it).
+    /// connection: `next_to_send` reads every waiting connection's count and adds to it).
     turn: VecDeque<(C, u32)>,
     /// Times each (blob, piece) was sent.
     sent: HashMap<(u64, u32), u32>,
