@@ -509,7 +509,7 @@ pub fn announce(data: &[u8]) -> bool {
                     "swarm geometry {size} / {}",
                     resp.piece_size
                 );
-                size.div_ceil(resp.piece_size) as u32
+                swarm::PieceLayout::new(size, resp.piece_size).count()
             }
             None => 0,
         };

@@ -381,6 +381,7 @@ impl<'a> Engine<'a> {
             max_active: st.max_uploads as usize,
             max_queued_per_conn: st.upload_queue as usize,
             max_queued_total: st.upload_queue_total as usize,
+            urgent_extra: st.urgent_upload_slots as usize,
         };
         let node_state = |node: u32, job: bool, queue: Vec<u32>| NodeState {
             node,

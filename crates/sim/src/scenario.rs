@@ -185,6 +185,8 @@ pub struct Starling {
     pub request_jitter_ms: f64,
     /// Pieces a holder sends at once (`UploadQueue`'s `max_active`).
     pub max_uploads: u32,
+    /// Slots beyond those for urgent requests (`UploadConfig::urgent_extra`).
+    pub urgent_upload_slots: u32,
     /// Requests one connection may have waiting in a holder's line; beyond, "busy".
     pub upload_queue: u32,
     /// Requests a holder keeps waiting over all connections; beyond, "busy".
@@ -230,6 +232,7 @@ impl Default for Starling {
             tracker_rtt_ms: 2.0,
             request_jitter_ms: 0.0,
             max_uploads: u.max_active as u32,
+            urgent_upload_slots: u.urgent_extra as u32,
             upload_queue: u.max_queued_per_conn as u32,
             upload_queue_total: u.max_queued_total as u32,
             max_piece_requests: swarm::upload::DEFAULT_REQUEST_BUDGET,
@@ -287,6 +290,7 @@ impl Starling {
             tracker_rtt_ms: partial.tracker_rtt_ms.unwrap_or(d.tracker_rtt_ms),
             request_jitter_ms: partial.request_jitter_ms.unwrap_or(d.request_jitter_ms),
             max_uploads: partial.max_uploads.unwrap_or(d.max_uploads),
+            urgent_upload_slots: partial.urgent_upload_slots.unwrap_or(d.urgent_upload_slots),
             upload_queue: partial.upload_queue.unwrap_or(d.upload_queue),
             upload_queue_total: partial.upload_queue_total.unwrap_or(d.upload_queue_total),
             max_piece_requests: partial.max_piece_requests.unwrap_or(d.max_piece_requests),
@@ -341,6 +345,7 @@ struct StarlingPartial {
     tracker_rtt_ms: Option<f64>,
     request_jitter_ms: Option<f64>,
     max_uploads: Option<u32>,
+    urgent_upload_slots: Option<u32>,
     upload_queue: Option<u32>,
     upload_queue_total: Option<u32>,
     max_piece_requests: Option<u32>,

@@ -497,12 +497,13 @@ fn a_holders_line_sends_fresh_pieces_before_second_copies() {
     // it spends its uplink on copies. A window of 4 per peer: with the default 2, one
     // of which a puller's read head takes, a request for a piece the seed has since
     // sent to another puller blocks that puller from asking for a fresh one, and the
-    // line has only second copies to choose from.
+    // line has only second copies to choose from. No slot beyond the one for urgent
+    // requests: this is about the line's order, not about read heads overtaking it.
     let (mut sc, pre) = seeded(
         7,
         1,
         r#"{ name = "a", size = "32MiB" }"#,
-        "peer_latency_ms = 1\nmin_window = 4\npiece_size = \"1MiB\"\nmax_uploads = 1\nupload_limit = \"20MiB/s\"",
+        "peer_latency_ms = 1\nmin_window = 4\npiece_size = \"1MiB\"\nmax_uploads = 1\nurgent_upload_slots = 0\nupload_limit = \"20MiB/s\"",
     );
     sc.sim.trace = true;
     let o = simulate(&sc, &pre, 7).expect("runs");
@@ -539,11 +540,13 @@ fn a_holders_line_sends_fresh_pieces_before_second_copies() {
         .collect();
     assert_eq!(
         sent.len(),
-        32,
+        swarm::PieceLayout::new(32 * MIB as u64, MIB as u64).count() as usize,
         "only the seed held pieces at first: each left it"
     );
+    // A few races remain (three with the head piece, whose read heads finish sooner;
+    // two before it); a line in arrival order repeats most of its six pullers' windows.
     assert!(
-        repeats_before_all <= 2,
+        repeats_before_all <= 3,
         "second copies before every piece went out once: {repeats_before_all} ({:?})",
         mine.iter().map(|u| u.piece).collect::<Vec<_>>()
     );

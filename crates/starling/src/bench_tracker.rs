@@ -388,7 +388,11 @@ fn report_body(agent: &AgentSim, plan: &Plan) -> cluster::wire::NodeReport {
     use cluster::wire::{BlobHolding, Download, NodeReport};
     let held = |b: &BlobSim| {
         b.req.have.as_ref().map_or(0, |h| {
-            (h.count() as u64 * plan.piece_size).min(plan.blob_size)
+            let layout = swarm::PieceLayout::new(plan.blob_size, plan.piece_size);
+            (0..layout.count())
+                .filter(|&i| h.get(i))
+                .map(|i| layout.len(i))
+                .sum::<u64>()
         })
     };
     NodeReport {
@@ -574,7 +578,7 @@ fn next_slot(at: Instant, now: Instant, period: Duration) -> Instant {
 fn on_answer(blob: &mut BlobSim, ans: &LeanAnswer) {
     if blob.req.have.is_none() {
         if let Some(size) = ans.size.filter(|_| ans.piece_size > 0) {
-            let count = size.div_ceil(ans.piece_size).min(u32::MAX as u64) as u32;
+            let count = swarm::PieceLayout::new(size, ans.piece_size).count();
             blob.req.have = Some(Bitfield::new(count));
         }
     }
@@ -601,7 +605,7 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     if a.blobs > 1000 {
         bail!("--blobs: at most 1000 blobs per agent");
     }
-    let pieces = blob_size.div_ceil(piece_size.max(1));
+    let pieces = swarm::PieceLayout::piece_count(blob_size, piece_size);
     if pieces > u32::MAX as u64 {
         bail!("{blob_size} bytes in {piece_size}-byte pieces is too many pieces");
     }

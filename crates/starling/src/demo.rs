@@ -318,6 +318,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     std::fs::create_dir_all(&work)?;
     let registry_limit = crate::parse_size(&a.registry_limit)?;
     let node_limit = crate::parse_size(&a.node_limit)?;
+    let p2p_threshold = crate::parse_size(&a.p2p_threshold)?;
     if a.piece_size != "auto" {
         crate::parse_size(&a.piece_size)?;
     }
@@ -623,7 +624,12 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             let Some(sw) = swarms.iter().find(|s| s.digest == b.digest.to_string()) else {
                 continue;
             };
-            if sw.piece_size <= 1 || sw.elected.contains(&agents[i].0) {
+            // Below the P2P threshold every node reads the blob from the registry
+            // (the tracker says "direct"): no swarm, so no non-seed first byte.
+            if sw.piece_size <= 1
+                || sw.elected.contains(&agents[i].0)
+                || b.bytes < p2p_threshold
+            {
                 continue;
             }
             per_node[i]

@@ -451,9 +451,9 @@ async fn stale_peers_expire_from_handouts() {
         Read::Frame(Frame::Complete { chan: 1 }) => {}
         other => panic!("expected COMPLETE, got {other:?}"),
     }
-    let pieces = layer.size.div_ceil(1 << 20) as u32;
+    let layout = swarm::PieceLayout::new(layer.size, 1 << 20);
     let mut blob = Vec::new();
-    for piece in 0..pieces {
+    for piece in 0..layout.count() {
         member
             .send(&[Frame::Request {
                 chan: 1,
@@ -462,8 +462,10 @@ async fn stale_peers_expire_from_handouts() {
             }])
             .await
             .unwrap();
-        let len = (layer.size - piece as u64 * (1 << 20)).min(1 << 20) as usize;
-        let (bytes, _) = member.read_piece(1, piece, len).await.unwrap();
+        let (bytes, _) = member
+            .read_piece(1, piece, layout.len(piece) as usize)
+            .await
+            .unwrap();
         blob.extend(bytes);
     }
     assert_eq!(
@@ -566,16 +568,20 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
         c.read().await.unwrap(),
         Read::Frame(Frame::Complete { chan: 7 })
     ));
-    let req = |piece| Frame::Request {
+    // Pieces 2 to 5 are whole MiBs (piece 0 is the small head, 1 the rest of the
+    // first MiB): named here 0 to 3 for the order they are asked in.
+    let layout = swarm::PieceLayout::new(layer.size, 1 << 20);
+    assert_eq!(layout.len(2), 1 << 20);
+    let req = |piece: u32| Frame::Request {
         chan: 7,
-        piece,
+        piece: piece + 2,
         urgent: false,
     };
     c.send(&[req(0)]).await.unwrap();
     // Piece 0 is on its way (its first bytes are here) before the others are asked.
     let first = match c.read().await.unwrap() {
         Read::Data {
-            piece: 0,
+            piece: 2,
             offset: 0,
             bytes,
             ..
@@ -584,7 +590,7 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
     };
     c.send(&[req(1), req(2)]).await.unwrap();
     let (rest, others) = c
-        .read_piece_from(7, 0, first.len(), (1 << 20) - first.len())
+        .read_piece_from(7, 2, first.len(), (1 << 20) - first.len())
         .await
         .unwrap();
     let mut all_others = others;
@@ -592,7 +598,7 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
     assert!(
         all_others.contains(&Frame::Reject {
             chan: 7,
-            piece: 2,
+            piece: 4,
             reason: RejectReason::Busy
         }),
         "the request beyond the line is refused while piece 0 is still being sent: {all_others:?}"
@@ -600,24 +606,24 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
     let mut piece0 = first;
     piece0.extend(rest);
     // Piece 1 waited in line and comes next, whole.
-    let (piece1, others) = c.read_piece(7, 1, 1 << 20).await.unwrap();
+    let (piece1, others) = c.read_piece(7, 3, 1 << 20).await.unwrap();
     all_others.extend(others);
     // Cancel a waiting request: ask for 2 and 3, cancel 3 while 2 is being sent.
     c.send(&[req(2)]).await.unwrap();
     let started = match c.read().await.unwrap() {
         Read::Data {
-            piece: 2,
+            piece: 4,
             offset: 0,
             bytes,
             ..
         } => bytes,
         other => panic!("expected piece 2, got {other:?}"),
     };
-    c.send(&[req(3), Frame::Cancel { chan: 7, piece: 3 }])
+    c.send(&[req(3), Frame::Cancel { chan: 7, piece: 5 }])
         .await
         .unwrap();
     let (rest2, others) = c
-        .read_piece_from(7, 2, started.len(), (1 << 20) - started.len())
+        .read_piece_from(7, 4, started.len(), (1 << 20) - started.len())
         .await
         .unwrap();
     all_others.extend(others);
@@ -625,7 +631,7 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
     while !all_others.iter().chain(&tail).any(|f| {
         *f == Frame::Reject {
             chan: 7,
-            piece: 3,
+            piece: 5,
             reason: RejectReason::Cancelled,
         }
     }) {
@@ -647,9 +653,13 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
         }
     })
     .await;
-    assert_eq!(&piece0[..], &blob[..1 << 20]);
-    assert_eq!(&piece1[..], &blob[1 << 20..2 << 20]);
-    assert_eq!(&piece2[..], &blob[2 << 20..3 << 20]);
+    let bytes_of = |i: u32| {
+        let (a, b) = layout.range(i + 2);
+        &blob[a as usize..b as usize]
+    };
+    assert_eq!(&piece0[..], bytes_of(0));
+    assert_eq!(&piece1[..], bytes_of(1));
+    assert_eq!(&piece2[..], bytes_of(2));
     assert_eq!(
         metric(&holder, "starling_agent_p2p_uploads_refused_total").await,
         1

@@ -75,17 +75,19 @@ impl Inflight {
         self.progress.subscribe()
     }
 
-    /// Whether piece `i` of `piece_size` is on disk (a sequential download counts the
+    /// Whether piece `i` of `layout` is on disk (a sequential download counts the
     /// pieces wholly inside its flushed prefix).
-    pub fn has_piece(&self, piece_size: u64, i: u32) -> bool {
+    pub fn has_piece(&self, layout: swarm::PieceLayout, i: u32) -> bool {
         if let Some(st) = &*self.pieces.lock() {
-            if st.layout.piece_size == piece_size {
+            if st.layout.piece_size == layout.piece_size {
                 return st.held.get(i);
             }
         }
         let p = self.progress.borrow();
-        let end = ((i as u64 + 1) * piece_size).min(p.total.unwrap_or(u64::MAX));
-        p.written >= end
+        if i >= layout.count() || p.total.is_some_and(|t| t != layout.blob_size) {
+            return false;
+        }
+        p.written >= layout.range(i).1
     }
 
     /// Where bytes known to be on disk (a held piece) are, whatever the prefix.

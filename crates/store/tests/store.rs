@@ -259,6 +259,8 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
     let body = data(10 << 20, 9);
     let d = Digest::of(&body);
     let layout = swarm::PieceLayout::new(body.len() as u64, 4 << 20);
+    // A 256 KiB head, the rest of the first 4 MiB, [4, 8) MiB and [8, 10) MiB.
+    assert_eq!(layout.count(), 4);
     let hashes = piece_hashes(layout, &body);
     let piece = |i: u32| {
         let (a, b) = layout.range(i);
@@ -273,23 +275,23 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
         assert!(claims.is_empty());
         let inf = w.inflight();
         let reader = tokio::spawn(collect(store::read_inflight(inf.clone(), 0, None)));
-        receive(&mut w, &hashes, 2, &piece(2)).await;
+        receive(&mut w, &hashes, 3, &piece(3)).await;
         assert_eq!(
             inf.progress().written,
             0,
             "a later piece does not advance the in-order prefix"
         );
-        assert!(inf.has_piece(4 << 20, 2) && !inf.has_piece(4 << 20, 0));
-        assert!(!inf.claim_piece(2), "a held piece is never written again");
+        assert!(inf.has_piece(layout, 3) && !inf.has_piece(layout, 0));
+        assert!(!inf.claim_piece(3), "a held piece is never written again");
         assert!(inf.claim_piece(0));
         assert!(!inf.claim_piece(0), "one receiver per piece");
         inf.release_piece_claim(0);
-        assert_eq!(inf.piece_hash(2), Some(hashes[2]));
+        assert_eq!(inf.piece_hash(3), Some(hashes[3]));
         assert_eq!(
             &inf.read_at(8 << 20, 16).await.unwrap()[..],
             &body[8 << 20..(8 << 20) + 16]
         );
-        // Crash after piece 2 only.
+        // Crash after piece 3 only.
         drop(w);
         assert!(reader.await.unwrap().is_err());
     }
@@ -300,26 +302,27 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
     let (mut w, claims) = w.into_pieces(layout);
     assert_eq!(
         claims,
-        vec![2],
+        vec![3],
         "the piece written before the crash is offered for re-verification"
     );
     assert!(
-        !w.verify_existing(2, Some(hashes[1]), PieceHash::of(b"wrong"))
+        !w.verify_existing(3, Some(hashes[2]), PieceHash::of(b"wrong"))
             .await
             .unwrap(),
         "kept only if it matches its hash"
     );
     assert!(
-        !w.verify_existing(2, Some(hashes[0]), hashes[2])
+        !w.verify_existing(3, Some(hashes[1]), hashes[3])
             .await
             .unwrap(),
         "nor if hashed from another piece's hash"
     );
     assert!(w
-        .verify_existing(2, Some(hashes[1]), hashes[2])
+        .verify_existing(3, Some(hashes[2]), hashes[3])
         .await
         .unwrap());
     let reader = tokio::spawn(collect(store::read_inflight(w.inflight(), 0, None)));
+    receive(&mut w, &hashes, 2, &piece(2)).await;
     receive(&mut w, &hashes, 1, &piece(1)).await;
     receive(&mut w, &hashes, 0, &piece(0)).await;
     assert_eq!(w.inflight().progress().written, body.len() as u64);
@@ -367,7 +370,8 @@ async fn pieces_matching_a_false_chain_are_refused_by_the_digest() {
 #[tokio::test]
 async fn a_piece_verified_from_a_disagreeing_start_is_read_back_by_the_digest() {
     let dir = tempfile::tempdir().unwrap();
-    let body = data(3 << 20, 8);
+    // Three pieces: the head, the rest of the first MiB, the second MiB.
+    let body = data(2 << 20, 8);
     let d = Digest::of(&body);
     let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
     let hashes = piece_hashes(layout, &body);
@@ -458,7 +462,8 @@ async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes(
 #[tokio::test]
 async fn an_aborted_run_keeps_whole_pieces_and_frees_the_rest() {
     let dir = tempfile::tempdir().unwrap();
-    let body = data(4 << 20, 5);
+    // Four pieces: the head, the rest of the first MiB, two more MiBs.
+    let body = data(3 << 20, 5);
     let d = Digest::of(&body);
     let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
     let store = open(dir.path());
@@ -467,24 +472,24 @@ async fn an_aborted_run_keeps_whole_pieces_and_frees_the_rest() {
     };
     let (mut w, _) = w.into_pieces(layout);
     let run = w.start_run(0, 4).unwrap();
-    // 1.5 pieces arrive, then the stream dies.
+    // 1.5 MiB arrives (pieces 0 and 1, half of 2), then the stream dies.
     w.write_run(run, bytes::Bytes::copy_from_slice(&body[..3 << 19]))
         .await
         .unwrap();
     let mut held = w.abort_run(run).await.unwrap();
-    hold_hashed_until(&mut w, &mut held, |w| w.held().get(0)).await;
+    hold_hashed_until(&mut w, &mut held, |w| w.held().get(1)).await;
     let now = w.held();
     assert!(
-        now.get(0) && !now.get(1),
-        "piece 0 kept, the cut piece not: {held:?}"
+        now.get(0) && now.get(1) && !now.get(2),
+        "pieces 0 and 1 kept, the cut piece not: {held:?}"
     );
     let inf = w.inflight();
-    for i in 1..4 {
+    for i in 2..4 {
         assert!(inf.claim_piece(i), "piece {i} is free for someone else");
         inf.release_piece_claim(i);
     }
     let hashes = piece_hashes(layout, &body);
-    for i in 1..4 {
+    for i in 2..4 {
         let (a, b) = layout.range(i);
         receive(&mut w, &hashes, i, &body[a as usize..b as usize]).await;
     }
@@ -576,7 +581,7 @@ async fn registry_pieces_hashed_by_the_digest_complete_the_blob() {
         panic!()
     };
     let (mut w, _) = w.into_pieces(layout);
-    let run = w.start_run(0, 2).unwrap();
+    let run = w.start_run(0, layout.count()).unwrap();
     let mut held = Vec::new();
     for c in body.chunks(16 << 10) {
         held.extend(
@@ -588,7 +593,7 @@ async fn registry_pieces_hashed_by_the_digest_complete_the_blob() {
     }
     assert_eq!(w.run_position(run), None, "the run is done");
     hold_hashed_until(&mut w, &mut held, |_| false).await;
-    assert!(w.is_complete(), "both pieces held: {held:?}");
+    assert!(w.is_complete(), "every piece held: {held:?}");
     w.finish().await.unwrap();
     assert!(store.open_complete(&d).unwrap().is_some());
 }

@@ -15,8 +15,9 @@ pub const MIB: u64 = 1 << 20;
 pub const MIN_PIECE_SIZE: u64 = 64 * KIB;
 pub const MAX_PIECE_SIZE: u64 = 256 * MIB;
 pub const MAX_PIECES: u32 = 1 << 16;
-/// 16 TiB: far above any image layer or checkpoint shard, far below overflow.
-pub const MAX_BLOB_SIZE: u64 = MAX_PIECE_SIZE * MAX_PIECES as u64;
+/// Almost 16 TiB (one piece is the head's): far above any image layer or checkpoint
+/// shard, far below overflow.
+pub const MAX_BLOB_SIZE: u64 = MAX_PIECE_SIZE * (MAX_PIECES as u64 - 1);
 
 /// How long one piece should take on the node's link. Pieces propagate
 /// store-and-forward (a piece is verified before it is served onward), so each hop
@@ -51,7 +52,7 @@ pub fn piece_size_for(blob_size: u64, link_bytes_per_sec: Option<u64>) -> u64 {
     while p > RULE_MIN_PIECE && blob_size.div_ceil(p) < RULE_MIN_PIECES {
         p /= 2;
     }
-    while p < MAX_PIECE_SIZE && blob_size.div_ceil(p) > MAX_PIECES as u64 {
+    while p < MAX_PIECE_SIZE && PieceLayout::piece_count(blob_size, p) > MAX_PIECES as u64 {
         p *= 2;
     }
     p
@@ -152,7 +153,7 @@ pub fn validate_geometry(blob_size: u64, piece_size: u64) -> Result<(), Error> {
             "blob size {blob_size} exceeds {MAX_BLOB_SIZE}"
         )));
     }
-    if blob_size.div_ceil(piece_size) > MAX_PIECES as u64 {
+    if PieceLayout::piece_count(blob_size, piece_size) > MAX_PIECES as u64 {
         return Err(Error::Geometry(format!(
             "{blob_size} bytes in pieces of {piece_size} is more than {MAX_PIECES} pieces"
         )));
@@ -160,6 +161,22 @@ pub fn validate_geometry(blob_size: u64, piece_size: u64) -> Result<(), Error> {
     Ok(())
 }
 
+/// The first piece of a blob is [`HEAD_DIVISOR`] times smaller than the others (at
+/// least [`MIN_PIECE_SIZE`]); the second is the rest of the first full piece, and every
+/// later piece starts on a multiple of the piece size.
+///
+/// Why: a blob's first byte on a node that does not fetch it from the registry waits
+/// for piece 0 to exist at the source (its share of the registry) and then to reach the
+/// node through a relay tree of peers, one piece time per hop, with every node that
+/// starts the blob at once asking for the same piece. A head of 1/16 of a piece cuts
+/// those terms sixteen-fold (BENCHMARKS.md, issue 11, "head piece"); the pieces after
+/// it keep the size the rule chose for throughput.
+pub const HEAD_DIVISOR: u64 = 16;
+
+/// Where pieces begin and end in a blob: a small head piece, then pieces of
+/// `piece_size` aligned to it (see [`HEAD_DIVISOR`]). Both numbers travel (announce,
+/// OPEN); everything else is derived from them here, by every agent, the tracker and
+/// the simulator alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PieceLayout {
     pub blob_size: u64,
@@ -184,24 +201,62 @@ impl PieceLayout {
         }
     }
 
+    /// The head piece's size for pieces of `piece_size`; equal to it when the pieces
+    /// are too small to split.
+    pub fn head_size(piece_size: u64) -> u64 {
+        (piece_size / HEAD_DIVISOR)
+            .max(MIN_PIECE_SIZE)
+            .min(piece_size.max(1))
+    }
+
+    /// Pieces in `blob_size` bytes cut by `piece_size` (u64: a hostile geometry may not
+    /// fit a u32).
+    pub fn piece_count(blob_size: u64, piece_size: u64) -> u64 {
+        let piece_size = piece_size.max(1);
+        let full = blob_size.div_ceil(piece_size);
+        let head = Self::head_size(piece_size);
+        if head < piece_size && blob_size > head {
+            full + 1
+        } else {
+            full
+        }
+    }
+
+    fn split(&self) -> bool {
+        Self::head_size(self.piece_size) < self.piece_size
+    }
+
     pub fn count(&self) -> u32 {
-        self.blob_size.div_ceil(self.piece_size) as u32
+        Self::piece_count(self.blob_size, self.piece_size).min(u32::MAX as u64) as u32
     }
 
     /// Byte range `[start, end)` of piece `i`.
     pub fn range(&self, i: u32) -> (u64, u64) {
-        let start = (i as u64)
-            .saturating_mul(self.piece_size)
-            .min(self.blob_size);
-        (
-            start,
-            start.saturating_add(self.piece_size).min(self.blob_size),
-        )
+        let i = i as u64;
+        let p = self.piece_size;
+        let (start, end) = if !self.split() {
+            let start = i.saturating_mul(p);
+            (start, start.saturating_add(p))
+        } else {
+            let head = Self::head_size(p);
+            match i {
+                0 => (0, head),
+                1 => (head, p),
+                _ => ((i - 1).saturating_mul(p), i.saturating_mul(p)),
+            }
+        };
+        (start.min(self.blob_size), end.min(self.blob_size))
     }
 
     pub fn len(&self, i: u32) -> u64 {
         let (a, b) = self.range(i);
         b - a
+    }
+
+    /// The length of piece `i` in a blob long enough to hold it whole: what a scheduler
+    /// that knows only the piece size expects the piece to weigh.
+    pub fn nominal_len(piece_size: u64, i: u32) -> u64 {
+        Self::new(MAX_BLOB_SIZE, piece_size).len(i)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -210,7 +265,15 @@ impl PieceLayout {
 
     /// The piece holding byte `offset`.
     pub fn piece_of(&self, offset: u64) -> u32 {
-        (offset / self.piece_size) as u32
+        let p = self.piece_size;
+        let i = if !self.split() {
+            offset / p
+        } else if offset < Self::head_size(p) {
+            0
+        } else {
+            offset / p + 1
+        };
+        i.min(u32::MAX as u64) as u32
     }
 }
 
@@ -258,17 +321,61 @@ mod tests {
 
     #[test]
     fn geometry() {
+        // A head of 4 MiB / 16, the rest of the first full piece, then full pieces.
         let l = PieceLayout::new(10 * MIB + 5, 4 * MIB);
-        assert_eq!(l.count(), 3);
-        assert_eq!(l.range(2), (8 * MIB, 10 * MIB + 5));
-        assert_eq!(l.len(2), 2 * MIB + 5);
-        assert_eq!(l.piece_of(4 * MIB), 1);
+        assert_eq!(l.count(), 4);
+        assert_eq!(l.range(0), (0, 256 * KIB));
+        assert_eq!(l.range(1), (256 * KIB, 4 * MIB));
+        assert_eq!(l.range(2), (4 * MIB, 8 * MIB));
+        assert_eq!(l.range(3), (8 * MIB, 10 * MIB + 5));
+        assert_eq!(l.len(3), 2 * MIB + 5);
+        assert_eq!(l.piece_of(0), 0);
+        assert_eq!(l.piece_of(256 * KIB - 1), 0);
+        assert_eq!(l.piece_of(256 * KIB), 1);
+        assert_eq!(l.piece_of(4 * MIB), 2);
         assert_eq!(
             l.range(7),
             (10 * MIB + 5, 10 * MIB + 5),
             "past the end: empty"
         );
         assert_eq!(PieceLayout::new(0, 4 * MIB).count(), 0);
+        // Pieces too small to split stay uniform; a blob inside the head is one piece.
+        let small = PieceLayout::new(MIB, MIN_PIECE_SIZE);
+        assert_eq!((small.count(), small.range(1)), (16, (64 * KIB, 128 * KIB)));
+        assert_eq!(PieceLayout::new(60 * KIB, MIB).count(), 1);
+        assert_eq!(PieceLayout::new(60 * KIB, MIB).range(0), (0, 60 * KIB));
+        assert_eq!(PieceLayout::new(100 * KIB, MIB).count(), 2);
+        assert_eq!(PieceLayout::new(100 * KIB, MIB).range(1), (64 * KIB, 100 * KIB));
+        // The smallest split: 128 KiB pieces, a 64 KiB head.
+        assert_eq!(PieceLayout::head_size(128 * KIB), 64 * KIB);
+        assert_eq!(PieceLayout::nominal_len(MIB, 0), 64 * KIB);
+        assert_eq!(PieceLayout::nominal_len(MIB, 1), 960 * KIB);
+        assert_eq!(PieceLayout::nominal_len(MIB, 9), MIB);
+    }
+
+    proptest::proptest! {
+        /// Pieces tile the blob in order with no gap, every piece but the last ends on
+        /// a 64-byte block (piece hashes are sha256 states there), and `piece_of` finds
+        /// the piece that holds each byte.
+        #[test]
+        fn pieces_tile_the_blob(size in 0u64..(64 * MIB), shift in 16u32..=24, probe in 0u64..(64 * MIB)) {
+            let l = PieceLayout::new(size, 1 << shift);
+            let mut at = 0;
+            for i in 0..l.count() {
+                let (a, b) = l.range(i);
+                proptest::prop_assert_eq!(a, at);
+                proptest::prop_assert!(b > a, "piece {} of {:?} is empty", i, l);
+                proptest::prop_assert!(b == size || b % 64 == 0);
+                proptest::prop_assert_eq!(l.piece_of(a), i);
+                proptest::prop_assert_eq!(l.piece_of(b - 1), i);
+                at = b;
+            }
+            proptest::prop_assert_eq!(at, size);
+            if probe < size {
+                let (a, b) = l.range(l.piece_of(probe));
+                proptest::prop_assert!(a <= probe && probe < b);
+            }
+        }
     }
 
     #[test]
@@ -304,7 +411,8 @@ mod tests {
         );
         assert!(validate_geometry(MIB, 1024).is_err(), "too small");
         assert!(validate_geometry(u64::MAX, MAX_PIECE_SIZE).is_err());
-        assert!(validate_geometry(MAX_PIECES as u64 * MIB + 1, MIB).is_err());
-        assert!(validate_geometry(MAX_PIECES as u64 * MIB, MIB).is_ok());
+        // With the head piece, MAX_PIECES - 1 full pieces is the most.
+        assert!(validate_geometry(MAX_PIECES as u64 * MIB - MIB + 1, MIB).is_err());
+        assert!(validate_geometry(MAX_PIECES as u64 * MIB - MIB, MIB).is_ok());
     }
 }

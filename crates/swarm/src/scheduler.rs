@@ -739,6 +739,13 @@ impl PieceScheduler {
     /// May `piece` be asked of the source? Within this node's source stripe, or once it
     /// has waited `source_patience_ms` there for its stripe's member to pass it on.
     fn source_allowed(&self, piece: u32, now_ms: u64) -> bool {
+        // The head piece (`pieces::HEAD_DIVISOR` times smaller than the others) straight
+        // from the source to every member of a swarm small enough that all those copies
+        // weigh no more than one piece: each node's first byte then waits for one hop,
+        // not for the stripe's member to relay it.
+        if piece == 0 && (1..=crate::pieces::HEAD_DIVISOR).contains(&(self.members as u64)) {
+            return true;
+        }
         match self.source_stripe {
             Some((idx, n)) => {
                 piece % n == idx
@@ -1208,7 +1215,7 @@ impl PieceScheduler {
             return false;
         }
         if let Some(&i) = self.by_name.get(from) {
-            self.measure(i, now_ms);
+            self.measure(i, piece, now_ms);
             self.release(piece, i);
             // Only this node's stripe: pieces fetched after the patience ran out
             // would feed the patience back into itself.
@@ -1254,8 +1261,8 @@ impl PieceScheduler {
         }
     }
 
-    fn measure(&mut self, slot: u32, now_ms: u64) {
-        let piece_size = self.piece_size as f64;
+    fn measure(&mut self, slot: u32, piece: u32, now_ms: u64) {
+        let piece_size = crate::PieceLayout::nominal_len(self.piece_size, piece) as f64;
         if let Some(s) = self.slots[slot as usize].as_mut() {
             s.last_progress_ms = now_ms;
             if let Some(mark) = s.mark_ms {
@@ -1896,6 +1903,22 @@ mod tests {
             );
             assert!(late.iter().all(|x| x.peer == "src"));
         }
+        // In a swarm of at most HEAD_DIVISOR members the head piece comes from the
+        // source at once, outside the stripe; in a bigger one it waits like the others.
+        for (members, at_once) in [(8, true), (crate::pieces::HEAD_DIVISOR as u32 + 1, false)] {
+            let mut s = PieceScheduler::new(Bitfield::new(16), MB, cfg.clone());
+            s.set_source(Some("src"), Some((1, 4)));
+            s.set_members(members, 0);
+            s.set_peer_at("src", Some(bits(16, &all)), 0, 0);
+            let r = s.next_requests(10, 64);
+            let head = r.iter().find(|x| x.piece == 0);
+            assert_eq!(
+                head.map(|x| (x.peer.as_str(), x.urgent)),
+                at_once.then_some(("src", true)),
+                "{members} members: {r:?}"
+            );
+            assert!(r.iter().all(|x| x.piece == 0 || x.piece % 4 == 1), "{r:?}");
+        }
         // No stripe (no source, or a large swarm): anything from the source.
         let mut s = PieceScheduler::new(Bitfield::new(16), MB, cfg.clone());
         s.set_peer_at("src", Some(bits(16, &all)), 0, 0);
@@ -1934,10 +1957,14 @@ mod tests {
         s.on_announce(&resp(Some([1, 9])), 0);
         let mut pieces: Vec<u32> = s.next_requests(10, 64).iter().map(|r| r.piece).collect();
         pieces.sort_unstable();
-        assert_eq!(pieces, vec![1, 10], "the stripe only");
+        assert_eq!(
+            pieces,
+            vec![0, 1, 10],
+            "the stripe, and the head piece (ten members)"
+        );
         // The source is done (the tracker names no stripe): anything from it.
         s.on_announce(&resp(None), 20);
-        assert_eq!(s.next_requests(20, 64).len(), 14);
+        assert_eq!(s.next_requests(20, 64).len(), 13);
     }
 
     #[test]

@@ -85,7 +85,7 @@ struct Swarm {
 impl Swarm {
     fn count(&self) -> u32 {
         match self.size {
-            Some(s) if self.piece_size > 0 => s.div_ceil(self.piece_size) as u32,
+            Some(s) if self.piece_size > 0 => crate::PieceLayout::new(s, self.piece_size).count(),
             _ => 0,
         }
     }

@@ -46,6 +46,13 @@ pub enum Admit {
 
 /// Pieces a holder sends at once (the agent's `max_uploads`).
 pub const DEFAULT_MAX_ACTIVE: usize = 4;
+/// Slots beyond `max_active` that only an urgent request for a blob's head piece (a
+/// reader waits on its first byte) may take: with every slot busy on whole pieces, it
+/// waited for one of them to finish, up to a piece time at the slot's share of the
+/// uplink (≈ 160 ms at 25 MiB/s and four slots). The head piece is 1/16 of a piece
+/// (`pieces::HEAD_DIVISOR`), so the slot takes little from the others; open to every
+/// urgent request it cost `seed-100x5gb` ≈ 1 % (BENCHMARKS.md, issue 11, "head piece").
+pub const URGENT_EXTRA_SLOTS: usize = 1;
 /// Requests one connection may have waiting in a holder's line (the agent's
 /// `upload_queue`): above any downloader's window, so only a misbehaving peer hits it.
 pub const DEFAULT_QUEUE_PER_CONN: usize = 64;
@@ -74,6 +81,8 @@ pub struct UploadConfig {
     /// Requests one connection may have waiting (above any downloader's window).
     pub max_queued_per_conn: usize,
     pub max_queued_total: usize,
+    /// Slots beyond `max_active` for urgent head-piece requests ([`URGENT_EXTRA_SLOTS`]).
+    pub urgent_extra: usize,
 }
 
 impl Default for UploadConfig {
@@ -82,6 +91,7 @@ impl Default for UploadConfig {
             max_active: DEFAULT_MAX_ACTIVE,
             max_queued_per_conn: DEFAULT_QUEUE_PER_CONN,
             max_queued_total: DEFAULT_QUEUE_TOTAL,
+            urgent_extra: URGENT_EXTRA_SLOTS,
         }
     }
 }
@@ -147,9 +157,11 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
     /// The next request to serve, if a slot is free (see the module's order). The
     /// slot is taken; give it back with [`UploadQueue::done`].
     pub fn next_to_send(&mut self) -> Option<(C, Queued)> {
-        if self.active >= self.cfg.max_active.max(1) || self.queued == 0 {
+        let max_active = self.cfg.max_active.max(1);
+        if self.active >= max_active + self.cfg.urgent_extra || self.queued == 0 {
             return None;
         }
+        let only_urgent = self.active >= max_active;
         let patience =
             FRESHER_FIRST_SKIPS.max((self.turn.len() as u32).saturating_mul(FRESHER_FIRST_ROUNDS));
         // (urgent first; passed over too often first, the longest-waiting of those
@@ -163,6 +175,9 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             let starved = skipped >= patience;
             let wait_rank = if starved { -(skipped as i64) } else { 0 };
             for (k, q) in line.iter().enumerate() {
+                if only_urgent && !(q.urgent && q.piece == 0) {
+                    continue;
+                }
                 let key = (
                     !q.urgent,
                     !starved,
@@ -292,6 +307,7 @@ mod tests {
             max_active: 2,
             max_queued_per_conn: 3,
             max_queued_total: 100,
+            urgent_extra: 0,
         });
         for p in 0..3 {
             assert_eq!(u.push('a', q(p, false)), Admit::Queued);
@@ -317,6 +333,44 @@ mod tests {
         u.done();
         assert!(u.next_to_send().is_none());
         assert_eq!(u.queued(), 0);
+    }
+
+    #[test]
+    fn a_read_head_does_not_wait_for_a_busy_slot() {
+        let mut u = UploadQueue::new(UploadConfig {
+            max_active: 2,
+            ..UploadConfig::default()
+        });
+        for p in 0..4 {
+            u.push('a', q(p, false));
+        }
+        assert!(u.next_to_send().is_some() && u.next_to_send().is_some());
+        assert!(u.next_to_send().is_none(), "both slots busy on whole pieces");
+        u.push('b', q(0, true));
+        u.push('c', q(0, true));
+        assert_eq!(
+            u.next_to_send().map(|(c, x)| (c, x.piece, x.urgent)),
+            Some(('b', 0, true)),
+            "a read head takes the extra slot"
+        );
+        assert!(
+            u.next_to_send().is_none(),
+            "one extra slot: the second read head waits"
+        );
+        u.done();
+        assert_eq!(
+            u.next_to_send().map(|(c, x)| (c, x.urgent)),
+            Some(('c', true)),
+            "a freed slot goes to the waiting read head"
+        );
+        u.done();
+        u.done();
+        assert_eq!(
+            u.next_to_send().map(|(c, x)| (c, x.piece)),
+            Some(('a', 2)),
+            "ordinary requests only within max_active"
+        );
+        assert!(u.next_to_send().is_none());
     }
 
     #[test]

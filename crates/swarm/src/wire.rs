@@ -21,9 +21,11 @@ use crate::pieces::{validate_geometry, PieceHash, MAX_PIECES};
 use crate::{Bitfield, Error};
 
 /// 2: piece hashes are the blob's sha256 chaining values (`crate::chain`), not BLAKE3.
+/// 3: a blob's first piece is a small head piece (`crate::pieces::HEAD_DIVISOR`), so
+/// piece boundaries moved.
 /// Agents of different versions refuse each other at HELLO instead of failing each
 /// other's pieces (upgrade a cluster's agents together; see README).
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Largest control frame (a bitfield of [`MAX_PIECES`] is 8 KiB, a hash batch 128 KiB).
 pub const MAX_CONTROL_FRAME: usize = 256 << 10;

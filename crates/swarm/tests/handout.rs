@@ -27,7 +27,8 @@ fn req(node: &str, d: &Digest, t: Topology, held: u32) -> AnnounceRequest {
         addr: format!("{node}:1"),
         topology: t,
         digest: d.clone(),
-        size: Some(PIECES as u64 * (1 << 20)),
+        // A head piece and the rest of the first MiB, then whole MiBs: PIECES pieces.
+        size: Some((PIECES as u64 - 1) * (1 << 20)),
         piece_size: Some(1 << 20),
         have: Some(have),
         complete: false,

@@ -213,7 +213,7 @@ impl PeerConn {
         for c in chans {
             for (p, _) in c.requested.lock().drain() {
                 // A piece cut mid-way keeps no claim: someone else may produce it.
-                if !c.inflight.has_piece(c.layout.piece_size, p) {
+                if !c.inflight.has_piece(c.layout, p) {
                     c.inflight.release_piece_claim(p);
                 }
             }
@@ -583,7 +583,15 @@ async fn receive_data(
     len: u32,
 ) -> Result<(), Error> {
     let Some(chan) = chan else {
-        // A channel we closed: the bytes still have to be read off the stream.
+        // A channel we closed: the bytes still have to be read off the stream. A
+        // connection carries one piece at a time, so a piece in progress is this one,
+        // cut by the close (a blob that finished while a copy was on its way): it ends
+        // here, and the next piece on the connection begins cleanly.
+        if let Some(prev) = cur.take() {
+            if prev.claimed {
+                prev.chan.inflight.release_piece_claim(prev.piece);
+            }
+        }
         return reader.skip_payload(len as usize).await;
     };
     let piece_len = chan.layout.len(piece);

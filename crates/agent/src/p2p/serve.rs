@@ -398,7 +398,7 @@ fn holds(agent: &Agent, d: &Digest, layout: PieceLayout, piece: u32) -> bool {
     agent
         .store
         .inflight(d)
-        .is_some_and(|inf| inf.has_piece(layout.piece_size, piece) && inf.layout() == Some(layout))
+        .is_some_and(|inf| inf.has_piece(layout, piece) && inf.layout() == Some(layout))
 }
 
 /// Keeps one channel posted: the bitfield (or "complete") once this node has the
@@ -432,6 +432,7 @@ async fn watch_blob(
                     })
                     .await
                     .is_err()
+                    || send_known_hashes(&inf, chan, &ctl).await.is_err()
                 {
                     return;
                 }
@@ -487,6 +488,32 @@ async fn watch_blob(
 
 /// Piece hashes of a complete (digest-verified) blob, for downloaders that joined a
 /// swarm with no source publishing hashes.
+/// After a bitfield: the hashes this holder knows from piece 0 on, in one HASHES frame.
+/// A HAVE carries its piece's hash, a bitfield none; without this, a downloader that
+/// opened its channel after the source had piece 0 waited for the hash through the
+/// tracker (the source publishes every 100 ms, waiting pieces ask every 200 ms), and
+/// its first byte with it (0.2–0.4 s at 8 × 25 MiB/s; BENCHMARKS.md, issue 11, "head
+/// piece"). Downloaders take these only from the elected source, as a HAVE's hash.
+async fn send_known_hashes(
+    inf: &store::Inflight,
+    chan: ChannelId,
+    ctl: &mpsc::Sender<Frame>,
+) -> Result<(), mpsc::error::SendError<Frame>> {
+    let hashes: Vec<PieceHash> = (0u32..)
+        .take(wire::MAX_HASHES_PER_FRAME)
+        .map_while(|i| inf.piece_hash(i))
+        .collect();
+    if hashes.is_empty() {
+        return Ok(());
+    }
+    ctl.send(Frame::Hashes {
+        chan,
+        first: 0,
+        hashes,
+    })
+    .await
+}
+
 async fn send_hashes(
     agent: &Agent,
     p2p: &P2p,
@@ -588,7 +615,7 @@ async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
                 _ => agent
                     .store
                     .inflight(&d)
-                    .filter(|inf| inf.has_piece(layout.piece_size, q.piece))
+                    .filter(|inf| inf.has_piece(layout, q.piece))
                     .map(|inf| inf.span(start, 0).file),
             };
             let Some(file) = file else {

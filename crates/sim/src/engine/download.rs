@@ -115,11 +115,27 @@ impl Engine<'_> {
         } else {
             self.pulls[hp].sched.as_ref().map(|x| x.have().clone())
         };
+        // The holder's known hashes from piece 0 follow its bitfield (HASHES); only
+        // the elected source's count, as its HAVEs' hashes do.
+        let known_hashes = if self.pulls[hp].done {
+            u32::MAX
+        } else {
+            self.pulls[hp].hashes.prefix()
+        };
         let name = &self.names[self.nodes[h as usize].node as usize];
         let i = self.pi(s, l);
         let p = &mut self.pulls[i];
         if p.done || p.phase != Phase::Swarm {
             return;
+        }
+        let mut hashes_new = false;
+        if p.source == Some(h) {
+            for k in 0..known_hashes.min(p.hashes.len()) {
+                if !p.hashes.get(k) {
+                    p.hashes.set(k);
+                    hashes_new = true;
+                }
+            }
         }
         let Some(distance) = p.links.get(&h).map(|k| k.distance) else {
             return;
@@ -134,6 +150,9 @@ impl Engine<'_> {
         }
         self.out.scheduler_wall_s += t0.elapsed().as_secs_f64();
         self.out.counters.bitfields += 1;
+        if hashes_new {
+            self.settle_unverified(s, l);
+        }
         let patience = self
             .pull_ref(s, l)
             .sched

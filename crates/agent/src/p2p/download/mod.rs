@@ -84,6 +84,7 @@ pub(crate) async fn start(
     mut writer: Box<BlobWriter>,
     limit: Option<Arc<TokenBucket>>,
 ) -> Start {
+    let joined = Instant::now();
     let req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
     let mut resp = match p2p.announce(&req).await {
         Ok(r) => r,
@@ -111,6 +112,7 @@ pub(crate) async fn start(
             Err(_) => return Start::NotSwarm(writer),
         }
     }
+    debug!(digest = %d, role = ?resp.role, ms = joined.elapsed().as_millis() as u64, "swarm joined");
     let mut first_stream = None;
     let size = match (resp.role, resp.size) {
         (Role::Direct, _) => return Start::NotSwarm(writer),

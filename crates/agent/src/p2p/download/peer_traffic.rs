@@ -175,15 +175,19 @@ impl Download {
                 first,
                 hashes,
             } => {
-                // A complete peer's hashes come from a digest-verified blob; used only
-                // when no other source publishes (see `takes_peer_hash_lists`).
-                if self.takes_peer_hash_lists() && self.sched.peer_is_complete(&peer) {
+                // The elected source's (sent after its bitfield), trusted as its HAVEs'
+                // hashes are; a complete peer's come from a digest-verified blob, used
+                // only when no source publishes (see `takes_peer_hash_lists`).
+                let from_source = self.source.as_deref() == Some(peer.as_str());
+                if from_source
+                    || (self.takes_peer_hash_lists() && self.sched.peer_is_complete(&peer))
+                {
                     for (k, h) in hashes.into_iter().enumerate() {
                         if let Some(slot) = self.hashes.get_mut(first as usize + k) {
                             slot.get_or_insert(h);
                         }
                     }
-                    debug!(digest = %self.d, %peer, "piece hashes taken from a complete peer");
+                    debug!(digest = %self.d, %peer, from_source, "piece hashes taken from a peer");
                     self.settle_unverified().await?;
                 }
             }
