@@ -626,10 +626,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             };
             // Below the P2P threshold every node reads the blob from the registry
             // (the tracker says "direct"): no swarm, so no non-seed first byte.
-            if sw.piece_size <= 1
-                || sw.elected.contains(&agents[i].0)
-                || b.bytes < p2p_threshold
-            {
+            if sw.piece_size <= 1 || sw.elected.contains(&agents[i].0) || b.bytes < p2p_threshold {
                 continue;
             }
             per_node[i]

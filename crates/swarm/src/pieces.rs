@@ -161,17 +161,23 @@ pub fn validate_geometry(blob_size: u64, piece_size: u64) -> Result<(), Error> {
     Ok(())
 }
 
-/// The first piece of a blob is [`HEAD_DIVISOR`] times smaller than the others (at
-/// least [`MIN_PIECE_SIZE`]); the second is the rest of the first full piece, and every
-/// later piece starts on a multiple of the piece size.
+/// With pieces of at most [`HEAD_MAX_PIECE`], the first piece of a blob is
+/// [`HEAD_DIVISOR`] times smaller than the others (at least [`MIN_PIECE_SIZE`]); the
+/// second is the rest of the first full piece, and every later piece starts on a
+/// multiple of the piece size.
 ///
 /// Why: a blob's first byte on a node that does not fetch it from the registry waits
 /// for piece 0 to exist at the source (its share of the registry) and then to reach the
-/// node through a relay tree of peers, one piece time per hop, with every node that
-/// starts the blob at once asking for the same piece. A head of 1/16 of a piece cuts
-/// those terms sixteen-fold (BENCHMARKS.md, issue 11, "head piece"); the pieces after
-/// it keep the size the rule chose for throughput.
+/// node through peers, a piece time per hop, with every node that starts the blob at
+/// once asking for the same piece. A head of 1/16 of a piece cuts those terms
+/// sixteen-fold; the pieces after it keep the size the rule chose for throughput.
+/// The rule makes a piece 25 ms of the link but never less than 1 MiB, so only pieces
+/// at that floor (links slower than 40 MiB/s, or small blobs) take longer per hop; on
+/// faster links the split gained little and cost throughput: `seed-100x5gb` (64 MiB
+/// pieces) went from 1.270 to 1.296 × T* over ten seeds (BENCHMARKS.md, issue 11,
+/// "head piece").
 pub const HEAD_DIVISOR: u64 = 16;
+pub const HEAD_MAX_PIECE: u64 = MIB;
 
 /// Where pieces begin and end in a blob: a small head piece, then pieces of
 /// `piece_size` aligned to it (see [`HEAD_DIVISOR`]). Both numbers travel (announce,
@@ -204,6 +210,9 @@ impl PieceLayout {
     /// The head piece's size for pieces of `piece_size`; equal to it when the pieces
     /// are too small to split.
     pub fn head_size(piece_size: u64) -> u64 {
+        if piece_size > HEAD_MAX_PIECE {
+            return piece_size.max(1);
+        }
         (piece_size / HEAD_DIVISOR)
             .max(MIN_PIECE_SIZE)
             .min(piece_size.max(1))
@@ -261,6 +270,11 @@ impl PieceLayout {
 
     pub fn is_empty(&self) -> bool {
         self.blob_size == 0
+    }
+
+    /// Whether piece `i` is a head piece smaller than the pieces after it.
+    pub fn is_small_head(&self, i: u32) -> bool {
+        i == 0 && self.split() && self.count() > 1
     }
 
     /// The piece holding byte `offset`.
@@ -321,36 +335,53 @@ mod tests {
 
     #[test]
     fn geometry() {
-        // A head of 4 MiB / 16, the rest of the first full piece, then full pieces.
-        let l = PieceLayout::new(10 * MIB + 5, 4 * MIB);
+        // A head of 1 MiB / 16, the rest of the first full piece, then full pieces.
+        let l = PieceLayout::new(2 * MIB + 5, MIB);
         assert_eq!(l.count(), 4);
-        assert_eq!(l.range(0), (0, 256 * KIB));
-        assert_eq!(l.range(1), (256 * KIB, 4 * MIB));
-        assert_eq!(l.range(2), (4 * MIB, 8 * MIB));
-        assert_eq!(l.range(3), (8 * MIB, 10 * MIB + 5));
-        assert_eq!(l.len(3), 2 * MIB + 5);
+        assert_eq!(l.range(0), (0, 64 * KIB));
+        assert_eq!(l.range(1), (64 * KIB, MIB));
+        assert_eq!(l.range(2), (MIB, 2 * MIB));
+        assert_eq!(l.range(3), (2 * MIB, 2 * MIB + 5));
+        assert_eq!(l.len(3), 5);
         assert_eq!(l.piece_of(0), 0);
-        assert_eq!(l.piece_of(256 * KIB - 1), 0);
-        assert_eq!(l.piece_of(256 * KIB), 1);
-        assert_eq!(l.piece_of(4 * MIB), 2);
+        assert_eq!(l.piece_of(64 * KIB - 1), 0);
+        assert_eq!(l.piece_of(64 * KIB), 1);
+        assert_eq!(l.piece_of(MIB), 2);
         assert_eq!(
             l.range(7),
-            (10 * MIB + 5, 10 * MIB + 5),
+            (2 * MIB + 5, 2 * MIB + 5),
             "past the end: empty"
         );
-        assert_eq!(PieceLayout::new(0, 4 * MIB).count(), 0);
+        assert_eq!(PieceLayout::new(0, MIB).count(), 0);
+        // Pieces above HEAD_MAX_PIECE are uniform.
+        let big = PieceLayout::new(10 * MIB + 5, 4 * MIB);
+        assert_eq!((big.count(), big.range(1)), (3, (4 * MIB, 8 * MIB)));
+        assert_eq!(big.piece_of(4 * MIB), 1);
         // Pieces too small to split stay uniform; a blob inside the head is one piece.
         let small = PieceLayout::new(MIB, MIN_PIECE_SIZE);
         assert_eq!((small.count(), small.range(1)), (16, (64 * KIB, 128 * KIB)));
         assert_eq!(PieceLayout::new(60 * KIB, MIB).count(), 1);
         assert_eq!(PieceLayout::new(60 * KIB, MIB).range(0), (0, 60 * KIB));
         assert_eq!(PieceLayout::new(100 * KIB, MIB).count(), 2);
-        assert_eq!(PieceLayout::new(100 * KIB, MIB).range(1), (64 * KIB, 100 * KIB));
+        assert_eq!(
+            PieceLayout::new(100 * KIB, MIB).range(1),
+            (64 * KIB, 100 * KIB)
+        );
         // The smallest split: 128 KiB pieces, a 64 KiB head.
         assert_eq!(PieceLayout::head_size(128 * KIB), 64 * KIB);
         assert_eq!(PieceLayout::nominal_len(MIB, 0), 64 * KIB);
         assert_eq!(PieceLayout::nominal_len(MIB, 1), 960 * KIB);
         assert_eq!(PieceLayout::nominal_len(MIB, 9), MIB);
+        // Pieces above HEAD_MAX_PIECE (faster links) are not split.
+        assert_eq!(PieceLayout::head_size(HEAD_MAX_PIECE), HEAD_MAX_PIECE / 16);
+        assert_eq!(PieceLayout::head_size(2 * MIB), 2 * MIB);
+        assert_eq!(PieceLayout::new(100 * MIB, 64 * MIB).count(), 2);
+        assert!(l.is_small_head(0) && !l.is_small_head(1));
+        assert!(!PieceLayout::new(100 * MIB, 64 * MIB).is_small_head(0));
+        assert!(
+            !PieceLayout::new(60 * KIB, MIB).is_small_head(0),
+            "the whole blob"
+        );
     }
 
     proptest::proptest! {

@@ -739,11 +739,15 @@ impl PieceScheduler {
     /// May `piece` be asked of the source? Within this node's source stripe, or once it
     /// has waited `source_patience_ms` there for its stripe's member to pass it on.
     fn source_allowed(&self, piece: u32, now_ms: u64) -> bool {
-        // The head piece (`pieces::HEAD_DIVISOR` times smaller than the others) straight
+        // A small head piece (`pieces::HEAD_DIVISOR` times smaller than the others) straight
         // from the source to every member of a swarm small enough that all those copies
         // weigh no more than one piece: each node's first byte then waits for one hop,
         // not for the stripe's member to relay it.
-        if piece == 0 && (1..=crate::pieces::HEAD_DIVISOR).contains(&(self.members as u64)) {
+        let small_head = crate::PieceLayout::head_size(self.piece_size) < self.piece_size;
+        if piece == 0
+            && small_head
+            && (1..=crate::pieces::HEAD_DIVISOR).contains(&(self.members as u64))
+        {
             return true;
         }
         match self.source_stripe {

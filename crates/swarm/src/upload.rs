@@ -35,6 +35,9 @@ pub struct Queued {
     pub blob: u64,
     pub piece: u32,
     pub urgent: bool,
+    /// The blob's head piece, smaller than the others (`PieceLayout::is_small_head`):
+    /// urgent, it may take the slot beyond `max_active`.
+    pub small_head: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +49,7 @@ pub enum Admit {
 
 /// Pieces a holder sends at once (the agent's `max_uploads`).
 pub const DEFAULT_MAX_ACTIVE: usize = 4;
-/// Slots beyond `max_active` that only an urgent request for a blob's head piece (a
+/// Slots beyond `max_active` that only an urgent request for a blob's small head piece (a
 /// reader waits on its first byte) may take: with every slot busy on whole pieces, it
 /// waited for one of them to finish, up to a piece time at the slot's share of the
 /// uplink (≈ 160 ms at 25 MiB/s and four slots). The head piece is 1/16 of a piece
@@ -175,7 +178,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             let starved = skipped >= patience;
             let wait_rank = if starved { -(skipped as i64) } else { 0 };
             for (k, q) in line.iter().enumerate() {
-                if only_urgent && !(q.urgent && q.piece == 0) {
+                if only_urgent && !(q.urgent && q.small_head) {
                     continue;
                 }
                 let key = (
@@ -298,6 +301,7 @@ mod tests {
             blob: 7,
             piece,
             urgent,
+            small_head: piece == 0,
         }
     }
 
@@ -345,7 +349,10 @@ mod tests {
             u.push('a', q(p, false));
         }
         assert!(u.next_to_send().is_some() && u.next_to_send().is_some());
-        assert!(u.next_to_send().is_none(), "both slots busy on whole pieces");
+        assert!(
+            u.next_to_send().is_none(),
+            "both slots busy on whole pieces"
+        );
         u.push('b', q(0, true));
         u.push('c', q(0, true));
         assert_eq!(
@@ -383,6 +390,7 @@ mod tests {
                 blob: 1,
                 piece: 0,
                 urgent: false,
+                small_head: false,
             },
         );
         u.push(
@@ -392,6 +400,7 @@ mod tests {
                 blob: 2,
                 piece: 0,
                 urgent: false,
+                small_head: false,
             },
         );
         u.push(
@@ -401,6 +410,7 @@ mod tests {
                 blob: 1,
                 piece: 5,
                 urgent: false,
+                small_head: false,
             },
         );
         u.drop_waiting(1, Some(1));

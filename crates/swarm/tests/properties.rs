@@ -804,6 +804,8 @@ fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, TestCaseErro
                     blob: 1,
                     piece: *piece,
                     urgent: *urgent,
+                    // Piece 0 stands for a small head piece here.
+                    small_head: *piece == 0,
                 };
                 let line = waiting.entry(*c).or_default();
                 let busy = line.len() >= per_conn || queued >= total;
@@ -817,7 +819,8 @@ fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, TestCaseErro
             }
             UploadOp::Next => {
                 let urgent_waiting = waiting.values().flatten().any(|q| q.urgent);
-                let urgent_head_waiting = waiting.values().flatten().any(|q| q.urgent && q.piece == 0);
+                let urgent_head_waiting =
+                    waiting.values().flatten().any(|q| q.urgent && q.small_head);
                 match u.next_to_send() {
                     None => prop_assert!(
                         active >= max_active + extra
@@ -829,7 +832,8 @@ fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, TestCaseErro
                     ),
                     Some((c, q)) => {
                         prop_assert!(
-                            active < max_active || (q.urgent && q.piece == 0 && active < max_active + extra),
+                            active < max_active
+                                || (q.urgent && q.small_head && active < max_active + extra),
                             "a slot past max_active for {:?}",
                             q
                         );

@@ -311,7 +311,7 @@ async fn read_loop(
                     Some((d, layout, _)) if !holds(agent, &d, layout, piece) => {
                         Some(RejectReason::NotHeld)
                     }
-                    Some((_, _, blob)) => {
+                    Some((_, layout, blob)) => {
                         let admit = p2p.uploads.lock().push(
                             id,
                             Queued {
@@ -319,6 +319,7 @@ async fn read_loop(
                                 blob,
                                 piece,
                                 urgent,
+                                small_head: layout.is_small_head(piece),
                             },
                         );
                         match admit {

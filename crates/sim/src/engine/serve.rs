@@ -171,6 +171,10 @@ impl Engine<'_> {
             blob: l as u64,
             piece,
             urgent,
+            small_head: self
+                .pull_ref(h, l)
+                .layout
+                .is_some_and(|x| x.is_small_head(piece)),
         };
         if std::env::var("SIM_TRACE")
             .ok()
