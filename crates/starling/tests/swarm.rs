@@ -377,9 +377,11 @@ async fn restarted_agent_keeps_verified_pieces() {
 }
 
 /// Asks the tracker who holds a blob, as a node that holds nothing: (name, address).
-async fn holders(tracker: &str, digest: &str) -> Vec<(String, String)> {
+/// The tracker's answer to a probe that announces and leaves at once: the swarm's
+/// geometry and its handout, without joining it.
+async fn probe_announce(tracker: &str, digest: &str) -> serde_json::Value {
     let body = serde_json::json!({"node": "probe", "addr": "127.0.0.1:1", "digest": digest, "leaving": true});
-    let r: serde_json::Value = reqwest::Client::new()
+    reqwest::Client::new()
         .post(format!("{tracker}/swarm/v1/announce"))
         .bearer_auth(TOKEN)
         .json(&body)
@@ -388,7 +390,17 @@ async fn holders(tracker: &str, digest: &str) -> Vec<(String, String)> {
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// A blob's bytes straight from the registry.
+async fn registry_blob(registry: &Registry, repo: &str, digest: &str) -> Vec<u8> {
+    let url = format!("{}/v2/{repo}/blobs/{digest}", registry.url());
+    blocking(move || testkit::http_get(&url, &[]).unwrap().body).await
+}
+
+async fn holders(tracker: &str, digest: &str) -> Vec<(String, String)> {
+    let r = probe_announce(tracker, digest).await;
     r["peers"]
         .as_array()
         .unwrap()
@@ -429,30 +441,11 @@ async fn a_source_sends_the_hashes_it_knows_after_its_bitfield() {
         async move { pull_via(&url, &image).await }
     });
     let layer = &image.layers[0];
-    let blob = blocking({
-        let registry_url = registry.url();
-        let (repo, digest) = (image.repo.clone(), layer.digest.clone());
-        move || {
-            testkit::http_get(&format!("{registry_url}/v2/{repo}/blobs/{digest}"), &[])
-                .unwrap()
-                .body
-        }
-    })
-    .await;
+    let blob = registry_blob(&registry, &image.repo, &layer.digest).await;
     let mut found = None;
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let probe = serde_json::json!({"node": "probe", "addr": "127.0.0.1:1", "digest": layer.digest, "leaving": true});
-        let r: serde_json::Value = reqwest::Client::new()
-            .post(format!("{}/swarm/v1/announce", t.url()))
-            .bearer_auth(TOKEN)
-            .json(&probe)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = probe_announce(&t.url(), &layer.digest).await;
         let (Some(piece_size), Some(addr)) = (
             r["piece_size"].as_u64().filter(|&p| p > 1),
             r["peers"]
@@ -755,16 +748,7 @@ async fn piece_requests_wait_in_a_bounded_upload_line() {
     let mut piece2 = started;
     piece2.extend(rest2);
     // The bytes are the blob's bytes.
-    let blob = blocking({
-        let registry_url = registry.url();
-        let (repo, digest) = (image.repo.clone(), layer.digest.clone());
-        move || {
-            testkit::http_get(&format!("{registry_url}/v2/{repo}/blobs/{digest}"), &[])
-                .unwrap()
-                .body
-        }
-    })
-    .await;
+    let blob = registry_blob(&registry, &image.repo, &layer.digest).await;
     let bytes_of = |i: u32| {
         let (a, b) = layout.range(i + 2);
         &blob[a as usize..b as usize]

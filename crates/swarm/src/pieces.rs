@@ -223,16 +223,20 @@ impl PieceLayout {
     pub fn piece_count(blob_size: u64, piece_size: u64) -> u64 {
         let piece_size = piece_size.max(1);
         let full = blob_size.div_ceil(piece_size);
-        let head = Self::head_size(piece_size);
-        if head < piece_size && blob_size > head {
+        if Self::splits(piece_size) && blob_size > Self::head_size(piece_size) {
             full + 1
         } else {
             full
         }
     }
 
+    /// Whether pieces of `piece_size` begin with a smaller head piece.
+    pub fn splits(piece_size: u64) -> bool {
+        Self::head_size(piece_size) < piece_size
+    }
+
     fn split(&self) -> bool {
-        Self::head_size(self.piece_size) < self.piece_size
+        Self::splits(self.piece_size)
     }
 
     pub fn count(&self) -> u32 {

@@ -743,9 +743,8 @@ impl PieceScheduler {
         // from the source to every member of a swarm small enough that all those copies
         // weigh no more than one piece: each node's first byte then waits for one hop,
         // not for the stripe's member to relay it.
-        let small_head = crate::PieceLayout::head_size(self.piece_size) < self.piece_size;
         if piece == 0
-            && small_head
+            && crate::PieceLayout::splits(self.piece_size)
             && (1..=crate::pieces::HEAD_DIVISOR).contains(&(self.members as u64))
         {
             return true;

@@ -433,7 +433,7 @@ async fn watch_blob(
                     })
                     .await
                     .is_err()
-                    || send_known_hashes(&inf, chan, &ctl).await.is_err()
+                    || send_known_hashes(&state.hashes, chan, &ctl).await.is_err()
                 {
                     return;
                 }
@@ -496,13 +496,14 @@ async fn watch_blob(
 /// its first byte with it (0.2–0.4 s at 8 × 25 MiB/s; BENCHMARKS.md, issue 11, "head
 /// piece"). Downloaders take these only from the elected source, as a HAVE's hash.
 async fn send_known_hashes(
-    inf: &store::Inflight,
+    known: &[Option<PieceHash>],
     chan: ChannelId,
     ctl: &mpsc::Sender<Frame>,
 ) -> Result<(), mpsc::error::SendError<Frame>> {
-    let hashes: Vec<PieceHash> = (0u32..)
+    let hashes: Vec<PieceHash> = known
+        .iter()
         .take(wire::MAX_HASHES_PER_FRAME)
-        .map_while(|i| inf.piece_hash(i))
+        .map_while(|h| *h)
         .collect();
     if hashes.is_empty() {
         return Ok(());
