@@ -36,6 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         egress_limit_bytes_per_sec: limit,
         repository: None,
+        latency: None,
     };
     let srv = origin::bind(cfg(None)).await?.spawn();
     let base = format!("http://{}/v2/x/blobs", srv.local_addr());

@@ -46,6 +46,10 @@ pub struct OriginConfig {
     pub egress_limit_bytes_per_sec: Option<u64>,
     /// Serve only under this repository name; any valid name when `None`.
     pub repository: Option<String>,
+    /// Held before answering each request: the round trip to a registry that is not
+    /// next door (a cloud registry or CDN answers in 10–100 ms), which every Range
+    /// request of a source pays.
+    pub latency: Option<std::time::Duration>,
 }
 
 /// Counters of what the origin served; shared (`Arc`) and lock-free.
@@ -103,6 +107,7 @@ struct AppState {
     stats: Arc<OriginStats>,
     repository: Option<String>,
     boundary_seq: AtomicU64,
+    latency: Option<std::time::Duration>,
 }
 
 /// The registry as an axum `Router` (for embedding in another server). `bind`/`serve`
@@ -124,6 +129,7 @@ pub fn router(cfg: &OriginConfig, stats: Arc<OriginStats>) -> Result<Router, Err
         stats,
         repository: cfg.repository.clone(),
         boundary_seq: AtomicU64::new(0),
+        latency: cfg.latency,
     });
     Ok(Router::new().fallback(handle).with_state(state))
 }
@@ -300,6 +306,9 @@ impl IntoResponse for Reject {
 
 async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
     st.stats.requests.fetch_add(1, Ordering::Relaxed);
+    if let Some(d) = st.latency {
+        tokio::time::sleep(d).await;
+    }
     let method = req.method().clone();
     let head = method == Method::HEAD;
     let mut resp = if method != Method::GET && method != Method::HEAD {

@@ -24,6 +24,7 @@ pub async fn start(dir: &Path, repository: Option<&str>, limit: Option<u64>) -> 
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         egress_limit_bytes_per_sec: limit,
         repository: repository.map(str::to_owned),
+        latency: None,
     };
     origin::bind(cfg).await.expect("bind").spawn()
 }

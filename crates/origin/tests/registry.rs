@@ -629,6 +629,7 @@ async fn bind_rejects_a_directory_that_is_not_a_layout() {
         listen: "127.0.0.1:0".parse().expect("addr"),
         egress_limit_bytes_per_sec: None,
         repository: None,
+        latency: None,
     };
     // Named as what it is: not a layout (no oci-layout marker).
     assert!(matches!(

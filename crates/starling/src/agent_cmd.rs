@@ -356,6 +356,7 @@ pub async fn run_serve_oci(a: ServeOciArgs) -> Result<()> {
         listen: a.listen,
         egress_limit_bytes_per_sec: limit,
         repository: a.repository,
+        latency: None,
     };
     origin::serve(cfg, crate::shutdown_signal())
         .await

@@ -24,6 +24,11 @@ pub struct DemoArgs {
     /// Registry egress limit per second (shared by all nodes).
     #[arg(long, default_value = "50MiB")]
     pub registry_limit: String,
+    /// The registry's round trip, held before it answers each request (0: next door).
+    /// A cloud registry or CDN answers in 10–100 ms, and a source pays it on every
+    /// Range request of its registry runs.
+    #[arg(long, default_value = "0s")]
+    pub registry_latency: humantime::Duration,
     /// Per-node upload and download limit per second (emulated NIC).
     #[arg(long, default_value = "25MiB")]
     pub node_limit: String,
@@ -88,6 +93,7 @@ struct Report {
     image_bytes: u64,
     layers: usize,
     registry_limit_bytes_per_sec: u64,
+    registry_latency_ms: u64,
     node_limit_bytes_per_sec: u64,
     /// What the agents were told to propose ("auto": the rule).
     piece_size: String,
@@ -345,14 +351,15 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         s as f64 / 1048576.0
     ));
     say(format!(
-        "[2/6] registry: serve-oci behind a {}/s egress limit",
-        a.registry_limit
+        "[2/6] registry: serve-oci behind a {}/s egress limit, {} round trip",
+        a.registry_limit, a.registry_latency
     ));
     let origin = origin::bind(origin::OriginConfig {
         layout_dir: layout,
         listen: "127.0.0.1:0".parse()?,
         egress_limit_bytes_per_sec: Some(registry_limit),
         repository: None,
+        latency: Some(a.registry_latency.into()).filter(|d: &std::time::Duration| !d.is_zero()),
     })
     .await?
     .spawn();
@@ -689,6 +696,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         image_bytes: s,
         layers: image.layers.len(),
         registry_limit_bytes_per_sec: registry_limit,
+        registry_latency_ms: std::time::Duration::from(a.registry_latency).as_millis() as u64,
         node_limit_bytes_per_sec: node_limit,
         piece_size: a.piece_size.clone(),
         swarm_piece_sizes,

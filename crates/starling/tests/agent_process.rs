@@ -59,6 +59,7 @@ async fn kill_9_mid_download_then_restart_resumes_and_never_serves_partial_as_co
         listen: "127.0.0.1:0".parse().unwrap(),
         egress_limit_bytes_per_sec: Some(16 << 20),
         repository: None,
+        latency: None,
     })
     .await
     .unwrap()

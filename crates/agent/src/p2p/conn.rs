@@ -400,6 +400,7 @@ async fn dial(p2p: &Arc<P2p>, node: &str, addr: &str) -> Result<Arc<PeerConn>, E
 
 /// The piece being received on a connection (a holder sends one piece at a time).
 struct Receiving {
+    chan_id: ChannelId,
     chan: Arc<RecvChan>,
     piece: u32,
     got: u64,
@@ -537,7 +538,7 @@ async fn read_loop(
                         conn.receiving
                             .store((((chan as u64) << 32) | piece as u64) + 1, Ordering::Release);
                     }
-                    receive_data(p2p, &node, reader, &mut cur, &mut buf, chan_of(chan), piece, offset, len)
+                    receive_data(p2p, &node, reader, &mut cur, &mut buf, chan, chan_of(chan), piece, offset, len)
                         .await?;
                     if cur.is_none() {
                         conn.receiving.store(0, Ordering::Release);
@@ -577,56 +578,55 @@ async fn receive_data(
     reader: &mut FrameReader<PeerRead>,
     cur: &mut Option<Receiving>,
     buf: &mut Vec<u8>,
+    chan_id: ChannelId,
     chan: Option<Arc<RecvChan>>,
     piece: u32,
     offset: u32,
     len: u32,
 ) -> Result<(), Error> {
-    let Some(chan) = chan else {
-        // A channel we closed: the bytes still have to be read off the stream. A
-        // connection carries one piece at a time, so a piece in progress is this one,
-        // cut by the close (a blob that finished while a copy was on its way): it ends
-        // here, and the next piece on the connection begins cleanly.
-        if let Some(prev) = cur.take() {
-            if prev.claimed {
-                prev.chan.inflight.release_piece_claim(prev.piece);
-            }
+    let at = cur.as_ref().map(|r| InProgress {
+        chan: r.chan_id,
+        piece: r.piece,
+        got: r.got,
+    });
+    let open = chan.as_ref().map(|c| OpenChan {
+        id: chan_id,
+        layout: c.layout,
+        requested: c.requested.lock().contains_key(&piece),
+    });
+    let step = data_step(at, open, piece, offset, len).map_err(|e| peer_err(node, e))?;
+    let chan = match (step, chan) {
+        (DataStep::Begin, Some(chan)) => {
+            let before = chan.requested.lock().get(&piece).copied().flatten();
+            let claimed = chan.inflight.claim_piece(piece);
+            *cur = Some(Receiving {
+                chan_id,
+                chan: chan.clone(),
+                piece,
+                got: 0,
+                hasher: PieceHasher::for_piece(chan.layout, piece, before),
+                claimed,
+                last_progress: Instant::now(),
+            });
+            chan
         }
-        return reader.skip_payload(len as usize).await;
+        (DataStep::Continue, Some(chan)) => chan,
+        _ => {
+            // A channel we closed (a blob that finished while a copy was on its way):
+            // the bytes still have to be read off the stream, and the piece it cut
+            // ends here, so the next piece on the connection begins cleanly.
+            if let Some(prev) = cur.take() {
+                if prev.claimed {
+                    prev.chan.inflight.release_piece_claim(prev.piece);
+                }
+            }
+            return reader.skip_payload(len as usize).await;
+        }
     };
-    let piece_len = chan.layout.len(piece);
-    if piece >= chan.layout.count() || offset as u64 + len as u64 > piece_len {
-        return Err(peer_err(node, format!("data beyond piece {piece}")));
-    }
-    if offset == 0 {
-        if let Some(prev) = cur.take() {
-            if prev.claimed {
-                prev.chan.inflight.release_piece_claim(prev.piece);
-            }
-            return Err(peer_err(
-                node,
-                "a new piece began before the last one ended",
-            ));
-        }
-        let Some(before) = chan.requested.lock().get(&piece).copied() else {
-            return Err(peer_err(node, format!("piece {piece} was not requested")));
-        };
-        let claimed = chan.inflight.claim_piece(piece);
-        *cur = Some(Receiving {
-            chan: chan.clone(),
-            piece,
-            got: 0,
-            hasher: PieceHasher::for_piece(chan.layout, piece, before),
-            claimed,
-            last_progress: Instant::now(),
-        });
-    }
     let Some(r) = cur.as_mut() else {
         return Err(peer_err(node, "data continues a piece that never began"));
     };
-    if r.piece != piece || !Arc::ptr_eq(&r.chan, &chan) || r.got != offset as u64 {
-        return Err(peer_err(node, "data out of order"));
-    }
+    let piece_len = chan.layout.len(piece);
     if let Some(l) = &p2p.download {
         l.acquire(len as u64).await;
     }
@@ -691,4 +691,142 @@ async fn receive_data(
         chan.inflight.release_piece_claim(piece);
     }
     Ok(())
+}
+
+/// The piece in progress on a connection, as [`data_step`] sees it.
+#[derive(Clone, Copy, Debug)]
+struct InProgress {
+    chan: ChannelId,
+    piece: u32,
+    got: u64,
+}
+
+/// The channel a DATA frame names, when this side still has it open.
+#[derive(Clone, Copy, Debug)]
+struct OpenChan {
+    id: ChannelId,
+    layout: PieceLayout,
+    /// Whether the piece the frame carries was asked for on it.
+    requested: bool,
+}
+
+/// What a DATA frame's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DataStep {
+    /// For a channel this side closed: read off the stream and dropped. A holder sends
+    /// one piece at a time, so a piece in progress is the one the close cut: it ends.
+    Discard,
+    /// The first bytes of a requested piece.
+    Begin,
+    /// The next bytes of the piece in progress.
+    Continue,
+}
+
+/// Where a DATA frame (`piece`, `offset`, `len`) fits, given the piece in progress on
+/// the connection (`at`) and the frame's channel (`None`: closed by this side). I/O-free,
+/// so every rule a holder's bytes must follow is tested on its own; an error fails the
+/// connection.
+fn data_step(
+    at: Option<InProgress>,
+    chan: Option<OpenChan>,
+    piece: u32,
+    offset: u32,
+    len: u32,
+) -> Result<DataStep, String> {
+    let Some(chan) = chan else {
+        return Ok(DataStep::Discard);
+    };
+    if piece >= chan.layout.count() || offset as u64 + len as u64 > chan.layout.len(piece) {
+        return Err(format!("data beyond piece {piece}"));
+    }
+    match at {
+        _ if offset == 0 && at.is_some() => {
+            Err("a new piece began before the last one ended".to_owned())
+        }
+        _ if offset == 0 && !chan.requested => Err(format!("piece {piece} was not requested")),
+        _ if offset == 0 => Ok(DataStep::Begin),
+        None => Err("data continues a piece that never began".to_owned()),
+        Some(r) if r.chan != chan.id || r.piece != piece || r.got != offset as u64 => {
+            Err("data out of order".to_owned())
+        }
+        Some(_) => Ok(DataStep::Continue),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn open(id: ChannelId, requested: bool) -> Option<OpenChan> {
+        Some(OpenChan {
+            id,
+            // 4 MiB in 1 MiB pieces: a 64 KiB head, then the rest of the first MiB.
+            layout: PieceLayout::new(4 * MIB, MIB),
+            requested,
+        })
+    }
+
+    fn at(chan: ChannelId, piece: u32, got: u64) -> Option<InProgress> {
+        Some(InProgress { chan, piece, got })
+    }
+
+    #[test]
+    fn bytes_for_a_closed_channel_end_the_cut_piece_and_the_next_piece_begins() {
+        // Channel 1's blob finished while a copy of piece 2 was on its way, so this
+        // side closed it; the holder still sends the rest of that piece, then a piece
+        // on channel 2.
+        let cut = at(1, 2, 64 * 1024);
+        assert_eq!(
+            data_step(cut, None, 2, 64 * 1024, 4096),
+            Ok(DataStep::Discard)
+        );
+        // `receive_data` ends the piece in progress on a discard: the next piece
+        // starts from nothing in progress and is welcome.
+        assert_eq!(
+            data_step(None, open(2, true), 3, 0, 4096),
+            Ok(DataStep::Begin)
+        );
+        // Had the cut piece stayed in progress, the connection would have failed.
+        assert!(data_step(cut, open(2, true), 3, 0, 4096).is_err());
+    }
+
+    #[test]
+    fn a_holder_that_breaks_the_order_of_its_bytes_fails_the_connection() {
+        let reading = at(1, 2, 4096);
+        assert_eq!(
+            data_step(reading, open(1, true), 2, 4096, 4096),
+            Ok(DataStep::Continue)
+        );
+        for (what, step) in [
+            ("a gap", data_step(reading, open(1, true), 2, 8192, 4096)),
+            (
+                "another piece",
+                data_step(reading, open(1, true), 3, 4096, 4096),
+            ),
+            (
+                "another channel",
+                data_step(reading, open(2, true), 2, 4096, 4096),
+            ),
+            (
+                "a new piece mid-way",
+                data_step(reading, open(1, true), 3, 0, 4096),
+            ),
+            ("never began", data_step(None, open(1, true), 2, 4096, 4096)),
+            ("not requested", data_step(None, open(1, false), 2, 0, 4096)),
+            (
+                "past the piece",
+                data_step(None, open(1, true), 2, 0, (MIB + 1) as u32),
+            ),
+            ("past the blob", data_step(None, open(1, true), 99, 0, 1)),
+            // The head piece is 64 KiB: its second piece ends at the first MiB.
+            (
+                "past the head",
+                data_step(None, open(1, true), 0, 0, 64 * 1024 + 1),
+            ),
+        ] {
+            assert!(step.is_err(), "{what}: {step:?}");
+        }
+    }
 }
