@@ -56,16 +56,16 @@ impl Engine<'_> {
     /// Files `s` among the holder's subscribers with `filter`: in `subs` if it takes
     /// every HAVE, in `filtered_subs` otherwise. Returns the filter it had, if any.
     fn set_subscriber(&mut self, i: usize, s: u32, filter: HaveFilter) -> Option<HaveFilter> {
+        // Every subscriber stays in `subs`, in the order it subscribed (the order its
+        // HAVEs go out); `filtered_subs` holds the filters other than "all".
         let before = match self.filtered_subs[i].iter().position(|&(x, _)| x == s) {
             Some(k) => Some(self.filtered_subs[i].swap_remove(k).1),
             None => self.subs[i].contains(&s).then_some(HaveFilter::ALL),
         };
-        if filter == HaveFilter::ALL {
-            if !self.subs[i].contains(&s) {
-                self.subs[i].push(s);
-            }
-        } else {
-            self.subs[i].retain(|&x| x != s);
+        if !self.subs[i].contains(&s) {
+            self.subs[i].push(s);
+        }
+        if filter != HaveFilter::ALL {
             self.filtered_subs[i].push((s, filter));
         }
         before
@@ -75,8 +75,7 @@ impl Engine<'_> {
     /// only the HAVEs it admits; if it admits more than before, the bitfield again.
     pub(crate) fn filter_at_holder(&mut self, s: u32, l: u32, h: u32, filter: HaveFilter) {
         let i = self.pi(h, l);
-        let subscribed =
-            self.subs[i].contains(&s) || self.filtered_subs[i].iter().any(|&(x, _)| x == s);
+        let subscribed = self.subs[i].contains(&s);
         if !subscribed {
             // Not answered yet: `subscribe` reads the filter from the link then.
             return;
@@ -98,7 +97,7 @@ impl Engine<'_> {
     /// `h` holds a new piece: a HAVE goes to every open channel that admits it.
     pub(crate) fn have_out(&mut self, h: u32, l: u32, piece: u32) {
         let i = self.pi(h, l);
-        if !self.subs[i].is_empty() || self.filtered_subs[i].iter().any(|(_, f)| f.admits(piece)) {
+        if !self.subs[i].is_empty() {
             let t = self.now + self.peer_latency();
             self.at(
                 t,
@@ -116,12 +115,7 @@ impl Engine<'_> {
     pub(crate) fn complete_out(&mut self, h: u32, l: u32) {
         let i = self.pi(h, l);
         let t = self.now + self.peer_latency();
-        let filtered = self.filtered_subs[i].iter().map(|&(s, _)| s);
-        for s in self.subs[i]
-            .clone()
-            .into_iter()
-            .chain(filtered.collect::<Vec<_>>())
-        {
+        for s in self.subs[i].clone() {
             self.at(
                 t,
                 Timer::Holds {
@@ -137,19 +131,21 @@ impl Engine<'_> {
         let i = self.pi(h, l);
         let subs = std::mem::take(&mut self.subs[i]);
         self.out.counters.haves += subs.len() as u64
-            + self.filtered_subs[i]
+            - self.filtered_subs[i]
                 .iter()
-                .filter(|(_, f)| f.admits(piece))
+                .filter(|(_, f)| !f.admits(piece))
                 .count() as u64;
         // Delivering the HAVE to one task cannot make another hold the piece: the
         // tasks that lack it can be listed first.
         let mut targets = std::mem::take(&mut self.have_targets);
         targets.clear();
-        let admitted = self.filtered_subs[i]
-            .iter()
-            .filter(|(_, f)| f.admits(piece))
-            .map(|&(s, _)| s);
-        let all = subs.iter().copied().chain(admitted);
+        let filters = &self.filtered_subs[i];
+        let all = subs.iter().copied().filter(|s| {
+            filters
+                .iter()
+                .find(|(x, _)| x == s)
+                .is_none_or(|(_, f)| f.admits(piece))
+        });
         match self.held[l as usize].get(piece as usize) {
             Some(held) => targets.extend(all.filter(|&s| !held.get(s))),
             None => targets.extend(all),
