@@ -327,6 +327,16 @@ pub fn seeds() -> Vec<Seed> {
                 proof: [0; 32],
             },
         ),
+        (
+            "have-filter",
+            Frame::HaveFilter {
+                chan: 1,
+                filter: swarm::links::HaveFilter {
+                    modulus: 32,
+                    residue: 7,
+                },
+            },
+        ),
         ("auth", Frame::Auth { proof: [9; 32] }),
         (
             "open",

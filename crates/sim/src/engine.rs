@@ -241,6 +241,13 @@ pub(crate) enum Timer {
         slot: u32,
         layer: u32,
     },
+    /// A downloader's HAVE_FILTER reaches the holder.
+    Filter {
+        slot: u32,
+        layer: u32,
+        holder: u32,
+        filter: swarm::links::HaveFilter,
+    },
 }
 
 /// Orders timers by (time in ns, sequence); the payload does not take part.
@@ -298,6 +305,9 @@ pub struct Engine<'a> {
     /// sent), for HAVE fan-out; and channels opened before the holder could answer.
     pub(crate) subs: Vec<Vec<u32>>,
     pub(crate) pending_opens: Vec<Vec<u32>>,
+    /// Subscribers that asked for only some HAVEs (`HAVE_FILTER`), by (holder, layer);
+    /// the others are in `subs`.
+    pub(crate) filtered_subs: Vec<Vec<(u32, swarm::links::HaveFilter)>>,
     /// Peer connections (dialer slot, holder slot): one per pair, shared by blobs.
     pub(crate) conns: std::collections::HashSet<(u32, u32)>,
     /// Piece hashes per layer (hex), computed once the layout is known.
@@ -433,6 +443,7 @@ impl<'a> Engine<'a> {
             layers,
             subs: vec![Vec::new(); per],
             pending_opens: vec![Vec::new(); per],
+            filtered_subs: vec![Vec::new(); per],
             conns: Default::default(),
             hash_hex: vec![Vec::new(); layers],
             held: vec![Vec::new(); layers],
@@ -693,6 +704,12 @@ impl<'a> Engine<'a> {
             } => self.piece_arrived(slot, layer, piece, holder, claimed),
             Timer::HashReply { slot, layer } => self.hash_reply(slot, layer),
             Timer::PeerHashes { slot, layer } => self.peer_hashes(slot, layer),
+            Timer::Filter {
+                slot,
+                layer,
+                holder,
+                filter,
+            } => self.filter_at_holder(slot, layer, holder, filter),
         }
     }
 

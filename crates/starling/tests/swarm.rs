@@ -507,6 +507,121 @@ async fn a_source_sends_the_hashes_it_knows_after_its_bitfield() {
     pull.await.unwrap().unwrap();
 }
 
+/// A downloader's HAVE_FILTER narrows the HAVEs a real holder sends on the channel
+/// (a far holder in a rack-striped swarm is asked for the downloader's stripe only),
+/// and widening it again brings the bitfield, so no piece goes unheard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_sends_only_the_haves_its_channel_admits() {
+    use swarm::links::HaveFilter;
+    use swarm::wire::Frame;
+    use testkit::peer::{raw_digest, PeerClient, Read};
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/filter", "1", &[16 << 20], 29).unwrap();
+    let t = tracker(dir.path(), &[]).await;
+    // 2 MiB/s: the 16 MiB layer takes about 8 s, so its pieces complete one by one.
+    let holder = agent(
+        dir.path(),
+        "holder",
+        &t.url(),
+        &registry,
+        &["--download-limit", "2MiB"],
+    )
+    .await;
+    let pull = tokio::spawn({
+        let (url, image) = (holder.url(), image.clone());
+        async move { pull_via(&url, &image).await }
+    });
+    let layer = &image.layers[0];
+    let mut joined = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = probe_announce(&t.url(), &layer.digest).await;
+        if let (Some(piece_size), Some(addr)) = (
+            r["piece_size"].as_u64().filter(|&p| p > 1),
+            r["peers"]
+                .as_array()
+                .and_then(|p| p.iter().find(|x| x["node"] == "holder"))
+                .and_then(|x| x["addr"].as_str()),
+        ) {
+            joined = Some((piece_size, addr.to_owned()));
+            break;
+        }
+    }
+    let (piece_size, addr) = joined.expect("the holder joined the swarm within 10 s");
+    let mut c = PeerClient::connect(&addr, "downloader", Some(TOKEN))
+        .await
+        .unwrap();
+    let odd = HaveFilter {
+        modulus: 2,
+        residue: 1,
+    };
+    // The PONG marks where the holder has taken the filter in: HAVEs after it obey it.
+    c.send(&[
+        Frame::Open {
+            chan: 3,
+            digest: raw_digest(&layer.digest),
+            blob_size: layer.size,
+            piece_size,
+        },
+        Frame::HaveFilter {
+            chan: 3,
+            filter: odd,
+        },
+        Frame::Ping { nonce: 7 },
+    ])
+    .await
+    .unwrap();
+    let mut ponged = false;
+    let mut odd_haves = Vec::new();
+    while odd_haves.len() < 3 {
+        match c.read().await.unwrap() {
+            Read::Frame(Frame::Pong { nonce: 7 }) => ponged = true,
+            Read::Frame(Frame::Have { piece, .. }) if ponged => {
+                assert_eq!(
+                    piece % 2,
+                    1,
+                    "HAVE {piece} on a channel that admits odd pieces"
+                );
+                odd_haves.push(piece);
+            }
+            Read::Frame(Frame::Complete { .. }) => {
+                panic!("the holder finished before three odd pieces: {odd_haves:?}")
+            }
+            _ => {}
+        }
+    }
+    c.send(&[Frame::HaveFilter {
+        chan: 3,
+        filter: HaveFilter::ALL,
+    }])
+    .await
+    .unwrap();
+    let mut rebased = None;
+    loop {
+        match c.read().await.unwrap() {
+            Read::Frame(Frame::Bitfield { have, .. }) => {
+                rebased = Some(have);
+            }
+            Read::Frame(Frame::Have { piece, .. }) if rebased.is_some() && piece % 2 == 0 => {
+                break;
+            }
+            Read::Frame(Frame::Complete { .. }) => break,
+            _ => {}
+        }
+    }
+    let have = rebased.expect("a bitfield after the filter widened");
+    for p in &odd_haves {
+        assert!(have.get(*p), "the bitfield has piece {p}");
+    }
+    assert!(
+        (0..have.len()).any(|p| p % 2 == 0 && have.get(p)),
+        "the bitfield names even pieces the filter held back"
+    );
+    pull.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stale_peers_expire_from_handouts() {
     use swarm::wire::Frame;

@@ -445,6 +445,11 @@ impl PieceScheduler {
         self.stripe = stripe.filter(|&(i, n)| n > 1 && i < n);
     }
 
+    /// The rack stripe set by the last tracker answer (`set_stripe`).
+    pub fn stripe(&self) -> Option<(u32, u32)> {
+        self.stripe
+    }
+
     /// Takes in what a tracker answer says about the swarm's shape: rack stripe,
     /// source and source stripe, member count. (One place for the agent and the
     /// simulator.)

@@ -23,9 +23,10 @@ use crate::{Bitfield, Error};
 /// 2: piece hashes are the blob's sha256 chaining values (`crate::chain`), not BLAKE3.
 /// 3: a blob's first piece is a small head piece (`crate::pieces::HEAD_DIVISOR`), so
 /// piece boundaries moved.
+/// 4: HAVE_FILTER (a downloader asks a far holder for its rack stripe's HAVEs only).
 /// Agents of different versions refuse each other at HELLO instead of failing each
 /// other's pieces (upgrade a cluster's agents together; see README).
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Largest control frame (a bitfield of [`MAX_PIECES`] is 8 KiB, a hash batch 128 KiB).
 pub const MAX_CONTROL_FRAME: usize = 256 << 10;
@@ -162,6 +163,12 @@ pub enum Frame {
     Goodbye {
         reason: String,
     },
+    /// Downloader → holder: from now on send HAVEs on `chan` only for the pieces
+    /// `filter` admits (`crate::links::HaveFilter`).
+    HaveFilter {
+        chan: ChannelId,
+        filter: crate::links::HaveFilter,
+    },
 }
 
 mod code {
@@ -182,6 +189,7 @@ mod code {
     pub const PING: u8 = 15;
     pub const PONG: u8 = 16;
     pub const GOODBYE: u8 = 17;
+    pub const HAVE_FILTER: u8 = 18;
 }
 
 fn wire(msg: String) -> Error {
@@ -339,6 +347,12 @@ impl Frame {
                 let r = cut(reason, MAX_GOODBYE);
                 out.put_u16(r.len() as u16);
                 out.put_slice(r.as_bytes());
+            }
+            Frame::HaveFilter { chan, filter } => {
+                out.put_u8(code::HAVE_FILTER);
+                out.put_u32(*chan);
+                out.put_u32(filter.modulus);
+                out.put_u32(filter.residue);
             }
         }
         let len = (out.len() - at - 4) as u32;
@@ -548,6 +562,17 @@ fn parse_body(body: &mut BytesMut) -> Result<Frame, Error> {
                 reason: cut(&reason, MAX_GOODBYE).to_owned(),
             }
         }
+        code::HAVE_FILTER => {
+            let chan = r.u32()?;
+            let (modulus, residue) = (r.u32()?, r.u32()?);
+            if modulus > MAX_PIECES || (modulus > 1 && residue >= modulus) {
+                return Err(wire(format!("HAVE filter {residue} mod {modulus}")));
+            }
+            Frame::HaveFilter {
+                chan,
+                filter: crate::links::HaveFilter { modulus, residue },
+            }
+        }
         other => return Err(wire(format!("unknown frame type {other}"))),
     })
 }
@@ -610,6 +635,13 @@ mod tests {
                 proof: [9; 32],
             },
             Frame::Auth { proof: [1; 32] },
+            Frame::HaveFilter {
+                chan: 3,
+                filter: crate::links::HaveFilter {
+                    modulus: 32,
+                    residue: 31,
+                },
+            },
             Frame::Open {
                 chan: 3,
                 digest: [5; 32],
@@ -694,6 +726,18 @@ mod tests {
         bf.put_u32(1);
         bf.put_u32(u32::MAX);
         assert!(Frame::decode(&mut bf).is_err(), "bitfield count");
+        for (modulus, residue) in [(4, 4), (4, u32::MAX), (MAX_PIECES + 1, 0)] {
+            let mut f = BytesMut::new();
+            f.put_u32(13);
+            f.put_u8(code::HAVE_FILTER);
+            f.put_u32(1);
+            f.put_u32(modulus);
+            f.put_u32(residue);
+            assert!(
+                Frame::decode(&mut f).is_err(),
+                "filter {residue} mod {modulus}"
+            );
+        }
         let mut trailing = BytesMut::new();
         trailing.put_u32(6);
         trailing.put_u8(code::CLOSE);

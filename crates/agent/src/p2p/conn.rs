@@ -194,6 +194,10 @@ impl PeerConn {
         let _ = self.send(Frame::Cancel { chan, piece }).await;
     }
 
+    pub(crate) async fn set_have_filter(&self, chan: ChannelId, filter: swarm::links::HaveFilter) {
+        let _ = self.send(Frame::HaveFilter { chan, filter }).await;
+    }
+
     pub(crate) async fn ask_hashes(&self, chan: ChannelId) {
         let _ = self.send(Frame::HashesRequest { chan }).await;
     }

@@ -64,6 +64,8 @@ struct Chan {
     blob: u64,
     layout: PieceLayout,
     task: AbortHandle,
+    /// Which HAVEs the downloader asked for (its `HAVE_FILTER`), read by `watch_blob`.
+    filter: tokio::sync::watch::Sender<swarm::links::HaveFilter>,
 }
 
 /// A stable number for a blob (the upload line counts sends per blob and piece).
@@ -269,12 +271,15 @@ async fn read_loop(
                 if conn.chans.lock().len() >= 4096 {
                     return Err(peer_err(dialer, "too many channels"));
                 }
+                let (filter, filter_rx) =
+                    tokio::sync::watch::channel(swarm::links::HaveFilter::ALL);
                 let task = tokio::spawn(watch_blob(
                     agent.clone(),
                     d.clone(),
                     layout,
                     chan,
                     ctl.clone(),
+                    filter_rx,
                 ))
                 .abort_handle();
                 if let Some(old) = conn.chans.lock().insert(
@@ -284,9 +289,15 @@ async fn read_loop(
                         digest: d,
                         layout,
                         task,
+                        filter,
                     },
                 ) {
                     old.task.abort();
+                }
+            }
+            Frame::HaveFilter { chan, filter } => {
+                if let Some(c) = conn.chans.lock().get(&chan) {
+                    c.filter.send_replace(filter);
                 }
             }
             Frame::Close { chan } => {
@@ -410,6 +421,7 @@ async fn watch_blob(
     layout: PieceLayout,
     chan: ChannelId,
     ctl: mpsc::Sender<Frame>,
+    mut filter: tokio::sync::watch::Receiver<swarm::links::HaveFilter>,
 ) {
     let deadline = tokio::time::Instant::now() + OPEN_WAIT;
     loop {
@@ -437,9 +449,45 @@ async fn watch_blob(
                 {
                     return;
                 }
+                let mut admitted = *filter.borrow_and_update();
                 loop {
-                    match events.recv().await {
+                    // A new filter first: once the holder has read a HAVE_FILTER, no HAVE
+                    // it excludes goes out.
+                    let next = tokio::select! {
+                        biased;
+                        changed = filter.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            let now = *filter.borrow_and_update();
+                            let widened = !admitted.covers(&now);
+                            admitted = now;
+                            if !widened {
+                                continue;
+                            }
+                            // The HAVEs held back until now, at once.
+                            let Some((state, _)) = inf.piece_view() else {
+                                break;
+                            };
+                            if ctl
+                                .send(Frame::Bitfield {
+                                    chan,
+                                    have: state.held,
+                                })
+                                .await
+                                .is_err()
+                            {
+                                return;
+                            }
+                            continue;
+                        }
+                        next = events.recv() => next,
+                    };
+                    match next {
                         Ok(piece) => {
+                            if !admitted.admits(piece) {
+                                continue;
+                            }
                             let hash = inf.piece_hash(piece);
                             if ctl.send(Frame::Have { chan, piece, hash }).await.is_err() {
                                 return;

@@ -113,6 +113,8 @@ impl Engine<'_> {
                 p.publish.drain(..sent);
                 p.publish_sent = 0;
                 self.absorb(s, l, resp);
+                // The stripe or the source may have changed.
+                self.sync_have_filters(s, l);
                 self.connect_links(s, l);
                 self.settle_unverified(s, l);
             }

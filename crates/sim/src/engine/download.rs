@@ -104,6 +104,46 @@ impl Engine<'_> {
                 holder: h,
             },
         );
+        if let Some(k) = self.pull(s, l).links.get_mut(&h) {
+            k.have_filter = swarm::links::HaveFilter::ALL;
+        }
+        self.sync_have_filters(s, l);
+    }
+
+    /// The agent's `sync_have_filters`: each holder on an open channel is asked for the
+    /// HAVEs this task can use now (`HaveFilter::for_link`), where that changed.
+    pub(crate) fn sync_have_filters(&mut self, s: u32, l: u32) {
+        let p = self.pull_ref(s, l);
+        let Some(stripe) = p.sched.as_ref().map(|x| x.stripe()) else {
+            return;
+        };
+        let changes: Vec<(u32, swarm::links::HaveFilter)> = p
+            .links
+            .iter()
+            .filter(|(_, k)| k.connected)
+            .filter_map(|(&h, k)| {
+                let want = swarm::links::HaveFilter::for_link(k.distance, stripe);
+                (want != k.have_filter).then_some((h, want))
+            })
+            .collect();
+        if changes.is_empty() {
+            return;
+        }
+        let t = self.now + self.peer_latency();
+        for (h, filter) in changes {
+            if let Some(k) = self.pull(s, l).links.get_mut(&h) {
+                k.have_filter = filter;
+            }
+            self.at(
+                t,
+                Timer::Filter {
+                    slot: s,
+                    layer: l,
+                    holder: h,
+                    filter,
+                },
+            );
+        }
     }
 
     /// The holder's bitfield (or "complete") arrives: the peer enters the scheduler.

@@ -33,6 +33,8 @@ pub(crate) struct Link {
     /// When it last gave a piece, or when it was handed out (ms), for
     /// `swarm::links::to_drop`.
     pub useful_ms: u64,
+    /// The HAVEs asked of the holder on the open channel.
+    pub have_filter: swarm::links::HaveFilter,
 }
 
 impl Link {
@@ -45,6 +47,7 @@ impl Link {
             fresh: true,
             handle: None,
             useful_ms: now_ms,
+            have_filter: swarm::links::HaveFilter::ALL,
         }
     }
 }

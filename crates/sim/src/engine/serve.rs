@@ -4,6 +4,7 @@
 //! the dispatcher hands the next one to its connection's writer while a slot is free;
 //! a waiting request can be cancelled; a closed channel's waiting requests leave.
 
+use swarm::links::HaveFilter;
 use swarm::upload::{Admit, Queued};
 use swarm::wire::RejectReason;
 
@@ -34,9 +35,13 @@ impl Engine<'_> {
 
     fn subscribe(&mut self, h: u32, l: u32, s: u32) {
         let i = self.pi(h, l);
-        if !self.subs[i].contains(&s) {
-            self.subs[i].push(s);
-        }
+        // The filter the downloader sent with its Open (or since).
+        let filter = self
+            .pull_ref(s, l)
+            .links
+            .get(&h)
+            .map_or(HaveFilter::ALL, |k| k.have_filter);
+        self.set_subscriber(i, s, filter);
         let t = self.now + self.peer_latency();
         self.at(
             t,
@@ -48,9 +53,51 @@ impl Engine<'_> {
         );
     }
 
-    /// `h` holds a new piece: a HAVE goes to every open channel.
+    /// Files `s` among the holder's subscribers with `filter`: in `subs` if it takes
+    /// every HAVE, in `filtered_subs` otherwise. Returns the filter it had, if any.
+    fn set_subscriber(&mut self, i: usize, s: u32, filter: HaveFilter) -> Option<HaveFilter> {
+        // Every subscriber stays in `subs`, in the order it subscribed (the order its
+        // HAVEs go out); `filtered_subs` holds the filters other than "all".
+        let before = match self.filtered_subs[i].iter().position(|&(x, _)| x == s) {
+            Some(k) => Some(self.filtered_subs[i].swap_remove(k).1),
+            None => self.subs[i].contains(&s).then_some(HaveFilter::ALL),
+        };
+        if !self.subs[i].contains(&s) {
+            self.subs[i].push(s);
+        }
+        if filter != HaveFilter::ALL {
+            self.filtered_subs[i].push((s, filter));
+        }
+        before
+    }
+
+    /// A downloader's HAVE_FILTER reaches `h` (serve.rs, `watch_blob`): from now on
+    /// only the HAVEs it admits; if it admits more than before, the bitfield again.
+    pub(crate) fn filter_at_holder(&mut self, s: u32, l: u32, h: u32, filter: HaveFilter) {
+        let i = self.pi(h, l);
+        let subscribed = self.subs[i].contains(&s);
+        if !subscribed {
+            // Not answered yet: `subscribe` reads the filter from the link then.
+            return;
+        }
+        let before = self.set_subscriber(i, s, filter).unwrap_or(HaveFilter::ALL);
+        if !before.covers(&filter) {
+            let t = self.now + self.peer_latency();
+            self.at(
+                t,
+                Timer::Holds {
+                    slot: s,
+                    layer: l,
+                    holder: h,
+                },
+            );
+        }
+    }
+
+    /// `h` holds a new piece: a HAVE goes to every open channel that admits it.
     pub(crate) fn have_out(&mut self, h: u32, l: u32, piece: u32) {
-        if !self.subs[self.pi(h, l)].is_empty() {
+        let i = self.pi(h, l);
+        if !self.subs[i].is_empty() {
             let t = self.now + self.peer_latency();
             self.at(
                 t,
@@ -83,14 +130,25 @@ impl Engine<'_> {
     pub(crate) fn haves_arrive(&mut self, h: u32, l: u32, piece: u32) {
         let i = self.pi(h, l);
         let subs = std::mem::take(&mut self.subs[i]);
-        self.out.counters.haves += subs.len() as u64;
+        self.out.counters.haves += subs.len() as u64
+            - self.filtered_subs[i]
+                .iter()
+                .filter(|(_, f)| !f.admits(piece))
+                .count() as u64;
         // Delivering the HAVE to one task cannot make another hold the piece: the
         // tasks that lack it can be listed first.
         let mut targets = std::mem::take(&mut self.have_targets);
         targets.clear();
+        let filters = &self.filtered_subs[i];
+        let all = subs.iter().copied().filter(|s| {
+            filters
+                .iter()
+                .find(|(x, _)| x == s)
+                .is_none_or(|(_, f)| f.admits(piece))
+        });
         match self.held[l as usize].get(piece as usize) {
-            Some(held) => targets.extend(subs.iter().filter(|&&s| !held.get(s))),
-            None => targets.extend_from_slice(&subs),
+            Some(held) => targets.extend(all.filter(|&s| !held.get(s))),
+            None => targets.extend(all),
         }
         self.read_ahead_haves(&targets, l, piece, h);
         for &s in &targets {
@@ -247,6 +305,7 @@ impl Engine<'_> {
         self.nodes[h as usize].uploads.drop_waiting(s, Some(l));
         let i = self.pi(h, l);
         self.subs[i].retain(|&x| x != s);
+        self.filtered_subs[i].retain(|&(x, _)| x != s);
         self.pending_opens[i].retain(|&x| x != s);
     }
 }

@@ -245,6 +245,8 @@ struct Link {
     /// When it last gave a piece, or when it was handed out (ms since the task's
     /// start), for `swarm::links::to_drop`.
     useful_ms: u64,
+    /// The HAVEs asked of its holder on the open channel (all, until a HAVE_FILTER).
+    have_filter: swarm::links::HaveFilter,
 }
 
 impl Link {
@@ -258,6 +260,7 @@ impl Link {
             retry_at: None,
             fresh: true,
             useful_ms: now_ms,
+            have_filter: swarm::links::HaveFilter::ALL,
         }
     }
 }
@@ -616,6 +619,8 @@ impl Download {
                         for (conn, chan) in self.absorb(resp) {
                             conn.close(chan).await;
                         }
+                        // The stripe or the source may have changed.
+                        self.sync_have_filters().await;
                         self.connect_links();
                         if let Err(e) = self.settle_unverified().await {
                             warn!(digest = %self.d, error = %e, "cannot keep verified pieces");

@@ -50,6 +50,23 @@ impl Download {
     }
 
     /// Dials the links that have no channel yet (shared connections are reused).
+    /// Asks each holder on an open channel for the HAVEs this download can use now
+    /// (`swarm::links::HaveFilter::for_link`: a far holder, only this node's rack
+    /// stripe), where that changed.
+    pub(super) async fn sync_have_filters(&mut self) {
+        let stripe = self.sched.stripe();
+        for l in self.links.values_mut() {
+            let Some((conn, chan)) = &l.conn else {
+                continue;
+            };
+            let want = swarm::links::HaveFilter::for_link(l.distance, stripe);
+            if want != l.have_filter {
+                conn.set_have_filter(*chan, want).await;
+                l.have_filter = want;
+            }
+        }
+    }
+
     pub(super) fn connect_links(&mut self) {
         let now = Instant::now();
         for (node, l) in self.links.iter_mut() {
@@ -104,6 +121,8 @@ impl Download {
                 Some(l) => {
                     l.connecting = false;
                     l.conn = Some((conn, chan));
+                    l.have_filter = swarm::links::HaveFilter::ALL;
+                    self.sync_have_filters().await;
                 }
                 None => conn.close(chan).await,
             },
