@@ -47,7 +47,7 @@ impl HaveFilter {
     pub fn covers(&self, other: &Self) -> bool {
         self.modulus <= 1
             || (other.modulus > 1
-                && other.modulus % self.modulus == 0
+                && other.modulus.is_multiple_of(self.modulus)
                 && other.residue % self.modulus == self.residue)
     }
 
