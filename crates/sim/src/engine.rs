@@ -302,12 +302,10 @@ pub struct Engine<'a> {
     pub(crate) pulls: Vec<Pull>,
     pub(crate) layers: usize,
     /// Per (holder slot, layer): downloader slots with an open channel (bitfield
-    /// sent), for HAVE fan-out; and channels opened before the holder could answer.
-    pub(crate) subs: Vec<Vec<u32>>,
+    /// sent), each with the HAVEs it asked for (`HAVE_FILTER`), in the order they
+    /// subscribed, for HAVE fan-out; and channels opened before the holder could answer.
+    pub(crate) subs: Vec<Vec<(u32, swarm::links::HaveFilter)>>,
     pub(crate) pending_opens: Vec<Vec<u32>>,
-    /// Subscribers that asked for only some HAVEs (`HAVE_FILTER`), by (holder, layer);
-    /// the others are in `subs`.
-    pub(crate) filtered_subs: Vec<Vec<(u32, swarm::links::HaveFilter)>>,
     /// Peer connections (dialer slot, holder slot): one per pair, shared by blobs.
     pub(crate) conns: std::collections::HashSet<(u32, u32)>,
     /// Piece hashes per layer (hex), computed once the layout is known.
@@ -443,7 +441,6 @@ impl<'a> Engine<'a> {
             layers,
             subs: vec![Vec::new(); per],
             pending_opens: vec![Vec::new(); per],
-            filtered_subs: vec![Vec::new(); per],
             conns: Default::default(),
             hash_hex: vec![Vec::new(); layers],
             held: vec![Vec::new(); layers],

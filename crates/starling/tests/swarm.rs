@@ -414,6 +414,56 @@ async fn holders(tracker: &str, digest: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// An agent named "holder" pulling a one-layer image of 16 MiB from the registry at
+/// 2 MiB/s (about 8 s), so the blob is in progress, piece by piece, while a test talks
+/// to it as a peer. `pull` is its client's pull.
+struct SlowHolder {
+    registry: Registry,
+    image: testkit::PushedImage,
+    tracker: Proc,
+    _holder: Proc,
+    pull: tokio::task::JoinHandle<Result<oci::pull::PullReport, oci::Error>>,
+}
+
+impl SlowHolder {
+    async fn start(dir: &Path, repo: &str, seed: u64) -> Self {
+        let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+        let image = TestImage::push_multilayer(&registry, repo, "1", &[16 << 20], seed).unwrap();
+        let tracker = tracker(dir, &[]).await;
+        let holder = agent(
+            dir,
+            "holder",
+            &tracker.url(),
+            &registry,
+            &["--download-limit", "2MiB"],
+        )
+        .await;
+        let pull = tokio::spawn({
+            let (url, image) = (holder.url(), image.clone());
+            async move { pull_via(&url, &image).await }
+        });
+        Self {
+            registry,
+            image,
+            tracker,
+            _holder: holder,
+            pull,
+        }
+    }
+}
+
+/// The swarm's piece size and the peer address of the agent named "holder", once a
+/// tracker answer (`probe_announce`) has both.
+fn holder_in(r: &serde_json::Value) -> Option<(u64, String)> {
+    let piece_size = r["piece_size"].as_u64().filter(|&p| p > 1)?;
+    let addr = r["peers"]
+        .as_array()?
+        .iter()
+        .find(|x| x["node"] == "holder")?["addr"]
+        .as_str()?;
+    Some((piece_size, addr.to_owned()))
+}
+
 /// A channel opened while the holder (the blob's source) is still fetching it gets the
 /// hashes the holder knows from piece 0 in a HASHES frame right after its bitfield, so
 /// a downloader can verify its first piece without waiting for the tracker's copy of
@@ -423,39 +473,17 @@ async fn a_source_sends_the_hashes_it_knows_after_its_bitfield() {
     use swarm::wire::Frame;
     use testkit::peer::{raw_digest, PeerClient, Read};
     let dir = tempfile::tempdir().unwrap();
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let image =
-        TestImage::push_multilayer(&registry, "swarm/hashes", "1", &[16 << 20], 23).unwrap();
-    let t = tracker(dir.path(), &[]).await;
-    // 2 MiB/s: the 16 MiB layer takes about 8 s, so it is in progress when asked.
-    let holder = agent(
-        dir.path(),
-        "holder",
-        &t.url(),
-        &registry,
-        &["--download-limit", "2MiB"],
-    )
-    .await;
-    let pull = tokio::spawn({
-        let (url, image) = (holder.url(), image.clone());
-        async move { pull_via(&url, &image).await }
-    });
-    let layer = &image.layers[0];
-    let blob = registry_blob(&registry, &image.repo, &layer.digest).await;
+    let slow = SlowHolder::start(dir.path(), "swarm/hashes", 23).await;
+    let layer = &slow.image.layers[0];
+    let blob = registry_blob(&slow.registry, &slow.image.repo, &layer.digest).await;
     let mut found = None;
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let r = probe_announce(&t.url(), &layer.digest).await;
-        let (Some(piece_size), Some(addr)) = (
-            r["piece_size"].as_u64().filter(|&p| p > 1),
-            r["peers"]
-                .as_array()
-                .and_then(|p| p.iter().find(|x| x["node"] == "holder"))
-                .and_then(|x| x["addr"].as_str()),
-        ) else {
+        let r = probe_announce(&slow.tracker.url(), &layer.digest).await;
+        let Some((piece_size, addr)) = holder_in(&r) else {
             continue;
         };
-        let mut c = PeerClient::connect(addr, "downloader", Some(TOKEN))
+        let mut c = PeerClient::connect(&addr, "downloader", Some(TOKEN))
             .await
             .unwrap();
         c.send(&[Frame::Open {
@@ -504,7 +532,7 @@ async fn a_source_sends_the_hashes_it_knows_after_its_bitfield() {
         );
         before = Some(*h);
     }
-    pull.await.unwrap().unwrap();
+    slow.pull.await.unwrap().unwrap();
 }
 
 /// A downloader's HAVE_FILTER narrows the HAVEs a real holder sends on the channel
@@ -516,36 +544,13 @@ async fn a_holder_sends_only_the_haves_its_channel_admits() {
     use swarm::wire::Frame;
     use testkit::peer::{raw_digest, PeerClient, Read};
     let dir = tempfile::tempdir().unwrap();
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let image =
-        TestImage::push_multilayer(&registry, "swarm/filter", "1", &[16 << 20], 29).unwrap();
-    let t = tracker(dir.path(), &[]).await;
-    // 2 MiB/s: the 16 MiB layer takes about 8 s, so its pieces complete one by one.
-    let holder = agent(
-        dir.path(),
-        "holder",
-        &t.url(),
-        &registry,
-        &["--download-limit", "2MiB"],
-    )
-    .await;
-    let pull = tokio::spawn({
-        let (url, image) = (holder.url(), image.clone());
-        async move { pull_via(&url, &image).await }
-    });
-    let layer = &image.layers[0];
+    let slow = SlowHolder::start(dir.path(), "swarm/filter", 29).await;
+    let layer = &slow.image.layers[0];
     let mut joined = None;
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let r = probe_announce(&t.url(), &layer.digest).await;
-        if let (Some(piece_size), Some(addr)) = (
-            r["piece_size"].as_u64().filter(|&p| p > 1),
-            r["peers"]
-                .as_array()
-                .and_then(|p| p.iter().find(|x| x["node"] == "holder"))
-                .and_then(|x| x["addr"].as_str()),
-        ) {
-            joined = Some((piece_size, addr.to_owned()));
+        joined = holder_in(&probe_announce(&slow.tracker.url(), &layer.digest).await);
+        if joined.is_some() {
             break;
         }
     }
@@ -619,7 +624,7 @@ async fn a_holder_sends_only_the_haves_its_channel_admits() {
         (0..have.len()).any(|p| p % 2 == 0 && have.get(p)),
         "the bitfield names even pieces the filter held back"
     );
-    pull.await.unwrap().unwrap();
+    slow.pull.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -452,8 +452,9 @@ async fn watch_blob(
                 let mut admitted = *filter.borrow_and_update();
                 loop {
                     // A new filter first: once the holder has read a HAVE_FILTER, no HAVE
-                    // it excludes goes out.
-                    let next = tokio::select! {
+                    // it excludes goes out. `resync`: the whole bitfield again, after
+                    // HAVEs were missed (a lagging receiver) or held back (a wider filter).
+                    let resync = tokio::select! {
                         biased;
                         changed = filter.changed() => {
                             if changed.is_err() {
@@ -462,54 +463,37 @@ async fn watch_blob(
                             let now = *filter.borrow_and_update();
                             let widened = !admitted.covers(&now);
                             admitted = now;
-                            if !widened {
-                                continue;
-                            }
-                            // The HAVEs held back until now, at once.
-                            let Some((state, _)) = inf.piece_view() else {
-                                break;
-                            };
-                            if ctl
-                                .send(Frame::Bitfield {
-                                    chan,
-                                    have: state.held,
-                                })
-                                .await
-                                .is_err()
-                            {
-                                return;
-                            }
-                            continue;
+                            widened
                         }
-                        next = events.recv() => next,
+                        next = events.recv() => match next {
+                            Ok(piece) => {
+                                if admitted.admits(piece) {
+                                    let hash = inf.piece_hash(piece);
+                                    if ctl.send(Frame::Have { chan, piece, hash }).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                false
+                            }
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                        },
                     };
-                    match next {
-                        Ok(piece) => {
-                            if !admitted.admits(piece) {
-                                continue;
-                            }
-                            let hash = inf.piece_hash(piece);
-                            if ctl.send(Frame::Have { chan, piece, hash }).await.is_err() {
-                                return;
-                            }
+                    if resync {
+                        let Some((state, fresh)) = inf.piece_view() else {
+                            break;
+                        };
+                        events = fresh;
+                        if ctl
+                            .send(Frame::Bitfield {
+                                chan,
+                                have: state.held,
+                            })
+                            .await
+                            .is_err()
+                        {
+                            return;
                         }
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                            let Some((state, fresh)) = inf.piece_view() else {
-                                break;
-                            };
-                            events = fresh;
-                            if ctl
-                                .send(Frame::Bitfield {
-                                    chan,
-                                    have: state.held,
-                                })
-                                .await
-                                .is_err()
-                            {
-                                return;
-                            }
-                        }
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                     }
                 }
                 // The download ended: complete, or failed.
