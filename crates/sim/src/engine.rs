@@ -31,6 +31,7 @@ mod download;
 mod fetch;
 mod flows;
 mod pull;
+mod queue;
 mod serve;
 
 use flows::{FlowRec, Stream};
@@ -250,26 +251,6 @@ pub(crate) enum Timer {
     },
 }
 
-/// Orders timers by (time in ns, sequence); the payload does not take part.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct TimerBox(Timer);
-impl PartialEq for TimerBox {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-impl Eq for TimerBox {}
-impl PartialOrd for TimerBox {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for TimerBox {
-    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
-        std::cmp::Ordering::Equal
-    }
-}
-
 pub(crate) fn ns(t: f64) -> u64 {
     (t * 1e9).round().max(0.0) as u64
 }
@@ -324,7 +305,7 @@ pub struct Engine<'a> {
     pub(crate) stream_of: HashMap<(u32, u32), u32>,
     pub(crate) dirty: bool,
     solver: Solver,
-    timers: BinaryHeap<Reverse<(u64, u64, TimerBox)>>,
+    timers: queue::TimerQueue<Timer>,
     seq: u64,
     pub(crate) now: f64,
     /// End of the current step: milestones up to here are processed in this step.
@@ -452,7 +433,7 @@ impl<'a> Engine<'a> {
             stream_of: HashMap::new(),
             dirty: true,
             solver: Solver::default(),
-            timers: BinaryHeap::new(),
+            timers: queue::TimerQueue::new(),
             seq: 0,
             now: 0.0,
             step_end: 0.0,
@@ -470,8 +451,7 @@ impl<'a> Engine<'a> {
 
     pub(crate) fn at(&mut self, t: f64, timer: Timer) {
         self.seq += 1;
-        self.timers
-            .push(Reverse((ns(t), self.seq, TimerBox(timer))));
+        self.timers.push((ns(t), self.seq), timer);
     }
 
     pub(crate) fn next_seq(&mut self) -> u64 {
@@ -554,8 +534,8 @@ impl<'a> Engine<'a> {
                 self.dirty = false;
             }
             let mut next = self.next_milestone();
-            if let Some(Reverse((t, _, _))) = self.timers.peek() {
-                next = next.min(*t as f64 / 1e9);
+            if let Some((t, _)) = self.timers.peek() {
+                next = next.min(t as f64 / 1e9);
             }
             if !next.is_finite() || next > max_t {
                 break;
@@ -573,7 +553,6 @@ impl<'a> Engine<'a> {
                 let tt = self
                     .timers
                     .peek()
-                    .map(|Reverse((t, s, _))| (*t, *s))
                     .filter(|&(t, _)| t as f64 / 1e9 <= self.step_end + 1e-12);
                 let fire_timer = match (tm, tt) {
                     (None, None) => break,
@@ -589,7 +568,7 @@ impl<'a> Engine<'a> {
                     self.now = t;
                 }
                 if fire_timer {
-                    if let Some(Reverse((_, _, TimerBox(timer)))) = self.timers.pop() {
+                    if let Some((_, timer)) = self.timers.pop() {
                         self.fire(timer);
                     }
                 } else if let Some(Reverse((_, _, due))) = self.due.pop() {

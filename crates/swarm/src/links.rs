@@ -38,7 +38,20 @@ impl HaveFilter {
     };
 
     pub fn admits(&self, piece: u32) -> bool {
-        self.modulus <= 1 || piece % self.modulus == self.residue
+        self.admits_remembering(piece, &mut (0, 0))
+    }
+
+    /// [`HaveFilter::admits`] for one piece over many filters: `division` keeps the
+    /// last modulus and the piece's remainder by it, so filters sharing a modulus (a
+    /// rack's stripe count) cost one division, not one each.
+    pub fn admits_remembering(&self, piece: u32, division: &mut (u32, u32)) -> bool {
+        if self.modulus <= 1 {
+            return true;
+        }
+        if division.0 != self.modulus {
+            *division = (self.modulus, piece % self.modulus);
+        }
+        division.1 == self.residue
     }
 
     /// Whether every piece `other` admits, this one admits too. A holder whose channel
@@ -208,6 +221,36 @@ mod tests {
         ] {
             assert_eq!(f, HaveFilter::ALL, "{what}");
             assert!((0..16).all(|p| f.admits(p)), "{what}");
+        }
+    }
+
+    /// Many filters, one piece, moduli repeating and changing: the remembered
+    /// division gives every filter its own answer.
+    #[test]
+    fn a_remembered_division_answers_as_each_filter_would() {
+        let filters: Vec<HaveFilter> = [
+            (5, 2),
+            (5, 0),
+            (0, 0),
+            (7, 3),
+            (5, 2),
+            (1, 0),
+            (7, 6),
+            (32, 9),
+        ]
+        .into_iter()
+        .map(|(modulus, residue)| HaveFilter { modulus, residue })
+        .collect();
+        for piece in 0..300 {
+            let mut division = (0, 0);
+            for f in &filters {
+                let expected = f.modulus <= 1 || piece % f.modulus == f.residue;
+                assert_eq!(
+                    f.admits_remembering(piece, &mut division),
+                    expected,
+                    "{f:?} {piece}"
+                );
+            }
         }
     }
 

@@ -158,7 +158,7 @@ struct Cand {
     slot: u32,
     window: u32,
     distance: u8,
-    speed: u32,
+    speed: u8,
     complete: bool,
     tie: u64,
 }
@@ -177,6 +177,12 @@ struct Slot {
     banned: bool,
     /// Measured throughput from this peer (bytes/s, EWMA); 0 until the first piece.
     rate: f64,
+    /// From `rate`, kept beside it (every pass reads them for every peer), small
+    /// enough that a slot stays one cache line: requests in flight it may have
+    /// ([`window_for`]) ...
+    window: u16,
+    /// ... and its [`speed_class`] (`u8::MAX` before it is measured).
+    speed: u8,
     /// This requester's own order among peers alike in everything else: a hash of
     /// its seed and the peer's name, so requesters spread over equal holders instead
     /// of all preferring the same one.
@@ -554,6 +560,8 @@ impl PieceScheduler {
                     inflight: 0,
                     banned: false,
                     rate: 0.0,
+                    window: window_for(0.0, &self.cfg, self.piece_size),
+                    speed: speed_class(0.0),
                     tie: mix(self.cfg.seed ^ seed_for(id), 0),
                     mark_ms: None,
                     busy_until_ms: 0,
@@ -747,11 +755,7 @@ impl PieceScheduler {
 
     /// The window for a peer: its measured rate over `window_ms`, in requests.
     fn window(&self, s: &Slot) -> u32 {
-        let by_rate = (s.rate * self.cfg.window_ms as f64 / 1000.0 / self.piece_size as f64).ceil();
-        (by_rate as u32).clamp(
-            self.cfg.min_window,
-            self.cfg.max_window.max(self.cfg.min_window),
-        )
+        u32::from(s.window)
     }
 
     #[cfg(test)]
@@ -941,11 +945,11 @@ impl PieceScheduler {
                 .filter(|&(_, s)| !s.banned && s.busy_until_ms <= now_ms)
                 .filter_map(|(i, s)| {
                     let window = self.window(s);
-                    (s.inflight < window).then(|| Cand {
+                    (s.inflight < window).then_some(Cand {
                         slot: i,
                         window,
                         distance: s.distance,
-                        speed: speed_class(s.rate),
+                        speed: s.speed,
                         complete: s.complete,
                         tie: s.tie,
                     })
@@ -976,7 +980,9 @@ impl PieceScheduler {
         }
         open_far.clear();
         open_far.extend_from_slice(&open);
-        if self.stripe.is_some() {
+        // (Each open piece's patience is read only if a far peer is a candidate: in a
+        // large swarm most passes have none with room.)
+        if self.stripe.is_some() && cands.iter().any(|c| c.distance > 0) {
             for (byte, bits) in open_far.iter_mut().enumerate() {
                 let mut rest = *bits;
                 while rest != 0 {
@@ -1121,7 +1127,7 @@ impl PieceScheduler {
                 let lb = b.inflight as f64 / self.window(b) as f64;
                 la.total_cmp(&lb)
                     .then(a.distance.cmp(&b.distance))
-                    .then(speed_class(b.rate).cmp(&speed_class(a.rate)))
+                    .then(b.speed.cmp(&a.speed))
                     .then(a.complete.cmp(&b.complete))
                     .then(a.tie.cmp(&b.tie))
             })
@@ -1189,7 +1195,7 @@ impl PieceScheduler {
                 a.inflight
                     .cmp(&b.inflight)
                     .then(a.distance.cmp(&b.distance))
-                    .then(speed_class(b.rate).cmp(&speed_class(a.rate)))
+                    .then(b.speed.cmp(&a.speed))
                     .then(a.complete.cmp(&b.complete))
                     .then(a.tie.cmp(&b.tie))
             })
@@ -1310,11 +1316,12 @@ impl PieceScheduler {
             if let Some(mark) = s.mark_ms {
                 let secs = (now_ms.saturating_sub(mark)).max(1) as f64 / 1000.0;
                 let sample = piece_size / secs;
-                s.rate = if s.rate == 0.0 {
+                let rate = if s.rate == 0.0 {
                     sample
                 } else {
                     0.7 * s.rate + 0.3 * sample
                 };
+                s.set_rate(rate, &self.cfg, self.piece_size);
                 s.mark_ms = Some(now_ms);
             }
         }
@@ -1501,11 +1508,28 @@ impl PieceScheduler {
 /// got only what the others left while the request budget was the limit, so it was
 /// never measured — at 16 × 8 MiB/s the four agents that started last ran their
 /// uplinks at 23–59 % of the limit while the others ran at 96–99 %.
-fn speed_class(rate: f64) -> u32 {
+/// Requests in flight a peer measured at `rate` may have: enough to keep it busy for
+/// `window_ms`, within `min_window..=max_window` (and 65,535).
+fn window_for(rate: f64, cfg: &SchedulerConfig, piece_size: u64) -> u16 {
+    let by_rate = (rate * cfg.window_ms as f64 / 1000.0 / piece_size as f64).ceil();
+    let window = (by_rate as u32).clamp(cfg.min_window, cfg.max_window.max(cfg.min_window));
+    window.min(u16::MAX.into()) as u16
+}
+
+impl Slot {
+    fn set_rate(&mut self, rate: f64, cfg: &SchedulerConfig, piece_size: u64) {
+        self.rate = rate;
+        self.window = window_for(rate, cfg, piece_size);
+        self.speed = speed_class(rate);
+    }
+}
+
+fn speed_class(rate: f64) -> u8 {
     if rate > 0.0 {
-        rate.max(1.0).log2() as u32
+        // (At most 1,023 for an f64.)
+        (rate.max(1.0).log2() as u32).min(u8::MAX as u32 - 1) as u8
     } else {
-        u32::MAX
+        u8::MAX
     }
 }
 
@@ -1742,7 +1766,11 @@ mod tests {
 
     fn with_rate(s: &mut PieceScheduler, peer: &str, rate: f64) {
         let i = s.by_name[peer] as usize;
-        s.slots[i].as_mut().unwrap().rate = rate;
+        let (cfg, piece_size) = (s.cfg.clone(), s.piece_size);
+        s.slots[i]
+            .as_mut()
+            .unwrap()
+            .set_rate(rate, &cfg, piece_size);
     }
 
     #[test]

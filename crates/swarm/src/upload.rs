@@ -40,6 +40,13 @@ pub struct Queued {
     pub small_head: bool,
 }
 
+impl Queued {
+    /// Whether it may take a slot beyond `max_active` ([`URGENT_EXTRA_SLOTS`]).
+    fn takes_extra_slot(&self) -> bool {
+        self.urgent && self.small_head
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admit {
     Queued,
@@ -104,24 +111,29 @@ pub struct UploadQueue<C> {
     cfg: UploadConfig,
     active: usize,
     queued: usize,
-    lines: HashMap<C, VecDeque<Queued>>,
+    /// Waiting requests that may take an urgent extra slot (urgent, for a small head
+    /// piece): with every ordinary slot busy, `next_to_send` — called for every
+    /// request that arrives — has nothing to look for when there are none.
+    urgent_heads: usize,
+    lines: HashMap<C, VecDeque<Queued>, BuildHasherDefault<LocalKeyHasher>>,
     /// Connections with something waiting, in serving order, each with the times it
     /// was passed over since it was last served (kept here, not in a map by
     /// connection: `next_to_send` reads every waiting connection's count and adds to it).
     turn: VecDeque<(C, u32)>,
     /// Times each (blob, piece) was sent.
-    sent: HashMap<(u64, u32), u32, BuildHasherDefault<PieceKeyHasher>>,
+    sent: HashMap<(u64, u32), u32, BuildHasherDefault<LocalKeyHasher>>,
 }
 
-/// A multiply-and-fold hasher for `(blob, piece)` keys. `next_to_send` looks up every
-/// waiting request's count on every call (SipHash was most of its time in the
-/// simulator's 10,000-node run). Not keyed: the keys are this holder's own blob
-/// numbers and pieces it holds (it queues no request for a piece it lacks), so a peer
-/// cannot choose colliding ones.
+/// A multiply-and-fold hasher for the line's keys: `(blob, piece)` and connections.
+/// `next_to_send` looks up every waiting connection's line and requests' counts on
+/// every call (SipHash was most of its time in the simulator's 10,000-node run). Not
+/// keyed: the keys are numbers this holder assigned (its connections, its blobs) and
+/// pieces it holds (it queues no request for a piece it lacks), so a peer cannot
+/// choose colliding ones.
 #[derive(Default)]
-struct PieceKeyHasher(u64);
+struct LocalKeyHasher(u64);
 
-impl Hasher for PieceKeyHasher {
+impl Hasher for LocalKeyHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -155,7 +167,8 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             cfg,
             active: 0,
             queued: 0,
-            lines: HashMap::new(),
+            urgent_heads: 0,
+            lines: HashMap::default(),
             turn: VecDeque::new(),
             sent: HashMap::default(),
         }
@@ -184,6 +197,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         }
         line.push_back(q);
         self.queued += 1;
+        self.urgent_heads += q.takes_extra_slot() as usize;
         Admit::Queued
     }
 
@@ -195,6 +209,9 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             return None;
         }
         let only_urgent = self.active >= max_active;
+        if only_urgent && self.urgent_heads == 0 {
+            return None;
+        }
         let patience =
             FRESHER_FIRST_SKIPS.max((self.turn.len() as u32).saturating_mul(FRESHER_FIRST_ROUNDS));
         // (urgent first; passed over too often first, the longest-waiting of those
@@ -208,13 +225,23 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             let starved = skipped >= patience;
             let wait_rank = if starved { -(skipped as i64) } else { 0 };
             for (k, q) in line.iter().enumerate() {
-                if only_urgent && !(q.urgent && q.small_head) {
+                if only_urgent && !q.takes_extra_slot() {
                     continue;
                 }
+                let head = (!q.urgent, !starved, wait_rank);
+                // Later requests come later in (turn, place): with the best's head ahead,
+                // or level and its piece never sent, this one cannot pass it, and its
+                // sent count (a lookup per waiting request) is not needed.
+                if let Some(((urgent, starved, wait, sent, _, _), _)) = best {
+                    let best_head = (urgent, starved, wait);
+                    if head > best_head || (head == best_head && sent == 0) {
+                        continue;
+                    }
+                }
                 let key = (
-                    !q.urgent,
-                    !starved,
-                    wait_rank,
+                    head.0,
+                    head.1,
+                    head.2,
                     self.sent_count(q.blob, q.piece),
                     t,
                     k,
@@ -238,6 +265,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             }
         }
         self.queued -= 1;
+        self.urgent_heads -= q.takes_extra_slot() as usize;
         self.active += 1;
         if self.sent.len() >= MAX_SENT_ENTRIES {
             self.sent.clear();
@@ -258,8 +286,9 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         let Some(at) = line.iter().position(|q| q.chan == chan && q.piece == piece) else {
             return false;
         };
-        line.remove(at);
+        let q = line.remove(at);
         self.queued -= 1;
+        self.urgent_heads -= q.is_some_and(|q| q.takes_extra_slot()) as usize;
         if line.is_empty() {
             self.turn.retain(|&(c, _)| c != conn);
         }
@@ -270,8 +299,14 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
     pub fn drop_waiting(&mut self, conn: C, chan: Option<ChannelId>) {
         if let Some(line) = self.lines.get_mut(&conn) {
             let before = line.len();
-            line.retain(|q| chan.is_some_and(|c| q.chan != c));
+            let mut urgent_heads = 0;
+            line.retain(|q| {
+                let keep = chan.is_some_and(|c| q.chan != c);
+                urgent_heads += (!keep && q.takes_extra_slot()) as usize;
+                keep
+            });
             self.queued -= before - line.len();
+            self.urgent_heads -= urgent_heads;
             if line.is_empty() {
                 self.lines.remove(&conn);
                 self.turn.retain(|&(c, _)| c != conn);

@@ -121,9 +121,10 @@ impl Engine<'_> {
     pub(crate) fn haves_arrive(&mut self, h: u32, l: u32, piece: u32) {
         let i = self.pi(h, l);
         let subs = std::mem::take(&mut self.subs[i]);
+        let mut division = (0, 0);
         let admitted = subs
             .iter()
-            .filter(|(_, f)| f.admits(piece))
+            .filter(move |(_, f)| f.admits_remembering(piece, &mut division))
             .map(|&(s, _)| s);
         self.out.counters.haves += admitted.clone().count() as u64;
         // Delivering the HAVE to one task cannot make another hold the piece: the
