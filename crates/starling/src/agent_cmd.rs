@@ -498,6 +498,12 @@ pub struct TrackerArgs {
     /// connected to the source. Piece availability travels between peers directly.
     #[arg(long, default_value = "1s")]
     announce_interval: humantime::Duration,
+    /// Swarms with at least this many members get rack stripes: each member of a
+    /// rack fetches only its share of the pieces from other racks and the rack
+    /// spreads them inside, and asks its far peers only for its share's HAVEs.
+    /// Lower it where racks are small or rack uplinks are the bottleneck.
+    #[arg(long, default_value_t = swarm::SwarmConfig::default().stripe_min_members as u32, value_parser = clap::value_parser!(u32).range(2..=1_000_000))]
+    stripe_min_members: u32,
     /// Where prewarm jobs are persisted (they survive a tracker restart).
     #[arg(
         long,
@@ -640,6 +646,7 @@ pub async fn run_tracker(a: TrackerArgs) -> Result<()> {
         },
         peer_ttl_ms: std::time::Duration::from(a.peer_ttl).as_millis() as u64,
         announce_interval_ms: std::time::Duration::from(a.announce_interval).as_millis() as u64,
+        stripe_min_members: a.stripe_min_members as usize,
         ..Default::default()
     };
     std::fs::create_dir_all(&a.data_dir)

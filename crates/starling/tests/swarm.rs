@@ -1012,3 +1012,83 @@ async fn a_frozen_stripe_member_strands_no_pieces() {
     assert_eq!(others, 0, "the members read nothing from the registry");
     assert!(upstream <= image.layers[0].size + image.layers[0].size / 20);
 }
+
+/// Rack stripes between real agents (the tracker gives them from 3 members here): the
+/// two members of one rack each ask the source, in another rack, only for their
+/// stripe's HAVEs (HAVE_FILTER), the source holds the others back, and the rack's
+/// pulls still complete from the source and each other, the registry read once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn far_peers_in_a_striped_swarm_hear_only_their_stripe() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/have-filter", "1", &[32 << 20], 31).unwrap();
+    let t = tracker(dir.path(), &["--stripe-min-members", "3"]).await;
+    let rack = |r: &'static str| ["--zone", "z", "--rack", r];
+    let slow = ["--download-limit", "4MiB", "--upload-limit", "8MiB"];
+    let src = agent(
+        dir.path(),
+        "src",
+        &t.url(),
+        &registry,
+        &[&slow[..], &rack("r0")[..]].concat(),
+    )
+    .await;
+    let src_url = src.url();
+    let img = image.clone();
+    let src_pull = tokio::spawn(async move { pull_via(&src_url, &img).await });
+    testkit::until(
+        "the source to read from the registry",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(&src, "starling_agent_p2p_registry_bytes_total").await > 0 },
+    )
+    .await;
+    let mut members = Vec::new();
+    let mut pulls = Vec::new();
+    for i in 0..2 {
+        let m = agent(
+            dir.path(),
+            &format!("m{i}"),
+            &t.url(),
+            &registry,
+            &["--download-limit", "64MiB", "--zone", "z", "--rack", "r1"],
+        )
+        .await;
+        let (url, img) = (m.url(), image.clone());
+        pulls.push(tokio::spawn(async move { pull_via(&url, &img).await }));
+        members.push(m);
+    }
+    for r in futures::future::join_all(pulls).await {
+        let r = r.unwrap().expect("a member's pull");
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    src_pull.await.unwrap().expect("the source's own pull");
+    let filters = metric(&src, "starling_agent_p2p_have_filters_received_total").await;
+    let held_back = metric(&src, "starling_agent_p2p_haves_filtered_total").await;
+    let sent = metric(&src, "starling_agent_p2p_haves_sent_total").await;
+    assert!(
+        filters >= 2,
+        "each member asked the far source for its stripe: {filters} HAVE_FILTERs"
+    );
+    assert!(
+        held_back > 0 && sent > 0,
+        "the source sent some HAVEs ({sent}) and held others back ({held_back})"
+    );
+    let mut from_registry = 0;
+    for m in &members {
+        from_registry += metric(m, "starling_agent_p2p_registry_bytes_total").await;
+        assert_eq!(
+            metric(m, "starling_agent_p2p_have_filters_received_total").await,
+            0,
+            "near peers filter nothing"
+        );
+    }
+    // (Blobs under the P2P threshold, the config here, may come from the registry.)
+    assert!(
+        from_registry < 1 << 20,
+        "the members read none of the layer from the registry: {from_registry} bytes"
+    );
+    let upstream = metric(&src, "starling_agent_p2p_registry_bytes_total").await;
+    assert!(upstream <= image.layers[0].size + image.layers[0].size / 20);
+}

@@ -41,6 +41,9 @@ pub struct P2pMetrics {
     pub tls_handshakes_refused: Family<ReasonLabels, Counter>,
     pub peers_stalled: Counter,
     pub stall_cancels: Counter,
+    pub haves_sent: Counter,
+    pub haves_filtered: Counter,
+    pub have_filters_received: Counter,
     pub store_write_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
@@ -62,6 +65,9 @@ impl P2pMetrics {
             tls_handshakes_refused: Family::default(),
             peers_stalled: Counter::default(),
             stall_cancels: Counter::default(),
+            haves_sent: Counter::default(),
+            haves_filtered: Counter::default(),
+            have_filters_received: Counter::default(),
             store_write_seconds: Counter::default(),
         };
         r.register(
@@ -143,6 +149,21 @@ impl P2pMetrics {
             "p2p_stall_cancels",
             "Piece requests cancelled because a holder kept them waiting past the stall timeout",
             m.stall_cancels.clone(),
+        );
+        r.register(
+            "p2p_haves_sent",
+            "HAVE frames sent to downloaders (one per piece completed, per open channel that admits it)",
+            m.haves_sent.clone(),
+        );
+        r.register(
+            "p2p_haves_filtered",
+            "HAVEs not sent because the downloader's HAVE_FILTER excludes the piece (a far peer in a striped swarm)",
+            m.haves_filtered.clone(),
+        );
+        r.register(
+            "p2p_have_filters_received",
+            "HAVE_FILTER frames received from downloaders",
+            m.have_filters_received.clone(),
         );
         m
     }

@@ -275,6 +275,7 @@ async fn read_loop(
                     tokio::sync::watch::channel(swarm::links::HaveFilter::ALL);
                 let task = tokio::spawn(watch_blob(
                     agent.clone(),
+                    p2p.clone(),
                     d.clone(),
                     layout,
                     chan,
@@ -296,6 +297,7 @@ async fn read_loop(
                 }
             }
             Frame::HaveFilter { chan, filter } => {
+                p2p.metrics.have_filters_received.inc();
                 if let Some(c) = conn.chans.lock().get(&chan) {
                     c.filter.send_replace(filter);
                 }
@@ -417,6 +419,7 @@ fn holds(agent: &Agent, d: &Digest, layout: PieceLayout, piece: u32) -> bool {
 /// blob in piece mode with the same geometry, then a HAVE per piece as it completes.
 async fn watch_blob(
     agent: Agent,
+    p2p: Arc<P2p>,
     d: Digest,
     layout: PieceLayout,
     chan: ChannelId,
@@ -472,6 +475,9 @@ async fn watch_blob(
                                     if ctl.send(Frame::Have { chan, piece, hash }).await.is_err() {
                                         return;
                                     }
+                                    p2p.metrics.haves_sent.inc();
+                                } else {
+                                    p2p.metrics.haves_filtered.inc();
                                 }
                                 false
                             }
