@@ -249,7 +249,7 @@ impl Engine<'_> {
         *self
             .out
             .source_bytes
-            .entry(self.names[node].clone())
+            .entry(self.names[node].to_string())
             .or_default() += len;
         self.pull(s, l).registry_bytes += len;
         let next = piece + 1;

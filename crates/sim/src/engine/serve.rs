@@ -121,19 +121,19 @@ impl Engine<'_> {
     pub(crate) fn haves_arrive(&mut self, h: u32, l: u32, piece: u32) {
         let i = self.pi(h, l);
         let subs = std::mem::take(&mut self.subs[i]);
-        let mut division = (0, 0);
-        let admitted = subs
-            .iter()
-            .filter(move |(_, f)| f.admits_remembering(piece, &mut division))
-            .map(|&(s, _)| s);
-        self.out.counters.haves += admitted.clone().count() as u64;
         // Delivering the HAVE to one task cannot make another hold the piece: the
         // tasks that lack it can be listed first.
         let mut targets = std::mem::take(&mut self.have_targets);
         targets.clear();
-        match self.held[l as usize].get(piece as usize) {
-            Some(held) => targets.extend(admitted.filter(|&s| !held.get(s))),
-            None => targets.extend(admitted),
+        let held = self.held[l as usize].get(piece as usize);
+        let mut division = (0, 0);
+        for &(s, filter) in &subs {
+            if filter.admits_remembering(piece, &mut division) {
+                self.out.counters.haves += 1;
+                if held.is_none_or(|held| !held.get(s)) {
+                    targets.push(s);
+                }
+            }
         }
         self.read_ahead_haves(&targets, l, piece, h);
         for &s in &targets {
