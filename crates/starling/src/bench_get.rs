@@ -70,6 +70,9 @@ struct Report {
     machine_cpu_steal: f64,
     /// One core's sha256 rate just before the run (MB/s), to compare runs across time.
     sha256_reference_mb_per_s: f64,
+    /// CPU-seconds per GiB written into fresh page cache on this machine, just before
+    /// the run (the agents and `starling get` both pay it; see `starling demo`).
+    page_cache_write_reference_cpu_s_per_gib: Option<f64>,
     direct_all_nodes_seconds: Option<f64>,
     direct_origin_bytes: Option<u64>,
     direct_machine_cpu_busy: Option<f64>,
@@ -374,6 +377,11 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
         .collect();
     let sent_before = proxy.sent.load(Ordering::Relaxed);
     let sha256_reference_mb_per_s = crate::machine::sha256_reference_mb_per_s();
+    let page_cache_write_reference_cpu_s_per_gib = {
+        let work = work.clone();
+        tokio::task::spawn_blocking(move || crate::machine::page_cache_write_cpu_s_per_gib(&work))
+            .await?
+    };
     let cpu_before = CpuTicks::now();
     let agent_cpu_before: f64 = agents.iter().map(|(_, pid)| proc_usage(*pid).0).sum();
     let (per_node_seconds, get_rss, all_nodes, get_cpu) = run_gets(&exe, argsets, &dests).await?;
@@ -453,6 +461,7 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
         machine_cpu_busy: machine_cpu.busy,
         machine_cpu_steal: machine_cpu.steal,
         sha256_reference_mb_per_s,
+        page_cache_write_reference_cpu_s_per_gib,
         direct_all_nodes_seconds: direct_secs,
         direct_origin_bytes: direct_bytes,
         direct_machine_cpu_busy: direct_busy,

@@ -118,6 +118,11 @@ struct Report {
     /// One core's sha256 rate measured just before the run (MB/s): compare runs made
     /// at different times with it.
     sha256_reference_mb_per_s: f64,
+    /// CPU-seconds one core spent per GiB written into fresh page cache, measured
+    /// before the agents start (`machine::page_cache_write_cpu_s_per_gib`): part of
+    /// `agent_cpu_seconds_per_gib` that is the machine's, not Starling's. Null where it
+    /// could not be measured.
+    page_cache_write_reference_cpu_s_per_gib: Option<f64>,
     /// Whether `--pretouch` backed the page cache's memory before the run.
     pretouch: bool,
     /// Whether the cluster ran with mutual TLS (`--tls`) or plain HTTP.
@@ -484,6 +489,11 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     for (_, port, _) in &agents {
         wait_ready(&format!("http://127.0.0.1:{port}/healthz")).await?;
     }
+    let page_cache_write_reference_cpu_s_per_gib = {
+        let work = work.clone();
+        tokio::task::spawn_blocking(move || crate::machine::page_cache_write_cpu_s_per_gib(&work))
+            .await?
+    };
     if a.pretouch {
         pretouch_page_cache(&work.join("pretouch.scratch"), s * a.nodes as u64).await?;
     }
@@ -715,6 +725,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         machine_cpu_busy: machine_cpu.busy,
         machine_cpu_steal: machine_cpu.steal,
         sha256_reference_mb_per_s,
+        page_cache_write_reference_cpu_s_per_gib,
         non_seed_first_byte_p50: percentile(&ttfb, 0.5),
         non_seed_first_byte_p95: percentile(&ttfb, 0.95),
         non_seed_first_byte_max: ttfb.last().copied().unwrap_or(0.0),
@@ -760,6 +771,11 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         "  agent CPU             {:.2} CPU-seconds per GiB delivered; peak RSS {:.1} MiB",
         report.agent_cpu_seconds_per_gib, rss_max
     );
+    if let Some(c) = report.page_cache_write_reference_cpu_s_per_gib {
+        println!(
+            "  page cache            writing fresh pages costs this machine {c:.2} CPU-seconds per GiB (part of the agents' figure)"
+        );
+    }
     println!(
         "  machine CPU busy      {:.0} % during the P2P run (agents, clients and registry share the cores), {:.0} % of it stolen by the hypervisor; sha256 {:.0} MB/s on one core",
         machine_cpu.busy * 100.0,

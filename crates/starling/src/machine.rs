@@ -81,9 +81,56 @@ pub(crate) fn sha256_reference_mb_per_s() -> f64 {
     LEN as f64 / best.max(1e-9) / 1e6
 }
 
+/// CPU time this thread has run, from `/proc/thread-self/schedstat` (nanoseconds, the
+/// scheduler's own count); `None` where that file cannot be read.
+fn thread_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = stat.split_whitespace().next()?.parse().ok()?;
+    Some(ns as f64 / 1e9)
+}
+
+/// What writing fresh page cache costs this machine right now, in CPU-seconds per GiB:
+/// 256 MiB written into a new file in `dir` (then removed), measured as this thread's
+/// CPU time. Received pieces are written this way, so it is part of every agent's CPU
+/// per GiB. On bare metal it is ~0.1–0.3; a VM that hands freed memory back to its host
+/// pays a host fault per fresh page (this project's test VM: 1.9–3.4, against 0.10 to
+/// rewrite cached pages; BENCHMARKS.md, issue 11, tenth session). `None` if the file
+/// cannot be written or the CPU time not read. Takes 0.05–1 s.
+pub(crate) fn page_cache_write_cpu_s_per_gib(dir: &std::path::Path) -> Option<f64> {
+    use std::io::Write;
+    const LEN: u64 = 256 << 20;
+    let path = dir.join("page-cache-reference.scratch");
+    let chunk: Vec<u8> = (0..1usize << 20)
+        .map(|i| (i as u8).wrapping_mul(7))
+        .collect();
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&path)?;
+        for _ in 0..LEN / chunk.len() as u64 {
+            f.write_all(&chunk)?;
+        }
+        Ok(())
+    };
+    let before = thread_cpu_seconds()?;
+    let written = write();
+    let cpu = thread_cpu_seconds()? - before;
+    let _ = std::fs::remove_file(&path);
+    written.ok()?;
+    Some(cpu * (1u64 << 30) as f64 / LEN as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writing_fresh_page_cache_has_a_measured_cost_and_leaves_nothing() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let cost = page_cache_write_cpu_s_per_gib(dir.path()).expect("measured");
+        assert!(cost.is_finite() && cost > 0.0, "{cost}");
+        assert_eq!(std::fs::read_dir(dir.path()).expect("listed").count(), 0);
+        let missing = dir.path().join("no-such-dir");
+        assert_eq!(page_cache_write_cpu_s_per_gib(&missing), None);
+    }
 
     #[test]
     fn steal_and_busy_come_from_their_own_fields() {
