@@ -377,11 +377,8 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
         .collect();
     let sent_before = proxy.sent.load(Ordering::Relaxed);
     let sha256_reference_mb_per_s = crate::machine::sha256_reference_mb_per_s();
-    let page_cache_write_reference_cpu_s_per_gib = {
-        let work = work.clone();
-        tokio::task::spawn_blocking(move || crate::machine::page_cache_write_cpu_s_per_gib(&work))
-            .await?
-    };
+    let page_cache_write_reference_cpu_s_per_gib =
+        crate::machine::page_cache_write_reference(&work).await;
     let cpu_before = CpuTicks::now();
     let agent_cpu_before: f64 = agents.iter().map(|(_, pid)| proc_usage(*pid).0).sum();
     let (per_node_seconds, get_rss, all_nodes, get_cpu) = run_gets(&exe, argsets, &dests).await?;

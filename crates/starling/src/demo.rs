@@ -489,11 +489,8 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     for (_, port, _) in &agents {
         wait_ready(&format!("http://127.0.0.1:{port}/healthz")).await?;
     }
-    let page_cache_write_reference_cpu_s_per_gib = {
-        let work = work.clone();
-        tokio::task::spawn_blocking(move || crate::machine::page_cache_write_cpu_s_per_gib(&work))
-            .await?
-    };
+    let page_cache_write_reference_cpu_s_per_gib =
+        crate::machine::page_cache_write_reference(&work).await;
     if a.pretouch {
         pretouch_page_cache(&work.join("pretouch.scratch"), s * a.nodes as u64).await?;
     }

@@ -72,6 +72,28 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.unwrap()
 }
 
+type PullTask = tokio::task::JoinHandle<Result<oci::pull::PullReport, oci::Error>>;
+
+/// `agent` pulls `image` in the background.
+fn spawn_pull(agent: &Proc, image: &testkit::PushedImage) -> PullTask {
+    let (url, img) = (agent.url(), image.clone());
+    tokio::spawn(async move { pull_via(&url, &img).await })
+}
+
+/// `src` pulls `image` in the background; returns once it reads from the registry
+/// (elected source of the big layer).
+async fn spawn_source_pull(src: &Proc, image: &testkit::PushedImage) -> PullTask {
+    let pull = spawn_pull(src, image);
+    testkit::until(
+        "the source to read from the registry",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(src, "starling_agent_p2p_registry_bytes_total").await > 0 },
+    )
+    .await;
+    pull
+}
+
 fn big_layers(image: &testkit::PushedImage) -> u64 {
     image
         .layers
@@ -958,22 +980,12 @@ async fn a_frozen_stripe_member_strands_no_pieces() {
     let t = tracker(dir.path(), &["--peer-ttl", "300s"]).await;
     let slow = ["--download-limit", "8MiB", "--upload-limit", "8MiB"];
     let src = agent(dir.path(), "src", &t.url(), &registry, &slow).await;
-    let src_url = src.url();
-    let img = image.clone();
-    let src_pull = tokio::spawn(async move { pull_via(&src_url, &img).await });
-    testkit::until(
-        "the source to read from the registry",
-        Duration::from_millis(5),
-        Duration::from_secs(60),
-        || async { metric(&src, "starling_agent_p2p_registry_bytes_total").await > 0 },
-    )
-    .await;
+    let src_pull = spawn_source_pull(&src, &image).await;
     let mut members = Vec::new();
     let mut pulls = Vec::new();
     for i in 0..3 {
         let m = agent(dir.path(), &format!("m{i}"), &t.url(), &registry, &slow).await;
-        let (url, img) = (m.url(), image.clone());
-        pulls.push(tokio::spawn(async move { pull_via(&url, &img).await }));
+        pulls.push(spawn_pull(&m, &image));
         members.push(m);
     }
     let frozen = &members[0];
@@ -1034,16 +1046,7 @@ async fn far_peers_in_a_striped_swarm_hear_only_their_stripe() {
         &[&slow[..], &rack("r0")[..]].concat(),
     )
     .await;
-    let src_url = src.url();
-    let img = image.clone();
-    let src_pull = tokio::spawn(async move { pull_via(&src_url, &img).await });
-    testkit::until(
-        "the source to read from the registry",
-        Duration::from_millis(5),
-        Duration::from_secs(60),
-        || async { metric(&src, "starling_agent_p2p_registry_bytes_total").await > 0 },
-    )
-    .await;
+    let src_pull = spawn_source_pull(&src, &image).await;
     let mut members = Vec::new();
     let mut pulls = Vec::new();
     for i in 0..2 {
@@ -1055,8 +1058,7 @@ async fn far_peers_in_a_striped_swarm_hear_only_their_stripe() {
             &["--download-limit", "64MiB", "--zone", "z", "--rack", "r1"],
         )
         .await;
-        let (url, img) = (m.url(), image.clone());
-        pulls.push(tokio::spawn(async move { pull_via(&url, &img).await }));
+        pulls.push(spawn_pull(&m, &image));
         members.push(m);
     }
     for r in futures::future::join_all(pulls).await {

@@ -209,6 +209,15 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             return None;
         }
         let only_urgent = self.active >= max_active;
+        debug_assert_eq!(
+            self.urgent_heads,
+            self.lines
+                .values()
+                .flatten()
+                .filter(|q| q.takes_extra_slot())
+                .count(),
+            "the count of waiting urgent head requests"
+        );
         if only_urgent && self.urgent_heads == 0 {
             return None;
         }
