@@ -40,6 +40,9 @@ impl Default for PullOptions {
 pub struct BlobPull {
     pub digest: Digest,
     pub bytes: u64,
+    /// When this blob's request went out, from the start of the pull (seconds): the
+    /// client fetches a few blobs at a time, so later blobs start later.
+    pub started_seconds: f64,
     pub first_byte_seconds: f64,
     pub seconds: f64,
 }
@@ -98,7 +101,17 @@ pub async fn pull(
     let results = futures::stream::iter(
         blobs
             .into_iter()
-            .map(|d| fetch_blob(up, reg, repo, d, pacer.as_ref(), opts.progress.as_deref())),
+            .map(|d| {
+                fetch_blob(
+                    up,
+                    reg,
+                    repo,
+                    d,
+                    pacer.as_ref(),
+                    opts.progress.as_deref(),
+                    started,
+                )
+            }),
     )
     .buffer_unordered(opts.concurrency.max(1))
     .collect::<Vec<_>>()
@@ -145,6 +158,7 @@ async fn fetch_blob(
     desc: Descriptor,
     pacer: Option<&Pacer>,
     progress: Option<&std::sync::atomic::AtomicU64>,
+    pull_started: Instant,
 ) -> Result<BlobPull, Error> {
     let started = Instant::now();
     let resp = up.get_blob(reg, repo, &desc.digest, 0).await?;
@@ -181,6 +195,7 @@ async fn fetch_blob(
     Ok(BlobPull {
         digest: desc.digest,
         bytes,
+        started_seconds: started.duration_since(pull_started).as_secs_f64(),
         first_byte_seconds: first.unwrap_or(0.0),
         seconds: started.elapsed().as_secs_f64(),
     })

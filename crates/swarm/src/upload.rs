@@ -41,8 +41,10 @@ pub struct Queued {
 }
 
 impl Queued {
-    /// Whether it may take a slot beyond `max_active` ([`URGENT_EXTRA_SLOTS`]).
-    fn takes_extra_slot(&self) -> bool {
+    /// A reader waits on it and it is the blob's small head piece: it may take a slot
+    /// beyond `max_active` ([`URGENT_EXTRA_SLOTS`]), and the agent sends it in the
+    /// uplink's priority lane.
+    pub fn is_reader_head(&self) -> bool {
         self.urgent && self.small_head
     }
 }
@@ -197,7 +199,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         }
         line.push_back(q);
         self.queued += 1;
-        self.urgent_heads += q.takes_extra_slot() as usize;
+        self.urgent_heads += q.is_reader_head() as usize;
         Admit::Queued
     }
 
@@ -214,7 +216,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             self.lines
                 .values()
                 .flatten()
-                .filter(|q| q.takes_extra_slot())
+                .filter(|q| q.is_reader_head())
                 .count(),
             "the count of waiting urgent head requests"
         );
@@ -234,7 +236,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             let starved = skipped >= patience;
             let wait_rank = if starved { -(skipped as i64) } else { 0 };
             for (k, q) in line.iter().enumerate() {
-                if only_urgent && !q.takes_extra_slot() {
+                if only_urgent && !q.is_reader_head() {
                     continue;
                 }
                 let head = (!q.urgent, !starved, wait_rank);
@@ -274,7 +276,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             }
         }
         self.queued -= 1;
-        self.urgent_heads -= q.takes_extra_slot() as usize;
+        self.urgent_heads -= q.is_reader_head() as usize;
         self.active += 1;
         if self.sent.len() >= MAX_SENT_ENTRIES {
             self.sent.clear();
@@ -297,7 +299,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         };
         let q = line.remove(at);
         self.queued -= 1;
-        self.urgent_heads -= q.is_some_and(|q| q.takes_extra_slot()) as usize;
+        self.urgent_heads -= q.is_some_and(|q| q.is_reader_head()) as usize;
         if line.is_empty() {
             self.turn.retain(|&(c, _)| c != conn);
         }
@@ -311,7 +313,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             let mut urgent_heads = 0;
             line.retain(|q| {
                 let keep = chan.is_some_and(|c| q.chan != c);
-                urgent_heads += (!keep && q.takes_extra_slot()) as usize;
+                urgent_heads += (!keep && q.is_reader_head()) as usize;
                 keep
             });
             self.queued -= before - line.len();

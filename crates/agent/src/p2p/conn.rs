@@ -631,8 +631,12 @@ async fn receive_data(
         return Err(peer_err(node, "data continues a piece that never began"));
     };
     let piece_len = chan.layout.len(piece);
-    if let Some(l) = &p2p.download {
-        l.acquire(len as u64).await;
+    // The small head piece is what a reader waits for first: it takes the link's
+    // priority lane, as on the holder's uplink (`serve::send_piece`).
+    match &p2p.download {
+        Some(l) if chan.layout.is_small_head(piece) => l.acquire_high(len as u64).await,
+        Some(l) => l.acquire(len as u64).await,
+        None => {}
     }
     if let Some(l) = &chan.limit {
         l.acquire(len as u64).await;

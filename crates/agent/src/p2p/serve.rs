@@ -41,6 +41,9 @@ pub(crate) struct PieceJob {
     file: Arc<std::fs::File>,
     offset: u64,
     len: u64,
+    /// `Queued::is_reader_head`: its bytes take the uplink's priority lane
+    /// (`TokenBucket::acquire_high`).
+    reader_head: bool,
     _slot: UploadSlot,
 }
 
@@ -667,6 +670,7 @@ async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
                 file,
                 offset: start,
                 len: end - start,
+                reader_head: q.is_reader_head(),
                 _slot: slot,
             });
         }
@@ -715,8 +719,13 @@ async fn send_piece(
     let mut sent = 0u64;
     while sent < job.len {
         let n = (job.len - sent).min(DATA_CHUNK);
-        if let Some(l) = &p2p.upload {
-            l.acquire(n).await;
+        // A reader's head piece does not queue behind the debt of other pieces'
+        // chunks (up to one 512 KiB chunk per active upload, ≈ 80 ms at 25 MiB/s):
+        // it is 1/16 of a piece, so the uplink's long-run rate hardly moves.
+        match &p2p.upload {
+            Some(l) if job.reader_head => l.acquire_high(n).await,
+            Some(l) => l.acquire(n).await,
+            None => {}
         }
         let mut frames = Vec::new();
         while let Ok(f) = ctl.try_recv() {
