@@ -170,14 +170,18 @@ pub fn validate_geometry(blob_size: u64, piece_size: u64) -> Result<(), Error> {
 /// for piece 0 to exist at the source (its share of the registry) and then to reach the
 /// node through peers, a piece time per hop, with every node that starts the blob at
 /// once asking for the same piece. A head of 1/16 of a piece cuts those terms
-/// sixteen-fold; the pieces after it keep the size the rule chose for throughput.
-/// The rule makes a piece 25 ms of the link but never less than 1 MiB, so only pieces
-/// at that floor (links slower than 40 MiB/s, or small blobs) take longer per hop; on
-/// faster links the split gained little and cost throughput: `seed-100x5gb` (64 MiB
-/// pieces) went from 1.270 to 1.296 × T* over ten seeds (BENCHMARKS.md, issue 11,
-/// "head piece").
+/// sixteen-fold; the pieces after it keep the size the rule chose for throughput, and
+/// in swarms of up to 16 members the head comes straight from the source to every
+/// member (`scheduler`, source stripes), in the links' priority lane (the agent).
+/// The rule makes a piece 25 ms of the link but never less than 1 MiB: 1 MiB pieces
+/// below 40 MiB/s, 2 MiB up to about 100 MiB/s. At 2 MiB (4 × 100 MiB/s) the whole
+/// head went through a member's stripe: readers waited 0.4–1.0 s at the 95th
+/// percentile (up to 3.8 s) for their first byte, against 0.14–0.36 s split, at the
+/// same throughput (BENCHMARKS.md, issue 11, twelfth session). Larger pieces are not
+/// split: `seed-100x5gb` (64 MiB pieces) went from 1.270 to 1.296 × T* over ten seeds
+/// with the split (BENCHMARKS.md, issue 11, "head piece").
 pub const HEAD_DIVISOR: u64 = 16;
-pub const HEAD_MAX_PIECE: u64 = MIB;
+pub const HEAD_MAX_PIECE: u64 = 2 * MIB;
 
 /// Where pieces begin and end in a blob: a small head piece, then pieces of
 /// `piece_size` aligned to it (see [`HEAD_DIVISOR`]). Both numbers travel (announce,
@@ -378,7 +382,7 @@ mod tests {
         assert_eq!(PieceLayout::nominal_len(MIB, 9), MIB);
         // Pieces above HEAD_MAX_PIECE (faster links) are not split.
         assert_eq!(PieceLayout::head_size(HEAD_MAX_PIECE), HEAD_MAX_PIECE / 16);
-        assert_eq!(PieceLayout::head_size(2 * MIB), 2 * MIB);
+        assert_eq!(PieceLayout::head_size(4 * MIB), 4 * MIB);
         assert_eq!(PieceLayout::new(100 * MIB, 64 * MIB).count(), 2);
         assert!(l.is_small_head(0) && !l.is_small_head(1));
         assert!(!PieceLayout::new(100 * MIB, 64 * MIB).is_small_head(0));

@@ -24,9 +24,10 @@ use crate::{Bitfield, Error};
 /// 3: a blob's first piece is a small head piece (`crate::pieces::HEAD_DIVISOR`), so
 /// piece boundaries moved.
 /// 4: HAVE_FILTER (a downloader asks a far holder for its rack stripe's HAVEs only).
+/// 5: pieces of 2 MiB begin with a small head piece too (`crate::pieces::HEAD_MAX_PIECE`).
 /// Agents of different versions refuse each other at HELLO instead of failing each
 /// other's pieces (upgrade a cluster's agents together; see README).
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Largest control frame (a bitfield of [`MAX_PIECES`] is 8 KiB, a hash batch 128 KiB).
 pub const MAX_CONTROL_FRAME: usize = 256 << 10;
