@@ -161,10 +161,10 @@ pub fn validate_geometry(blob_size: u64, piece_size: u64) -> Result<(), Error> {
     Ok(())
 }
 
-/// With pieces of at most [`HEAD_MAX_PIECE`], the first piece of a blob is
-/// [`HEAD_DIVISOR`] times smaller than the others (at least [`MIN_PIECE_SIZE`]); the
-/// second is the rest of the first full piece, and every later piece starts on a
-/// multiple of the piece size.
+/// With pieces of at most [`HEAD_MAX_PIECE`] (every size the rule picks), the first
+/// piece of a blob is [`HEAD_DIVISOR`] times smaller than the others (at least
+/// [`MIN_PIECE_SIZE`]); the second is the rest of the first full piece, and every later
+/// piece starts on a multiple of the piece size.
 ///
 /// Why: a blob's first byte on a node that does not fetch it from the registry waits
 /// for piece 0 to exist at the source (its share of the registry) and then to reach the
@@ -173,15 +173,18 @@ pub fn validate_geometry(blob_size: u64, piece_size: u64) -> Result<(), Error> {
 /// sixteen-fold; the pieces after it keep the size the rule chose for throughput, and
 /// in swarms of up to 16 members the head comes straight from the source to every
 /// member (`scheduler`, source stripes), in the links' priority lane (the agent).
-/// The rule makes a piece 25 ms of the link but never less than 1 MiB: 1 MiB pieces
-/// below 40 MiB/s, 2 MiB up to about 100 MiB/s. At 2 MiB (4 × 100 MiB/s) the whole
-/// head went through a member's stripe: readers waited 0.4–1.0 s at the 95th
-/// percentile (up to 3.8 s) for their first byte, against 0.14–0.36 s split, at the
-/// same throughput (BENCHMARKS.md, issue 11, twelfth session). Larger pieces are not
-/// split: `seed-100x5gb` (64 MiB pieces) went from 1.270 to 1.296 × T* over ten seeds
-/// with the split (BENCHMARKS.md, issue 11, "head piece").
+/// Measured (BENCHMARKS.md, issue 11, twelfth session):
+/// - 2 MiB pieces (4 × 100 MiB/s, real agents): unsplit, the head went through a
+///   member's source stripe and readers waited 0.37–1.01 s at the 95th percentile
+///   (up to 3.8 s) for a first byte; split, 0.14–0.36 s, at the same throughput.
+/// - 64 MiB pieces (the simulator): `seed-100x5gb` over ten seeds 1.276 → 1.271 × T*
+///   (first byte p95 1.0–1.45 → 0.11 s); `scale-1000x15gb` seeds 0–2 1.282, 1.314,
+///   1.282 → 1.276, 1.260, 1.282 (first byte p50 4.3 → 2.2 s, cross-rack 1.08–1.10 →
+///   1.02–1.03 × racks × image); `scale-10000x15gb` seeds 0, 1: 1.462, 1.492 → 1.514,
+///   1.486 (cross-rack 1.12–1.21 → 1.005). The eighth session had measured the split
+///   at 64 MiB costing `seed-100x5gb` 1.270 → 1.296 with the scheduler of that day.
 pub const HEAD_DIVISOR: u64 = 16;
-pub const HEAD_MAX_PIECE: u64 = 2 * MIB;
+pub const HEAD_MAX_PIECE: u64 = RULE_MAX_PIECE;
 
 /// Where pieces begin and end in a blob: a small head piece, then pieces of
 /// `piece_size` aligned to it (see [`HEAD_DIVISOR`]). Both numbers travel (announce,
@@ -362,9 +365,9 @@ mod tests {
         );
         assert_eq!(PieceLayout::new(0, MIB).count(), 0);
         // Pieces above HEAD_MAX_PIECE are uniform.
-        let big = PieceLayout::new(10 * MIB + 5, 4 * MIB);
-        assert_eq!((big.count(), big.range(1)), (3, (4 * MIB, 8 * MIB)));
-        assert_eq!(big.piece_of(4 * MIB), 1);
+        let big = PieceLayout::new(300 * MIB + 5, 128 * MIB);
+        assert_eq!((big.count(), big.range(1)), (3, (128 * MIB, 256 * MIB)));
+        assert_eq!(big.piece_of(128 * MIB), 1);
         // Pieces too small to split stay uniform; a blob inside the head is one piece.
         let small = PieceLayout::new(MIB, MIN_PIECE_SIZE);
         assert_eq!((small.count(), small.range(1)), (16, (64 * KIB, 128 * KIB)));
@@ -380,12 +383,16 @@ mod tests {
         assert_eq!(PieceLayout::nominal_len(MIB, 0), 64 * KIB);
         assert_eq!(PieceLayout::nominal_len(MIB, 1), 960 * KIB);
         assert_eq!(PieceLayout::nominal_len(MIB, 9), MIB);
-        // Pieces above HEAD_MAX_PIECE (faster links) are not split.
+        // Every piece size the rule picks is split (64 MiB: a 4 MiB head); larger
+        // pieces (a proposal beyond the rule) are not.
         assert_eq!(PieceLayout::head_size(HEAD_MAX_PIECE), HEAD_MAX_PIECE / 16);
-        assert_eq!(PieceLayout::head_size(4 * MIB), 4 * MIB);
-        assert_eq!(PieceLayout::new(100 * MIB, 64 * MIB).count(), 2);
+        assert_eq!(PieceLayout::head_size(64 * MIB), 4 * MIB);
+        assert_eq!(PieceLayout::head_size(128 * MIB), 128 * MIB);
+        assert_eq!(PieceLayout::new(100 * MIB, 64 * MIB).count(), 3);
+        assert_eq!(PieceLayout::new(100 * MIB, 128 * MIB).count(), 1);
         assert!(l.is_small_head(0) && !l.is_small_head(1));
-        assert!(!PieceLayout::new(100 * MIB, 64 * MIB).is_small_head(0));
+        assert!(PieceLayout::new(100 * MIB, 64 * MIB).is_small_head(0));
+        assert!(!PieceLayout::new(300 * MIB, 128 * MIB).is_small_head(0));
         assert!(
             !PieceLayout::new(60 * KIB, MIB).is_small_head(0),
             "the whole blob"

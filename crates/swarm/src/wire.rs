@@ -24,7 +24,8 @@ use crate::{Bitfield, Error};
 /// 3: a blob's first piece is a small head piece (`crate::pieces::HEAD_DIVISOR`), so
 /// piece boundaries moved.
 /// 4: HAVE_FILTER (a downloader asks a far holder for its rack stripe's HAVEs only).
-/// 5: pieces of 2 MiB begin with a small head piece too (`crate::pieces::HEAD_MAX_PIECE`).
+/// 5: pieces of every size the rule picks (up to 64 MiB) begin with a small head piece
+/// (`crate::pieces::HEAD_MAX_PIECE`; version 3 split only pieces of at most 1 MiB).
 /// Agents of different versions refuse each other at HELLO instead of failing each
 /// other's pieces (upgrade a cluster's agents together; see README).
 pub const PROTOCOL_VERSION: u16 = 5;
