@@ -98,21 +98,17 @@ pub async fn pull(
         started: Instant::now(),
         bytes: std::sync::atomic::AtomicU64::new(0),
     });
-    let results = futures::stream::iter(
-        blobs
-            .into_iter()
-            .map(|d| {
-                fetch_blob(
-                    up,
-                    reg,
-                    repo,
-                    d,
-                    pacer.as_ref(),
-                    opts.progress.as_deref(),
-                    started,
-                )
-            }),
-    )
+    let results = futures::stream::iter(blobs.into_iter().map(|d| {
+        fetch_blob(
+            up,
+            reg,
+            repo,
+            d,
+            pacer.as_ref(),
+            opts.progress.as_deref(),
+            started,
+        )
+    }))
     .buffer_unordered(opts.concurrency.max(1))
     .collect::<Vec<_>>()
     .await;

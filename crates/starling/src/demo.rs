@@ -153,9 +153,10 @@ struct Report {
     /// One piece of the largest blob at the node limit (seconds): the TTFB
     /// goal is this plus 20 ms.
     piece_time_seconds: f64,
+    /// Each swarm blob's request and first-byte times on every node, by blob size.
+    first_bytes_by_blob: Vec<BlobFirstBytes>,
     /// (seconds, bytes each agent had received from peers and the registry), every
     /// half second of the P2P run.
-    first_bytes_by_blob: Vec<BlobFirstBytes>,
     receive_series: CounterSeries,
     /// (seconds, bytes each agent had uploaded to peers), at the same instants: with
     /// the registry sending each byte once, the swarm meets T* only if the members'
@@ -664,7 +665,10 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
                 continue;
             }
             let times = (b.started_seconds, b.started_seconds + b.first_byte_seconds);
-            let at = match first_bytes_by_blob.iter().position(|(d, _)| *d == sw.digest) {
+            let at = match first_bytes_by_blob
+                .iter()
+                .position(|(d, _)| *d == sw.digest)
+            {
                 Some(at) => at,
                 None => {
                     first_bytes_by_blob.push((
