@@ -524,16 +524,25 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         a.nodes, reference
     ));
     let progress: Vec<Arc<AtomicU64>> = (0..a.nodes).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    // The clients exist before the clock starts: building one loads the system trust
+    // store (about 5-10 ms of CPU each here), which inside the timed window delayed
+    // the last node's start by 80 ms and starved the registry, which shares this
+    // process, while the first nodes were already pulling.
+    let clients = agents
+        .iter()
+        .map(|(_, port, _)| {
+            let mut ucfg = oci::UpstreamConfig::default();
+            ucfg.endpoints
+                .insert(origin_host.clone(), format!("http://127.0.0.1:{port}"));
+            oci::Upstream::new(ucfg)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let egress_before = stats.egress_bytes();
     let sha256_reference_mb_per_s = crate::machine::sha256_reference_mb_per_s();
     let cpu_before = crate::machine::CpuTicks::now();
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for (i, (_, port, _)) in agents.iter().enumerate() {
-        let mut ucfg = oci::UpstreamConfig::default();
-        ucfg.endpoints
-            .insert(origin_host.clone(), format!("http://127.0.0.1:{port}"));
-        let up = oci::Upstream::new(ucfg)?;
+    for (i, up) in clients.into_iter().enumerate() {
         let r = reference.clone();
         let opts = oci::pull::PullOptions {
             concurrency: a.client_concurrency.max(1),
@@ -729,14 +738,19 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     let (mut direct_secs, mut direct_bytes) = (None, None);
     if !a.no_direct {
         say(format!("[6/6] baseline: the same {} nodes pull directly from the registry (each limited to {}/s)", a.nodes, a.node_limit));
+        // As for the swarm run: the clients are built before the clock starts.
+        let clients = (0..a.nodes)
+            .map(|_| {
+                let mut ucfg = oci::UpstreamConfig::default();
+                ucfg.endpoints
+                    .insert(origin_host.clone(), format!("http://{origin_host}"));
+                oci::Upstream::new(ucfg)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let before = stats.egress_bytes();
         let started = Instant::now();
         let mut tasks = Vec::new();
-        for _ in 0..a.nodes {
-            let mut ucfg = oci::UpstreamConfig::default();
-            ucfg.endpoints
-                .insert(origin_host.clone(), format!("http://{origin_host}"));
-            let up = oci::Upstream::new(ucfg)?;
+        for up in clients {
             let r = reference.clone();
             let opts = oci::pull::PullOptions {
                 concurrency: 4,

@@ -302,6 +302,7 @@ impl PieceWriter {
                 .into());
             }
             let mut rest: &[u8] = &chunk;
+            let mut head_done = false;
             while !rest.is_empty() {
                 let piece_end = layout.range(run.piece).1;
                 let take = ((piece_end - run.pos) as usize).min(rest.len());
@@ -309,11 +310,15 @@ impl PieceWriter {
                 run.pos += take as u64;
                 rest = &rest[take..];
                 if run.pos == piece_end {
+                    head_done |= layout.is_small_head(run.piece);
                     run.piece += 1;
                 }
             }
+            // The small head piece is what every reader of the blob waits on first:
+            // it is written (and so published) as soon as it is complete, not once a
+            // whole flush's worth has come in behind it.
             (
-                run.buf.len() >= RUN_FLUSH_BYTES || run.pos == run.end,
+                run.buf.len() >= RUN_FLUSH_BYTES || run.pos == run.end || head_done,
                 run.pending.as_ref().is_some_and(|p| p.done.is_finished()),
             )
         };
@@ -405,7 +410,7 @@ impl PieceWriter {
         let mut held = self.take_hashes(hashed);
         self.advance().await?;
         let ready = self.digest.ready_hashes();
-        held.extend(self.hold_hashed(ready).await?);
+        held.extend(self.hold_ready(ready).await?);
         if finished {
             self.runs.remove(&id);
         }
@@ -421,6 +426,39 @@ impl PieceWriter {
     /// Holds the registry pieces that `hashes` (from [`PieceWriter::next_hashes`])
     /// complete, returning them with their hashes (to publish).
     pub async fn hold_hashed(
+        &mut self,
+        hashes: Vec<(u32, PieceHash)>,
+    ) -> Result<Vec<(u32, PieceHash)>, Error> {
+        let mut held = self.hold_ready(hashes).await?;
+        if !self.hashed_early.is_empty() {
+            // The digest outran a run's write of those pieces. Writes already done
+            // are settled now rather than at the run's next chunk, which a paced
+            // registry may send only tens of milliseconds later. For the small head
+            // piece, which every reader waits on first, the write under way is
+            // awaited too; for other pieces the run reads on meanwhile.
+            let head = self
+                .hashed_early
+                .keys()
+                .any(|&i| self.layout.is_small_head(i));
+            let writing: Vec<u32> = self
+                .runs
+                .iter()
+                .filter(|(_, r)| {
+                    r.pending
+                        .as_ref()
+                        .is_some_and(|p| head || p.done.is_finished())
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            for id in writing {
+                held.extend(self.settle_run(id).await?);
+            }
+        }
+        Ok(held)
+    }
+
+    /// [`PieceWriter::hold_hashed`] without waiting for writes under way.
+    async fn hold_ready(
         &mut self,
         hashes: Vec<(u32, PieceHash)>,
     ) -> Result<Vec<(u32, PieceHash)>, Error> {

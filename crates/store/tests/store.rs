@@ -460,6 +460,43 @@ async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes(
 }
 
 #[tokio::test]
+async fn a_registry_runs_head_piece_is_held_before_a_flushs_worth_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(5 << 20, 6);
+    let d = Digest::of(&body);
+    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
+    assert!(layout.is_small_head(0));
+    let head_end = layout.range(0).1 as usize;
+    let store = open(dir.path());
+    let Begin::Lead(w) = store.begin(&d, None, "registry").await.unwrap() else {
+        panic!()
+    };
+    let (mut w, _) = w.into_pieces(layout);
+    let run = w.start_run(0, layout.count()).unwrap();
+    // The head and a little more arrive; the registry then pauses (it paces its
+    // streams): nothing else is written and nothing is flushed.
+    let mut held = w
+        .write_run(run, bytes::Bytes::copy_from_slice(&body[..head_end + 4096]))
+        .await
+        .unwrap()
+        .held;
+    hold_hashed_until(&mut w, &mut held, |w| w.held().get(0)).await;
+    assert_eq!(
+        held,
+        vec![(0, piece_hashes(layout, &body)[0])],
+        "the head alone, with its chained hash"
+    );
+    let mut rest = w
+        .write_run(run, bytes::Bytes::copy_from_slice(&body[head_end + 4096..]))
+        .await
+        .unwrap()
+        .held;
+    hold_hashed_until(&mut w, &mut rest, |w| w.is_complete()).await;
+    w.finish().await.unwrap();
+    assert!(store.open_complete(&d).unwrap().is_some());
+}
+
+#[tokio::test]
 async fn an_aborted_run_keeps_whole_pieces_and_frees_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     // Four pieces: the head, the rest of the first MiB, two more MiBs.
