@@ -19,8 +19,9 @@
 //!   total egress plus a per-connection cap, the shared cache's egress. Rates are the
 //!   max-min fair allocation (progressive filling) over the flows in progress.
 //! - Agents (P2P), as `crates/agent/src/p2p/{download,serve}.rs` do it: announce when a
-//!   blob starts, every `announce_interval_ms` while downloading and once when
-//!   complete; the tracker's reply gives the role and up to `max_peers` peers, whose
+//!   blob starts, then at the interval the tracker's reply names (the
+//!   `announce_interval_ms`, a quarter of it for a member of a large swarm holding
+//!   nothing yet) while downloading and once when complete; the tracker's reply gives the role and up to `max_peers` peers, whose
 //!   bitfields are handed to the `PieceScheduler` (`set_peer`; peers missing from the
 //!   reply are removed). A Source claims the whole blob and streams it from the
 //!   registry on one connection, piece by piece, publishing piece hashes at its next

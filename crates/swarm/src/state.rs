@@ -49,6 +49,11 @@ pub struct SwarmConfig {
     pub source_defer_ms: u64,
 }
 
+/// In a large swarm, a member that holds nothing of the blob yet is asked to announce
+/// this many times more often than [`SwarmConfig::announce_interval_ms`] (see
+/// `TrackerState::announce`). It costs the tracker about 6-12 % more announces.
+pub const EMPTY_HANDED_ANNOUNCE_DIVISOR: u64 = 4;
+
 impl Default for SwarmConfig {
     fn default() -> Self {
         Self {
@@ -378,7 +383,7 @@ impl TrackerState {
             source: swarm.source.as_deref(),
             ..ask
         };
-        let peers = swarm
+        let peers: Vec<PeerInfo> = swarm
             .peers
             .handout(&ask)
             .into_iter()
@@ -393,6 +398,22 @@ impl TrackerState {
                 },
             })
             .collect();
+        // In a large swarm the handout holds only peers with something to give, and
+        // a member's rack-mates are not among them until they hold a piece: a member
+        // that holds nothing learns of the first holders near it only by announcing.
+        // At the full interval that took 2-3 s before the first byte (simulator,
+        // 1,000 and 10,000 nodes); asked back sooner, about 0.7-0.8 s. Members of
+        // small swarms are handed everyone, and announcing more there only churned
+        // their links (seed-100x5gb: 1.276 → 1.386 × T* for one seed).
+        let empty_handed = swarm.peers.is_large()
+            && role == Role::Peer
+            && !req.complete
+            && req.have.as_ref().is_none_or(|h| h.count() == 0);
+        let interval_ms = if empty_handed {
+            (cfg.announce_interval_ms / EMPTY_HANDED_ANNOUNCE_DIVISOR).max(50)
+        } else {
+            cfg.announce_interval_ms
+        };
         Ok(AnnounceResponse {
             role,
             size: swarm.size,
@@ -401,7 +422,7 @@ impl TrackerState {
             peers,
             source_alive: swarm.source.is_some(),
             source: swarm.source.clone(),
-            interval_ms: cfg.announce_interval_ms,
+            interval_ms,
             stripe,
             source_stripe,
             members: swarm.peers.len().min(u32::MAX as usize) as u32,
@@ -855,6 +876,34 @@ mod tests {
             ann(&mut t, &req(&format!("m{i}"), &big), 11);
         }
         assert_eq!(ann(&mut t, &req("m0", &big), 12).source_stripe, None);
+    }
+
+    #[test]
+    fn in_a_large_swarm_a_member_holding_nothing_is_asked_back_sooner() {
+        let d = Digest::of(b"soon");
+        let mut t = TrackerState::new(SwarmConfig::default());
+        let full = t.cfg.announce_interval_ms;
+        let mut src = req("a", &d);
+        src.size = Some(100 << 20);
+        src.piece_size = Some(1 << 20);
+        assert_eq!(ann(&mut t, &src, 0).interval_ms, full, "the source");
+        let mut b = req("b", &d);
+        let small = ann(&mut t, &b, 10);
+        assert_eq!(small.role, Role::Peer);
+        assert_eq!(small.interval_ms, full, "a small swarm: the usual interval");
+        for i in 0..crate::peers::EXACT_POOL {
+            ann(&mut t, &req(&format!("n{i}"), &d), 10);
+        }
+        let empty = ann(&mut t, &b, 20);
+        assert_eq!(empty.role, Role::Peer);
+        assert_eq!(empty.interval_ms, full / EMPTY_HANDED_ANNOUNCE_DIVISOR);
+        let mut have = Bitfield::new(crate::PieceLayout::new(100 << 20, 1 << 20).count());
+        have.set(3);
+        b.have = Some(have);
+        assert_eq!(ann(&mut t, &b, 30).interval_ms, full, "one piece held");
+        b.have = None;
+        b.complete = true;
+        assert_eq!(ann(&mut t, &b, 40).interval_ms, full, "complete");
     }
 
     #[test]
