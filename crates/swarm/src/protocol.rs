@@ -50,8 +50,8 @@ pub struct AnnounceRequest {
     /// tracker restart).
     #[serde(default)]
     pub fetching_from_registry: bool,
-    /// Piece hashes (hex BLAKE3) this agent computed from registry bytes; the tracker
-    /// keeps them only from the agent it elected source.
+    /// Piece hashes (hex chained sha256, `crate::chain`) this agent computed from
+    /// registry bytes; the tracker keeps them only from the agent it elected source.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub hashes: BTreeMap<u32, String>,
     /// The agent already knows hashes `[0, known_hashes)`; the reply sends the rest.
@@ -63,6 +63,16 @@ pub struct AnnounceRequest {
     /// The agent no longer holds or wants this blob.
     #[serde(default)]
     pub leaving: bool,
+    /// A downloader that cannot start before the swarm's size is known: the tracker
+    /// may hold its answer until the source has announced the size, at most this many
+    /// milliseconds (a tracker caps it; one that does not know the field answers at
+    /// once, and the agent asks again).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub wait_for_size_ms: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 impl AnnounceRequest {
@@ -82,6 +92,7 @@ impl AnnounceRequest {
             known_hashes: 0,
             bad_peers: Vec::new(),
             leaving: false,
+            wait_for_size_ms: 0,
         }
     }
 }

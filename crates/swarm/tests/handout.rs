@@ -37,6 +37,7 @@ fn req(node: &str, d: &Digest, t: Topology, held: u32) -> AnnounceRequest {
         known_hashes: 0,
         bad_peers: vec![],
         leaving: false,
+        wait_for_size_ms: 0,
     }
 }
 

@@ -16,6 +16,7 @@ mod redis_inventory;
 mod redis_members;
 pub mod redis_store;
 mod server;
+mod size_wait;
 pub mod store;
 pub mod tls;
 
@@ -40,7 +41,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use serde::{Deserialize, Serialize};
-use swarm::{AnnounceRequest, SwarmConfig, TrackerState};
+use swarm::{AnnounceRequest, Role, SwarmConfig, TrackerState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -136,6 +137,8 @@ pub struct Metrics {
     /// Decisions of this replica the shared store overruled (an election another
     /// replica won, a geometry set elsewhere at the same moment).
     store_conflicts: Counter,
+    /// Announces held until their swarm's size is known (`size_wait`).
+    announces_waiting_for_size: Gauge,
 }
 
 impl Default for Metrics {
@@ -228,9 +231,16 @@ impl Default for Metrics {
              geometry set elsewhere at the same moment",
             store_conflicts.clone(),
         );
+        let announces_waiting_for_size = Gauge::default();
+        registry.register(
+            "announces_waiting_for_size",
+            "Announces held until the source has announced the blob's size",
+            announces_waiting_for_size.clone(),
+        );
         Self {
             redis,
             store_conflicts,
+            announces_waiting_for_size,
             registry,
             requests,
             latency,
@@ -260,6 +270,7 @@ pub struct Tracker {
     mailboxes: assignments::Mailboxes,
     /// Where the swarm state replicas share lives: this process, or Redis.
     store: Arc<dyn store::SwarmStore>,
+    size_waiters: Arc<size_wait::SizeWaiters>,
 }
 
 /// A batch of complete blobs an agent seeds, re-sent every second.
@@ -280,9 +291,14 @@ pub struct SeedBlob {
 
 impl Tracker {
     pub fn new(cfg: SwarmConfig, token: Option<String>) -> Self {
+        let metrics = Arc::new(Metrics::default());
+        let size_waiters = Arc::new(size_wait::SizeWaiters::new(
+            metrics.announces_waiting_for_size.clone(),
+        ));
         Self {
             state: Arc::new(Mutex::new(TrackerState::new(cfg))),
-            metrics: Arc::new(Metrics::default()),
+            metrics,
+            size_waiters,
             token: token.map(Into::into),
             cluster: None,
             limits: ServerLimits::default(),
@@ -499,19 +515,31 @@ async fn announce(
     if let Some(refused) = access::refuse_other_node(node.as_deref(), &req.node) {
         return refused;
     }
-    let answer = decide::decide(&t, std::slice::from_ref(&req), true)
-        .await
-        .and_then(|mut answers| {
-            answers.pop().unwrap_or_else(|| {
-                Err(Error::Conflict {
-                    digest: req.digest.to_string(),
-                    what: "no answer",
+    let wait = Duration::from_millis(req.wait_for_size_ms.into()).min(size_wait::MAX_SIZE_WAIT);
+    let deadline = Instant::now() + wait;
+    loop {
+        let answer = decide::decide(&t, std::slice::from_ref(&req), true)
+            .await
+            .and_then(|mut answers| {
+                answers.pop().unwrap_or_else(|| {
+                    Err(Error::Conflict {
+                        digest: req.digest.to_string(),
+                        what: "no answer",
+                    })
                 })
-            })
-        });
-    match answer {
-        Ok(r) => Json(r).into_response(),
-        Err(e) => e.response(),
+            });
+        match answer {
+            Ok(r) if r.role == Role::Peer && r.size.is_none() && Instant::now() < deadline => {
+                t.size_waiters.wait(&req.digest).await;
+            }
+            Ok(r) => {
+                if req.size.is_some() {
+                    t.size_waiters.size_known(&req.digest);
+                }
+                return Json(r).into_response();
+            }
+            Err(e) => return e.response(),
+        }
     }
 }
 

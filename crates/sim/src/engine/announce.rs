@@ -141,7 +141,10 @@ impl Engine<'_> {
                 self.at(t, Timer::SourceGet { slot: s, layer: l });
             }
             (Role::Peer, None) => {
-                // Wait a moment for the source to learn the size.
+                // Wait a moment for the source to learn the size. The agent's join is
+                // held at the tracker until the size is known (`wait_for_size_ms`);
+                // modelled here as asking again every `SIZE_POLL`, the tracker's own
+                // look again for a size announced through another replica.
                 if self.now < self.pull_ref(s, l).size_deadline {
                     let t = self.now + SIZE_POLL;
                     self.at(t, Timer::SizePoll { slot: s, layer: l });

@@ -52,6 +52,8 @@ const HASH_PUSH_EVERY: Duration = Duration::from_millis(100);
 /// A registry run that yields nothing for this long publishes what it has buffered.
 const RUN_QUIET: Duration = Duration::from_millis(5);
 
+/// How long the tracker may hold a join until the swarm's size is known.
+const SIZE_WAIT_MS: u32 = 1_000;
 /// Peer links kept per blob (`swarm::links`).
 const MAX_LINKS: usize = swarm::links::MAX_LINKS;
 
@@ -85,7 +87,11 @@ pub(crate) async fn start(
     limit: Option<Arc<TokenBucket>>,
 ) -> Start {
     let joined = Instant::now();
-    let req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
+    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
+    // Until the source has the registry's answer there is no size to lay the blob out
+    // by: the tracker holds the answer until there is (a tracker that cannot answers at
+    // once, and the loop below asks again).
+    req.wait_for_size_ms = SIZE_WAIT_MS;
     let mut resp = match p2p.announce(&req).await {
         Ok(r) => r,
         Err(e) => {
