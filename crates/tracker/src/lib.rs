@@ -334,6 +334,15 @@ impl Tracker {
         self
     }
 
+    /// Whether an announce may be held open (`size_wait`): only while at most half the
+    /// connection cap is in use, so that held joins at the start of a large pull never
+    /// crowd out new connections; beyond it the agents ask again as they would of a
+    /// tracker that does not hold.
+    fn may_hold_a_connection(&self) -> bool {
+        let open = self.metrics.connections_open.get().max(0) as usize;
+        open < self.limits.max_connections / 2
+    }
+
     pub fn with_limits(mut self, limits: ServerLimits) -> Self {
         self.limits = limits;
         self
@@ -529,7 +538,12 @@ async fn announce(
                 })
             });
         match answer {
-            Ok(r) if r.role == Role::Peer && r.size.is_none() && Instant::now() < deadline => {
+            Ok(r)
+                if r.role == Role::Peer
+                    && r.size.is_none()
+                    && Instant::now() < deadline
+                    && t.may_hold_a_connection() =>
+            {
                 t.size_waiters.wait(&req.digest).await;
             }
             Ok(r) => {

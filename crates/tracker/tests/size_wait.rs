@@ -68,3 +68,34 @@ async fn a_join_is_answered_when_the_source_announces_the_size() {
     );
     assert_eq!(waiting(&t).await, 0);
 }
+
+#[tokio::test]
+async fn a_tracker_short_of_connections_answers_at_once() {
+    // A cap this small is always at least half used: nothing may be held.
+    let t = Tracker::new(SwarmConfig::default(), None).with_limits(tracker::ServerLimits {
+        max_connections: 1,
+        ..Default::default()
+    });
+    let d = oci::Digest::of(b"not held");
+    announce(&t, &join("src", &d)).await;
+    let mut peer = join("peer", &d);
+    peer.wait_for_size_ms = 60_000;
+    let asked = {
+        let t = t.clone();
+        tokio::spawn(async move { announce(&t, &peer).await })
+    };
+    // Held, the join would show in the gauge for a whole second.
+    let mut seen_held = false;
+    while !asked.is_finished() {
+        seen_held |= waiting(&t).await > 0;
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !seen_held,
+        "a join was held with the connections nearly all in use"
+    );
+    let (status, answer) = asked.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let answer = answer.unwrap();
+    assert_eq!((answer.role, answer.size), (Role::Peer, None));
+}
