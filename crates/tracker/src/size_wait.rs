@@ -37,16 +37,16 @@ impl SizeWaiters {
     }
 
     /// Waits until [`SizeWaiters::size_known`] names `d`, or `SIZE_RECHECK` passes.
+    /// Cancel-safe: a client that goes away drops the wait, and the count and the
+    /// digest's entry are put right all the same.
     pub async fn wait(&self, d: &Digest) {
-        let notify = self.by_digest.lock().entry(d.clone()).or_default().clone();
+        let held = Held {
+            waiters: self,
+            digest: d,
+            notify: self.by_digest.lock().entry(d.clone()).or_default().clone(),
+        };
         self.waiting.inc();
-        let _ = tokio::time::timeout(SIZE_RECHECK, notify.notified()).await;
-        self.waiting.dec();
-        let mut map = self.by_digest.lock();
-        // The map's reference and ours: nobody else waits on this digest.
-        if Arc::strong_count(&notify) <= 2 {
-            map.remove(d);
-        }
+        let _ = tokio::time::timeout(SIZE_RECHECK, held.notify.notified()).await;
     }
 
     /// An announce carrying `d`'s size was decided: wake those waiting for it.
@@ -54,5 +54,46 @@ impl SizeWaiters {
         if let Some(n) = self.by_digest.lock().get(d) {
             n.notify_waiters();
         }
+    }
+}
+
+/// One held announce: undoes its count and, if it was the last, its digest's entry.
+struct Held<'a> {
+    waiters: &'a SizeWaiters,
+    digest: &'a Digest,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.waiters.waiting.dec();
+        let mut map = self.waiters.by_digest.lock();
+        // The map's reference and ours: nobody else waits on this digest.
+        if Arc::strong_count(&self.notify) <= 2 {
+            map.remove(self.digest);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wait_dropped_midway_leaves_nothing_behind() {
+        let w = SizeWaiters::new(Gauge::default());
+        let d = Digest::of(b"gone");
+        {
+            let held = w.wait(&d);
+            tokio::pin!(held);
+            assert!(futures::poll!(held.as_mut()).is_pending());
+            assert_eq!(w.waiting.get(), 1);
+            assert!(w.by_digest.lock().contains_key(&d));
+        }
+        assert_eq!(w.waiting.get(), 0, "the count is put right");
+        assert!(
+            w.by_digest.lock().is_empty(),
+            "and the digest's entry removed"
+        );
     }
 }
