@@ -166,6 +166,15 @@ struct Report {
 
 /// Writes `bytes` of zeros to `path` and deletes it: the freed page-cache pages are
 /// reused by the next writes before the VM can report them free to its host.
+/// A pull client that reaches the demo's registry `origin_host` through `endpoint`
+/// (an agent, or the registry itself).
+fn pull_client(origin_host: &str, endpoint: &str) -> Result<oci::Upstream, oci::Error> {
+    let mut ucfg = oci::UpstreamConfig::default();
+    ucfg.endpoints
+        .insert(origin_host.to_owned(), endpoint.to_owned());
+    oci::Upstream::new(ucfg)
+}
+
 async fn pretouch_page_cache(path: &Path, bytes: u64) -> Result<()> {
     let path = path.to_owned();
     tokio::task::spawn_blocking(move || -> Result<()> {
@@ -530,12 +539,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     // process, while the first nodes were already pulling.
     let clients = agents
         .iter()
-        .map(|(_, port, _)| {
-            let mut ucfg = oci::UpstreamConfig::default();
-            ucfg.endpoints
-                .insert(origin_host.clone(), format!("http://127.0.0.1:{port}"));
-            oci::Upstream::new(ucfg)
-        })
+        .map(|(_, port, _)| pull_client(&origin_host, &format!("http://127.0.0.1:{port}")))
         .collect::<Result<Vec<_>, _>>()?;
     let egress_before = stats.egress_bytes();
     let sha256_reference_mb_per_s = crate::machine::sha256_reference_mb_per_s();
@@ -740,12 +744,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         say(format!("[6/6] baseline: the same {} nodes pull directly from the registry (each limited to {}/s)", a.nodes, a.node_limit));
         // As for the swarm run: the clients are built before the clock starts.
         let clients = (0..a.nodes)
-            .map(|_| {
-                let mut ucfg = oci::UpstreamConfig::default();
-                ucfg.endpoints
-                    .insert(origin_host.clone(), format!("http://{origin_host}"));
-                oci::Upstream::new(ucfg)
-            })
+            .map(|_| pull_client(&origin_host, &format!("http://{origin_host}")))
             .collect::<Result<Vec<_>, _>>()?;
         let before = stats.egress_bytes();
         let started = Instant::now();

@@ -383,7 +383,7 @@ impl TrackerState {
             source: swarm.source.as_deref(),
             ..ask
         };
-        let peers: Vec<PeerInfo> = swarm
+        let peers = swarm
             .peers
             .handout(&ask)
             .into_iter()
