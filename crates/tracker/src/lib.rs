@@ -526,7 +526,11 @@ async fn announce(
     }
     let wait = Duration::from_millis(req.wait_for_size_ms.into()).min(size_wait::MAX_SIZE_WAIT);
     let deadline = Instant::now() + wait;
+    // Taken before the first decision, and each wake-up armed before its decision: a
+    // size decided in between wakes the held answer at once.
+    let watch = (!wait.is_zero() && req.size.is_none()).then(|| t.size_waiters.watch(&req.digest));
     loop {
+        let armed = watch.as_ref().map(|w| w.arm());
         let answer = decide::decide(&t, std::slice::from_ref(&req), true)
             .await
             .and_then(|mut answers| {
@@ -537,22 +541,22 @@ async fn announce(
                     })
                 })
             });
-        match answer {
-            Ok(r)
+        match (answer, &watch, armed) {
+            (Ok(r), Some(watch), Some(armed))
                 if r.role == Role::Peer
                     && r.size.is_none()
                     && Instant::now() < deadline
                     && t.may_hold_a_connection() =>
             {
-                t.size_waiters.wait(&req.digest).await;
+                watch.wait(armed).await;
             }
-            Ok(r) => {
+            (Ok(r), ..) => {
                 if req.size.is_some() {
                     t.size_waiters.size_known(&req.digest);
                 }
                 return Json(r).into_response();
             }
-            Err(e) => return e.response(),
+            (Err(e), ..) => return e.response(),
         }
     }
 }

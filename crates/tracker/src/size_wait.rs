@@ -5,14 +5,19 @@
 //! reaches this replica, or at the next 20 ms look at the shared state (a size
 //! announced through another replica), and at the latest after the wait asked for
 //! (bounded by [`MAX_SIZE_WAIT`]).
+//!
+//! A held announce arms its wake-up before it decides: a size decided between the
+//! decision that found none and the wait wakes it at once instead of at the next look.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use oci::Digest;
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
 /// The longest an announce is held, whatever it asks: below the agents' 2 s request
@@ -36,17 +41,15 @@ impl SizeWaiters {
         }
     }
 
-    /// Waits until [`SizeWaiters::size_known`] names `d`, or `SIZE_RECHECK` passes.
-    /// Cancel-safe: a client that goes away drops the wait, and the count and the
-    /// digest's entry are put right all the same.
-    pub async fn wait(&self, d: &Digest) {
-        let held = Held {
+    /// Interest in `d`'s size for as long as the announce may be held. Dropping it
+    /// (the answer leaves, or the client goes away) removes the digest's entry once
+    /// nobody else watches it.
+    pub fn watch<'a>(&'a self, d: &'a Digest) -> SizeWatch<'a> {
+        SizeWatch {
             waiters: self,
             digest: d,
             notify: self.by_digest.lock().entry(d.clone()).or_default().clone(),
-        };
-        self.waiting.inc();
-        let _ = tokio::time::timeout(SIZE_RECHECK, held.notify.notified()).await;
+        }
     }
 
     /// An announce carrying `d`'s size was decided: wake those waiting for it.
@@ -57,21 +60,54 @@ impl SizeWaiters {
     }
 }
 
-/// One held announce: undoes its count and, if it was the last, its digest's entry.
-struct Held<'a> {
+/// One announce's interest in a digest's size.
+pub struct SizeWatch<'a> {
     waiters: &'a SizeWaiters,
     digest: &'a Digest,
     notify: Arc<Notify>,
 }
 
-impl Drop for Held<'_> {
+/// A wake-up armed before a decision, so a size decided after it is not missed.
+pub type Armed<'a> = Pin<Box<Notified<'a>>>;
+
+impl SizeWatch<'_> {
+    /// Arms a wake-up for the next [`SizeWaiters::size_known`] of this digest: a
+    /// `Notified` counts `notify_waiters` calls from its creation, polled or not.
+    pub fn arm(&self) -> Armed<'_> {
+        Box::pin(self.notify.notified())
+    }
+
+    /// Waits until `armed` fires or `SIZE_RECHECK` passes, counted as held meanwhile.
+    /// Cancel-safe: a client that goes away drops the wait and the count is put right.
+    pub async fn wait(&self, armed: Armed<'_>) {
+        let _held = Held::new(&self.waiters.waiting);
+        let _ = tokio::time::timeout(SIZE_RECHECK, armed).await;
+    }
+}
+
+impl Drop for SizeWatch<'_> {
     fn drop(&mut self) {
-        self.waiters.waiting.dec();
         let mut map = self.waiters.by_digest.lock();
-        // The map's reference and ours: nobody else waits on this digest.
+        // The map's reference and ours: nobody else watches this digest.
         if Arc::strong_count(&self.notify) <= 2 {
             map.remove(self.digest);
         }
+    }
+}
+
+/// Counts one held announce for as long as it lives.
+struct Held<'a>(&'a Gauge);
+
+impl<'a> Held<'a> {
+    fn new(g: &'a Gauge) -> Self {
+        g.inc();
+        Self(g)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -84,7 +120,8 @@ mod tests {
         let w = SizeWaiters::new(Gauge::default());
         let d = Digest::of(b"gone");
         {
-            let held = w.wait(&d);
+            let watch = w.watch(&d);
+            let held = watch.wait(watch.arm());
             tokio::pin!(held);
             assert!(futures::poll!(held.as_mut()).is_pending());
             assert_eq!(w.waiting.get(), 1);
@@ -94,6 +131,41 @@ mod tests {
         assert!(
             w.by_digest.lock().is_empty(),
             "and the digest's entry removed"
+        );
+    }
+
+    /// The window between a decision that found no size and the wait: a size decided
+    /// there must wake the wait at once, not at the next look (virtual time).
+    #[tokio::test(start_paused = true)]
+    async fn a_size_decided_before_the_wait_begins_still_wakes_it() {
+        let w = SizeWaiters::new(Gauge::default());
+        let d = Digest::of(b"racing");
+        let watch = w.watch(&d);
+        let armed = watch.arm();
+        w.size_known(&d);
+        let began = tokio::time::Instant::now();
+        watch.wait(armed).await;
+        assert!(
+            began.elapsed() < SIZE_RECHECK,
+            "woken by the size, not by the next look: {:?}",
+            began.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_with_no_size_looks_again_after_the_recheck() {
+        let w = SizeWaiters::new(Gauge::default());
+        let d = Digest::of(b"quiet");
+        let other = Digest::of(b"other");
+        let watch = w.watch(&d);
+        let armed = watch.arm();
+        w.size_known(&other);
+        let began = tokio::time::Instant::now();
+        watch.wait(armed).await;
+        assert_eq!(
+            began.elapsed(),
+            SIZE_RECHECK,
+            "another digest's size wakes nothing"
         );
     }
 }
