@@ -32,6 +32,30 @@ fn open(dir: &std::path::Path) -> Store {
     Store::open(StoreConfig::new(dir)).unwrap()
 }
 
+/// A fresh store leading the download of `body` in pieces of `piece_size`, its bytes
+/// coming from `source`. The directory lives as long as the returned handle.
+async fn lead_pieces(
+    body: &[u8],
+    piece_size: u64,
+    source: &str,
+) -> (
+    tempfile::TempDir,
+    Store,
+    Digest,
+    swarm::PieceLayout,
+    store::PieceWriter,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Digest::of(body);
+    let layout = swarm::PieceLayout::new(body.len() as u64, piece_size);
+    let store = open(dir.path());
+    let Begin::Lead(w) = store.begin(&d, None, source).await.unwrap() else {
+        panic!("a fresh store leads the download")
+    };
+    let (w, _) = w.into_pieces(layout);
+    (dir, store, d, layout, w)
+}
+
 #[tokio::test]
 async fn single_writer_cut_through_readers_and_completion() {
     let dir = tempfile::tempdir().unwrap();
@@ -340,18 +364,11 @@ async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
 /// kept.
 #[tokio::test]
 async fn pieces_matching_a_false_chain_are_refused_by_the_digest() {
-    let dir = tempfile::tempdir().unwrap();
     let body = data(3 << 20, 7);
-    let d = Digest::of(&body);
-    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
+    let (_dir, store, d, layout, mut w) = lead_pieces(&body, 1 << 20, "peer").await;
     let mut forged = body.clone();
     forged[(1 << 20) + 99] ^= 0xff;
     let lies = piece_hashes(layout, &forged);
-    let store = open(dir.path());
-    let Begin::Lead(w) = store.begin(&d, None, "peer").await.unwrap() else {
-        panic!()
-    };
-    let (mut w, _) = w.into_pieces(layout);
     for i in 0..layout.count() {
         let (a, b) = layout.range(i);
         receive(&mut w, &lies, i, &forged[a as usize..b as usize]).await;
@@ -369,17 +386,10 @@ async fn pieces_matching_a_false_chain_are_refused_by_the_digest() {
 /// it but reads it back, so the blob's sha256 is still computed over the real bytes.
 #[tokio::test]
 async fn a_piece_verified_from_a_disagreeing_start_is_read_back_by_the_digest() {
-    let dir = tempfile::tempdir().unwrap();
     // Three pieces: the head, the rest of the first MiB, the second MiB.
     let body = data(2 << 20, 8);
-    let d = Digest::of(&body);
-    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
+    let (_dir, store, d, layout, mut w) = lead_pieces(&body, 1 << 20, "peer").await;
     let hashes = piece_hashes(layout, &body);
-    let store = open(dir.path());
-    let Begin::Lead(w) = store.begin(&d, None, "peer").await.unwrap() else {
-        panic!()
-    };
-    let (mut w, _) = w.into_pieces(layout);
     let inf = w.inflight();
     for i in [2, 0] {
         let (a, b) = layout.range(i);
@@ -398,15 +408,8 @@ async fn a_piece_verified_from_a_disagreeing_start_is_read_back_by_the_digest() 
 
 #[tokio::test]
 async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes() {
-    let dir = tempfile::tempdir().unwrap();
     let body = data(5 << 20 | 12345, 4);
-    let d = Digest::of(&body);
-    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
-    let store = open(dir.path());
-    let Begin::Lead(w) = store.begin(&d, None, "registry").await.unwrap() else {
-        panic!()
-    };
-    let (mut w, _) = w.into_pieces(layout);
+    let (_dir, _store, _d, layout, mut w) = lead_pieces(&body, 1 << 20, "registry").await;
     let inf = w.inflight();
     let reader = tokio::spawn(collect(store::read_inflight(inf.clone(), 0, None)));
     // Two slices at once, as over two registry connections.
@@ -461,17 +464,10 @@ async fn a_registry_run_hashes_pieces_as_they_pass_and_readers_follow_its_bytes(
 
 #[tokio::test]
 async fn a_registry_runs_head_piece_is_held_before_a_flushs_worth_follows_it() {
-    let dir = tempfile::tempdir().unwrap();
     let body = data(5 << 20, 6);
-    let d = Digest::of(&body);
-    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
+    let (_dir, store, d, layout, mut w) = lead_pieces(&body, 1 << 20, "registry").await;
     assert!(layout.is_small_head(0));
     let head_end = layout.range(0).1 as usize;
-    let store = open(dir.path());
-    let Begin::Lead(w) = store.begin(&d, None, "registry").await.unwrap() else {
-        panic!()
-    };
-    let (mut w, _) = w.into_pieces(layout);
     let run = w.start_run(0, layout.count()).unwrap();
     // The head and a little more arrive; the registry then pauses (it paces its
     // streams): nothing else is written and nothing is flushed.
@@ -498,16 +494,9 @@ async fn a_registry_runs_head_piece_is_held_before_a_flushs_worth_follows_it() {
 
 #[tokio::test]
 async fn an_aborted_run_keeps_whole_pieces_and_frees_the_rest() {
-    let dir = tempfile::tempdir().unwrap();
     // Four pieces: the head, the rest of the first MiB, two more MiBs.
     let body = data(3 << 20, 5);
-    let d = Digest::of(&body);
-    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
-    let store = open(dir.path());
-    let Begin::Lead(w) = store.begin(&d, None, "registry").await.unwrap() else {
-        panic!()
-    };
-    let (mut w, _) = w.into_pieces(layout);
+    let (_dir, store, d, layout, mut w) = lead_pieces(&body, 1 << 20, "registry").await;
     let run = w.start_run(0, 4).unwrap();
     // 1.5 MiB arrives (pieces 0 and 1, half of 2), then the stream dies.
     w.write_run(run, bytes::Bytes::copy_from_slice(&body[..3 << 19]))
@@ -609,15 +598,8 @@ async fn a_download_cut_by_a_full_disk_resumes_into_the_right_bytes() {
 /// writer is complete, whichever call took the hashes.
 #[tokio::test]
 async fn registry_pieces_hashed_by_the_digest_complete_the_blob() {
-    let dir = tempfile::tempdir().unwrap();
     let body = data(300 << 10, 3);
-    let d = Digest::of(&body);
-    let layout = swarm::PieceLayout::new(body.len() as u64, 256 << 10);
-    let store = open(dir.path());
-    let Begin::Lead(w) = store.begin(&d, None, "registry").await.unwrap() else {
-        panic!()
-    };
-    let (mut w, _) = w.into_pieces(layout);
+    let (_dir, store, d, layout, mut w) = lead_pieces(&body, 256 << 10, "registry").await;
     let run = w.start_run(0, layout.count()).unwrap();
     let mut held = Vec::new();
     for c in body.chunks(16 << 10) {
