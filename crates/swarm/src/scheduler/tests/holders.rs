@@ -1,0 +1,107 @@
+//! Who holds what: rows, bitfields and HAVEs, availability counts, slots.
+
+use super::super::holders::intersects;
+use super::*;
+
+proptest::proptest! {
+    #[test]
+    fn intersects_finds_the_one_shared_bit_wherever_it_is(
+        a in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+        extra in 0usize..20,
+        shared in proptest::option::of((0usize..300, 0u8..8)),
+    ) {
+        // `b` is `a`'s complement (no bit in common), longer or not, then one bit
+        // set in both, or none.
+        let mut a = a;
+        let mut b: Vec<u8> = a.iter().map(|x| !x).chain(std::iter::repeat_n(0xff, extra)).collect();
+        let shared = shared.filter(|&(at, _)| at < a.len());
+        if let Some((at, bit)) = shared {
+            a[at] |= 1 << bit;
+            b[at] |= 1 << bit;
+        }
+        proptest::prop_assert_eq!(intersects(&a, &b), shared.is_some());
+        proptest::prop_assert_eq!(intersects(&b, &a), shared.is_some());
+    }
+}
+
+#[test]
+fn a_have_makes_a_piece_requestable_at_once() {
+    let mut s = sched(4, SchedulerConfig::default());
+    s.set_peer("a", Some(Bitfield::new(4)), 0);
+    assert!(s.next_requests(0, 10).is_empty());
+    s.peer_has("a", 2, 5);
+    let r = s.next_requests(5, 10);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].piece, 2);
+    for p in [0, 1, 3] {
+        s.peer_has("a", p, 6);
+    }
+    assert!(!s.knows_peer("b"));
+    assert_eq!(s.orphans(), Vec::<u32>::new());
+}
+
+#[test]
+fn a_slot_is_one_cache_line() {
+    assert_eq!(std::mem::size_of::<Option<Slot>>(), 64);
+    assert_eq!(std::mem::align_of::<Option<Slot>>(), 64);
+}
+
+#[test]
+fn availability_counts_follow_bitfields_haves_bans_and_departures() {
+    let mut s = sched(4, SchedulerConfig::default());
+    s.set_peer("a", Some(bits(4, &[1])), 0);
+    s.set_peer("b", Some(bits(4, &[1, 2])), 0);
+    s.set_peer("c", None, 0);
+    assert_eq!(
+        (
+            s.usable_holders(1),
+            s.usable_holders(2),
+            s.usable_holders(3)
+        ),
+        (3, 2, 1)
+    );
+    s.peer_has("a", 2, 0);
+    assert_eq!(s.usable_holders(2), 3);
+    s.set_peer("b", Some(bits(4, &[])), 0);
+    assert_eq!(s.usable_holders(2), 2);
+    s.on_failed(0, "c", true);
+    assert_eq!(s.usable_holders(3), 0);
+    s.remove_peer("a");
+    assert_eq!((s.usable_holders(1), s.usable_holders(2)), (0, 0));
+    s.on_not_held(3, "b");
+    assert_eq!(s.orphans(), vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn peer_rows_follow_haves_completion_and_slot_reuse() {
+    // 10 pieces: rows of two bytes, the second one partly padding.
+    let mut s = sched(10, SchedulerConfig::default());
+    s.set_peer("a", Some(bits(10, &[0, 9])), 0);
+    s.set_peer("b", Some(bits(10, &[1])), 0);
+    for p in 1..9 {
+        s.peer_has("a", p, 0);
+    }
+    assert!(s.peer_is_complete("a"), "the last HAVE makes it complete");
+    assert_eq!(
+        s.usable_holders(1),
+        2,
+        "b by its row, a as a complete holder"
+    );
+    s.on_not_held(3, "a");
+    assert!(!s.peer_is_complete("a"));
+    assert_eq!(s.usable_holders(3), 0);
+    assert_eq!(s.usable_holders(4), 1);
+    // b leaves and c takes its slot: c holds what it says, nothing of b's.
+    let b = s.peer_handle("b");
+    s.remove_peer("b");
+    s.set_peer("c", Some(bits(10, &[5])), 0);
+    assert_eq!(s.peer_handle("c"), b, "the freed slot is reused");
+    assert_eq!(s.usable_holders(1), 1, "b's piece is only a's now");
+    assert_eq!(s.usable_holders(5), 2);
+    let reqs = s.next_requests(0, 16);
+    assert!(
+        reqs.iter().all(|r| r.peer == "a" || r.piece == 5),
+        "c is asked only for its one piece: {reqs:?}"
+    );
+    assert!(reqs.iter().all(|r| r.piece != 3), "nobody holds piece 3");
+}
