@@ -1,0 +1,337 @@
+//! Faults: the source killed, the tracker down, dying or restarted, a lying peer, an
+//! agent restarted mid-blob, a peer or a stripe member frozen mid-transfer.
+
+use std::time::Duration;
+
+use testkit::{Registry, RegistryAuth, TestImage};
+
+use super::common::{pull_via, ready};
+use super::{agent, blocking, metric, spawn_pull, spawn_source_pull, tracker};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_the_source_mid_transfer_does_not_cut_other_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image = TestImage::push_multilayer(&registry, "swarm/kill", "1", &[32 << 20], 13).unwrap();
+    let t = tracker(dir.path(), &["--peer-ttl", "1s"]).await;
+    let slow = ["--download-limit", "8MiB", "--upload-limit", "8MiB"];
+    let mut src = agent(dir.path(), "src", &t.url(), &registry, &slow).await;
+    // The first node becomes the source; give it a head start so it is elected.
+    let src_url = src.url();
+    let img = image.clone();
+    let src_pull = tokio::spawn(async move { pull_via(&src_url, &img).await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let p1 = agent(dir.path(), "p1", &t.url(), &registry, &slow).await;
+    let p2 = agent(dir.path(), "p2", &t.url(), &registry, &slow).await;
+    let (u1, u2) = (p1.url(), p2.url());
+    let (i1, i2) = (image.clone(), image.clone());
+    let h1 = tokio::spawn(async move { pull_via(&u1, &i1).await });
+    let h2 = tokio::spawn(async move { pull_via(&u2, &i2).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    src.kill9();
+    let _ = src_pull.await;
+    for h in [h1, h2] {
+        let r = h
+            .await
+            .unwrap()
+            .expect("client stream survives the source's death");
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    let elections: serde_json::Value = reqwest::get(format!("{}/swarm/v1/swarms", t.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let big = elections
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["size"].as_u64() == Some(image.layers[0].size))
+        .cloned()
+        .unwrap();
+    assert!(
+        big["source_elections"].as_u64().unwrap() >= 2,
+        "a replacement source was elected: {big}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tracker_down_or_dying_never_fails_a_pull() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/notracker", "1", &[16 << 20], 14).unwrap();
+    // No tracker at all.
+    let dead = format!("http://127.0.0.1:{}", testkit::free_port());
+    let a = agent(dir.path(), "lonely", &dead, &registry, &[]).await;
+    assert_eq!(
+        pull_via(&a.url(), &image)
+            .await
+            .expect("pull without tracker")
+            .manifest_digest
+            .to_string(),
+        image.digest
+    );
+    assert!(metric(&a, "starling_agent_p2p_tracker_errors_total").await >= 1);
+    // A tracker that dies mid-download.
+    let mut t = tracker(dir.path(), &[]).await;
+    let b = agent(
+        dir.path(),
+        "b",
+        &t.url(),
+        &registry,
+        &["--download-limit", "6MiB"],
+    )
+    .await;
+    let url = b.url();
+    let img = image.clone();
+    let h = tokio::spawn(async move { pull_via(&url, &img).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    t.kill9();
+    assert_eq!(
+        h.await
+            .unwrap()
+            .expect("pull survives tracker death")
+            .manifest_digest
+            .to_string(),
+        image.digest
+    );
+    // The tracker comes back: soft state is rebuilt from announcements.
+    t.restart();
+    ready(&t.url()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let swarms: serde_json::Value = reqwest::get(format!("{}/swarm/v1/swarms", t.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        swarms
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["complete"].as_u64() >= Some(1)),
+        "agent re-announced its blobs: {swarms}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn corrupt_pieces_are_rejected_and_the_liar_avoided() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image = TestImage::push_multilayer(&registry, "swarm/liar", "1", &[16 << 20], 15).unwrap();
+    let t = tracker(dir.path(), &[]).await;
+    let liar = agent(
+        dir.path(),
+        "liar",
+        &t.url(),
+        &registry,
+        &["--corrupt-pieces"],
+    )
+    .await;
+    pull_via(&liar.url(), &image).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await; // seeding announce
+    let honest = agent(dir.path(), "honest", &t.url(), &registry, &[]).await;
+    let r = pull_via(&honest.url(), &image)
+        .await
+        .expect("pull succeeds despite the liar");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    assert!(
+        metric(&honest, "starling_agent_p2p_pieces_rejected_total").await >= 1,
+        "the corrupt piece was caught"
+    );
+    assert!(honest.log_text().contains("piece failed verification"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restarted_agent_keeps_verified_pieces() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/restart", "1", &[40 << 20], 16).unwrap();
+    let size = image.layers[0].size;
+    let t = tracker(dir.path(), &[]).await;
+    let seed = agent(dir.path(), "seed", &t.url(), &registry, &[]).await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let mut b = agent(
+        dir.path(),
+        "b",
+        &t.url(),
+        &registry,
+        &["--download-limit", "10MiB"],
+    )
+    .await;
+    let url = b.url();
+    let img = image.clone();
+    let h = tokio::spawn(async move { pull_via(&url, &img).await });
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    b.kill9();
+    let _ = h.await;
+    let sidecar = b.cache.join("partial").join(format!(
+        "{}.pieces",
+        image.layers[0].digest.trim_start_matches("sha256:")
+    ));
+    assert!(sidecar.exists(), "piece map persisted");
+    b.restart();
+    ready(&b.url()).await;
+    let r = pull_via(&b.url(), &image)
+        .await
+        .expect("pull after restart");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    let refetched = metric(&b, "starling_agent_p2p_peer_bytes_total").await
+        + metric(&b, "starling_agent_p2p_registry_bytes_total").await;
+    assert!(
+        refetched < size - (4 << 20),
+        "verified pieces were kept: fetched {refetched} of {size} after restart"
+    );
+    assert!(
+        b.log_text().contains("kept verified pieces")
+            || b.log_text().contains("resuming partial download")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_tracker_restart_newcomers_pull_from_seeders_not_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/seeders", "1", &[20 << 20], 18).unwrap();
+    let mut t = tracker(dir.path(), &[]).await;
+    let seed = agent(dir.path(), "seed", &t.url(), &registry, &[]).await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    // The tracker forgets everything (piece hashes included); the seed re-announces.
+    t.kill9();
+    t.restart();
+    ready(&t.url()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let b = agent(dir.path(), "newcomer", &t.url(), &registry, &[]).await;
+    let r = pull_via(&b.url(), &image).await.expect("pull from seeders");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    // Only the small config blob (below the P2P threshold) comes from the registry,
+    // by whichever path (the swarm's registry runs or a plain fetch).
+    assert_eq!(
+        metric(&b, "starling_agent_upstream_bytes_total").await,
+        image.config.size,
+        "the layer came from the seeder"
+    );
+    assert!(metric(&b, "starling_agent_p2p_peer_bytes_total").await >= image.layers[0].size);
+}
+
+/// A holder that stops in the middle of sending (its process frozen, the connection
+/// open) is detected by its silence; the downloader drops it and finishes elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_that_stops_mid_stream_is_dropped_and_the_pull_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/frozen", "1", &[48 << 20], 23).unwrap();
+    let t = tracker(dir.path(), &["--peer-ttl", "2s"]).await;
+    let seed = agent(
+        dir.path(),
+        "seed",
+        &t.url(),
+        &registry,
+        &["--upload-limit", "8MiB"],
+    )
+    .await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let url = b.url();
+    let img = image.clone();
+    let pull = tokio::spawn(async move { pull_via(&url, &img).await });
+    testkit::until(
+        "b to receive from the seed",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(&b, "starling_agent_p2p_peer_bytes_total").await > 4 << 20 },
+    )
+    .await;
+    let pid = seed.child.id().to_string();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    let r = tokio::time::timeout(Duration::from_secs(90), pull).await;
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    let r = r
+        .expect("the pull finishes")
+        .unwrap()
+        .expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    assert!(
+        metric(&b, "starling_agent_p2p_peers_stalled_total").await >= 1,
+        "the frozen peer was detected"
+    );
+    assert!(
+        metric(&b, "starling_agent_p2p_registry_bytes_total").await > image.config.size,
+        "the rest came from the registry"
+    );
+}
+
+/// Source stripes: each member asks the source only for its own share of the pieces
+/// and passes them on. A member that freezes mid-transfer (SIGSTOP: its connections
+/// stay open, it answers nothing) must not strand its share: the others take it from
+/// the source after their patience, or once the source holds the whole blob and the
+/// tracker stops giving stripes, whichever comes first (with the patience set to
+/// hours this still passes, by the second way; the patience itself is unit-tested in
+/// `swarm::scheduler`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_stripe_member_strands_no_pieces() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/stripes", "1", &[32 << 20], 29).unwrap();
+    // The tracker keeps the frozen member for the whole test, so its stripe stays.
+    let t = tracker(dir.path(), &["--peer-ttl", "300s"]).await;
+    let slow = ["--download-limit", "8MiB", "--upload-limit", "8MiB"];
+    let src = agent(dir.path(), "src", &t.url(), &registry, &slow).await;
+    let src_pull = spawn_source_pull(&src, &image).await;
+    let mut members = Vec::new();
+    let mut pulls = Vec::new();
+    for i in 0..3 {
+        let m = agent(dir.path(), &format!("m{i}"), &t.url(), &registry, &slow).await;
+        pulls.push(spawn_pull(&m, &image));
+        members.push(m);
+    }
+    let frozen = &members[0];
+    testkit::until(
+        "the member to take its share",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(frozen, "starling_agent_p2p_peer_bytes_total").await > 2 << 20 },
+    )
+    .await;
+    let pid = frozen.child.id().to_string();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    let frozen_pull = pulls.remove(0);
+    let results =
+        tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(pulls)).await;
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    for r in results.expect("the other members finish") {
+        let r = r.unwrap().expect("and their pulls succeed");
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    src_pull.await.unwrap().expect("the source's own pull");
+    frozen_pull.abort();
+    // One copy from the registry: the stranded share came from the source's cache
+    // or a member, not from a second registry read.
+    let upstream = metric(&src, "starling_agent_p2p_registry_bytes_total").await;
+    let mut others = 0;
+    for m in &members[1..] {
+        others += metric(m, "starling_agent_p2p_registry_bytes_total").await;
+    }
+    assert_eq!(others, 0, "the members read nothing from the registry");
+    assert!(upstream <= image.layers[0].size + image.layers[0].size / 20);
+}
