@@ -11,6 +11,7 @@
 //! - Pinned content, blobs being written and blobs being served are never evicted.
 #![forbid(unsafe_code)]
 
+mod blocking;
 mod catalog;
 mod chain_digest;
 mod error;

@@ -607,7 +607,8 @@ impl PieceWriter {
             have: self.held(),
         };
         if let Ok(json) = serde_json::to_vec(&sc) {
-            if let Err(e) = std::fs::write(sidecar_path(&self.inflight.path), json) {
+            let path = sidecar_path(&self.inflight.path);
+            if let Err(e) = crate::blocking::may_block(|| std::fs::write(path, json)) {
                 warn!(error = %e, "cannot persist piece map; a restart will refetch pieces past the prefix");
             }
         }

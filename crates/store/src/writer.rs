@@ -443,7 +443,7 @@ pub(crate) async fn commit(
         source: source.to_owned(),
         identity_keyed: store.is_identity_key(&d),
     };
-    meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec)?;
+    crate::blocking::may_block(|| meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec))?;
     {
         let mut st = store.inner.state.lock();
         st.index.insert(d.clone(), rec);
