@@ -5,7 +5,7 @@
 //! mode the commit first writes out every file's newly allocated data. Measured with
 //! `perf trace` in `starling bench swarm` at 4 × 100 MiB/s: creates of piece maps took
 //! 107–167 ms and `pwrite`s of piece bytes 25–135 ms on an agent's runtime threads,
-//! during which that agent (two runtime threads) answered nothing, peers included.
+//! each holding one of its two runtime threads for that long.
 //! Used for the piece map and the commit's record (a few calls per blob); the piece
 //! bytes themselves stay inline, where handing the worker over on every 512 KiB write
 //! cost more than it saved (BENCHMARKS.md, fourteenth session).
