@@ -6,10 +6,9 @@
 //! `perf trace` in `starling bench swarm` at 4 × 100 MiB/s: creates of piece maps took
 //! 107–167 ms and `pwrite`s of piece bytes 25–135 ms on an agent's runtime threads,
 //! each holding one of its two runtime threads for that long.
-//! Used for the piece map (a few writes a second per download; the commit does its
-//! fsync, rename and record in one `spawn_blocking`). The piece bytes stay inline:
-//! handing the worker over on every 512 KiB write showed no gain (BENCHMARKS.md,
-//! fourteenth session).
+//! Used for the piece map and the commit's record (a few calls per blob); the piece
+//! bytes themselves stay inline, where handing the worker over on every 512 KiB write
+//! cost more than it saved (BENCHMARKS.md, fourteenth session).
 
 /// Runs `f` (file I/O that may block for a while) on the calling thread. On a
 /// multi-thread runtime's worker the worker first hands its other tasks to another

@@ -424,6 +424,16 @@ pub(crate) async fn commit(
     let file = inflight.file.clone();
     let from = inflight.path.clone();
     let to = store.blob_path(&d);
+    let moved = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        file.sync_data()?;
+        std::fs::rename(&from, &to)
+    })
+    .await
+    .map_err(|e| Error::Db(format!("finish task: {e}")))?;
+    if let Err(e) = moved {
+        return Err(Error::io(&inflight.path, e));
+    }
+    std::fs::remove_file(sidecar_path(&inflight.path)).ok();
     let rec = BlobRecord {
         size,
         media_type: None,
@@ -433,19 +443,7 @@ pub(crate) async fn commit(
         source: source.to_owned(),
         identity_keyed: store.is_identity_key(&d),
     };
-    // One step off the runtime: the fsync, the rename, the piece map's removal and the
-    // record's commit all wait on the filesystem's journal.
-    let (durable, key) = (store.clone(), d.to_string());
-    let rec = tokio::task::spawn_blocking(move || -> Result<BlobRecord, Error> {
-        file.sync_data()
-            .and_then(|()| std::fs::rename(&from, &to))
-            .map_err(|e| Error::io(&from, e))?;
-        std::fs::remove_file(sidecar_path(&from)).ok();
-        meta::put(&durable.inner.db, meta::BLOBS, &key, &rec)?;
-        Ok(rec)
-    })
-    .await
-    .map_err(|e| Error::Db(format!("finish task: {e}")))??;
+    crate::blocking::may_block(|| meta::put(&store.inner.db, meta::BLOBS, &d.to_string(), &rec))?;
     {
         let mut st = store.inner.state.lock();
         st.index.insert(d.clone(), rec);
