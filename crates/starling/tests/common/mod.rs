@@ -53,6 +53,21 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill9();
+        // A failed test's tempdir goes with it, so its processes' last words go to the
+        // test's output, which is all CI keeps.
+        if std::thread::panicking() {
+            print_log_tail(&self.log, 80);
+        }
+    }
+}
+
+fn print_log_tail(log: &Path, lines: usize) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let tail = &all[all.len().saturating_sub(lines)..];
+    eprintln!("---- last {} lines of {} ----", tail.len(), log.display());
+    for line in tail {
+        eprintln!("{line}");
     }
 }
 
