@@ -60,6 +60,9 @@ pub struct SwarmCounters {
     /// Requests cancelled because their bytes had not begun within the stall timeout
     /// (`SchedulerConfig::stall_ms`, swarms of 64 or more).
     pub stall_cancels: u64,
+    /// Downloads whose rack stripe went quiet (`SchedulerConfig::stripe_quiet_ms`) and
+    /// that asked far holders for every HAVE again.
+    pub stripes_distrusted: u64,
     /// Links dropped by `swarm::links::to_drop` with their channel open.
     pub links_dropped: u64,
     /// Pieces that arrived before their hash was known and waited for it.

@@ -44,6 +44,7 @@ pub struct P2pMetrics {
     pub haves_sent: Counter,
     pub haves_filtered: Counter,
     pub have_filters_received: Counter,
+    pub stripes_distrusted: Counter,
     pub store_write_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
@@ -68,6 +69,7 @@ impl P2pMetrics {
             haves_sent: Counter::default(),
             haves_filtered: Counter::default(),
             have_filters_received: Counter::default(),
+            stripes_distrusted: Counter::default(),
             store_write_seconds: Counter::default(),
         };
         r.register(
@@ -164,6 +166,11 @@ impl P2pMetrics {
             "p2p_have_filters_received",
             "HAVE_FILTER frames received from downloaders",
             m.have_filters_received.clone(),
+        );
+        r.register(
+            "p2p_stripes_distrusted",
+            "Downloads that heard nothing from their rack stripe for a while and asked far holders for every piece again",
+            m.stripes_distrusted.clone(),
         );
         m
     }

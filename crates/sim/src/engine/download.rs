@@ -114,7 +114,7 @@ impl Engine<'_> {
     /// HAVEs this task can use now (`HaveFilter::for_link`), where that changed.
     pub(crate) fn sync_have_filters(&mut self, s: u32, l: u32) {
         let p = self.pull_ref(s, l);
-        let Some(stripe) = p.sched.as_ref().map(|x| x.stripe()) else {
+        let Some(stripe) = p.sched.as_ref().map(|x| x.far_have_stripe()) else {
             return;
         };
         let changes: Vec<(u32, swarm::links::HaveFilter)> = p
@@ -624,6 +624,13 @@ impl Engine<'_> {
         self.refill_runs(s, l);
         self.settle_unverified(s, l);
         self.cancel_stalled(s, l);
+        let now_ms = self.now_ms();
+        if let Some(sch) = self.pull(s, l).sched.as_mut() {
+            if sch.check_stripe_quiet(now_ms) {
+                self.out.counters.stripes_distrusted += 1;
+                self.sync_have_filters(s, l);
+            }
+        }
         // Scheduling: the agent passes through `schedule` after every tick; here only
         // when it could return something new (events mark the task themselves).
         let avail = self.nodes[s as usize].budget.available();

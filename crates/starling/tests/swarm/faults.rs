@@ -1,5 +1,6 @@
 //! Faults: the source killed, the tracker down, dying or restarted, a lying peer, an
-//! agent restarted mid-blob, a peer or a stripe member frozen mid-transfer.
+//! agent restarted mid-blob, a peer or a stripe member frozen mid-transfer, rack-mates
+//! that cannot reach each other.
 
 use std::time::Duration;
 
@@ -334,4 +335,89 @@ async fn a_frozen_stripe_member_strands_no_pieces() {
     }
     assert_eq!(others, 0, "the members read nothing from the registry");
     assert!(upstream <= image.layers[0].size + image.layers[0].size / 20);
+}
+
+/// Rack stripes leave each far piece to the rack member whose stripe it is in, and far
+/// holders send a member only its stripe's HAVEs. Two rack-mates that are alive for
+/// the tracker but cannot reach each other (each advertises a port nothing listens
+/// on: a wrong `--advertise`, a firewalled peer port) would each wait forever for the
+/// other's half. Once nothing arrives for a while, a member asks far holders for every
+/// HAVE again and finishes from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rack_mates_that_cannot_reach_each_other_strand_no_stripe() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/unreachable", "1", &[32 << 20], 37).unwrap();
+    let t = tracker(dir.path(), &["--stripe-min-members", "3"]).await;
+    let src = agent(
+        dir.path(),
+        "src",
+        &t.url(),
+        &registry,
+        &[
+            "--download-limit",
+            "4MiB",
+            "--upload-limit",
+            "64MiB",
+            "--zone",
+            "z",
+            "--rack",
+            "r0",
+        ],
+    )
+    .await;
+    let src_pull = spawn_source_pull(&src, &image).await;
+    let mut members = Vec::new();
+    let mut pulls = Vec::new();
+    for i in 0..2 {
+        let listen = format!("127.0.0.1:{}", testkit::free_port());
+        let nowhere = format!("127.0.0.1:{}", testkit::free_port());
+        let m = agent(
+            dir.path(),
+            &format!("m{i}"),
+            &t.url(),
+            &registry,
+            &[
+                "--peer-listen",
+                &listen,
+                "--advertise",
+                &nowhere,
+                "--zone",
+                "z",
+                "--rack",
+                "r1",
+            ],
+        )
+        .await;
+        pulls.push(spawn_pull(&m, &image));
+        members.push(m);
+    }
+    let done = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(pulls))
+        .await
+        .expect("both members finish although neither can reach the other");
+    for r in done {
+        let r = r.unwrap().expect("a member's pull");
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    src_pull.await.unwrap().expect("the source's own pull");
+    for m in &members {
+        assert_eq!(
+            metric(m, "starling_agent_p2p_have_filters_received_total").await,
+            0,
+            "nobody reached the member"
+        );
+        assert!(
+            metric(m, "starling_agent_p2p_stripes_distrusted_total").await >= 1,
+            "the member gave up on its rack stripe"
+        );
+        assert!(
+            metric(m, "starling_agent_p2p_registry_bytes_total").await < 1 << 20,
+            "the member took the layer from the far source, not the registry"
+        );
+    }
+    assert!(
+        metric(&src, "starling_agent_p2p_haves_filtered_total").await > 0,
+        "the stripes were in force before the members widened them"
+    );
 }

@@ -125,6 +125,14 @@ pub struct SchedulerConfig {
     /// 1.285/1.269/1.262 × T*, `scale-1000x15gb` 1.278/1.282/1.293 against
     /// 1.284/1.286/1.314; real 16 × 8 MiB/s runs needed 32 (BENCHMARKS.md, issue 11).
     pub large_swarm_withheld_requests: u32,
+    /// Rack stripes: after this long with nothing arriving (no piece, no bytes),
+    /// far holders are asked for every HAVE again, for the rest of the blob
+    /// ([`PieceScheduler::check_stripe_quiet`]). The stripe's near member may be alive
+    /// for the tracker yet unreachable for its rack (a wrong `--advertise`, a
+    /// firewalled peer port), and the far HAVEs it was trusted to replace would
+    /// otherwise never come: two such rack-mates each waited forever for the other's
+    /// half. Far longer than any gap between pieces in a working swarm.
+    pub stripe_quiet_ms: u64,
 }
 
 impl Default for SchedulerConfig {
@@ -147,6 +155,7 @@ impl Default for SchedulerConfig {
             source_patience_min_ms: 1_000,
             source_patience_max_ms: 4_000,
             large_swarm_withheld_requests: 16,
+            stripe_quiet_ms: 10_000,
         }
     }
 }
@@ -223,6 +232,11 @@ pub struct PieceScheduler {
     inflight_total: u32,
     by_name: HashMap<PeerId, u32>,
     stripe: Option<(u32, u32)>,
+    /// When something last arrived (a piece, or bytes of one), or when the tracker
+    /// first answered: what `stripe_quiet_ms` counts from.
+    last_arrival_ms: Option<u64>,
+    /// The rack stripe left far holders' HAVE filters for good (`check_stripe_quiet`).
+    stripe_distrusted: bool,
     /// The source (the agent fetching from the registry) and this node's stripe of
     /// what to ask it for.
     source: Option<PeerId>,
@@ -274,6 +288,8 @@ impl PieceScheduler {
             inflight_total: 0,
             by_name: HashMap::new(),
             stripe: None,
+            last_arrival_ms: None,
+            stripe_distrusted: false,
             source: None,
             source_stripe: None,
             fresh_latency_ms: None,
@@ -291,6 +307,7 @@ impl PieceScheduler {
     /// switches stall timeouts and the large swarms' patience on or off.
     pub fn set_members(&mut self, members: u32, now_ms: u64) {
         self.members = members;
+        self.last_arrival_ms.get_or_insert(now_ms);
         let large = members >= STALL_MIN_MEMBERS;
         if large && !self.large {
             // Requests sent before count from now.
@@ -341,6 +358,28 @@ impl PieceScheduler {
     /// The rack stripe set by the last tracker answer (`set_stripe`).
     pub fn stripe(&self) -> Option<(u32, u32)> {
         self.stripe
+    }
+
+    /// The stripe far holders are asked to filter their HAVEs by
+    /// (`links::HaveFilter::for_link`): the rack stripe, unless it was distrusted.
+    pub fn far_have_stripe(&self) -> Option<(u32, u32)> {
+        self.stripe.filter(|_| !self.stripe_distrusted)
+    }
+
+    /// Distrusts the rack stripe once nothing has arrived for `stripe_quiet_ms` while
+    /// pieces are missing: far holders then send every HAVE, and a piece outside the
+    /// stripe is taken from them after the usual patience. True at the moment it
+    /// happens, when the caller sends the wider filters. For the rest of the blob: a
+    /// stripe that starved this node once is not trusted again.
+    pub fn check_stripe_quiet(&mut self, now_ms: u64) -> bool {
+        let quiet = self
+            .last_arrival_ms
+            .is_some_and(|t| now_ms.saturating_sub(t) >= self.cfg.stripe_quiet_ms);
+        if quiet && self.stripe.is_some() && !self.stripe_distrusted && !self.have.is_complete() {
+            self.stripe_distrusted = true;
+            return true;
+        }
+        false
     }
 
     /// Takes in what a tracker answer says about the swarm's shape: rack stripe,

@@ -53,6 +53,7 @@ impl PieceScheduler {
         if piece >= self.have.len() {
             return false;
         }
+        self.last_arrival_ms = Some(now_ms);
         if let Some(&i) = self.by_name.get(from) {
             self.measure(i, piece, now_ms);
             self.release(piece, i);
@@ -142,6 +143,7 @@ impl PieceScheduler {
 
     /// Bytes arrived from a peer: it is not stalled.
     pub fn on_progress(&mut self, peer: &str, now_ms: u64) {
+        self.last_arrival_ms = Some(now_ms);
         if let Some(&i) = self.by_name.get(peer) {
             if let Some(s) = self.slots[i as usize].as_mut() {
                 s.last_progress_ms = now_ms;

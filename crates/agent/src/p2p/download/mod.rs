@@ -654,6 +654,11 @@ impl Download {
         }
         self.connect_links();
         self.cancel_stalled().await;
+        if self.sched.check_stripe_quiet(self.now_ms()) {
+            warn!(digest = %self.d, "nothing arrived from the rack stripe; asking far holders for every piece");
+            self.p2p.metrics.stripes_distrusted.inc();
+            self.sync_have_filters().await;
+        }
         // Pieces waiting for hashes: ask the tracker (it has them from the source).
         if (!self.unverified.is_empty() || !self.claims.is_empty())
             && self

@@ -54,7 +54,7 @@ impl Download {
     /// (`swarm::links::HaveFilter::for_link`: a far holder, only this node's rack
     /// stripe), where that changed.
     pub(super) async fn sync_have_filters(&mut self) {
-        let stripe = self.sched.stripe();
+        let stripe = self.sched.far_have_stripe();
         for l in self.links.values_mut() {
             let Some((conn, chan)) = &l.conn else {
                 continue;

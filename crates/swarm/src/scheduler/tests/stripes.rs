@@ -213,3 +213,49 @@ fn large_swarms_wait_longer_for_a_near_holder() {
     assert!(!s.could_request_from(far, 3, 3_000));
     assert!(s.could_request_from(far, 3, 5_000));
 }
+
+#[test]
+fn a_quiet_rack_stripe_is_distrusted_once_and_for_the_rest_of_the_blob() {
+    let cfg = SchedulerConfig {
+        stripe_quiet_ms: 10_000,
+        ..Default::default()
+    };
+    let mut s = PieceScheduler::new(Bitfield::new(8), MB, cfg);
+    s.set_stripe(Some((1, 2)));
+    s.set_peer_at("far", Some(bits(8, &[1, 3])), 2, 0);
+    // No tracker answer yet: no clock to count from.
+    assert!(!s.check_stripe_quiet(60_000));
+    s.set_members(3, 1_000);
+    assert!(!s.check_stripe_quiet(10_999), "not quiet long enough");
+    // Something arrived: the clock starts again.
+    s.on_done(1, "far", 5_000);
+    assert!(!s.check_stripe_quiet(14_999));
+    assert_eq!(s.far_have_stripe(), Some((1, 2)));
+    assert!(s.check_stripe_quiet(15_000), "quiet for 10 s");
+    assert_eq!(s.far_have_stripe(), None, "far holders now send every HAVE");
+    assert!(!s.check_stripe_quiet(30_000), "reported once");
+    // Pieces arriving again do not bring the stripe back for this blob.
+    s.on_progress("far", 31_000);
+    assert_eq!(s.far_have_stripe(), None);
+    assert_eq!(
+        s.stripe(),
+        Some((1, 2)),
+        "the tracker's stripe itself stays"
+    );
+}
+
+#[test]
+fn a_node_without_a_stripe_or_with_every_piece_distrusts_nothing() {
+    let mut s = PieceScheduler::new(Bitfield::new(4), MB, SchedulerConfig::default());
+    s.set_members(3, 0);
+    assert!(!s.check_stripe_quiet(60_000), "no stripe to distrust");
+    let mut full = Bitfield::new(4);
+    for i in 0..4 {
+        full.set(i);
+    }
+    let mut done = PieceScheduler::new(full, MB, SchedulerConfig::default());
+    done.set_stripe(Some((0, 2)));
+    done.set_members(3, 0);
+    assert!(!done.check_stripe_quiet(60_000), "nothing missing");
+    assert_eq!(done.far_have_stripe(), Some((0, 2)));
+}
