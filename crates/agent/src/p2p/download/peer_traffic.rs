@@ -49,10 +49,9 @@ impl Download {
         }
     }
 
-    /// Dials the links that have no channel yet (shared connections are reused).
     /// Asks each holder on an open channel for the HAVEs this download can use now
     /// (`swarm::links::HaveFilter::for_link`: a far holder, only this node's rack
-    /// stripe), where that changed.
+    /// stripe until the stripe goes quiet), where that changed.
     pub(super) async fn sync_have_filters(&mut self) {
         let stripe = self.sched.far_have_stripe();
         for l in self.links.values_mut() {
@@ -67,6 +66,7 @@ impl Download {
         }
     }
 
+    /// Dials the links that have no channel yet (shared connections are reused).
     pub(super) fn connect_links(&mut self) {
         let now = Instant::now();
         for (node, l) in self.links.iter_mut() {
