@@ -57,7 +57,7 @@ pub struct AnnounceRequest {
     /// The agent already knows hashes `[0, known_hashes)`; the reply sends the rest.
     #[serde(default)]
     pub known_hashes: u32,
-    /// Peers that served pieces failing verification.
+    /// Peers that served pieces failing verification, or that this node cannot reach.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bad_peers: Vec<String>,
     /// The agent no longer holds or wants this blob.

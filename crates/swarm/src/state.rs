@@ -32,7 +32,7 @@ pub struct SwarmConfig {
     /// The piece size for announces that propose none (the agents propose one from
     /// their link, `pieces::piece_size_for`); `None`: the rule with an unknown link.
     pub piece_size: Option<u64>,
-    /// How long a peer reported for bad pieces is left out.
+    /// How long a peer reported (bad pieces, or unreachable) is left out.
     pub bad_peer_ms: u64,
     /// Distinct reporters after which a peer is left out of everyone's handouts, not
     /// only the reporters': one member cannot ban an honest peer cluster-wide.

@@ -45,6 +45,7 @@ pub struct P2pMetrics {
     pub haves_filtered: Counter,
     pub have_filters_received: Counter,
     pub stripes_distrusted: Counter,
+    pub peers_unreachable: Counter,
     pub store_write_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
@@ -70,6 +71,7 @@ impl P2pMetrics {
             haves_filtered: Counter::default(),
             have_filters_received: Counter::default(),
             stripes_distrusted: Counter::default(),
+            peers_unreachable: Counter::default(),
             store_write_seconds: Counter::default(),
         };
         r.register(
@@ -171,6 +173,11 @@ impl P2pMetrics {
             "p2p_stripes_distrusted",
             "Downloads that heard nothing from their rack stripe for a while and asked far holders for every piece again",
             m.stripes_distrusted.clone(),
+        );
+        r.register(
+            "p2p_peers_unreachable",
+            "Peers reported to the tracker after dials to them failed 3 times in a row",
+            m.peers_unreachable.clone(),
         );
         m
     }

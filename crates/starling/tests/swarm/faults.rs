@@ -1,6 +1,6 @@
 //! Faults: the source killed, the tracker down, dying or restarted, a lying peer, an
-//! agent restarted mid-blob, a peer or a stripe member frozen mid-transfer, rack-mates
-//! that cannot reach each other.
+//! agent restarted mid-blob, a peer or a stripe member frozen mid-transfer, peers alive
+//! for the tracker that nobody can dial (an only holder, rack-mates).
 
 use std::time::Duration;
 
@@ -419,5 +419,42 @@ async fn rack_mates_that_cannot_reach_each_other_strand_no_stripe() {
     assert!(
         metric(&src, "starling_agent_p2p_haves_filtered_total").await > 0,
         "the stripes were in force before the members widened them"
+    );
+}
+
+/// The only holder of a blob is alive for the tracker but nobody can reach it (it
+/// advertises a port nothing listens on). A newcomer must still get the image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_only_holder_does_not_hang_a_pull() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/unreachable-seed", "1", &[16 << 20], 41)
+            .unwrap();
+    let t = tracker(dir.path(), &[]).await;
+    let listen = format!("127.0.0.1:{}", testkit::free_port());
+    let nowhere = format!("127.0.0.1:{}", testkit::free_port());
+    let seed = agent(
+        dir.path(),
+        "seed",
+        &t.url(),
+        &registry,
+        &["--peer-listen", &listen, "--advertise", &nowhere],
+    )
+    .await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image))
+        .await
+        .expect("the pull finishes although the only holder cannot be reached")
+        .expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    assert!(
+        metric(&b, "starling_agent_p2p_peers_unreachable_total").await >= 1,
+        "the newcomer reported the holder it could not reach"
+    );
+    assert!(
+        metric(&b, "starling_agent_p2p_registry_bytes_total").await >= image.layers[0].size,
+        "and, elected in its place, read the layer from the registry"
     );
 }

@@ -41,6 +41,11 @@ const REGISTRY: &str = "\u{0}registry";
 /// How long without a tracker answer before the agent fetches from the registry itself.
 const TRACKER_GRACE: Duration = Duration::from_secs(3);
 
+/// Failed dials in a row (2 s apart) after which a peer is reported to the tracker as
+/// unreachable, which then leaves it out of this node's handouts (and everyone's, on
+/// a quorum of reporters) like a peer that served bad pieces.
+const UNREACHABLE_AFTER: u32 = 3;
+
 /// Waits between attempts of a completed download's last announce (about a minute
 /// in all: a tracker replica restarting, or its Redis).
 const FINAL_ANNOUNCE_RETRIES_MS: [u64; 8] = [250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000];
@@ -253,6 +258,8 @@ struct Link {
     useful_ms: u64,
     /// The HAVEs asked of its holder on the open channel (all, until a HAVE_FILTER).
     have_filter: swarm::links::HaveFilter,
+    /// Dials that failed since the last that worked.
+    failed_dials: u32,
 }
 
 impl Link {
@@ -267,6 +274,7 @@ impl Link {
             fresh: true,
             useful_ms: now_ms,
             have_filter: swarm::links::HaveFilter::ALL,
+            failed_dials: 0,
         }
     }
 }
@@ -303,6 +311,8 @@ struct Download {
     hashes: Vec<Option<PieceHash>>,
     /// Hashes this agent computed from registry bytes, not yet sent to the tracker.
     publish: BTreeMap<u32, String>,
+    /// Peers to report to the tracker with the next announce: they served pieces
+    /// failing verification, or could not be reached (`UNREACHABLE_AFTER`).
     bad: Vec<String>,
     role: Role,
     /// The agent the tracker elected source (whose HAVE hashes are trusted).

@@ -120,6 +120,7 @@ impl Download {
             PeerEvent::Connected { peer, conn, chan } => match self.links.get_mut(&peer) {
                 Some(l) => {
                     l.connecting = false;
+                    l.failed_dials = 0;
                     l.conn = Some((conn, chan));
                     l.have_filter = swarm::links::HaveFilter::ALL;
                     self.sync_have_filters().await;
@@ -131,6 +132,18 @@ impl Download {
                 if let Some(l) = self.links.get_mut(&peer) {
                     l.connecting = false;
                     l.retry_at = Some(Instant::now() + Duration::from_secs(2));
+                    l.failed_dials += 1;
+                    // Alive for the tracker, useless to this node: without the report
+                    // the tracker keeps handing it out, and when it is the only
+                    // holder nobody is elected to fetch the blob from the registry.
+                    if l.failed_dials >= UNREACHABLE_AFTER {
+                        l.failed_dials = 0;
+                        warn!(digest = %self.d, %peer, addr = %l.addr, %error, "peer unreachable; reported to the tracker");
+                        self.p2p.metrics.peers_unreachable.inc();
+                        if !self.bad.contains(&peer) {
+                            self.bad.push(peer);
+                        }
+                    }
                 }
             }
             PeerEvent::Holds { peer, have } => {
