@@ -458,3 +458,51 @@ async fn an_unreachable_only_holder_does_not_hang_a_pull() {
         "and, elected in its place, read the layer from the registry"
     );
 }
+
+/// The elected source itself cannot be dialled (it advertises a port nothing listens
+/// on) while it reads a layer from a slow registry link. The member that cannot reach
+/// it waits for it to finish, is then elected in its place and reads the layer from
+/// the registry: a delay of about one fetch, never a hang. (The tracker keeps an
+/// elected source while it announces, so the registry is read at most twice.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_source_delays_its_swarm_but_never_hangs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/unreachable-src", "1", &[16 << 20], 43)
+            .unwrap();
+    let t = tracker(dir.path(), &[]).await;
+    let listen = format!("127.0.0.1:{}", testkit::free_port());
+    let nowhere = format!("127.0.0.1:{}", testkit::free_port());
+    let src = agent(
+        dir.path(),
+        "src",
+        &t.url(),
+        &registry,
+        &[
+            "--peer-listen",
+            &listen,
+            "--advertise",
+            &nowhere,
+            "--download-limit",
+            "2MiB",
+        ],
+    )
+    .await;
+    let src_pull = spawn_source_pull(&src, &image).await;
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image))
+        .await
+        .expect("the member's pull finishes although it cannot reach the source")
+        .expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    src_pull.await.unwrap().expect("the source's own pull");
+    assert!(metric(&b, "starling_agent_p2p_peers_unreachable_total").await >= 1);
+    let layer = image.layers[0].size;
+    let read = metric(&b, "starling_agent_p2p_registry_bytes_total").await
+        + metric(&src, "starling_agent_p2p_registry_bytes_total").await;
+    assert!(
+        read <= 2 * layer + layer / 10,
+        "the registry was read at most twice: {read} bytes for a {layer}-byte layer"
+    );
+}
