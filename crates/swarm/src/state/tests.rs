@@ -1,0 +1,498 @@
+//! The tracker's decisions, announce by announce: election, geometry, handouts,
+//! reports, rack and source stripes.
+
+use super::*;
+use crate::protocol::Topology;
+
+fn req(node: &str, d: &Digest) -> AnnounceRequest {
+    AnnounceRequest::new(node, &format!("{node}:1"), &Topology::default(), d)
+}
+
+fn ann(t: &mut TrackerState, r: &AnnounceRequest, now: u64) -> AnnounceResponse {
+    t.announce(r, now).expect("valid announce")
+}
+
+fn h(i: u32) -> String {
+    PieceHash::of(&i.to_le_bytes()).to_hex()
+}
+
+#[test]
+fn one_source_then_peers_and_reelection_when_it_dies() {
+    let d = Digest::of(b"blob");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    assert_eq!(ann(&mut t, &req("a", &d), 0).role, Role::Source);
+    for n in ["b", "c", "d"] {
+        assert_eq!(ann(&mut t, &req(n, &d), 10).role, Role::Peer, "{n}");
+    }
+    let mut r = req("a", &d);
+    r.size = Some(100 << 20);
+    r.piece_size = Some(1 << 20);
+    r.hashes.insert(0, h(0));
+    r.fetching_from_registry = true;
+    let mut have = Bitfield::new(100);
+    have.set(0);
+    r.have = Some(have);
+    assert_eq!(ann(&mut t, &r, 20).role, Role::Source);
+    let resp = ann(&mut t, &req("b", &d), 30);
+    assert_eq!(resp.size, Some(100 << 20));
+    assert_eq!(resp.source.as_deref(), Some("a"));
+    assert_eq!(resp.hashes.get(&0), Some(&h(0)));
+    assert!(resp.peers.iter().any(|p| p.node == "a"));
+    // Hashes from anyone but the source are ignored, even first ones and even from
+    // an agent claiming to fetch from the registry.
+    let mut liar = req("c", &d);
+    liar.hashes.insert(1, h(99));
+    liar.fetching_from_registry = true;
+    ann(&mut t, &liar, 40);
+    assert!(!ann(&mut t, &req("b", &d), 50).hashes.contains_key(&1));
+    assert_eq!(t.hashes(&d, 0).len(), 1);
+    // The source goes silent: the next announcer takes over.
+    let later = 40 + t.cfg.peer_ttl_ms + 1;
+    assert_eq!(ann(&mut t, &req("b", &d), later).role, Role::Source);
+    assert_eq!(t.stats()[0].source_elections, 2);
+}
+
+#[test]
+fn the_sources_last_hashes_are_kept_when_it_completes() {
+    let d = Digest::of(b"last");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut src = req("a", &d);
+    src.size = Some(4 << 20);
+    src.piece_size = Some(1 << 20);
+    assert_eq!(ann(&mut t, &src, 0).role, Role::Source);
+    src.fetching_from_registry = true;
+    src.hashes.insert(0, h(0));
+    ann(&mut t, &src, 10);
+    let mut done = req("a", &d);
+    done.size = Some(4 << 20);
+    done.complete = true;
+    done.hashes = (1..4).map(|i| (i, h(i))).collect();
+    ann(&mut t, &done, 20);
+    assert_eq!(t.hashes(&d, 0).len(), 4, "every hash the source published");
+    assert_eq!(
+        ann(&mut t, &req("b", &d), 30).source,
+        None,
+        "the election ended"
+    );
+    // A complete announce from anyone else still adds nothing.
+    let mut other = req("c", &d);
+    other.size = Some(4 << 20);
+    other.complete = true;
+    other.hashes.insert(3, h(99));
+    ann(&mut t, &other, 40);
+    assert_eq!(t.hashes(&d, 3).get(&3), Some(&h(3)));
+}
+
+#[test]
+fn hostile_geometry_and_garbage_are_refused_before_anything_is_stored() {
+    let d = Digest::of(b"geo");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut r = req("a", &d);
+    r.size = Some(1 << 20);
+    r.piece_size = Some(1 << 40);
+    assert!(t.announce(&r, 0).is_err());
+    assert!(t.stats().is_empty(), "nothing stored");
+    r.piece_size = Some(1 << 16);
+    r.size = Some(u64::MAX);
+    assert!(t.announce(&r, 0).is_err());
+    r.size = Some(64 << 20);
+    r.piece_size = Some(1 << 20);
+    ann(&mut t, &r, 0);
+    let mut other = req("b", &d);
+    other.size = Some(65 << 20);
+    assert!(t.announce(&other, 1).is_err(), "conflicting size");
+    // A bitfield of the wrong length is ignored, not stored.
+    let mut wrong = req("c", &d);
+    wrong.have = Some(Bitfield::full(7));
+    let resp = ann(&mut t, &wrong, 2);
+    let c = ann(&mut t, &req("d", &d), 3)
+        .peers
+        .into_iter()
+        .find(|p| p.node == "c")
+        .expect("c handed out");
+    assert_eq!(c.have.map(|h| h.count()), Some(0));
+    assert_eq!(resp.piece_size, 1 << 20);
+}
+
+#[test]
+fn a_first_size_must_fit_the_piece_size_already_chosen() {
+    let d = Digest::of(b"sizeless");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut first = req("a", &d);
+    first.piece_size = Some(crate::pieces::MIN_PIECE_SIZE);
+    ann(&mut t, &first, 0);
+    let mut sized = req("b", &d);
+    sized.size = Some(1 << 40);
+    assert!(t.announce(&sized, 1).is_err(), "1 TiB in 64 KiB pieces");
+    assert_eq!(t.stats()[0].size, None, "nothing stored");
+    assert_eq!(t.stats()[0].peers, 1);
+    sized.size = Some(64 << 20);
+    let resp = ann(&mut t, &sized, 2);
+    assert_eq!((resp.size, resp.piece_size), (Some(64 << 20), 1 << 16));
+}
+
+#[test]
+fn small_blobs_go_direct_and_bad_peers_are_left_out() {
+    let d = Digest::of(b"small");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut r = req("a", &d);
+    r.size = Some(1000);
+    assert_eq!(ann(&mut t, &r, 0).role, Role::Direct);
+    let big = Digest::of(b"big");
+    let mut c = req("seed", &big);
+    c.complete = true;
+    c.size = Some(64 << 20);
+    ann(&mut t, &c, 0);
+    let mut other = req("x", &big);
+    other.have = Some(Bitfield::new(16));
+    ann(&mut t, &other, 0);
+    let resp = ann(&mut t, &req("b", &big), 1);
+    assert_eq!(
+        resp.role,
+        Role::Peer,
+        "a complete holder exists: no registry fetch"
+    );
+    assert_eq!(resp.peers[0].node, "seed", "complete peers first");
+    let mut reporter = req("b", &big);
+    reporter.bad_peers = vec!["seed".into()];
+    let resp = ann(&mut t, &reporter, 2);
+    assert!(resp.peers.iter().all(|p| p.node != "seed"));
+    assert_eq!(
+        resp.role,
+        Role::Source,
+        "the only holder lies: someone must go to the registry"
+    );
+}
+
+#[test]
+fn one_reporter_cannot_ban_a_peer_for_everyone_but_a_quorum_can() {
+    let d = Digest::of(b"quorum");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut seed = req("honest", &d);
+    seed.complete = true;
+    seed.size = Some(64 << 20);
+    ann(&mut t, &seed, 0);
+    let mut accuser = req("mallory", &d);
+    accuser.bad_peers = vec!["honest".into()];
+    ann(&mut t, &accuser, 1);
+    assert!(
+        ann(&mut t, &req("alice", &d), 2)
+            .peers
+            .iter()
+            .any(|p| p.node == "honest"),
+        "one report only affects the reporter"
+    );
+    for n in ["r1", "r2", "r3"] {
+        let mut r = req(n, &d);
+        r.bad_peers = vec!["honest".into()];
+        ann(&mut t, &r, 3);
+    }
+    assert!(
+        ann(&mut t, &req("alice", &d), 4)
+            .peers
+            .iter()
+            .all(|p| p.node != "honest"),
+        "a quorum of distinct reporters leaves it out for everyone"
+    );
+}
+
+#[test]
+fn a_rack_of_empty_peers_still_reaches_the_source() {
+    let d = Digest::of(b"racks");
+    let mut t = TrackerState::new(SwarmConfig {
+        max_peers: 4,
+        ..Default::default()
+    });
+    let mut src = req("src", &d);
+    src.topology = Topology {
+        zone: Some("z".into()),
+        rack: Some("r-src".into()),
+    };
+    src.size = Some(64 << 20);
+    src.piece_size = Some(1 << 20);
+    assert_eq!(ann(&mut t, &src, 0).role, Role::Source);
+    let mut have = Bitfield::new(64);
+    have.set(0);
+    src.have = Some(have);
+    ann(&mut t, &src, 1);
+    for i in 0..8 {
+        let mut q = req(&format!("m{i}"), &d);
+        q.topology = Topology {
+            zone: Some("z".into()),
+            rack: Some("r1".into()),
+        };
+        let mut have = Bitfield::new(64);
+        if i < 6 {
+            have.set(1 + i);
+        }
+        q.have = Some(have);
+        ann(&mut t, &q, 2);
+    }
+    let mut me = req("me", &d);
+    me.topology = Topology {
+        zone: Some("z".into()),
+        rack: Some("r1".into()),
+    };
+    let peers = ann(&mut t, &me, 3).peers;
+    assert_eq!(peers.len(), 4);
+    assert!(
+        peers.iter().any(|p| p.node == "src"),
+        "the source is always handed out: {peers:?}"
+    );
+    assert!(peers.iter().all(|p| p.have.is_some()), "nobody is complete");
+    assert!(
+        peers
+            .iter()
+            .filter(|p| p.topology.rack.as_deref() == Some("r1"))
+            .count()
+            >= 2,
+        "near peers still preferred"
+    );
+}
+
+#[test]
+fn near_peers_first() {
+    let d = Digest::of(b"topo");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    for (n, z, r) in [
+        ("far", "z2", "r9"),
+        ("zone", "z1", "r2"),
+        ("rack", "z1", "r1"),
+    ] {
+        let mut q = req(n, &d);
+        q.complete = true;
+        q.size = Some(64 << 20);
+        q.topology = Topology {
+            zone: Some(z.into()),
+            rack: Some(r.into()),
+        };
+        ann(&mut t, &q, 0);
+    }
+    let mut me = req("me", &d);
+    me.topology = Topology {
+        zone: Some("z1".into()),
+        rack: Some("r1".into()),
+    };
+    let names: Vec<String> = ann(&mut t, &me, 1)
+        .peers
+        .into_iter()
+        .map(|p| p.node)
+        .collect();
+    assert_eq!(names, vec!["rack", "zone", "far"]);
+}
+
+#[test]
+fn a_node_busy_sourcing_one_blob_lets_another_source_the_next() {
+    let (b1, b2, b3) = (Digest::of(b"1"), Digest::of(b"2"), Digest::of(b"3"));
+    let mut t = TrackerState::new(SwarmConfig::default());
+    assert_eq!(ann(&mut t, &req("a", &b1), 0).role, Role::Source);
+    // "a" asks for a second blob first: held back for the defer window...
+    assert_eq!(ann(&mut t, &req("a", &b2), 10).role, Role::Peer);
+    // ...and "b", sourcing nothing, gets it.
+    assert_eq!(ann(&mut t, &req("b", &b2), 20).role, Role::Source);
+    // Nobody else wants a third blob: "a" gets it after the window.
+    assert_eq!(ann(&mut t, &req("a", &b3), 30).role, Role::Peer);
+    let later = 30 + t.cfg.source_defer_ms;
+    assert_eq!(
+        ann(&mut t, &req("a", &b1), later).role,
+        Role::Source,
+        "keeps the first"
+    );
+    assert_eq!(ann(&mut t, &req("a", &b3), later).role, Role::Source);
+}
+
+#[test]
+fn large_swarms_give_each_rack_member_its_own_stripe() {
+    let d = Digest::of(b"stripes");
+    let mut t = TrackerState::new(SwarmConfig {
+        stripe_min_members: 8,
+        ..Default::default()
+    });
+    let topo = |r: usize| Topology {
+        zone: Some("z".into()),
+        rack: Some(format!("r{r}")),
+    };
+    for i in 0..16 {
+        let mut q = req(&format!("n{i}"), &d);
+        q.size = Some(64 << 20);
+        q.topology = topo(i % 2);
+        ann(&mut t, &q, 0);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for i in (0..16).step_by(2) {
+        let mut q = req(&format!("n{i}"), &d);
+        q.topology = topo(0);
+        let [idx, n] = ann(&mut t, &q, 1).stripe.expect("a stripe");
+        assert_eq!(n, 8, "8 members in rack r0");
+        assert!(seen.insert(idx), "stripes are distinct");
+    }
+    let small = Digest::of(b"few");
+    let resp = ann(&mut t, &req("solo", &small), 0);
+    assert_eq!(resp.stripe, None);
+}
+
+#[test]
+fn a_rack_member_reported_by_a_quorum_leaves_the_stripes() {
+    let d = Digest::of(b"stripes without the unreachable");
+    let mut t = TrackerState::new(SwarmConfig {
+        stripe_min_members: 4,
+        bad_peer_quorum: 2,
+        ..Default::default()
+    });
+    let member = |name: &str| {
+        let mut q = req(name, &d);
+        q.size = Some(64 << 20);
+        q.topology = Topology {
+            zone: Some("z".into()),
+            rack: Some("r0".into()),
+        };
+        q
+    };
+    for n in ["a", "b", "c", "x"] {
+        ann(&mut t, &member(n), 0);
+    }
+    let stripes = |t: &mut TrackerState, now: u64| -> Vec<Option<[u32; 2]>> {
+        ["a", "b", "c", "x"]
+            .iter()
+            .map(|n| ann(t, &member(n), now).stripe)
+            .collect()
+    };
+    assert!(stripes(&mut t, 1)
+        .iter()
+        .all(|s| s.is_some_and(|[_, n]| n == 4)));
+    // One report is not a quorum: one member cannot reshape the rack.
+    let mut a = member("a");
+    a.bad_peers = vec!["x".into()];
+    ann(&mut t, &a, 2);
+    assert!(stripes(&mut t, 3)
+        .iter()
+        .all(|s| s.is_some_and(|[_, n]| n == 4)));
+    let mut b = member("b");
+    b.bad_peers = vec!["x".into()];
+    ann(&mut t, &b, 4);
+    let now = stripes(&mut t, 5);
+    let mut idx: Vec<u32> = now[..3]
+        .iter()
+        .map(|s| {
+            let [i, n] = s.expect("a stripe");
+            assert_eq!(n, 3, "three members share the rack's far pieces");
+            i
+        })
+        .collect();
+    idx.sort_unstable();
+    assert_eq!(idx, [0, 1, 2], "and every share has its member");
+    assert_eq!(
+        now[3], None,
+        "the reported member takes its far pieces from anyone"
+    );
+    // The reports lapse (`bad_peer_ms`): back in the stripes (once every member has
+    // announced again, as the others' entries went stale meanwhile).
+    let later = 5 + SwarmConfig::default().bad_peer_ms;
+    stripes(&mut t, later);
+    assert!(stripes(&mut t, later)
+        .iter()
+        .all(|s| s.is_some_and(|[_, n]| n == 4)));
+}
+
+#[test]
+fn while_a_source_fetches_each_other_member_gets_its_own_source_stripe() {
+    let d = Digest::of(b"one big file");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut src = req("src", &d);
+    src.size = Some(512 << 20);
+    src.fetching_from_registry = true;
+    assert_eq!(ann(&mut t, &src, 0).role, Role::Source);
+    for i in 0..7 {
+        ann(&mut t, &req(&format!("n{i}"), &d), 1);
+    }
+    assert_eq!(
+        ann(&mut t, &src, 2).source_stripe,
+        None,
+        "not the source itself"
+    );
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..7 {
+        let [idx, n] = ann(&mut t, &req(&format!("n{i}"), &d), 3)
+            .source_stripe
+            .expect("a source stripe");
+        assert_eq!(n, 7, "every member but the source");
+        assert!(seen.insert(idx), "source stripes are distinct");
+    }
+    // Other blobs rank the same members differently: the same node does not own
+    // piece 0 of every layer.
+    let mut firsts = std::collections::HashSet::new();
+    for b in 0..5u8 {
+        let blob = Digest::of(&[b]);
+        let mut s = req("src", &blob);
+        s.size = Some(512 << 20);
+        s.fetching_from_registry = true;
+        ann(&mut t, &s, 4);
+        for i in 0..7 {
+            let resp = ann(&mut t, &req(&format!("n{i}"), &blob), 5);
+            if resp.source_stripe.is_some_and(|[idx, _]| idx == 0) {
+                firsts.insert(i);
+            }
+        }
+    }
+    assert!(firsts.len() > 1, "different owners of stripe 0: {firsts:?}");
+    // The source is done: no more stripes.
+    let mut done = req("src", &d);
+    done.complete = true;
+    ann(&mut t, &done, 7);
+    assert_eq!(ann(&mut t, &req("n0", &d), 8).source_stripe, None);
+    // Swarms too large to rank every member get none.
+    let big = Digest::of(b"big swarm");
+    let mut src3 = req("src", &big);
+    src3.size = Some(512 << 20);
+    src3.fetching_from_registry = true;
+    ann(&mut t, &src3, 10);
+    for i in 0..SOURCE_STRIPE_MAX_MEMBERS {
+        ann(&mut t, &req(&format!("m{i}"), &big), 11);
+    }
+    assert_eq!(ann(&mut t, &req("m0", &big), 12).source_stripe, None);
+}
+
+#[test]
+fn in_a_large_swarm_a_member_holding_nothing_is_asked_back_sooner() {
+    let d = Digest::of(b"soon");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let full = t.cfg.announce_interval_ms;
+    let mut src = req("a", &d);
+    src.size = Some(100 << 20);
+    src.piece_size = Some(1 << 20);
+    assert_eq!(ann(&mut t, &src, 0).interval_ms, full, "the source");
+    let mut b = req("b", &d);
+    let small = ann(&mut t, &b, 10);
+    assert_eq!(small.role, Role::Peer);
+    assert_eq!(small.interval_ms, full, "a small swarm: the usual interval");
+    for i in 0..crate::peers::EXACT_POOL {
+        ann(&mut t, &req(&format!("n{i}"), &d), 10);
+    }
+    let empty = ann(&mut t, &b, 20);
+    assert_eq!(empty.role, Role::Peer);
+    assert_eq!(empty.interval_ms, full / EMPTY_HANDED_ANNOUNCE_DIVISOR);
+    let mut have = Bitfield::new(crate::PieceLayout::new(100 << 20, 1 << 20).count());
+    have.set(3);
+    b.have = Some(have);
+    assert_eq!(ann(&mut t, &b, 30).interval_ms, full, "one piece held");
+    b.have = None;
+    b.complete = true;
+    assert_eq!(ann(&mut t, &b, 40).interval_ms, full, "complete");
+}
+
+#[test]
+fn answers_say_how_many_members_the_swarm_has() {
+    let d = Digest::of(b"members");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    for i in 0..5 {
+        assert_eq!(ann(&mut t, &req(&format!("n{i}"), &d), 0).members, i + 1);
+    }
+    let mut gone = req("n0", &d);
+    gone.leaving = true;
+    assert_eq!(ann(&mut t, &gone, 1).members, 4);
+    // An answer from a tracker that does not say parses as 0 (small-swarm rules).
+    let mut v = serde_json::to_value(ann(&mut t, &req("n1", &d), 2)).expect("json");
+    v.as_object_mut().expect("object").remove("members");
+    let old: AnnounceResponse = serde_json::from_value(v).expect("parses");
+    assert_eq!(old.members, 0);
+}
