@@ -46,6 +46,7 @@ pub struct P2pMetrics {
     pub have_filters_received: Counter,
     pub stripes_distrusted: Counter,
     pub peers_unreachable: Counter,
+    pub readers_stalled: Counter,
     pub store_write_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
@@ -72,6 +73,7 @@ impl P2pMetrics {
             have_filters_received: Counter::default(),
             stripes_distrusted: Counter::default(),
             peers_unreachable: Counter::default(),
+            readers_stalled: Counter::default(),
             store_write_seconds: Counter::default(),
         };
         r.register(
@@ -178,6 +180,11 @@ impl P2pMetrics {
             "p2p_peers_unreachable",
             "Peers reported to the tracker after dials to them failed 3 times in a row",
             m.peers_unreachable.clone(),
+        );
+        r.register(
+            "p2p_readers_stalled",
+            "Downloaders disconnected because nothing sent to them went through for 20 s",
+            m.readers_stalled.clone(),
         );
         m
     }

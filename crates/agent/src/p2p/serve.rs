@@ -24,8 +24,8 @@ use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
 use super::wire_io::{
-    peer_err, send_file, split_tcp, split_tls, write_frames, FrameReader, PeerRead, PeerWrite,
-    DATA_CHUNK, HANDSHAKE_TIMEOUT,
+    before_send_stall, peer_err, send_file, split_tcp, split_tls, write_frames, FrameReader,
+    PeerRead, PeerWrite, DATA_CHUNK, HANDSHAKE_TIMEOUT,
 };
 use super::P2p;
 use crate::metrics::ReasonLabels;
@@ -223,18 +223,29 @@ async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), E
         chans: parking_lot::Mutex::new(HashMap::new()),
     });
     p2p.holders.lock().insert(id, conn.clone());
-    let writer = tokio::spawn(write_loop(p2p.clone(), w, ctl_rx, piece_rx, dialer.clone()));
-    let result = read_loop(
-        &agent,
-        &p2p,
-        id,
-        &conn,
-        &mut reader,
-        &ctl_tx,
-        &dialer,
-        &dialer_addr,
-    )
-    .await;
+    let mut writer = tokio::spawn(write_loop(p2p.clone(), w, ctl_rx, piece_rx, dialer.clone()));
+    let result = tokio::select! {
+        r = read_loop(
+            &agent,
+            &p2p,
+            id,
+            &conn,
+            &mut reader,
+            &ctl_tx,
+            &dialer,
+            &dialer_addr,
+        ) => r,
+        // A writer that gave up (a downloader that stopped reading) ends the
+        // connection: its slot and its place in the line go to the others.
+        w = &mut writer => match w {
+            Ok(Err(e)) => {
+                p2p.metrics.readers_stalled.inc();
+                warn!(peer = %dialer, error = %e, "peer stopped reading; connection closed");
+                Err(e)
+            }
+            _ => Ok(()),
+        },
+    };
     // Gone: its waiting requests leave the line, its channels stop forwarding.
     p2p.holders.lock().remove(&id);
     p2p.uploads.lock().drop_waiting(id, None);
@@ -696,7 +707,7 @@ async fn write_loop(
                     while let Ok(more) = ctl.try_recv() {
                         pending.push(more);
                     }
-                    write_frames(&mut w, &pending, &peer).await?;
+                    before_send_stall(&peer, write_frames(&mut w, &pending, &peer)).await?;
                     pending.clear();
                 }
                 None => return Ok(()),
@@ -737,7 +748,7 @@ async fn send_piece(
             offset: sent as u32,
             len: n as u32,
         });
-        write_frames(w, &frames, peer).await?;
+        before_send_stall(peer, write_frames(w, &frames, peer)).await?;
         if p2p.corrupt {
             use std::os::unix::fs::FileExt;
             let mut buf = vec![0u8; n as usize];
@@ -746,9 +757,12 @@ async fn send_piece(
                 .map_err(|e| peer_err(peer, e))?;
             let mid = buf.len() / 2;
             buf[mid] ^= 0x5a;
-            w.send(&buf).await.map_err(|e| peer_err(peer, e))?;
+            before_send_stall(peer, async {
+                w.send(&buf).await.map_err(|e| peer_err(peer, e))
+            })
+            .await?;
         } else {
-            send_file(w, &job.file, job.offset + sent, n, peer).await?;
+            before_send_stall(peer, send_file(w, &job.file, job.offset + sent, n, peer)).await?;
         }
         sent += n;
         p2p.metrics.upload_bytes.inc_by(n);

@@ -25,6 +25,28 @@ pub(crate) const DATA_CHUNK: u64 = 512 << 10;
 /// How long a handshake may take.
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A holder's write that has not gone through after this long ends the connection:
+/// the downloader stopped reading (frozen, crashed, its link gone), and TCP would keep
+/// the upload slot for as long as the peer's kernel answers with a zero window, or a
+/// quarter of an hour of retransmits for a dead node. Generous, because a live
+/// downloader may read slowly on purpose (a prewarm's rate limit shared by many
+/// holders): one 512 KiB `Data` chunk in 20 s is 25 KiB/s, and 20 s is also how long a
+/// pull client waits for data before it asks again.
+pub(crate) const SEND_STALL: Duration = Duration::from_secs(20);
+
+/// `write` (one frame batch or chunk to `peer`), given up after [`SEND_STALL`].
+pub(crate) async fn before_send_stall<T>(
+    peer: &str,
+    write: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(SEND_STALL, write).await.map_err(|_| {
+        peer_err(
+            peer,
+            format!("stopped reading: nothing went through for {SEND_STALL:?}"),
+        )
+    })?
+}
+
 pub(crate) fn peer_err(peer: &str, message: impl std::fmt::Display) -> Error {
     Error::Peer {
         peer: peer.to_owned(),

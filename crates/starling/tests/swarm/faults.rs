@@ -506,3 +506,68 @@ async fn an_unreachable_source_delays_its_swarm_but_never_hangs_it() {
         "the registry was read at most twice: {read} bytes for a {layer}-byte layer"
     );
 }
+
+/// A downloader that freezes while a holder is sending it a piece (SIGSTOP: its
+/// kernel keeps the connection open with a zero window, as a crashed node's link does
+/// for the quarter of an hour TCP takes to give up) must not keep the holder's upload
+/// slot. 64 MiB pieces, more than loopback's socket buffers hold, so the holder's write
+/// really stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_downloader_that_freezes_mid_piece_does_not_keep_the_upload_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image = TestImage::push_multilayer(&registry, "swarm/frozen-reader", "1", &[192 << 20], 47)
+        .unwrap();
+    let t = tracker(dir.path(), &["--peer-ttl", "300s"]).await;
+    let seed = agent(
+        dir.path(),
+        "seed",
+        &t.url(),
+        &registry,
+        &[
+            "--max-uploads",
+            "1",
+            "--upload-limit",
+            "64MiB",
+            "--piece-size",
+            "64MiB",
+        ],
+    )
+    .await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    let a = agent(dir.path(), "a", &t.url(), &registry, &[]).await;
+    let a_pull = spawn_pull(&a, &image);
+    testkit::until(
+        "a to receive from the seed",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(&a, "starling_agent_p2p_peer_bytes_total").await > 8 << 20 },
+    )
+    .await;
+    let pid = a.child.id().to_string();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image)).await;
+    let r = r
+        .expect("the pull finishes although the frozen downloader had the only upload slot")
+        .expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    // Nothing is left to send but to the frozen downloader: the seed must have let go
+    // of it. (b itself may get by on the extra slot kept for readers' head pieces.)
+    testkit::until(
+        "the seed to free the upload slot the frozen downloader held",
+        Duration::from_millis(50),
+        Duration::from_secs(60),
+        || async { metric(&seed, "starling_agent_p2p_uploads_active").await == 0 },
+    )
+    .await;
+    assert!(metric(&seed, "starling_agent_p2p_readers_stalled_total").await >= 1);
+    let _ = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status();
+    a_pull.abort();
+}
