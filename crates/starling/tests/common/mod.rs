@@ -57,6 +57,15 @@ impl Drop for Proc {
         // test's output, which is all CI keeps.
         if std::thread::panicking() {
             print_log_tail(&self.log, 80);
+            if let Ok(dir) = std::env::var("STARLING_TEST_KEEP_LOGS") {
+                let name = self
+                    .log
+                    .file_name()
+                    .map(|n| n.to_owned())
+                    .unwrap_or_default();
+                let _ = std::fs::create_dir_all(&dir);
+                let _ = std::fs::copy(&self.log, std::path::Path::new(&dir).join(name));
+            }
         }
     }
 }
@@ -79,7 +88,10 @@ pub fn spawn(args: &[String], log: &Path) -> Child {
         .expect("log file");
     Command::new(env!("CARGO_BIN_EXE_starling"))
         .args(args)
-        .env("STARLING_LOG", "info")
+        .env(
+            "STARLING_LOG",
+            std::env::var("STARLING_TEST_CHILD_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdout(Stdio::null())
         .stderr(f)
         .spawn()
