@@ -710,6 +710,9 @@ impl Download {
     /// idle until the next tick lost up to 50 ms per half-second run).
     pub(super) async fn refill_registry_runs(&mut self) {
         let tracker_lost = self.last_tracker_ok.elapsed() > TRACKER_GRACE;
+        if self.role == Role::Source || tracker_lost {
+            self.drop_unverifiable();
+        }
         if (self.role == Role::Source || tracker_lost)
             && (self.runs.len() as u32) < self.registry_stream_cap()
             && self.registry_retry_at.is_none_or(|t| Instant::now() >= t)

@@ -104,6 +104,30 @@ impl Download {
         self.bad.push(peer);
     }
 
+    /// Pieces from peers waiting for a hash that only this node can now compute: it
+    /// reads from the registry itself (elected source, or no tracker), so nobody else
+    /// will publish those hashes, and its own chain of hashes cannot pass a piece the
+    /// registry has not given. Their bytes go and registry runs fetch the pieces.
+    /// (Found as a pull stuck for good: a lying seeder's pieces arrived before any
+    /// hash, then the liar was reported and this node elected in its place.)
+    pub(super) fn drop_unverifiable(&mut self) {
+        let stuck: Vec<u32> = self
+            .unverified
+            .keys()
+            .copied()
+            .filter(|&i| self.hashes[i as usize].is_none())
+            .collect();
+        if stuck.is_empty() {
+            return;
+        }
+        debug!(digest = %self.d, pieces = stuck.len(), "pieces from peers dropped: their hashes are this node's to compute");
+        for piece in stuck {
+            self.unverified.remove(&piece);
+            self.w.inflight().release_piece_claim(piece);
+            self.sched.unclaim(piece);
+        }
+    }
+
     pub(super) async fn settle_unverified(&mut self) -> Result<(), store::Error> {
         let ready: Vec<u32> = self
             .unverified
