@@ -85,10 +85,12 @@ struct NodeReport {
     bytes_from_peers: u64,
     bytes_from_registry: u64,
     bytes_uploaded: u64,
-    /// Peers this node reported unreachable and downloads whose rack stripe went
-    /// quiet: the swarm's safety nets, 0 in a healthy run.
+    /// Peers this node reported unreachable, downloads whose rack stripe went quiet
+    /// and downloaders it cut off for not reading: the swarm's safety nets, 0 in a
+    /// healthy run.
     peers_unreachable: u64,
     stripes_distrusted: u64,
+    readers_stalled: u64,
 }
 
 /// When each node asked for a swarm blob and when its first byte came, from the start
@@ -654,6 +656,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             bytes_uploaded: metric(&text, "starling_agent_p2p_upload_bytes_total"),
             peers_unreachable: metric(&text, "starling_agent_p2p_peers_unreachable_total"),
             stripes_distrusted: metric(&text, "starling_agent_p2p_stripes_distrusted_total"),
+            readers_stalled: metric(&text, "starling_agent_p2p_readers_stalled_total"),
         });
     }
     let all_nodes = started.elapsed().as_secs_f64();

@@ -1,6 +1,7 @@
 //! Faults: the source killed, the tracker down, dying or restarted, a lying peer, an
-//! agent restarted mid-blob, a peer or a stripe member frozen mid-transfer, peers alive
-//! for the tracker that nobody can dial (an only holder, rack-mates).
+//! agent restarted mid-blob, a peer, a stripe member or a downloader frozen
+//! mid-transfer, peers alive for the tracker that nobody can dial (an only holder, a
+//! source, rack-mates).
 
 use std::time::Duration;
 
