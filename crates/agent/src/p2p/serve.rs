@@ -235,14 +235,10 @@ async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), E
             &dialer,
             &dialer_addr,
         ) => r,
-        // A writer that gave up (a downloader that stopped reading) ends the
-        // connection: its slot and its place in the line go to the others.
+        // A writer that gave up (a downloader that stopped reading: `SEND_STALL`)
+        // ends the connection: its slot and its place in the line go to the others.
         w = &mut writer => match w {
-            Ok(Err(e)) => {
-                p2p.metrics.readers_stalled.inc();
-                warn!(peer = %dialer, error = %e, "peer stopped reading; connection closed");
-                Err(e)
-            }
+            Ok(Err(e)) => Err(e),
             _ => Ok(()),
         },
     };
@@ -707,7 +703,9 @@ async fn write_loop(
                     while let Ok(more) = ctl.try_recv() {
                         pending.push(more);
                     }
-                    before_send_stall(&peer, write_frames(&mut w, &pending, &peer)).await?;
+                    let stalled = &p2p.metrics.readers_stalled;
+                    before_send_stall(stalled, &peer, write_frames(&mut w, &pending, &peer))
+                        .await?;
                     pending.clear();
                 }
                 None => return Ok(()),
@@ -748,7 +746,12 @@ async fn send_piece(
             offset: sent as u32,
             len: n as u32,
         });
-        before_send_stall(peer, write_frames(w, &frames, peer)).await?;
+        before_send_stall(
+            &p2p.metrics.readers_stalled,
+            peer,
+            write_frames(w, &frames, peer),
+        )
+        .await?;
         if p2p.corrupt {
             use std::os::unix::fs::FileExt;
             let mut buf = vec![0u8; n as usize];
@@ -757,12 +760,17 @@ async fn send_piece(
                 .map_err(|e| peer_err(peer, e))?;
             let mid = buf.len() / 2;
             buf[mid] ^= 0x5a;
-            before_send_stall(peer, async {
+            before_send_stall(&p2p.metrics.readers_stalled, peer, async {
                 w.send(&buf).await.map_err(|e| peer_err(peer, e))
             })
             .await?;
         } else {
-            before_send_stall(peer, send_file(w, &job.file, job.offset + sent, n, peer)).await?;
+            before_send_stall(
+                &p2p.metrics.readers_stalled,
+                peer,
+                send_file(w, &job.file, job.offset + sent, n, peer),
+            )
+            .await?;
         }
         sent += n;
         p2p.metrics.upload_bytes.inc_by(n);

@@ -34,12 +34,16 @@ pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// pull client waits for data before it asks again.
 pub(crate) const SEND_STALL: Duration = Duration::from_secs(20);
 
-/// `write` (one frame batch or chunk to `peer`), given up after [`SEND_STALL`].
+/// `write` (one frame batch or chunk to `peer`), given up after [`SEND_STALL`] and
+/// counted in `stalled`.
 pub(crate) async fn before_send_stall<T>(
+    stalled: &prometheus_client::metrics::counter::Counter,
     peer: &str,
     write: impl std::future::Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
     tokio::time::timeout(SEND_STALL, write).await.map_err(|_| {
+        stalled.inc();
+        tracing::warn!(%peer, "peer stopped reading; connection closed");
         peer_err(
             peer,
             format!("stopped reading: nothing went through for {SEND_STALL:?}"),
