@@ -167,6 +167,23 @@ impl PieceScheduler {
         }
     }
 
+    /// Every request in flight to `peer` ends now: this node closed the peer's channel
+    /// (it served a bad piece), so no answer will come on it. Returns the pieces, open
+    /// again for other holders or the registry. The peer stays known, and banned if
+    /// it was: a closed channel brings no `remove_peer`.
+    pub fn release_all_from(&mut self, peer: &str) -> Vec<u32> {
+        let Some(&i) = self.by_name.get(peer) else {
+            return Vec::new();
+        };
+        let asked: Vec<u32> = (0..self.inflight.len() as u32)
+            .filter(|&p| self.inflight[p as usize].contains(&i))
+            .collect();
+        for &p in &asked {
+            self.release(p, i);
+        }
+        asked
+    }
+
     /// The peer's upload line is full: leave it alone for a moment.
     pub fn on_busy(&mut self, piece: u32, peer: &str, now_ms: u64) {
         let Some(&i) = self.by_name.get(peer) else {

@@ -64,6 +64,12 @@ impl Download {
             }
             Check::Mismatch => {
                 self.reject(piece, peer.to_owned());
+                // Its channel closes below and no answer will come on it: its other
+                // requests end now. (A piece on its way from the liar stayed "in
+                // flight" for good; the pull stopped at it, the registry never asked.)
+                for other in self.sched.release_all_from(peer) {
+                    self.request_ended(other, peer);
+                }
                 if let Some(l) = self.links.get_mut(peer) {
                     if let Some((conn, chan)) = l.conn.take() {
                         conn.close(chan).await;

@@ -175,3 +175,45 @@ fn small_swarms_have_no_stall_timeout_and_a_plain_cancel_rests_nobody() {
     assert!(s.stalled_requests(60_100).is_empty());
     assert!(!s.stalled_requests(60_000 + s.config().stall_ms).is_empty());
 }
+
+#[test]
+fn a_liars_other_requests_end_when_its_channel_closes() {
+    let cfg = SchedulerConfig {
+        min_window: 8,
+        max_window: 8,
+        ..Default::default()
+    };
+    let mut s = PieceScheduler::new(Bitfield::new(8), MB, cfg);
+    s.set_peer("liar", None, 0);
+    let asked: Vec<u32> = s.next_requests(0, 8).iter().map(|r| r.piece).collect();
+    assert!(
+        asked.len() >= 3,
+        "several pieces asked of the liar: {asked:?}"
+    );
+    // The first piece fails its hash: the liar is banned, its channel closed.
+    s.on_failed(asked[0], "liar", true);
+    assert_eq!(
+        s.inflight_to("liar") as usize,
+        asked.len() - 1,
+        "the ban alone leaves its other requests in flight"
+    );
+    assert_eq!(s.registry_run(false, |_| false), Some((0, 1)));
+    let ended = s.release_all_from("liar");
+    let mut rest = asked[1..].to_vec();
+    rest.sort_unstable();
+    assert_eq!(ended, rest, "its other requests end, in piece order");
+    assert_eq!(s.inflight_to("liar"), 0);
+    assert!(
+        s.is_banned("liar"),
+        "still banned: the peer is not forgotten"
+    );
+    // Nobody holds them now, so the registry run may take them all.
+    assert_eq!(s.registry_run(false, |_| false), Some((0, 8)));
+    // An honest holder gets every piece the liar had been asked for.
+    s.set_peer("honest", None, 0);
+    let again: Vec<u32> = s.next_requests(1, 8).iter().map(|r| r.piece).collect();
+    assert!(
+        asked.iter().all(|p| again.contains(p)),
+        "{asked:?} asked again: {again:?}"
+    );
+}
