@@ -10,10 +10,25 @@ use sha2::{Digest, Sha256};
 
 use crate::http::http_get;
 
-/// Returns a TCP port on 127.0.0.1 that was free a moment ago (bind to port 0,
-/// read the port, release it). Callers must tolerate the (rare) race where
-/// someone else grabs it before they bind; every server in this crate retries.
+/// Ports handed out by [`free_port`]: below Linux's ephemeral range (32768–60999 by
+/// default), which the kernel uses for every outgoing connection's local port and for
+/// every `bind(…:0)`. A port taken from that range could be grabbed by any of the
+/// thousands of connections the suite opens between the moment it was found free and
+/// the moment a child process binds it ("Address already in use", seen in CI).
+const FREE_PORTS: std::ops::Range<u16> = 20_000..32_768;
+
+/// Returns a TCP port on 127.0.0.1 that was free a moment ago, chosen at random in
+/// [`FREE_PORTS`], out of the kernel's way; only another test picking the same port
+/// in the same instant can still take it. Falls back to a port of the kernel's
+/// choosing if none is found.
 pub fn free_port() -> u16 {
+    let span = FREE_PORTS.end - FREE_PORTS.start;
+    for _ in 0..1_000 {
+        let port = FREE_PORTS.start + (rand::random::<u16>() % span);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     // Binding 127.0.0.1:0 only fails if the loopback interface is unusable,
     // in which case no test of this crate can work anyway.
     match TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
