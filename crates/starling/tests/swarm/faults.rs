@@ -372,25 +372,10 @@ async fn rack_mates_that_cannot_reach_each_other_strand_no_stripe() {
     let mut members = Vec::new();
     let mut pulls = Vec::new();
     for i in 0..2 {
-        let listen = format!("127.0.0.1:{}", testkit::free_port());
-        let nowhere = format!("127.0.0.1:{}", testkit::free_port());
-        let m = agent(
-            dir.path(),
-            &format!("m{i}"),
-            &t.url(),
-            &registry,
-            &[
-                "--peer-listen",
-                &listen,
-                "--advertise",
-                &nowhere,
-                "--zone",
-                "z",
-                "--rack",
-                "r1",
-            ],
-        )
-        .await;
+        let mut flags = nobody_can_dial();
+        flags.extend(["--zone", "z", "--rack", "r1"].map(String::from));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let m = agent(dir.path(), &format!("m{i}"), &t.url(), &registry, &flags).await;
         pulls.push(spawn_pull(&m, &image));
         members.push(m);
     }
@@ -423,6 +408,20 @@ async fn rack_mates_that_cannot_reach_each_other_strand_no_stripe() {
     );
 }
 
+/// Agent flags for a node alive for the tracker that no peer can dial: its peer
+/// listener is up, but it advertises a port nothing listens on (a wrong `--advertise`,
+/// a firewalled peer port).
+fn nobody_can_dial() -> Vec<String> {
+    let listen = format!("127.0.0.1:{}", testkit::free_port());
+    let nowhere = format!("127.0.0.1:{}", testkit::free_port());
+    vec![
+        "--peer-listen".into(),
+        listen,
+        "--advertise".into(),
+        nowhere,
+    ]
+}
+
 /// The only holder of a blob is alive for the tracker but nobody can reach it (it
 /// advertises a port nothing listens on). A newcomer must still get the image.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -433,16 +432,9 @@ async fn an_unreachable_only_holder_does_not_hang_a_pull() {
         TestImage::push_multilayer(&registry, "swarm/unreachable-seed", "1", &[16 << 20], 41)
             .unwrap();
     let t = tracker(dir.path(), &[]).await;
-    let listen = format!("127.0.0.1:{}", testkit::free_port());
-    let nowhere = format!("127.0.0.1:{}", testkit::free_port());
-    let seed = agent(
-        dir.path(),
-        "seed",
-        &t.url(),
-        &registry,
-        &["--peer-listen", &listen, "--advertise", &nowhere],
-    )
-    .await;
+    let unreachable = nobody_can_dial();
+    let flags: Vec<&str> = unreachable.iter().map(String::as_str).collect();
+    let seed = agent(dir.path(), "seed", &t.url(), &registry, &flags).await;
     pull_via(&seed.url(), &image).await.unwrap();
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image))
@@ -473,23 +465,10 @@ async fn an_unreachable_source_delays_its_swarm_but_never_hangs_it() {
         TestImage::push_multilayer(&registry, "swarm/unreachable-src", "1", &[16 << 20], 43)
             .unwrap();
     let t = tracker(dir.path(), &[]).await;
-    let listen = format!("127.0.0.1:{}", testkit::free_port());
-    let nowhere = format!("127.0.0.1:{}", testkit::free_port());
-    let src = agent(
-        dir.path(),
-        "src",
-        &t.url(),
-        &registry,
-        &[
-            "--peer-listen",
-            &listen,
-            "--advertise",
-            &nowhere,
-            "--download-limit",
-            "2MiB",
-        ],
-    )
-    .await;
+    let mut flags = nobody_can_dial();
+    flags.extend(["--download-limit", "2MiB"].map(String::from));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let src = agent(dir.path(), "src", &t.url(), &registry, &flags).await;
     let src_pull = spawn_source_pull(&src, &image).await;
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image))

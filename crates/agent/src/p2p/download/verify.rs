@@ -114,8 +114,8 @@ impl Download {
     /// reads from the registry itself (elected source, or no tracker), so nobody else
     /// will publish those hashes, and its own chain of hashes cannot pass a piece the
     /// registry has not given. Their bytes go and registry runs fetch the pieces.
-    /// (Found as a pull stuck for good: a lying seeder's pieces arrived before any
-    /// hash, then the liar was reported and this node elected in its place.)
+    /// (Such a piece comes from a peer before any hash, when this node is then elected
+    /// in the place of a source that died or of a seeder it reported.)
     pub(super) fn drop_unverifiable(&mut self) {
         let stuck: Vec<u32> = self
             .unverified
