@@ -85,6 +85,9 @@ struct Swarm {
     elected: Vec<String>,
     /// When the swarm was first announced (ms).
     born: u64,
+    /// The source the last announce demoted, for a shared store to depose
+    /// ([`TrackerState::take_demoted`]).
+    demoted: Option<String>,
 }
 
 impl Swarm {
@@ -102,6 +105,39 @@ impl Swarm {
         self.bad
             .get(name)
             .is_some_and(|r| r.iter().filter(|(_, until)| *until > now).count() >= quorum)
+    }
+
+    /// Whether the members still fetching cannot reach `name`: reported by a quorum of
+    /// distinct members or, in a swarm with fewer members still fetching, by as many
+    /// as there are. Such a node is no use as the swarm's source: in a two-node swarm
+    /// the only member that needs the source is the only one who can say so.
+    fn cut_off(&self, name: &str, quorum: usize, ttl_ms: u64, now: u64) -> bool {
+        let Some(reports) = self.bad.get(name) else {
+            return false;
+        };
+        let reporters = reports.iter().filter(|(_, until)| *until > now).count();
+        if reporters == 0 {
+            return false;
+        }
+        let fetching = self
+            .peers
+            .iter()
+            .filter(|p| p.name != name && !p.complete && now.saturating_sub(p.last_seen) <= ttl_ms)
+            .count();
+        reporters >= quorum.min(fetching).max(1)
+    }
+
+    /// Whether `name` may be (or stay) the registry fetcher: it is not cut off, or no
+    /// other member still fetching could take its place (a swarm whose members all
+    /// report each other must still elect someone, as before reports existed).
+    fn may_source(&self, name: &str, quorum: usize, ttl_ms: u64, now: u64) -> bool {
+        !self.cut_off(name, quorum, ttl_ms, now)
+            || !self.peers.iter().any(|p| {
+                p.name != name
+                    && !p.complete
+                    && now.saturating_sub(p.last_seen) <= ttl_ms
+                    && !self.cut_off(&p.name, quorum, ttl_ms, now)
+            })
     }
 
     /// Peers this requester must not be handed: those it reported, and those a quorum
@@ -288,6 +324,17 @@ impl TrackerState {
                 .and_then(|n| s.peers.get(n))
                 .is_some_and(|p| now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms && !p.complete)
         };
+        // A source the fetching members cannot reach (a wrong `--advertise`, a
+        // firewalled peer port) would keep them waiting until it finished the whole
+        // blob from the registry: demoted, so another member is elected in its place.
+        let unreachable_source = swarm
+            .source
+            .as_deref()
+            .is_some_and(|s| !swarm.may_source(s, cfg.bad_peer_quorum, cfg.peer_ttl_ms, now));
+        swarm.demoted = None;
+        if unreachable_source {
+            swarm.demoted = swarm.source.take();
+        }
         if !source_alive(swarm) {
             swarm.source = None;
         }
@@ -318,7 +365,17 @@ impl TrackerState {
         {
             // Busy with another registry fetch: give another node the chance.
             Role::Peer
-        } else if swarm.source.is_none() && (req.fetching_from_registry || !any_complete) {
+        } else if swarm.source.is_none()
+            && if any_complete {
+                // Already streaming from the registry (its claim after a tracker
+                // restart), unless it was demoted: that one takes the bytes from
+                // the holders instead.
+                req.fetching_from_registry
+                    && !swarm.cut_off(&req.node, cfg.bad_peer_quorum, cfg.peer_ttl_ms, now)
+            } else {
+                swarm.may_source(&req.node, cfg.bad_peer_quorum, cfg.peer_ttl_ms, now)
+            }
+        {
             // Elect: the blob is not in the cluster (or its holders vanished mid-way).
             swarm.source = Some(req.node.clone());
             swarm.elections += 1;

@@ -77,6 +77,7 @@ async fn decide_with_store(
             if let Some(shared) = shared {
                 st.adopt(&req.digest, shared, now);
             }
+            let was_source = st.source(&req.digest) == Some(req.node.as_str());
             let resp = match st.announce(req, now) {
                 Ok(resp) => resp,
                 Err(e) => {
@@ -84,6 +85,7 @@ async fn decide_with_store(
                     continue;
                 }
             };
+            let deposed = st.take_demoted(&req.digest);
             let (size, piece_size, pieces, born) =
                 st.geometry(&req.digest).unwrap_or((None, 0, 0, now));
             let intent = if resp.role == Role::Source {
@@ -91,7 +93,8 @@ async fn decide_with_store(
                     return Ok(Decided::StaleElection);
                 }
                 SourceIntent::Claim
-            } else if req.complete || req.leaving {
+            } else if req.complete || req.leaving || was_source {
+                // Finished, left, or demoted: the role goes.
                 SourceIntent::Release
             } else {
                 SourceIntent::Keep
@@ -107,6 +110,7 @@ async fn decide_with_store(
                     born,
                     intent,
                     decided_source: resp.source.clone(),
+                    deposed,
                     hashes: if intent == SourceIntent::Keep {
                         Default::default()
                     } else {
@@ -121,6 +125,16 @@ async fn decide_with_store(
     let settled = t.store.commit(&outcomes).await?;
     let mut st = t.state.lock();
     for ((slot, outcome), settled) in slots.into_iter().zip(&outcomes).zip(settled) {
+        if let Some(node) = &outcome.deposed {
+            if settled.source.as_ref() != Some(node) {
+                t.metrics.source_demotions.inc();
+                tracing::warn!(
+                    digest = %outcome.digest,
+                    source = %node,
+                    "source demoted: the members fetching cannot reach it (check its --advertise)"
+                );
+            }
+        }
         let Some(Ok(resp)) = answers.get_mut(slot) else {
             continue;
         };

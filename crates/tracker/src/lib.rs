@@ -137,6 +137,8 @@ pub struct Metrics {
     /// Decisions of this replica the shared store overruled (an election another
     /// replica won, a geometry set elsewhere at the same moment).
     store_conflicts: Counter,
+    /// Sources demoted because the members fetching could not reach them.
+    source_demotions: Counter,
     /// Announces held until their swarm's size is known (`size_wait`).
     announces_waiting_for_size: Gauge,
 }
@@ -231,6 +233,13 @@ impl Default for Metrics {
              geometry set elsewhere at the same moment",
             store_conflicts.clone(),
         );
+        let source_demotions = Counter::default();
+        registry.register(
+            "source_demotions",
+            "Registry fetchers demoted because the members still fetching reported they \
+             could not reach them (check the node's --advertise)",
+            source_demotions.clone(),
+        );
         let announces_waiting_for_size = Gauge::default();
         registry.register(
             "announces_waiting_for_size",
@@ -240,6 +249,7 @@ impl Default for Metrics {
         Self {
             redis,
             store_conflicts,
+            source_demotions,
             announces_waiting_for_size,
             registry,
             requests,

@@ -65,7 +65,8 @@ const PINGS_BEFORE_DOWN: u32 = 2;
 /// ARGV: node, member entry ('' = leaving), intent (claim|release|keep), source TTL
 /// ms, idle TTL ms, size ('' = unknown), piece size ('0' = unknown), born, now ms,
 /// heartbeat ms, least stream length kept, this replica (the stream entry's writer:
-/// its own reads skip it), then hash pairs.
+/// its own reads skip it), the source the decision demoted ('' = none; a claim
+/// deletes the role first if that node still holds it), then hash pairs.
 const COMMIT: &str = r"
 local function shape(e)
   if #e < 11 then return '' end
@@ -101,6 +102,10 @@ if changed then
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', keep, '*', 'n', node, 'r', ARGV[12])
 end
 local cur = redis.call('GET', KEYS[3])
+if ARGV[3] == 'claim' and ARGV[13] ~= '' and cur == ARGV[13] then
+  redis.call('DEL', KEYS[3])
+  cur = false
+end
 local elected = 0
 if cur == node and ARGV[3] ~= 'release' then
   redis.call('PEXPIRE', KEYS[3], ARGV[4])
@@ -113,7 +118,7 @@ elseif not cur and ARGV[3] == 'claim' then
   redis.call('LTRIM', KEYS[6], 0, 7)
 end
 if cur == node then
-  for i = 13, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+  for i = 14, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 end
 if cur == node and ARGV[3] == 'release' then
   redis.call('DEL', KEYS[3])
@@ -708,7 +713,8 @@ impl SwarmStore for RedisStore {
                     .arg(o.peer.as_ref().map_or(now, |p| p.last_seen))
                     .arg(self.heartbeat_ms)
                     .arg(MIN_STREAM_LEN)
-                    .arg(&self.replica);
+                    .arg(&self.replica)
+                    .arg(o.deposed.as_deref().unwrap_or_default());
                 for (i, h) in &o.hashes {
                     cmd.arg(*i).arg(&h.0[..]);
                 }

@@ -34,6 +34,9 @@ pub struct Outcome {
     pub intent: SourceIntent,
     /// The source this replica's copy names after the decision.
     pub decided_source: Option<String>,
+    /// A source the decision demoted (the members fetching could not reach it): the
+    /// store lets it go if it still holds the role, so that `Claim` can elect anew.
+    pub deposed: Option<String>,
     /// Hashes the node sent that fit the swarm; kept only if it is the source.
     pub hashes: BTreeMap<u32, PieceHash>,
 }

@@ -130,6 +130,46 @@ async fn geometry_and_hashes_set_on_one_replica_are_what_the_other_serves() {
     assert_eq!(again.expect("answer").hashes.get(&0), Some(&hash.to_hex()));
 }
 
+/// A source its swarm cannot reach holds the role in Redis, renewed by its own
+/// announces on a replica that heard no report. The replica that did hear the reports
+/// demotes it there too, so the member is elected at once rather than after the source
+/// has read the whole blob.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_demoted_on_one_replica_loses_the_role_on_every_replica() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let (a, b) = (replica(&redis), replica(&redis));
+    let digest = oci::Digest::of(b"demoted");
+    let mut src = ask("src", &digest);
+    src.fetching_from_registry = true;
+    let (_, first) = announce(&a, &src).await;
+    assert_eq!(first.expect("answer").role, Role::Source);
+    let (_, joined) = announce(&a, &ask("m", &digest)).await;
+    assert_eq!(joined.expect("answer").role, Role::Peer);
+    let (_, renewed) = announce(&a, &src).await;
+    assert_eq!(renewed.expect("answer").role, Role::Source);
+    let mut report = ask("m", &digest);
+    report.bad_peers = vec!["src".into()];
+    let (_, elected) = announce(&b, &report).await;
+    let elected = elected.expect("answer");
+    assert_eq!(
+        (elected.role, elected.source.as_deref()),
+        (Role::Source, Some("m")),
+        "the replica that heard the report deposes the source in Redis"
+    );
+    let (_, demoted) = announce(&a, &src).await;
+    let demoted = demoted.expect("answer");
+    assert_eq!(
+        (demoted.role, demoted.source.as_deref()),
+        (Role::Peer, Some("m")),
+        "the other replica, which heard no report, follows Redis"
+    );
+    assert!(metrics_text(&b)
+        .await
+        .contains("starling_tracker_source_demotions_total 1"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_redis_a_replica_is_unready_and_refuses_then_recovers() {
     let mut redis = tokio::task::spawn_blocking(RedisServer::start)

@@ -454,15 +454,16 @@ async fn an_unreachable_only_holder_does_not_hang_a_pull() {
 
 /// The elected source itself cannot be dialled (it advertises a port nothing listens
 /// on) while it reads a layer from a slow registry link. The member that cannot reach
-/// it waits for it to finish, is then elected in its place and reads the layer from
-/// the registry: a delay of about one fetch, never a hang. (The tracker keeps an
-/// elected source while it announces, so the registry is read at most twice.)
+/// it reports it; the tracker demotes it and elects the member, which reads the rest
+/// from the registry. The demoted node stops reading the registry and takes what it
+/// lacks from the member. Before demotion, the member waited until the unreachable
+/// source had read the whole layer at its slow rate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_unreachable_source_delays_its_swarm_but_never_hangs_it() {
+async fn an_unreachable_source_is_demoted_and_its_swarm_goes_on_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let image =
-        TestImage::push_multilayer(&registry, "swarm/unreachable-src", "1", &[16 << 20], 43)
+        TestImage::push_multilayer(&registry, "swarm/unreachable-src", "1", &[48 << 20], 43)
             .unwrap();
     let t = tracker(dir.path(), &[]).await;
     let mut flags = nobody_can_dial();
@@ -476,14 +477,29 @@ async fn an_unreachable_source_delays_its_swarm_but_never_hangs_it() {
         .expect("the member's pull finishes although it cannot reach the source")
         .expect("and succeeds");
     assert_eq!(r.manifest_digest.to_string(), image.digest);
-    src_pull.await.unwrap().expect("the source's own pull");
     assert!(metric(&b, "starling_agent_p2p_peers_unreachable_total").await >= 1);
-    let layer = image.layers[0].size;
-    let read = metric(&b, "starling_agent_p2p_registry_bytes_total").await
-        + metric(&src, "starling_agent_p2p_registry_bytes_total").await;
     assert!(
-        read <= 2 * layer + layer / 10,
-        "the registry was read at most twice: {read} bytes for a {layer}-byte layer"
+        super::common::metric(&t.url(), "starling_tracker_source_demotions_total").await >= 1,
+        "the tracker demoted the source nobody could reach"
+    );
+    let layer = image.layers[0].size;
+    src_pull
+        .await
+        .unwrap()
+        .expect("the demoted node's own pull");
+    let src_read = metric(&src, "starling_agent_p2p_registry_bytes_total").await;
+    assert!(
+        src_read < layer,
+        "the demoted node stopped reading the registry: {src_read} of {layer} bytes"
+    );
+    assert!(
+        metric(&src, "starling_agent_p2p_peer_bytes_total").await > 0,
+        "and took the rest from the member it can reach"
+    );
+    let read = src_read + metric(&b, "starling_agent_p2p_registry_bytes_total").await;
+    assert!(
+        read <= 2 * layer,
+        "the registry was read less than twice: {read} bytes for a {layer}-byte layer"
     );
 }
 

@@ -105,6 +105,18 @@ impl TrackerState {
     }
 
     /// Overrules this replica's election: the store elected `source` (or nobody).
+    /// The registry fetcher this replica's copy names for swarm `d`.
+    pub fn source(&self, d: &Digest) -> Option<&str> {
+        self.swarms.get(d).and_then(|s| s.source.as_deref())
+    }
+
+    /// The source the last announce of swarm `d` demoted (members could not reach
+    /// it), once: a shared store must depose it too, or its lease outlives the
+    /// decision.
+    pub fn take_demoted(&mut self, d: &Digest) -> Option<String> {
+        self.swarms.get_mut(d).and_then(|s| s.demoted.take())
+    }
+
     pub fn set_source(&mut self, d: &Digest, source: Option<String>) {
         if let Some(s) = self.swarms.get_mut(d) {
             s.source = source;

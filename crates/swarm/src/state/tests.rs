@@ -496,3 +496,85 @@ fn answers_say_how_many_members_the_swarm_has() {
     let old: AnnounceResponse = serde_json::from_value(v).expect("parses");
     assert_eq!(old.members, 0);
 }
+
+/// A source announcing as fetching from the registry, `size` bytes.
+fn fetching(node: &str, d: &Digest) -> AnnounceRequest {
+    let mut r = req(node, d);
+    r.size = Some(64 << 20);
+    r.fetching_from_registry = true;
+    r
+}
+
+fn reporting(node: &str, d: &Digest, accused: &str) -> AnnounceRequest {
+    let mut r = req(node, d);
+    r.bad_peers = vec![accused.into()];
+    r
+}
+
+#[test]
+fn a_source_the_fetching_members_cannot_reach_is_demoted_and_replaced() {
+    let d = Digest::of(b"unreachable source");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    assert_eq!(ann(&mut t, &fetching("a", &d), 0).role, Role::Source);
+    for n in ["b", "c", "d"] {
+        ann(&mut t, &req(n, &d), 1);
+    }
+    // One report of three members fetching is not a quorum: a stays.
+    ann(&mut t, &reporting("b", &d, "a"), 2);
+    assert_eq!(ann(&mut t, &fetching("a", &d), 3).role, Role::Source);
+    assert_eq!(t.take_demoted(&d), None);
+    ann(&mut t, &reporting("c", &d, "a"), 4);
+    let resp = ann(&mut t, &reporting("d", &d, "a"), 5);
+    assert_eq!(
+        resp.role,
+        Role::Source,
+        "the third report demotes a, and the reporter is elected in its place"
+    );
+    assert_eq!(resp.source.as_deref(), Some("d"));
+    assert_eq!(t.take_demoted(&d).as_deref(), Some("a"));
+    assert_eq!(t.take_demoted(&d), None, "told once");
+    let demoted = ann(&mut t, &fetching("a", &d), 6);
+    assert_eq!(
+        demoted.role,
+        Role::Peer,
+        "still reading the registry, but not elected again"
+    );
+    assert_eq!(demoted.source.as_deref(), Some("d"));
+    assert_eq!(t.stats()[0].source_elections, 2);
+}
+
+#[test]
+fn in_a_two_node_swarm_the_only_member_can_demote_an_unreachable_source() {
+    let d = Digest::of(b"pair");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    assert_eq!(ann(&mut t, &fetching("a", &d), 0).role, Role::Source);
+    assert_eq!(ann(&mut t, &req("b", &d), 1).role, Role::Peer);
+    assert_eq!(
+        ann(&mut t, &reporting("b", &d, "a"), 2).role,
+        Role::Source,
+        "the only member that needs the source is the only one who can say so"
+    );
+    assert_eq!(ann(&mut t, &fetching("a", &d), 3).role, Role::Peer);
+}
+
+#[test]
+fn members_that_all_report_each_other_still_have_a_source() {
+    let d = Digest::of(b"partitioned");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    assert_eq!(ann(&mut t, &fetching("a", &d), 0).role, Role::Source);
+    let mut a = fetching("a", &d);
+    a.bad_peers = vec!["b".into()];
+    ann(&mut t, &a, 1);
+    assert_eq!(ann(&mut t, &reporting("b", &d, "a"), 2).role, Role::Peer);
+    assert_eq!(
+        ann(&mut t, &fetching("a", &d), 3).role,
+        Role::Source,
+        "nobody else could take its place: a keeps the role, as before reports"
+    );
+    assert_eq!(t.take_demoted(&d), None);
+    // The source finishes and goes: the other is elected, reported or not.
+    let mut done = req("a", &d);
+    done.complete = true;
+    ann(&mut t, &done, 4);
+    assert_eq!(ann(&mut t, &reporting("b", &d, "a"), 5).role, Role::Source);
+}

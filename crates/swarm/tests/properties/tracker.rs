@@ -188,6 +188,9 @@ pub(super) fn run_tracker(max_peers: usize, ops: &[TrackerOp]) -> Result<Tally, 
     // seen in a response.
     let mut members: HashMap<Digest, BTreeMap<String, Member>> = HashMap::new();
     let mut sources: HashMap<Digest, String> = HashMap::new();
+    // Per (blob, accused): reporter → when its report lapses.
+    let mut reports: HashMap<(Digest, String), BTreeMap<String, u64>> = HashMap::new();
+    let report_ms = t.cfg.bad_peer_ms;
     for op in ops {
         match op {
             TrackerOp::Advance(ms) => now += ms,
@@ -240,6 +243,14 @@ pub(super) fn run_tracker(max_peers: usize, ops: &[TrackerOp]) -> Result<Tally, 
                 if resp.peers.len() == max_peers && max_peers > 0 {
                     tally.add("full handout");
                 }
+                for accused in &req.bad_peers {
+                    if accused != &req.node {
+                        reports
+                            .entry((d.clone(), accused.clone()))
+                            .or_default()
+                            .insert(req.node.clone(), now + report_ms);
+                    }
+                }
                 let m = members.entry(d.clone()).or_default();
                 if req.leaving {
                     m.remove(&req.node);
@@ -277,14 +288,22 @@ pub(super) fn run_tracker(max_peers: usize, ops: &[TrackerOp]) -> Result<Tally, 
                 // The source's own final announce (complete or leaving) still counts.
                 let was_source = sources.get(&d).map(String::as_str) == Some(req.node.as_str());
                 // At most one elected source per blob: a different one only when the
-                // previous left, completed or went silent for the TTL.
+                // previous left, completed, went silent for the TTL, or was reported
+                // (unreachable or lying) by a member whose report still stands.
                 if let (Some(old), Some(new)) = (sources.get(&d), resp.source.as_ref()) {
                     if old != new {
                         tally.add("source replaced");
                         let prev = members.get(&d).and_then(|m| m.get(old)).copied();
+                        let reported = reports
+                            .get(&(d.clone(), old.clone()))
+                            .is_some_and(|r| r.values().any(|&until| until > now));
+                        if reported && prev.is_some_and(|p| !p.gone && now - p.at <= ttl) {
+                            tally.add("reported source replaced");
+                        }
                         prop_assert!(
-                            prev.is_none_or(|p| p.gone || now.saturating_sub(p.at) > ttl),
-                            "{} elected while {} is live: {:?}",
+                            reported
+                                || prev.is_none_or(|p| p.gone || now.saturating_sub(p.at) > ttl),
+                            "{} elected while {} is live and unreported: {:?}",
                             new,
                             old,
                             prev

@@ -632,8 +632,12 @@ impl Download {
                             self.publish.remove(k);
                         }
                         self.bad.retain(|b| !sent_bad.contains(b));
+                        let was_source = self.role == Role::Source;
                         for (conn, chan) in self.absorb(resp) {
                             conn.close(chan).await;
+                        }
+                        if was_source && self.role == Role::Peer {
+                            self.stop_reading_the_registry().await;
                         }
                         // The stripe or the source may have changed.
                         self.sync_have_filters().await;

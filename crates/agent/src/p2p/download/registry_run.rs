@@ -147,6 +147,23 @@ impl Download {
         }
     }
 
+    /// No longer the source (demoted because its swarm could not reach it, or
+    /// replaced after its announces went missing): another member reads the registry
+    /// now, so this one's runs end where they are, keeping their whole pieces, and
+    /// the rest comes from peers. Otherwise the registry would send the blob twice.
+    pub(super) async fn stop_reading_the_registry(&mut self) {
+        if self.runs.is_empty() {
+            return;
+        }
+        info!(digest = %self.d, runs = self.runs.len(), "no longer the source: registry reads stop, the rest comes from peers");
+        let ids: Vec<u32> = self.runs.keys().copied().collect();
+        for id in ids {
+            if let Err(e) = self.end_run(id).await {
+                warn!(digest = %self.d, error = %e, "cannot keep a stopped run's pieces");
+            }
+        }
+    }
+
     pub(super) async fn end_run(&mut self, id: u32) -> Result<(), store::Error> {
         let held = self.w.abort_run(id).await?;
         self.on_registry_pieces(held);
