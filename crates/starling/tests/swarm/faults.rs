@@ -119,6 +119,63 @@ async fn tracker_down_or_dying_never_fails_a_pull() {
     );
 }
 
+/// The tracker dies while a swarm is mid-pull: the members keep taking pieces from the
+/// source they are connected to, and none of them turns to the registry while that
+/// still brings bytes. (Every member reading the rest from the registry at once is the
+/// stampede the swarm exists to prevent; it is what happened before.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tracker_that_dies_mid_pull_does_not_send_the_swarm_to_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/tracker-dies", "1", &[32 << 20], 49).unwrap();
+    let mut t = tracker(dir.path(), &[]).await;
+    let src = agent(
+        dir.path(),
+        "src",
+        &t.url(),
+        &registry,
+        &["--download-limit", "4MiB"],
+    )
+    .await;
+    let src_pull = spawn_source_pull(&src, &image).await;
+    let mut members = Vec::new();
+    let mut pulls = Vec::new();
+    for name in ["m1", "m2", "m3"] {
+        let m = agent(dir.path(), name, &t.url(), &registry, &[]).await;
+        pulls.push(spawn_pull(&m, &image));
+        members.push(m);
+    }
+    for m in &members {
+        testkit::until(
+            "every member to receive from the source",
+            Duration::from_millis(10),
+            Duration::from_secs(60),
+            || async { metric(m, "starling_agent_p2p_peer_bytes_total").await > 0 },
+        )
+        .await;
+    }
+    t.kill9();
+    for p in pulls {
+        let r = tokio::time::timeout(Duration::from_secs(120), p)
+            .await
+            .expect("the member's pull finishes without a tracker")
+            .unwrap()
+            .expect("and succeeds");
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    src_pull.await.unwrap().expect("the source's own pull");
+    let layer = image.layers[0].size;
+    let mut read = metric(&src, "starling_agent_p2p_registry_bytes_total").await;
+    for m in &members {
+        read += metric(m, "starling_agent_p2p_registry_bytes_total").await;
+    }
+    assert!(
+        read <= layer + layer / 4,
+        "the registry sent about one copy: {read} bytes for a {layer}-byte layer"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn corrupt_pieces_are_rejected_and_the_liar_avoided() {
     let dir = tempfile::tempdir().unwrap();

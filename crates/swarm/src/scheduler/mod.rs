@@ -235,6 +235,8 @@ pub struct PieceScheduler {
     /// When something last arrived (a piece, or bytes of one), or when the tracker
     /// first answered: what `stripe_quiet_ms` counts from.
     last_arrival_ms: Option<u64>,
+    /// The same for pieces and bytes from peers only (`peer_quiet_ms`).
+    last_peer_arrival_ms: Option<u64>,
     /// The rack stripe left far holders' HAVE filters for good (`check_stripe_quiet`).
     stripe_distrusted: bool,
     /// The source (the agent fetching from the registry) and this node's stripe of
@@ -289,6 +291,7 @@ impl PieceScheduler {
             by_name: HashMap::new(),
             stripe: None,
             last_arrival_ms: None,
+            last_peer_arrival_ms: None,
             stripe_distrusted: false,
             source: None,
             source_stripe: None,
@@ -308,6 +311,7 @@ impl PieceScheduler {
     pub fn set_members(&mut self, members: u32, now_ms: u64) {
         self.members = members;
         self.last_arrival_ms.get_or_insert(now_ms);
+        self.last_peer_arrival_ms.get_or_insert(now_ms);
         let large = members >= STALL_MIN_MEMBERS;
         if large && !self.large {
             // Requests sent before count from now.
@@ -380,6 +384,14 @@ impl PieceScheduler {
             return true;
         }
         false
+    }
+
+    /// Milliseconds since a piece or piece bytes last arrived from a peer (the clock
+    /// starts with the first tracker answer; before it, `u64::MAX`): how long the
+    /// swarm has given this node nothing.
+    pub fn peer_quiet_ms(&self, now_ms: u64) -> u64 {
+        self.last_peer_arrival_ms
+            .map_or(u64::MAX, |t| now_ms.saturating_sub(t))
     }
 
     /// Takes in what a tracker answer says about the swarm's shape: rack stripe,

@@ -55,6 +55,7 @@ impl PieceScheduler {
         }
         self.last_arrival_ms = Some(now_ms);
         if let Some(&i) = self.by_name.get(from) {
+            self.last_peer_arrival_ms = Some(now_ms);
             self.measure(i, piece, now_ms);
             self.release(piece, i);
             // Only this node's stripe: pieces fetched after the patience ran out
@@ -145,6 +146,7 @@ impl PieceScheduler {
     pub fn on_progress(&mut self, peer: &str, now_ms: u64) {
         self.last_arrival_ms = Some(now_ms);
         if let Some(&i) = self.by_name.get(peer) {
+            self.last_peer_arrival_ms = Some(now_ms);
             if let Some(s) = self.slots[i as usize].as_mut() {
                 s.last_progress_ms = now_ms;
             }

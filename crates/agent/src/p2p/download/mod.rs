@@ -38,8 +38,15 @@ mod peer_traffic;
 
 const REGISTRY: &str = "\u{0}registry";
 
-/// How long without a tracker answer before the agent fetches from the registry itself.
+/// How long without a tracker answer before the agent may fetch from the registry
+/// itself.
 const TRACKER_GRACE: Duration = Duration::from_secs(3);
+
+/// Without a tracker, how long nothing must have arrived from the swarm before the
+/// agent reads the registry itself. While its connected peers still pass pieces on it
+/// waits for them: every member reading the rest at once would send the registry a
+/// copy per member (3 of 4 in `a_tracker_that_dies_mid_pull_…` before).
+const SWARM_QUIET_WITHOUT_TRACKER_MS: u64 = 2_000;
 
 /// Failed dials in a row (2 s apart) after which a peer is reported to the tracker as
 /// unreachable, which then leaves it out of this node's handouts (and everyone's, on
@@ -713,15 +720,16 @@ impl Download {
     /// idle registry connection (each tick, and the moment a run ends: a connection
     /// idle until the next tick lost up to 50 ms per half-second run).
     pub(super) async fn refill_registry_runs(&mut self) {
-        let tracker_lost = self.last_tracker_ok.elapsed() > TRACKER_GRACE;
-        if self.role == Role::Source || tracker_lost {
+        let on_its_own = self.last_tracker_ok.elapsed() > TRACKER_GRACE
+            && self.sched.peer_quiet_ms(self.now_ms()) >= SWARM_QUIET_WITHOUT_TRACKER_MS;
+        if self.role == Role::Source || on_its_own {
             self.drop_unverifiable();
         }
-        if (self.role == Role::Source || tracker_lost)
+        if (self.role == Role::Source || on_its_own)
             && (self.runs.len() as u32) < self.registry_stream_cap()
             && self.registry_retry_at.is_none_or(|t| Instant::now() >= t)
         {
-            if let Some((a, b)) = self.next_registry_run(tracker_lost) {
+            if let Some((a, b)) = self.next_registry_run(on_its_own) {
                 for (x, y) in self.plan_runs(a, b) {
                     self.begin_run(x, y, None).await;
                 }

@@ -259,3 +259,19 @@ fn a_node_without_a_stripe_or_with_every_piece_distrusts_nothing() {
     assert!(!done.check_stripe_quiet(60_000), "nothing missing");
     assert_eq!(done.far_have_stripe(), Some((0, 2)));
 }
+
+#[test]
+fn only_peers_reset_the_peer_quiet_clock() {
+    let mut s = PieceScheduler::new(Bitfield::new(8), MB, SchedulerConfig::default());
+    s.set_peer_at("near", Some(bits(8, &[0, 1, 2])), 0, 0);
+    assert_eq!(s.peer_quiet_ms(5_000), u64::MAX, "no tracker answer yet");
+    s.set_members(2, 1_000);
+    assert_eq!(s.peer_quiet_ms(3_000), 2_000);
+    // The registry stream's pieces are this node's own doing, not the swarm's.
+    s.on_done(5, "\u{0}registry", 2_500);
+    assert_eq!(s.peer_quiet_ms(3_000), 2_000);
+    s.on_progress("near", 3_000);
+    assert_eq!(s.peer_quiet_ms(3_500), 500);
+    s.on_done(0, "near", 4_000);
+    assert_eq!(s.peer_quiet_ms(4_000), 0);
+}
