@@ -82,6 +82,8 @@ fn blob_key(d: &Digest) -> u64 {
 /// One accepted connection, as the dispatcher sees it.
 pub(crate) struct HolderConn {
     pieces: mpsc::UnboundedSender<PieceJob>,
+    /// The connection's control frames, for `dispatch` to say a blob is gone.
+    ctl: mpsc::Sender<Frame>,
     chans: parking_lot::Mutex<HashMap<ChannelId, Chan>>,
 }
 
@@ -220,6 +222,7 @@ async fn serve_conn(agent: Agent, p2p: Arc<P2p>, tcp: TcpStream) -> Result<(), E
     let (piece_tx, piece_rx) = mpsc::unbounded_channel::<PieceJob>();
     let conn = Arc::new(HolderConn {
         pieces: piece_tx,
+        ctl: ctl_tx.clone(),
         chans: parking_lot::Mutex::new(HashMap::new()),
     });
     p2p.holders.lock().insert(id, conn.clone());
@@ -669,6 +672,17 @@ async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
                     .map(|inf| inf.span(start, 0).file),
             };
             let Some(file) = file else {
+                // Gone since it was queued (its file deleted behind the store's back,
+                // or a download that failed): say so, or the downloader waits on
+                // this request, and counts this node a holder, for good.
+                warn!(digest = %d, piece = q.piece, "a queued piece is no longer held; telling the downloader");
+                let _ = conn.ctl.try_send(Frame::NotHeld { chan: q.chan });
+                if agent.store.stat(&d).is_none() && agent.store.inflight(&d).is_none() {
+                    // And the tracker, which would hand this node out as a holder
+                    // until its seeding announces lapse.
+                    let p2p = p2p.clone();
+                    tokio::spawn(async move { super::download::leave(&p2p, &d).await });
+                }
                 continue;
             };
             let _ = conn.pieces.send(PieceJob {

@@ -1,7 +1,7 @@
 //! Faults: the source killed, the tracker down, dying or restarted, a lying peer, an
 //! agent restarted mid-blob, a peer, a stripe member or a downloader frozen
 //! mid-transfer, peers alive for the tracker that nobody can dial (an only holder, a
-//! source, rack-mates).
+//! source, rack-mates), a seed whose cached blob was deleted.
 
 use std::time::Duration;
 
@@ -173,6 +173,38 @@ async fn a_tracker_that_dies_mid_pull_does_not_send_the_swarm_to_the_registry() 
     assert!(
         read <= layer + layer / 4,
         "the registry sent about one copy: {read} bytes for a {layer}-byte layer"
+    );
+}
+
+/// A seed's cached blob is deleted behind its back (an operator cleaning the disk at
+/// 3 a.m.). The seed finds out when a downloader's request reaches the file; it must
+/// say so to the downloader and to the tracker. Before, it dropped the queued request
+/// silently: the newcomer waited on it, and counted the seed a complete holder, for
+/// good (elected once the seed's entry lapsed, it still read nothing from the registry,
+/// as every piece had a holder).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_seed_whose_cached_blob_was_deleted_does_not_hang_a_pull() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/deleted", "1", &[16 << 20], 51).unwrap();
+    let t = tracker(dir.path(), &[]).await;
+    let seed = agent(dir.path(), "seed", &t.url(), &registry, &[]).await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    let layer = dir
+        .path()
+        .join("seed/blobs")
+        .join(image.layers[0].digest.replace(':', "/"));
+    std::fs::remove_file(&layer).expect("the seed's copy of the layer");
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let r = tokio::time::timeout(Duration::from_secs(60), pull_via(&b.url(), &image))
+        .await
+        .expect("the pull finishes although the seed lost the layer")
+        .expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    assert!(
+        metric(&b, "starling_agent_p2p_registry_bytes_total").await >= image.layers[0].size,
+        "the newcomer read the layer from the registry"
     );
 }
 

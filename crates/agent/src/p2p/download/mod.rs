@@ -245,7 +245,9 @@ pub(crate) async fn start(
     Start::Started(inflight, size)
 }
 
-async fn leave(p2p: &P2p, d: &Digest) {
+/// Tells the tracker this node holds nothing of `d` any more (a download that
+/// failed, or a blob whose file disappeared).
+pub(crate) async fn leave(p2p: &P2p, d: &Digest) {
     let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, d);
     req.leaving = true;
     let _ = p2p.announce(&req).await;
