@@ -16,6 +16,9 @@ pub struct AgentArgs {
     /// Test mode: serve corrupted pieces to peers.
     #[arg(long, hide = true)]
     corrupt_pieces: bool,
+    /// Test mode: take peers' piece requests and never send them.
+    #[arg(long, hide = true)]
+    withhold_pieces: bool,
     /// Print the effective configuration as TOML (secrets redacted) and exit.
     #[arg(long)]
     print_config: bool,
@@ -233,6 +236,7 @@ impl AgentFlags {
 pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     let mut cfg = agent::config::load(a.config.as_deref(), &a.flags.settings, &a.flags.registry)?;
     cfg.corrupt_pieces = a.corrupt_pieces;
+    cfg.withhold_pieces = a.withhold_pieces;
     Ok(cfg)
 }
 

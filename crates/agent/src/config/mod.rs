@@ -198,6 +198,10 @@ agent_settings! {
         /// Test mode: serve corrupted pieces to peers (proves they are rejected).
         #[serde(skip)]
         corrupt_pieces: bool = false;
+        /// Test mode: take peers' piece requests and never send them (proves a
+        /// holder that serves nothing is left behind).
+        #[serde(skip)]
+        withhold_pieces: bool = false;
     }
 }
 

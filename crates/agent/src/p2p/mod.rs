@@ -46,6 +46,7 @@ pub struct P2pMetrics {
     pub have_filters_received: Counter,
     pub stripes_distrusted: Counter,
     pub peers_unreachable: Counter,
+    pub peers_silent: Counter,
     pub readers_stalled: Counter,
     pub store_write_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
@@ -73,6 +74,7 @@ impl P2pMetrics {
             have_filters_received: Counter::default(),
             stripes_distrusted: Counter::default(),
             peers_unreachable: Counter::default(),
+            peers_silent: Counter::default(),
             readers_stalled: Counter::default(),
             store_write_seconds: Counter::default(),
         };
@@ -182,6 +184,12 @@ impl P2pMetrics {
             m.peers_unreachable.clone(),
         );
         r.register(
+            "p2p_peers_silent",
+            "Peers reported to the tracker after they were asked for pieces and sent \
+             nothing for 30 s",
+            m.peers_silent.clone(),
+        );
+        r.register(
             "p2p_readers_stalled",
             "Downloaders disconnected because nothing sent to them went through for 20 s",
             m.readers_stalled.clone(),
@@ -251,6 +259,8 @@ pub struct P2p {
     /// Registry connections a source may use for one large blob.
     pub(crate) registry_streams: u32,
     pub(crate) corrupt: bool,
+    /// Test mode: piece requests are taken and never sent.
+    pub(crate) withhold: bool,
     pub metrics: P2pMetrics,
 }
 
@@ -313,6 +323,7 @@ impl P2p {
             registry_streams: cfg.registry_streams.clamp(1, 16) as u32,
             piece_size: cfg.piece_size.bytes(),
             corrupt: cfg.corrupt_pieces,
+            withhold: cfg.withhold_pieces,
             metrics: P2pMetrics::register(registry),
         })))
     }

@@ -650,6 +650,9 @@ async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
             };
             p2p.metrics.uploads_active.inc();
             let slot = UploadSlot { p2p: p2p.clone() };
+            if p2p.withhold {
+                continue;
+            }
             let conn = p2p.holders.lock().get(&conn_id).cloned();
             let Some(conn) = conn else {
                 continue;

@@ -1,7 +1,7 @@
 //! Faults: the source killed, the tracker down, dying or restarted, a lying peer, an
 //! agent restarted mid-blob, a peer, a stripe member or a downloader frozen
 //! mid-transfer, peers alive for the tracker that nobody can dial (an only holder, a
-//! source, rack-mates), a seed whose cached blob was deleted.
+//! source, rack-mates), a seed whose cached blob was deleted, a holder that never sends.
 
 use std::time::Duration;
 
@@ -205,6 +205,45 @@ async fn a_seed_whose_cached_blob_was_deleted_does_not_hang_a_pull() {
     assert!(
         metric(&b, "starling_agent_p2p_registry_bytes_total").await >= image.layers[0].size,
         "the newcomer read the layer from the registry"
+    );
+}
+
+/// A holder that takes piece requests and never sends them, while it keeps its
+/// connection alive (a bug like the one above, or a tenant claiming blobs it does not
+/// give). Its claim is worth what it delivers: after 30 s of nothing the downloader
+/// reports it, is elected in its place and reads the registry. Before, the only
+/// "complete holder" kept every newcomer waiting for good, and nobody was elected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_that_never_sends_what_it_claims_does_not_hang_a_pull() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/withheld", "1", &[16 << 20], 53).unwrap();
+    let t = tracker(dir.path(), &[]).await;
+    let seed = agent(
+        dir.path(),
+        "seed",
+        &t.url(),
+        &registry,
+        &["--withhold-pieces"],
+    )
+    .await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image))
+        .await
+        .expect("the pull finishes although the only holder sends nothing")
+        .expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    assert!(metric(&b, "starling_agent_p2p_peers_silent_total").await >= 1);
+    assert_eq!(
+        metric(&b, "starling_agent_p2p_peer_bytes_total").await,
+        0,
+        "the withholding holder sent nothing"
+    );
+    assert!(
+        metric(&b, "starling_agent_p2p_registry_bytes_total").await >= image.layers[0].size,
+        "the newcomer, elected in its place, read the layer from the registry"
     );
 }
 

@@ -310,6 +310,23 @@ impl PieceScheduler {
             .map_or(0, |s| s.inflight)
     }
 
+    /// Peers asked for pieces that have sent nothing for `after_ms`, counted from when
+    /// they were first asked (idle to busy) or last delivered: a holder that keeps its
+    /// connection alive but serves nothing (a bug that drops requests, or a peer
+    /// claiming pieces it does not give). Waiting in a holder's line is not silence for
+    /// this long: a line moves every piece time.
+    pub fn silent_holders(&self, now_ms: u64, after_ms: u64) -> Vec<PeerId> {
+        self.slots
+            .iter()
+            .zip(&self.names)
+            .filter_map(|(s, name)| {
+                let s = s.as_ref()?;
+                (s.inflight > 0 && now_ms.saturating_sub(s.last_progress_ms) >= after_ms)
+                    .then(|| name.clone())
+            })
+            .collect()
+    }
+
     /// Requests in flight to a peer.
     pub fn inflight_to(&self, id: &str) -> u32 {
         self.slot(id).map_or(0, |(_, s)| s.inflight)

@@ -53,6 +53,11 @@ const SWARM_QUIET_WITHOUT_TRACKER_MS: u64 = 2_000;
 /// a quorum of reporters) like a peer that served bad pieces.
 const UNREACHABLE_AFTER: u32 = 3;
 
+/// A holder asked for pieces that sends nothing for this long is reported like an
+/// unreachable one. Longer than a holder's own `wire_io::SEND_STALL` (20 s), so a
+/// holder whose slots a frozen downloader holds frees them first.
+const SILENT_HOLDER_MS: u64 = 30_000;
+
 /// Waits between attempts of a completed download's last announce (about a minute
 /// in all: a tracker replica restarting, or its Redis).
 const FINAL_ANNOUNCE_RETRIES_MS: [u64; 8] = [250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000];
@@ -677,6 +682,7 @@ impl Download {
         }
         self.connect_links();
         self.cancel_stalled().await;
+        self.drop_silent_holders().await;
         if self.sched.check_stripe_quiet(self.now_ms()) {
             warn!(digest = %self.d, "nothing arrived from the rack stripe; asking far holders for every piece");
             self.p2p.metrics.stripes_distrusted.inc();

@@ -260,6 +260,31 @@ impl Download {
         }
     }
 
+    /// Holders asked for pieces that sent nothing for `SILENT_HOLDER_MS`: reported to
+    /// the tracker, which then leaves them out of this node's handouts (everyone's, on
+    /// a quorum) and, if one was the only holder, elects this node to read the
+    /// registry; their requests end, and the link rests as long as a report lasts.
+    /// A peer's claim to hold pieces is worth what it delivers: before, one that
+    /// claimed a whole blob and sent nothing held every newcomer for good.
+    pub(super) async fn drop_silent_holders(&mut self) {
+        for peer in self.sched.silent_holders(self.now_ms(), SILENT_HOLDER_MS) {
+            warn!(digest = %self.d, %peer, "peer was asked for pieces and sent nothing for 30 s; reported to the tracker");
+            self.p2p.metrics.peers_silent.inc();
+            if !self.bad.contains(&peer) {
+                self.bad.push(peer.clone());
+            }
+            for piece in self.sched.remove_peer(&peer) {
+                self.request_ended(piece, &peer);
+            }
+            if let Some(l) = self.links.get_mut(&peer) {
+                l.retry_at = Some(Instant::now() + Duration::from_secs(60));
+                if let Some((conn, chan)) = l.conn.take() {
+                    conn.close(chan).await;
+                }
+            }
+        }
+    }
+
     pub(super) async fn cancel_duplicates(&mut self, piece: u32) {
         for peer in self.sched.duplicates_of(piece) {
             self.sched.forget(piece, &peer);

@@ -105,3 +105,31 @@ fn peer_rows_follow_haves_completion_and_slot_reuse() {
     );
     assert!(reqs.iter().all(|r| r.piece != 3), "nobody holds piece 3");
 }
+
+#[test]
+fn a_holder_asked_and_silent_for_the_limit_is_named_and_one_delivering_is_not() {
+    let mut s = sched(8, SchedulerConfig::default());
+    s.set_peer("mute", None, 0);
+    s.set_peer("slow", None, 0);
+    assert!(
+        s.silent_holders(100_000, 30_000).is_empty(),
+        "nobody asked yet"
+    );
+    let asked = s.next_requests(1_000, 4);
+    assert!(asked.iter().any(|r| r.peer == "mute"));
+    assert!(asked.iter().any(|r| r.peer == "slow"));
+    s.on_progress("slow", 20_000);
+    assert!(
+        s.silent_holders(30_999, 30_000).is_empty(),
+        "not silent long enough"
+    );
+    assert_eq!(
+        s.silent_holders(31_000, 30_000),
+        vec!["mute".to_string()],
+        "asked at 1 s, nothing since; the one sending bytes at 20 s is not silent"
+    );
+    // Dropped, its requests end: not named again.
+    s.remove_peer("mute");
+    assert!(s.silent_holders(40_000, 30_000).is_empty());
+    assert_eq!(s.silent_holders(50_000, 30_000), vec!["slow".to_string()]);
+}
