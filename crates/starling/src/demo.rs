@@ -4,14 +4,19 @@
 //! physical bound in the same run.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use serde::Serialize;
+
+mod procs;
+mod report;
+
+use procs::wait_ready_with;
+pub(crate) use procs::{free_port, metric, proc_usage, spawn, wait_ready, Procs};
+use report::{percentile, BlobFirstBytes, CounterSeries, NodeReport, Report};
 
 #[derive(Args, Clone)]
 pub struct DemoArgs {
@@ -73,105 +78,6 @@ pub struct DemoArgs {
     pub tls: bool,
 }
 
-#[derive(Serialize)]
-struct NodeReport {
-    /// Time to first byte of each swarm blob this node did not fetch from the
-    /// registry (seconds), the figure a non-seeding node waits.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    non_seed_first_byte_seconds: Vec<f64>,
-    node: String,
-    seconds: f64,
-    first_byte_seconds: f64,
-    bytes_from_peers: u64,
-    bytes_from_registry: u64,
-    bytes_uploaded: u64,
-    /// Peers this node reported unreachable, downloads whose rack stripe went quiet
-    /// and downloaders it cut off for not reading: the swarm's safety nets, 0 in a
-    /// healthy run.
-    peers_unreachable: u64,
-    stripes_distrusted: u64,
-    readers_stalled: u64,
-}
-
-/// When each node asked for a swarm blob and when its first byte came, from the start
-/// of that node's pull (the pulls start together): lines a non-seed's first byte up
-/// against the elected source's, which no peer can beat.
-#[derive(Serialize)]
-struct BlobFirstBytes {
-    bytes: u64,
-    piece_size: u64,
-    /// (requested at, first byte at) on the node that fetched it from the registry.
-    source: Option<(f64, f64)>,
-    /// (requested at, first byte at) on every other node.
-    non_seeds: Vec<(f64, f64)>,
-}
-
-#[derive(Serialize)]
-struct Report {
-    nodes: usize,
-    image_bytes: u64,
-    layers: usize,
-    registry_limit_bytes_per_sec: u64,
-    registry_latency_ms: u64,
-    node_limit_bytes_per_sec: u64,
-    /// What the agents were told to propose ("auto": the rule).
-    piece_size: String,
-    /// The piece sizes the swarms used, by blob size.
-    swarm_piece_sizes: Vec<(u64, u64)>,
-    registry_bytes: u64,
-    registry_bytes_ratio: f64,
-    all_nodes_seconds: f64,
-    bound_seconds: f64,
-    ratio_to_bound: f64,
-    direct_all_nodes_seconds: Option<f64>,
-    direct_registry_bytes: Option<u64>,
-    speedup_vs_direct: Option<f64>,
-    per_node: Vec<NodeReport>,
-    agent_cpu_seconds_per_gib: f64,
-    agent_peak_rss_mib_max: f64,
-    /// The whole machine's CPU busy fraction during the P2P run (all processes: the
-    /// agents, the pulling clients, the registry): near 1 means CPU-bound.
-    machine_cpu_busy: f64,
-    /// Part of that the hypervisor took for other guests (steal time).
-    machine_cpu_steal: f64,
-    /// One core's sha256 rate measured just before the run (MB/s): compare runs made
-    /// at different times with it.
-    sha256_reference_mb_per_s: f64,
-    /// CPU-seconds one core spent per GiB written into fresh page cache, measured
-    /// before the agents start (`machine::page_cache_write_cpu_s_per_gib`): part of
-    /// `agent_cpu_seconds_per_gib` that is the machine's, not Starling's. Null where it
-    /// could not be measured.
-    page_cache_write_reference_cpu_s_per_gib: Option<f64>,
-    /// Whether `--pretouch` backed the page cache's memory before the run.
-    pretouch: bool,
-    /// Whether the cluster ran with mutual TLS (`--tls`) or plain HTTP.
-    tls: bool,
-    /// Time to first byte of swarm blobs on nodes that did not fetch them from the
-    /// registry: 50th and 95th percentile and maximum (seconds).
-    non_seed_first_byte_p50: f64,
-    non_seed_first_byte_p95: f64,
-    non_seed_first_byte_max: f64,
-    /// What the swarm adds to a non-seed's first byte: its first byte after the later
-    /// of its own request and the elected source's first byte (seconds; 95th
-    /// percentile). The source's own wait (the tracker's election and the registry's
-    /// first byte) is in every non-seed's figure above and no peer can shorten it.
-    non_seed_first_byte_after_source_p95: f64,
-    /// One piece of the largest blob at the node limit (seconds): the TTFB
-    /// goal is this plus 20 ms.
-    piece_time_seconds: f64,
-    /// Each swarm blob's request and first-byte times on every node, by blob size.
-    first_bytes_by_blob: Vec<BlobFirstBytes>,
-    /// (seconds, bytes each agent had received from peers and the registry), every
-    /// half second of the P2P run.
-    receive_series: CounterSeries,
-    /// (seconds, bytes each agent had uploaded to peers), at the same instants: with
-    /// the registry sending each byte once, the swarm meets T* only if the members'
-    /// uplinks stay nearly full (N - 1 copies of the image through N uplinks).
-    upload_series: CounterSeries,
-}
-
-/// Writes `bytes` of zeros to `path` and deletes it: the freed page-cache pages are
-/// reused by the next writes before the VM can report them free to its host.
 /// A pull client that reaches the demo's registry `origin_host` through `endpoint`
 /// (an agent, or the registry itself).
 fn pull_client(origin_host: &str, endpoint: &str) -> Result<oci::Upstream, oci::Error> {
@@ -181,6 +87,8 @@ fn pull_client(origin_host: &str, endpoint: &str) -> Result<oci::Upstream, oci::
     oci::Upstream::new(ucfg)
 }
 
+/// Writes `bytes` of zeros to `path` and deletes it: the freed page-cache pages are
+/// reused by the next writes before the VM can report them free to its host.
 async fn pretouch_page_cache(path: &Path, bytes: u64) -> Result<()> {
     let path = path.to_owned();
     tokio::task::spawn_blocking(move || -> Result<()> {
@@ -233,126 +141,6 @@ impl DemoTls {
             .identity(reqwest::Identity::from_pem(self.viewer_pem.as_bytes())?)
             .build()?)
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-/// Children killed when the demo ends, however it ends.
-pub(crate) struct Procs(pub(crate) Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// A port on 127.0.0.1 that is free now, for a child to bind in a moment. Chosen
-/// below the kernel's ephemeral range: a port from `bind(:0)` could be taken before
-/// the child binds it by an agent already running (its outgoing connections and its
-/// peer listener draw from that range), which failed one swarm benchmark in about
-/// thirty.
-/// Per-agent counters sampled over a run: (seconds since the pulls began, one value
-/// per agent).
-type CounterSeries = Vec<(f64, Vec<u64>)>;
-
-pub(crate) fn free_port() -> Result<u16> {
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let range = (ephemeral_low / 2).max(1_024)..ephemeral_low;
-    if !range.is_empty() {
-        use std::hash::{BuildHasher, Hasher};
-        // std's per-process random hash keys: enough randomness to spread the picks.
-        let keys = std::collections::hash_map::RandomState::new();
-        for attempt in 0..256u64 {
-            let mut h = keys.build_hasher();
-            h.write_u64(attempt);
-            let port = range.start + (h.finish() % (range.end - range.start) as u64) as u16;
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return Ok(port);
-            }
-        }
-    }
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-pub(crate) fn spawn(exe: &Path, args: &[String], log: &Path) -> Result<Child> {
-    let f = std::fs::File::create(log)?;
-    Command::new(exe)
-        .args(args)
-        .env(
-            "STARLING_LOG",
-            std::env::var("STARLING_DEMO_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .stdout(Stdio::null())
-        .stderr(f)
-        .spawn()
-        .with_context(|| format!("starting {}", exe.display()))
-}
-
-pub(crate) async fn wait_ready(url: &str) -> Result<()> {
-    wait_ready_with(&reqwest::Client::new(), url).await
-}
-
-async fn wait_ready_with(http: &reqwest::Client, url: &str) -> Result<()> {
-    for _ in 0..400 {
-        if http
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    bail!("{url} did not become ready")
-}
-
-pub(crate) fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
-/// (utime+stime seconds, VmHWM MiB) of a process.
-pub(crate) fn proc_usage(pid: u32) -> (f64, f64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = fields
-        .get(11)
-        .and_then(|x| x.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        + fields
-            .get(12)
-            .and_then(|x| x.parse::<f64>().ok())
-            .unwrap_or(0.0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    (ticks / 100.0, hwm / 1024.0)
 }
 
 pub async fn run_demo(a: DemoArgs) -> Result<()> {
@@ -655,6 +443,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
             bytes_from_registry: metric(&text, "starling_agent_upstream_bytes_total"),
             bytes_uploaded: metric(&text, "starling_agent_p2p_upload_bytes_total"),
             peers_unreachable: metric(&text, "starling_agent_p2p_peers_unreachable_total"),
+            peers_silent: metric(&text, "starling_agent_p2p_peers_silent_total"),
             stripes_distrusted: metric(&text, "starling_agent_p2p_stripes_distrusted_total"),
             readers_stalled: metric(&text, "starling_agent_p2p_readers_stalled_total"),
         });

@@ -1,0 +1,115 @@
+//! What `starling demo` and `starling bench swarm` report: per node, per blob's first
+//! bytes, and the run against the physical bound.
+
+use serde::Serialize;
+
+#[derive(Serialize)]
+pub(super) struct NodeReport {
+    /// Time to first byte of each swarm blob this node did not fetch from the
+    /// registry (seconds), the figure a non-seeding node waits.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(super) non_seed_first_byte_seconds: Vec<f64>,
+    pub(super) node: String,
+    pub(super) seconds: f64,
+    pub(super) first_byte_seconds: f64,
+    pub(super) bytes_from_peers: u64,
+    pub(super) bytes_from_registry: u64,
+    pub(super) bytes_uploaded: u64,
+    /// Peers this node reported unreachable, downloads whose rack stripe went quiet
+    /// and downloaders it cut off for not reading: the swarm's safety nets, 0 in a
+    /// healthy run.
+    pub(super) peers_unreachable: u64,
+    /// Peers it reported for sending nothing they were asked for in 30 s.
+    pub(super) peers_silent: u64,
+    pub(super) stripes_distrusted: u64,
+    pub(super) readers_stalled: u64,
+}
+
+/// When each node asked for a swarm blob and when its first byte came, from the start
+/// of that node's pull (the pulls start together): lines a non-seed's first byte up
+/// against the elected source's, which no peer can beat.
+#[derive(Serialize)]
+pub(super) struct BlobFirstBytes {
+    pub(super) bytes: u64,
+    pub(super) piece_size: u64,
+    /// (requested at, first byte at) on the node that fetched it from the registry.
+    pub(super) source: Option<(f64, f64)>,
+    /// (requested at, first byte at) on every other node.
+    pub(super) non_seeds: Vec<(f64, f64)>,
+}
+
+#[derive(Serialize)]
+pub(super) struct Report {
+    pub(super) nodes: usize,
+    pub(super) image_bytes: u64,
+    pub(super) layers: usize,
+    pub(super) registry_limit_bytes_per_sec: u64,
+    pub(super) registry_latency_ms: u64,
+    pub(super) node_limit_bytes_per_sec: u64,
+    /// What the agents were told to propose ("auto": the rule).
+    pub(super) piece_size: String,
+    /// The piece sizes the swarms used, by blob size.
+    pub(super) swarm_piece_sizes: Vec<(u64, u64)>,
+    pub(super) registry_bytes: u64,
+    pub(super) registry_bytes_ratio: f64,
+    pub(super) all_nodes_seconds: f64,
+    pub(super) bound_seconds: f64,
+    pub(super) ratio_to_bound: f64,
+    pub(super) direct_all_nodes_seconds: Option<f64>,
+    pub(super) direct_registry_bytes: Option<u64>,
+    pub(super) speedup_vs_direct: Option<f64>,
+    pub(super) per_node: Vec<NodeReport>,
+    pub(super) agent_cpu_seconds_per_gib: f64,
+    pub(super) agent_peak_rss_mib_max: f64,
+    /// The whole machine's CPU busy fraction during the P2P run (all processes: the
+    /// agents, the pulling clients, the registry): near 1 means CPU-bound.
+    pub(super) machine_cpu_busy: f64,
+    /// Part of that the hypervisor took for other guests (steal time).
+    pub(super) machine_cpu_steal: f64,
+    /// One core's sha256 rate measured just before the run (MB/s): compare runs made
+    /// at different times with it.
+    pub(super) sha256_reference_mb_per_s: f64,
+    /// CPU-seconds one core spent per GiB written into fresh page cache, measured
+    /// before the agents start (`machine::page_cache_write_cpu_s_per_gib`): part of
+    /// `agent_cpu_seconds_per_gib` that is the machine's, not Starling's. Null where it
+    /// could not be measured.
+    pub(super) page_cache_write_reference_cpu_s_per_gib: Option<f64>,
+    /// Whether `--pretouch` backed the page cache's memory before the run.
+    pub(super) pretouch: bool,
+    /// Whether the cluster ran with mutual TLS (`--tls`) or plain HTTP.
+    pub(super) tls: bool,
+    /// Time to first byte of swarm blobs on nodes that did not fetch them from the
+    /// registry: 50th and 95th percentile and maximum (seconds).
+    pub(super) non_seed_first_byte_p50: f64,
+    pub(super) non_seed_first_byte_p95: f64,
+    pub(super) non_seed_first_byte_max: f64,
+    /// What the swarm adds to a non-seed's first byte: its first byte after the later
+    /// of its own request and the elected source's first byte (seconds; 95th
+    /// percentile). The source's own wait (the tracker's election and the registry's
+    /// first byte) is in every non-seed's figure above and no peer can shorten it.
+    pub(super) non_seed_first_byte_after_source_p95: f64,
+    /// One piece of the largest blob at the node limit (seconds): the TTFB
+    /// goal is this plus 20 ms.
+    pub(super) piece_time_seconds: f64,
+    /// Each swarm blob's request and first-byte times on every node, by blob size.
+    pub(super) first_bytes_by_blob: Vec<BlobFirstBytes>,
+    /// (seconds, bytes each agent had received from peers and the registry), every
+    /// half second of the P2P run.
+    pub(super) receive_series: CounterSeries,
+    /// (seconds, bytes each agent had uploaded to peers), at the same instants: with
+    /// the registry sending each byte once, the swarm meets T* only if the members'
+    /// uplinks stay nearly full (N - 1 copies of the image through N uplinks).
+    pub(super) upload_series: CounterSeries,
+}
+
+/// Per-agent counters sampled over a run: (seconds since the pulls began, one value
+/// per agent).
+pub(super) type CounterSeries = Vec<(f64, Vec<u64>)>;
+
+pub(super) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
