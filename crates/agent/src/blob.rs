@@ -157,6 +157,7 @@ impl Agent {
         mut first: Option<Source>,
     ) -> bool {
         let mut failures = 0;
+        let start = pos;
         while pos < end {
             // The source the caller already acquired, then a fresh one after a failure.
             let source = match first.take() {
@@ -229,7 +230,11 @@ impl Agent {
             }
             if let Some(e) = failed {
                 failures += 1;
-                if !e.is_retryable() || failures > 3 {
+                // Bytes already sent of content that failed its digest cannot be
+                // completed into a 200 a client would take for the blob: the stream
+                // fails, and the client's retry gets a fresh download.
+                let discredited = pos > start && e.discredits_sent_bytes();
+                if !e.is_retryable() || failures > 3 || discredited {
                     warn!(digest = %d, offset = pos, error = %e, "blob stream to client failed");
                     let _ = tx.send(Err(e)).await;
                     return false;

@@ -202,6 +202,17 @@ pub enum Error {
 impl Error {
     /// Whether trying again (same or another source) can succeed. Mirrors decide on this
     /// whether to fall back to the next source or give the client the error.
+    /// The content turned out not to be the blob (its digest or size did not match, or
+    /// a cached copy failed verification): bytes of it already sent to a reader cannot
+    /// be trusted, so the reader's stream must fail rather than be completed from
+    /// another source.
+    pub fn discredits_sent_bytes(&self) -> bool {
+        matches!(
+            self,
+            Self::DigestMismatch { .. } | Self::SizeMismatch { .. } | Self::CacheCorrupt(_)
+        )
+    }
+
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Transport { .. } | Self::Timeout { .. } | Self::Io(_) => true,

@@ -50,6 +50,14 @@ impl Error {
         }
     }
 
+    /// The bytes were not the blob: its digest or size did not match.
+    pub fn is_content_mismatch(&self) -> bool {
+        matches!(
+            self,
+            Self::Content(oci::Error::DigestMismatch { .. } | oci::Error::SizeMismatch { .. })
+        )
+    }
+
     pub fn is_disk_full(&self) -> bool {
         match self {
             Self::DiskFull { .. } => true,

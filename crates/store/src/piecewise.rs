@@ -686,7 +686,8 @@ impl PieceWriter {
         fail_download(&self.store, &self.inflight, reason, true);
     }
 
-    /// Marks the download failed and deletes what it wrote (the disk is full).
+    /// Marks the download failed and deletes what it wrote (the disk is full, or its
+    /// pieces were checked against hashes that turned out to be of bad bytes).
     pub fn abandon(&mut self, reason: &str) {
         if self.done {
             return;

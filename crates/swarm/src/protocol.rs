@@ -69,6 +69,11 @@ pub struct AnnounceRequest {
     /// once, and the agent asks again).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub wait_for_size_ms: u32,
+    /// The hashes this agent published as the elected source came from registry bytes
+    /// that failed the blob's digest (a corrupted response): the tracker forgets them
+    /// and starts a new hash epoch. Counts only from the elected source.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hashes_void: bool,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -93,6 +98,7 @@ impl AnnounceRequest {
             bad_peers: Vec::new(),
             leaving: false,
             wait_for_size_ms: 0,
+            hashes_void: false,
         }
     }
 }
@@ -163,4 +169,9 @@ pub struct AnnounceResponse {
     /// tracker that does not say: the small-swarm rules.
     #[serde(default)]
     pub members: u32,
+    /// How many times the swarm's piece hashes were voided (`hashes_void`). A
+    /// downloader whose epoch moved on holds pieces checked against hashes from bad
+    /// bytes: it starts over. 0 from a tracker that does not say.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hashes_epoch: u32,
 }

@@ -85,6 +85,11 @@ struct Swarm {
     elected: Vec<String>,
     /// When the swarm was first announced (ms).
     born: u64,
+    /// Times the hashes were voided by their source (`AnnounceRequest::hashes_void`).
+    hashes_epoch: u32,
+    /// The last announce voided the hashes, for a shared store to do the same
+    /// ([`TrackerState::take_voided`]).
+    voided: bool,
     /// The source the last announce demoted, for a shared store to depose
     /// ([`TrackerState::take_demoted`]).
     demoted: Option<String>,
@@ -303,6 +308,13 @@ impl TrackerState {
         // bitfield rather than a HAVE have no other way to them but a seeder).
         let finishing_source =
             swarm.source.as_deref() == Some(&req.node) && req.complete && !req.leaving;
+        // Only the elected source can say its hashes were wrong: it alone published
+        // them, from registry bytes that then failed the blob's digest.
+        swarm.voided = req.hashes_void && swarm.source.as_deref() == Some(&req.node);
+        if swarm.voided {
+            swarm.hashes.clear();
+            swarm.hashes_epoch += 1;
+        }
         if req.leaving {
             swarm.peers.remove(&req.node);
             if swarm.source.as_deref() == Some(&req.node) {
@@ -388,7 +400,7 @@ impl TrackerState {
         };
         // Hashes are kept only from the elected source: it read the bytes from the
         // registry. Whoever else sends hashes is ignored, first or not.
-        if swarm.source.as_deref() == Some(&req.node) || finishing_source {
+        if (swarm.source.as_deref() == Some(&req.node) || finishing_source) && !req.hashes_void {
             for (i, h) in &req.hashes {
                 if *i < count {
                     if let Ok(h) = PieceHash::from_hex(h) {
@@ -493,6 +505,7 @@ impl TrackerState {
             stripe,
             source_stripe,
             members: swarm.peers.len().min(u32::MAX as usize) as u32,
+            hashes_epoch: swarm.hashes_epoch,
         })
     }
 

@@ -38,6 +38,7 @@ fn req(node: &str, d: &Digest, t: Topology, held: u32) -> AnnounceRequest {
         bad_peers: vec![],
         leaving: false,
         wait_for_size_ms: 0,
+        hashes_void: false,
     }
 }
 

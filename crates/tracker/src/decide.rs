@@ -86,6 +86,7 @@ async fn decide_with_store(
                 }
             };
             let deposed = st.take_demoted(&req.digest);
+            let void_hashes = st.take_voided(&req.digest);
             let (size, piece_size, pieces, born) =
                 st.geometry(&req.digest).unwrap_or((None, 0, 0, now));
             let intent = if resp.role == Role::Source {
@@ -111,6 +112,7 @@ async fn decide_with_store(
                     intent,
                     decided_source: resp.source.clone(),
                     deposed,
+                    void_hashes,
                     hashes: if intent == SourceIntent::Keep {
                         Default::default()
                     } else {

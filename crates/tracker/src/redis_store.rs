@@ -66,7 +66,9 @@ const PINGS_BEFORE_DOWN: u32 = 2;
 /// ms, idle TTL ms, size ('' = unknown), piece size ('0' = unknown), born, now ms,
 /// heartbeat ms, least stream length kept, this replica (the stream entry's writer:
 /// its own reads skip it), the source the decision demoted ('' = none; a claim
-/// deletes the role first if that node still holds it), then hash pairs.
+/// deletes the role first if that node still holds it), '1' when the source voids its
+/// hashes (they are deleted and the meta's `hashes_epoch` counts one more), then hash
+/// pairs.
 const COMMIT: &str = r"
 local function shape(e)
   if #e < 11 then return '' end
@@ -117,8 +119,11 @@ elseif not cur and ARGV[3] == 'claim' then
   redis.call('RPUSH', KEYS[6], node)
   redis.call('LTRIM', KEYS[6], 0, 7)
 end
-if cur == node then
-  for i = 14, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+if cur == node and ARGV[14] == '1' then
+  redis.call('DEL', KEYS[4])
+  redis.call('HINCRBY', KEYS[1], 'hashes_epoch', 1)
+elseif cur == node then
+  for i = 15, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 end
 if cur == node and ARGV[3] == 'release' then
   redis.call('DEL', KEYS[3])
@@ -574,6 +579,9 @@ fn shared_swarm(
         size: parse_u64(meta.get("size")),
         piece_size: parse_u64(meta.get("piece_size")).unwrap_or(0),
         born: parse_u64(meta.get("born")).unwrap_or(0),
+        hashes_epoch: parse_u64(meta.get("hashes_epoch"))
+            .and_then(|e| u32::try_from(e).ok())
+            .unwrap_or(0),
         source,
         peers,
         hashes: hashes.map(|m| {
@@ -714,7 +722,8 @@ impl SwarmStore for RedisStore {
                     .arg(self.heartbeat_ms)
                     .arg(MIN_STREAM_LEN)
                     .arg(&self.replica)
-                    .arg(o.deposed.as_deref().unwrap_or_default());
+                    .arg(o.deposed.as_deref().unwrap_or_default())
+                    .arg(if o.void_hashes { "1" } else { "0" });
                 for (i, h) in &o.hashes {
                     cmd.arg(*i).arg(&h.0[..]);
                 }

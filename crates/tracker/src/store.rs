@@ -37,6 +37,9 @@ pub struct Outcome {
     /// A source the decision demoted (the members fetching could not reach it): the
     /// store lets it go if it still holds the role, so that `Claim` can elect anew.
     pub deposed: Option<String>,
+    /// The source voided its hashes (its registry bytes failed the digest): the store
+    /// forgets them and every replica moves to the next hash epoch.
+    pub void_hashes: bool,
     /// Hashes the node sent that fit the swarm; kept only if it is the source.
     pub hashes: BTreeMap<u32, PieceHash>,
 }

@@ -170,6 +170,46 @@ async fn a_source_demoted_on_one_replica_loses_the_role_on_every_replica() {
         .contains("starling_tracker_source_demotions_total 1"));
 }
 
+/// A source whose registry bytes failed the digest voids the hashes it published,
+/// through one replica; the other replica's copy, which had them, must drop them too
+/// (copies merge what Redis has, so without the epoch it would keep serving them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hashes_voided_through_one_replica_are_gone_from_every_copy() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let (a, b) = (replica(&redis), replica(&redis));
+    let digest = oci::Digest::of(b"voided");
+    let mut src = ask("src", &digest);
+    src.fetching_from_registry = true;
+    src.hashes
+        .insert(0, swarm::PieceHash::of(b"bad bytes").to_hex());
+    let (_, first) = announce(&a, &src).await;
+    assert_eq!(first.expect("answer").role, Role::Source);
+    let (_, seen) = announce(&b, &ask("m", &digest)).await;
+    let seen = seen.expect("answer");
+    assert_eq!(
+        (seen.hashes.len(), seen.hashes_epoch),
+        (1, 0),
+        "b's copy has it"
+    );
+    let mut failed = ask("src", &digest);
+    failed.leaving = true;
+    failed.hashes_void = true;
+    let (status, _) = announce(&a, &failed).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, after) = announce(&b, &ask("m", &digest)).await;
+    let after = after.expect("answer");
+    assert_eq!(
+        (after.hashes.len(), after.hashes_epoch),
+        (0, 1),
+        "the other replica forgot them and says the epoch moved on"
+    );
+    let (status, hashes) = get(&b, &format!("/swarm/v1/hashes?digest={digest}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(hashes, serde_json::json!({}));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_redis_a_replica_is_unready_and_refuses_then_recovers() {
     let mut redis = tokio::task::spawn_blocking(RedisServer::start)

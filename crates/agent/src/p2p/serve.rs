@@ -684,7 +684,7 @@ async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
                     // And the tracker, which would hand this node out as a holder
                     // until its seeding announces lapse.
                     let p2p = p2p.clone();
-                    tokio::spawn(async move { super::download::leave(&p2p, &d).await });
+                    tokio::spawn(async move { super::download::leave(&p2p, &d, false).await });
                 }
                 continue;
             };

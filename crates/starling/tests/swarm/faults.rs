@@ -8,7 +8,7 @@ use std::time::Duration;
 use testkit::{Registry, RegistryAuth, TestImage};
 
 use super::common::{pull_via, ready};
-use super::{agent, blocking, metric, spawn_pull, spawn_source_pull, tracker};
+use super::{agent, agent_via, blocking, metric, spawn_pull, spawn_source_pull, tracker};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_source_mid_transfer_does_not_cut_other_clients() {
@@ -244,6 +244,132 @@ async fn a_holder_that_never_sends_what_it_claims_does_not_hang_a_pull() {
     assert!(
         metric(&b, "starling_agent_p2p_registry_bytes_total").await >= image.layers[0].size,
         "the newcomer, elected in its place, read the layer from the registry"
+    );
+}
+
+/// A proxy in front of the real registry that flips one byte of the first response
+/// carrying `digest`'s bytes (a flaky cache or link: once, then never again).
+/// Returns its URL.
+async fn corrupting_once_proxy(registry: String, digest: String) -> String {
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let done = Arc::new(AtomicBool::new(false));
+    let client = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let (client, registry, digest, done) = (
+            client.clone(),
+            registry.clone(),
+            digest.clone(),
+            done.clone(),
+        );
+        async move {
+            let path = req
+                .uri()
+                .path_and_query()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            let mut fwd = client.request(req.method().clone(), format!("{registry}{path}"));
+            for (k, v) in req.headers() {
+                if k != "host" {
+                    fwd = fwd.header(k, v);
+                }
+            }
+            let resp = fwd.send().await.expect("the registry answers");
+            let mut out = axum::response::Response::builder().status(resp.status());
+            for (k, v) in resp.headers() {
+                out = out.header(k, v);
+            }
+            let corrupt = path.contains(&digest)
+                && resp.status().is_success()
+                && !done.swap(true, Ordering::SeqCst);
+            let mut flipped = !corrupt;
+            let body = resp.bytes_stream().map(move |chunk| {
+                let mut c = chunk.map_err(std::io::Error::other)?.to_vec();
+                if !flipped && !c.is_empty() {
+                    let at = c.len() / 2;
+                    c[at] ^= 0xff;
+                    flipped = true;
+                }
+                Ok::<_, std::io::Error>(bytes::Bytes::from(c))
+            });
+            out.body(axum::body::Body::from_stream(body)).unwrap()
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    url
+}
+
+/// The registry (or a cache in front of it) sends the elected source one corrupted
+/// response. The reader streaming through the source must see its transfer fail (not
+/// a complete 200 of wrong bytes), the member's pull fails or stalls, as it must; the
+/// retries must then succeed on every node, and no honest peer be blamed. Before, the
+/// source's reader got a full-length 200 (the last byte fetched anew), and the member
+/// kept the pieces it had checked against the bad hashes: every retry stopped at the
+/// last piece, whose hash is the digest itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_the_registry_sends_bad_bytes_once_a_retry_succeeds_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/bad-bytes", "1", &[16 << 20], 55).unwrap();
+    let proxy = corrupting_once_proxy(registry.url(), image.layers[0].digest.clone()).await;
+    let t = tracker(dir.path(), &[]).await;
+    let slow = ["--download-limit", "2MiB"];
+    let src = agent_via(dir.path(), "src", &t.url(), &registry, &proxy, &slow).await;
+    let layer = image.layers[0].clone();
+    let url = format!("{}/v2/swarm/bad-bytes/blobs/{}", src.url(), layer.digest);
+    let plain_read = tokio::spawn(async move { reqwest::get(url).await?.bytes().await });
+    testkit::until(
+        "the source to read from the registry",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(&src, "starling_agent_p2p_registry_bytes_total").await > 0 },
+    )
+    .await;
+    let m = agent_via(dir.path(), "m", &t.url(), &registry, &proxy, &[]).await;
+    let m_pull = spawn_pull(&m, &image);
+    // The member holds pieces checked against the source's hashes of the bad bytes.
+    testkit::until(
+        "the member to receive from the source",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(&m, "starling_agent_p2p_peer_bytes_total").await > 4 << 20 },
+    )
+    .await;
+    match plain_read.await.unwrap() {
+        Err(_) => {}
+        Ok(body) => {
+            use sha2::Digest as _;
+            let got = format!("sha256:{:x}", sha2::Sha256::digest(&body));
+            assert!(
+                (body.len() as u64) < layer.size || got == layer.digest,
+                "a reader that does not check digests got {} bytes of the wrong content in a \
+                 complete 200",
+                body.len()
+            );
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(60), m_pull).await;
+    for (who, node) in [("source", &src), ("member", &m)] {
+        let r = tokio::time::timeout(Duration::from_secs(60), pull_via(&node.url(), &image))
+            .await
+            .unwrap_or_else(|_| panic!("the {who}'s retry finishes"))
+            .unwrap_or_else(|e| panic!("the {who}'s retry succeeds: {e}"));
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    let late = agent_via(dir.path(), "late", &t.url(), &registry, &proxy, &[]).await;
+    let r = tokio::time::timeout(Duration::from_secs(60), pull_via(&late.url(), &image))
+        .await
+        .expect("a newcomer's pull finishes")
+        .expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    assert_eq!(
+        metric(&late, "starling_agent_p2p_pieces_rejected_total").await,
+        0,
+        "no honest peer's piece is rejected after the retry"
     );
 }
 

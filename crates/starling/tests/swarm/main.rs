@@ -42,6 +42,18 @@ async fn tracker(dir: &Path, extra: &[&str]) -> Proc {
 }
 
 async fn agent(dir: &Path, name: &str, tracker: &str, registry: &Registry, extra: &[&str]) -> Proc {
+    agent_via(dir, name, tracker, registry, &registry.url(), extra).await
+}
+
+/// An agent that reaches `registry` at `endpoint` (a proxy in front of it).
+async fn agent_via(
+    dir: &Path,
+    name: &str,
+    tracker: &str,
+    registry: &Registry,
+    endpoint: &str,
+    extra: &[&str],
+) -> Proc {
     let port = testkit::free_port();
     let cache = dir.join(name);
     let host = registry.host();
@@ -54,7 +66,7 @@ async fn agent(dir: &Path, name: &str, tracker: &str, registry: &Registry, extra
         "--default-registry".into(),
         host.clone(),
         "--registry-endpoint".into(),
-        format!("{host}={}", registry.url()),
+        format!("{host}={endpoint}"),
         "--tracker".into(),
         tracker.into(),
         "--cluster-token".into(),

@@ -57,6 +57,8 @@ pub struct SharedSwarm {
     pub peers: Option<BTreeMap<String, SharedPeer>>,
     /// Piece hashes from the source; `None`: not read this time.
     pub hashes: Option<BTreeMap<u32, PieceHash>>,
+    /// Times a source voided its hashes (0: never, or a store that lost its data).
+    pub hashes_epoch: u32,
 }
 
 impl TrackerState {
@@ -79,6 +81,11 @@ impl TrackerState {
             swarm.born = shared.born;
         }
         swarm.source = shared.source;
+        if shared.hashes_epoch > swarm.hashes_epoch {
+            // Voided through another replica: what this copy kept is from bad bytes.
+            swarm.hashes.clear();
+            swarm.hashes_epoch = shared.hashes_epoch;
+        }
         let count = swarm.count();
         if let Some(peers) = shared.peers {
             swarm.peers.retain(|p| peers.contains_key(&p.name));
@@ -115,6 +122,14 @@ impl TrackerState {
     /// decision.
     pub fn take_demoted(&mut self, d: &Digest) -> Option<String> {
         self.swarms.get_mut(d).and_then(|s| s.demoted.take())
+    }
+
+    /// Whether the last announce of swarm `d` voided its hashes, once: a shared store
+    /// must forget them too and move every replica to the next epoch.
+    pub fn take_voided(&mut self, d: &Digest) -> bool {
+        self.swarms
+            .get_mut(d)
+            .is_some_and(|s| std::mem::take(&mut s.voided))
     }
 
     pub fn set_source(&mut self, d: &Digest, source: Option<String>) {
@@ -186,6 +201,7 @@ mod tests {
                 source: Some("a".into()),
                 peers: Some([("a".to_owned(), a)].into()),
                 hashes: None,
+                hashes_epoch: 0,
             },
             1_100,
         );

@@ -578,3 +578,37 @@ fn members_that_all_report_each_other_still_have_a_source() {
     ann(&mut t, &done, 4);
     assert_eq!(ann(&mut t, &reporting("b", &d, "a"), 5).role, Role::Source);
 }
+
+#[test]
+fn only_the_source_can_void_the_hashes_and_that_starts_a_new_epoch() {
+    let d = Digest::of(b"bad bytes once");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut src = fetching("a", &d);
+    src.piece_size = Some(1 << 20);
+    src.hashes.insert(0, h(0));
+    src.hashes.insert(1, h(1));
+    assert_eq!(ann(&mut t, &src, 0).role, Role::Source);
+    let resp = ann(&mut t, &req("b", &d), 1);
+    assert_eq!((resp.hashes.len(), resp.hashes_epoch), (2, 0));
+    // A member cannot void them.
+    let mut liar = req("b", &d);
+    liar.hashes_void = true;
+    ann(&mut t, &liar, 2);
+    assert!(!t.take_voided(&d));
+    assert_eq!(t.hashes(&d, 0).len(), 2);
+    // The source's bytes failed the digest: it leaves and voids what it published.
+    let mut failed = req("a", &d);
+    failed.leaving = true;
+    failed.hashes_void = true;
+    failed.hashes.insert(2, h(2));
+    ann(&mut t, &failed, 3);
+    assert!(t.take_voided(&d), "told once, for the shared store");
+    assert!(!t.take_voided(&d));
+    assert!(
+        t.hashes(&d, 0).is_empty(),
+        "nothing of the bad bytes is kept"
+    );
+    let resp = ann(&mut t, &fetching("b", &d), 4);
+    assert_eq!(resp.role, Role::Source, "someone reads the registry again");
+    assert_eq!((resp.hashes.len(), resp.hashes_epoch), (0, 1));
+}

@@ -238,6 +238,8 @@ pub(crate) async fn start(
         pieces_by_peer: BTreeMap::new(),
         registry_retry_at: None,
         origin_gone: None,
+        hashes_epoch: None,
+        hashes_voided: false,
     };
     for (conn, chan) in dl.absorb(resp) {
         conn.close(chan).await;
@@ -252,9 +254,10 @@ pub(crate) async fn start(
 
 /// Tells the tracker this node holds nothing of `d` any more (a download that
 /// failed, or a blob whose file disappeared).
-pub(crate) async fn leave(p2p: &P2p, d: &Digest) {
+pub(crate) async fn leave(p2p: &P2p, d: &Digest, hashes_void: bool) {
     let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, d);
     req.leaving = true;
+    req.hashes_void = hashes_void;
     let _ = p2p.announce(&req).await;
 }
 
@@ -363,6 +366,11 @@ struct Download {
     /// The registry (or a file's origin) says the content is gone or changed (404,
     /// 410, 412): retrying cannot help, the download fails.
     origin_gone: Option<String>,
+    /// The swarm's hash epoch when this download began (`AnnounceResponse::hashes_epoch`).
+    hashes_epoch: Option<u32>,
+    /// The epoch moved on while this download held pieces or hashes: they were checked
+    /// against hashes from bad registry bytes, and the download starts over.
+    hashes_voided: bool,
 }
 
 impl Download {
@@ -393,6 +401,16 @@ impl Download {
         if resp.role == Role::Source && self.role != Role::Source {
             info!(digest = %self.d, "elected to fetch from the registry");
             self.p2p.metrics.source_roles.inc();
+        }
+        match self.hashes_epoch {
+            Some(e) if resp.hashes_epoch > e => {
+                if self.hashes.iter().any(Option::is_some) || self.w.held().count() > 0 {
+                    self.hashes_voided = true;
+                }
+                self.hashes_epoch = Some(resp.hashes_epoch);
+            }
+            Some(_) => {}
+            None => self.hashes_epoch = Some(resp.hashes_epoch),
         }
         self.role = resp.role;
         self.source = resp.source.clone();
@@ -543,6 +561,10 @@ impl Download {
                     if let Some(msg) = msg {
                         self.on_internal(msg).await;
                     }
+                    if self.hashes_voided {
+                        self.start_over().await;
+                        return;
+                    }
                 }
                 _ = tick.tick() => {
                     if let Err(e) = self.housekeeping().await {
@@ -560,7 +582,21 @@ impl Download {
         self.p2p.downloads.lock().remove(&self.d);
         self.close_links().await;
         self.w.fail(reason);
-        leave(&self.p2p, &self.d).await;
+        leave(&self.p2p, &self.d, false).await;
+    }
+
+    /// The source voided the swarm's hashes (its registry bytes failed the digest):
+    /// what this download holds was checked against them and can never make the
+    /// blob. Everything written goes, and the reader's stream fails, so its retry
+    /// starts a fresh download on the new hashes. Kept, those pieces made every retry
+    /// stop at the last piece, whose hash is the digest itself.
+    async fn start_over(&mut self) {
+        warn!(digest = %self.d, "the source voided the swarm's piece hashes; dropping this download's pieces to start over");
+        self.p2p.downloads.lock().remove(&self.d);
+        self.close_links().await;
+        self.w
+            .abandon("pieces were checked against hashes the source voided");
+        leave(&self.p2p, &self.d, false).await;
     }
 
     async fn close_links(&mut self) {
@@ -580,6 +616,7 @@ impl Download {
         let size = self.layout.blob_size;
         let secs = self.started.elapsed().as_secs_f64();
         let (p2p, d, agent) = (self.p2p.clone(), self.d.clone(), self.agent.clone());
+        let was_source = self.role == Role::Source;
         let mut done_req = self.request();
         done_req.complete = true;
         done_req.have = None;
@@ -619,7 +656,11 @@ impl Download {
             }
             Err(e) => {
                 warn!(digest = %d, error = %e, "swarm download rejected by the final digest check");
-                leave(&p2p, &d).await;
+                // A source whose registry bytes failed the digest published hashes
+                // of bad bytes: the tracker must forget them, or every member's
+                // pieces (checked against them) stop at the last piece for good.
+                let void = was_source && e.is_content_mismatch();
+                leave(&p2p, &d, void).await;
             }
         }
     }

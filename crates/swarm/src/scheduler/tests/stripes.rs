@@ -121,6 +121,7 @@ fn a_tracker_answer_sets_the_source_and_this_nodes_source_stripe() {
         stripe: None,
         source_stripe: stripe,
         members: 10,
+        hashes_epoch: 0,
     };
     let all: Vec<u32> = (0..16).collect();
     let mut s = PieceScheduler::new(
