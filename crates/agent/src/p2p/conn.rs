@@ -122,6 +122,10 @@ pub(crate) struct PeerConn {
     next_chan: AtomicU32,
     tasks: parking_lot::Mutex<Vec<AbortHandle>>,
     closed: AtomicBool,
+    /// When the connection opened, and when piece bytes of any blob last arrived on
+    /// it (ms since then): a holder busy sending this node other blobs is not silent.
+    opened: Instant,
+    last_data_ms: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for PeerConn {
@@ -134,6 +138,12 @@ impl PeerConn {
     /// Whether the bytes of `piece` on `chan` have started to arrive.
     pub(crate) fn is_receiving(&self, chan: ChannelId, piece: u32) -> bool {
         self.receiving.load(Ordering::Acquire) == (((chan as u64) << 32) | piece as u64) + 1
+    }
+
+    /// Piece bytes of some blob arrived on this connection within `within`.
+    pub(crate) fn received_within(&self, within: Duration) -> bool {
+        let last = Duration::from_millis(self.last_data_ms.load(Ordering::Relaxed));
+        self.opened.elapsed().saturating_sub(last) < within
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -371,6 +381,8 @@ async fn dial(p2p: &Arc<P2p>, node: &str, addr: &str) -> Result<Arc<PeerConn>, E
         next_chan: AtomicU32::new(1),
         tasks: parking_lot::Mutex::new(Vec::new()),
         closed: AtomicBool::new(false),
+        opened: Instant::now(),
+        last_data_ms: std::sync::atomic::AtomicU64::new(0),
     });
     let peer = node.to_owned();
     let writer = tokio::spawn(async move {
@@ -542,6 +554,8 @@ async fn read_loop(
                         conn.receiving
                             .store((((chan as u64) << 32) | piece as u64) + 1, Ordering::Release);
                     }
+                    conn.last_data_ms
+                        .store(conn.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
                     receive_data(p2p, &node, reader, &mut cur, &mut buf, chan, chan_of(chan), piece, offset, len)
                         .await?;
                     if cur.is_none() {

@@ -268,6 +268,18 @@ impl Download {
     /// claimed a whole blob and sent nothing held every newcomer for good.
     pub(super) async fn drop_silent_holders(&mut self) {
         for peer in self.sched.silent_holders(self.now_ms(), SILENT_HOLDER_MS) {
+            // Silent for this blob, but sending this node other blobs' pieces: its
+            // line serves our other requests first (a multi-layer pull), it is alive.
+            let busy_elsewhere = self
+                .links
+                .get(&peer)
+                .and_then(|l| l.conn.as_ref())
+                .is_some_and(|(conn, _)| {
+                    conn.received_within(Duration::from_millis(SILENT_HOLDER_MS))
+                });
+            if busy_elsewhere {
+                continue;
+            }
             warn!(digest = %self.d, %peer, "peer was asked for pieces and sent nothing for 30 s; reported to the tracker");
             self.p2p.metrics.peers_silent.inc();
             if !self.bad.contains(&peer) {
