@@ -1,7 +1,8 @@
 //! Faults: the source killed, the tracker down, dying or restarted, a lying peer, an
 //! agent restarted mid-blob, a peer, a stripe member or a downloader frozen
 //! mid-transfer, peers alive for the tracker that nobody can dial (an only holder, a
-//! source, rack-mates), a seed whose cached blob was deleted, a holder that never sends.
+//! source, rack-mates), a seed whose cached blob was deleted, a holder that never sends,
+//! bad bytes from the registry once, a source whose disk fills.
 
 use std::time::Duration;
 
@@ -370,6 +371,56 @@ async fn after_the_registry_sends_bad_bytes_once_a_retry_succeeds_everywhere() {
         metric(&late, "starling_agent_p2p_pieces_rejected_total").await,
         0,
         "no honest peer's piece is rejected after the retry"
+    );
+}
+
+/// The elected source's disk fills up in the middle of the blob (another process took
+/// the space). Its own reader still gets the blob, and its swarm goes on without it: a
+/// member is elected and reads the rest. Needs root (a small tmpfs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_source_whose_disk_fills_mid_blob_hands_its_swarm_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/disk-full", "1", &[48 << 20], 57).unwrap();
+    let t = tracker(dir.path(), &[]).await;
+    let fs = blocking(|| testkit::Tmpfs::mount("80m")).await;
+    std::os::unix::fs::symlink(&fs.mount, dir.path().join("src")).unwrap();
+    let src = agent(
+        dir.path(),
+        "src",
+        &t.url(),
+        &registry,
+        &["--download-limit", "4MiB"],
+    )
+    .await;
+    let src_pull = spawn_source_pull(&src, &image).await;
+    let m = agent(dir.path(), "m", &t.url(), &registry, &[]).await;
+    let m_pull = spawn_pull(&m, &image);
+    testkit::until(
+        "the member to receive from the source",
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(&m, "starling_agent_p2p_peer_bytes_total").await > 4 << 20 },
+    )
+    .await;
+    let filler = fs.mount.join("filler");
+    blocking(move || testkit::fill_disk(&filler)).await;
+    for (who, pull) in [("member", m_pull), ("source", src_pull)] {
+        let r = tokio::time::timeout(Duration::from_secs(120), pull)
+            .await
+            .unwrap_or_else(|_| panic!("the {who}'s pull finishes"))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("the {who}'s pull succeeds: {e}"));
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    // The source streams the rest to its reader uncached: about two copies in all.
+    let layer = image.layers[0].size;
+    let read = metric(&src, "starling_agent_upstream_bytes_total").await
+        + metric(&m, "starling_agent_upstream_bytes_total").await;
+    assert!(
+        read <= 2 * layer + (4 << 20),
+        "the registry sent about two copies: {read} bytes for a {layer}-byte layer"
     );
 }
 

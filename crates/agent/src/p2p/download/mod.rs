@@ -178,6 +178,7 @@ pub(crate) async fn start(
         Ok(l) => l,
         Err(e) => {
             warn!(digest = %d, error = %e, "swarm geometry refused; fetching from the registry directly");
+            leave(&p2p, &d, false).await;
             return Start::NotSwarm(writer);
         }
     };
@@ -185,6 +186,10 @@ pub(crate) async fn start(
     if let Err(e) = writer.reserve() {
         warn!(digest = %d, error = %e, "cannot cache blob; streaming it without caching");
         writer.fail(&e.to_string());
+        // This node joined, and may have been elected, but will hold nothing: said
+        // at once, or its swarm waits out the tracker's TTL for a source that serves
+        // nobody (5.7 s in `a_source_whose_disk_fills_mid_blob_hands_its_swarm_on`).
+        leave(&p2p, &d, false).await;
         return Start::Passthrough(size);
     }
     let (w, claims) = writer.into_pieces(layout);
