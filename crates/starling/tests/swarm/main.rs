@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bad_peers;
 mod faults;
 mod protocol;
 mod pulls;
