@@ -51,7 +51,7 @@ async fn stalling_proxy(upstream: String, hold_after: usize) -> (String, Arc<Not
         );
         async move {
             let is_get = req.method() == http::Method::GET;
-            let (path, resp, builder) = forward(&client, &upstream, req).await;
+            let (path, resp, builder) = testkit::forward(&client, &upstream, req).await;
             let first_blob = path.contains("/blobs/")
                 && is_get
                 && resp.status().is_success()

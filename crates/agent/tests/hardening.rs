@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{blocking, forward, get, start_agent};
+use common::{blocking, get, start_agent};
 use futures::StreamExt;
 use testkit::{Registry, RegistryAuth, TestImage};
 
@@ -224,7 +224,7 @@ async fn endless_proxy(upstream: String, poison: String) -> (String, Endless, En
                     b"{\"errors\": [{\"code\": \"MANIFEST_UNKNOWN\", \"message\": \"",
                 );
             }
-            let (_, resp, mut builder) = forward(&client, &upstream, req).await;
+            let (_, resp, mut builder) = testkit::forward(&client, &upstream, req).await;
             if resp.status() == 401 {
                 let challenge = format!(
                     "Bearer realm=\"{base}/endless-token\",service=\"starling-test-registry\""

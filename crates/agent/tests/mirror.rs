@@ -392,7 +392,7 @@ async fn fault_proxy(upstream: String, fault: Fault) -> (String, Arc<AtomicUsize
     let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
         let (client, upstream, hits) = (client.clone(), upstream.clone(), h.clone());
         async move {
-            let (path, resp, builder) = forward(&client, &upstream, req).await;
+            let (path, resp, builder) = testkit::forward(&client, &upstream, req).await;
             let is_blob = path.contains("/blobs/") && resp.status().is_success();
             let n = if is_blob {
                 hits.fetch_add(1, Ordering::SeqCst)

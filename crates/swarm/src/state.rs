@@ -107,9 +107,21 @@ impl Swarm {
     /// unreachable): out of everyone's handouts, and out of the rack stripes, whose
     /// share would otherwise wait on a member its rack cannot reach.
     fn reported_by_quorum(&self, name: &str, quorum: usize, now: u64) -> bool {
+        self.live_reports(name, now) >= quorum
+    }
+
+    /// Distinct members whose report of `name` still stands.
+    fn live_reports(&self, name: &str, now: u64) -> usize {
         self.bad
             .get(name)
-            .is_some_and(|r| r.iter().filter(|(_, until)| *until > now).count() >= quorum)
+            .map_or(0, |r| r.iter().filter(|(_, until)| *until > now).count())
+    }
+
+    /// Members heard from within the TTL that do not hold the whole blob yet.
+    fn fetching_members(&self, ttl_ms: u64, now: u64) -> impl Iterator<Item = &PeerEntry> {
+        self.peers
+            .iter()
+            .filter(move |p| !p.complete && now.saturating_sub(p.last_seen) <= ttl_ms)
     }
 
     /// Whether the members still fetching cannot reach `name`: reported by a quorum of
@@ -117,17 +129,13 @@ impl Swarm {
     /// as there are. Such a node is no use as the swarm's source: in a two-node swarm
     /// the only member that needs the source is the only one who can say so.
     fn cut_off(&self, name: &str, quorum: usize, ttl_ms: u64, now: u64) -> bool {
-        let Some(reports) = self.bad.get(name) else {
-            return false;
-        };
-        let reporters = reports.iter().filter(|(_, until)| *until > now).count();
+        let reporters = self.live_reports(name, now);
         if reporters == 0 {
             return false;
         }
         let fetching = self
-            .peers
-            .iter()
-            .filter(|p| p.name != name && !p.complete && now.saturating_sub(p.last_seen) <= ttl_ms)
+            .fetching_members(ttl_ms, now)
+            .filter(|p| p.name != name)
             .count();
         reporters >= quorum.min(fetching).max(1)
     }
@@ -137,12 +145,9 @@ impl Swarm {
     /// report each other must still elect someone, as before reports existed).
     fn may_source(&self, name: &str, quorum: usize, ttl_ms: u64, now: u64) -> bool {
         !self.cut_off(name, quorum, ttl_ms, now)
-            || !self.peers.iter().any(|p| {
-                p.name != name
-                    && !p.complete
-                    && now.saturating_sub(p.last_seen) <= ttl_ms
-                    && !self.cut_off(&p.name, quorum, ttl_ms, now)
-            })
+            || !self
+                .fetching_members(ttl_ms, now)
+                .any(|p| p.name != name && !self.cut_off(&p.name, quorum, ttl_ms, now))
     }
 
     /// Peers this requester must not be handed: those it reported, and those a quorum

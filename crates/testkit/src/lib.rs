@@ -32,6 +32,7 @@ mod docker;
 mod http;
 mod image;
 mod process;
+mod proxy;
 mod redis;
 mod registry;
 mod tls;
@@ -49,6 +50,7 @@ pub use image::{
     Blob, ManifestFormat, Platform, PushedImage, PushedIndex, TestImage, DOCKER_LIST,
     DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST,
 };
+pub use proxy::forward;
 pub use redis::RedisServer;
 pub use registry::{Registry, RegistryAuth};
 pub use tls::{CertPair, RegistryTls, TestCa};

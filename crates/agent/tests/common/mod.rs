@@ -82,30 +82,3 @@ pub async fn get(url: &str, headers: &[(&str, &str)]) -> reqwest::Response {
 pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f).await.expect("blocking task")
 }
-
-/// For fault-injecting proxies in front of the real registry: sends `req` on to
-/// `upstream` and returns its path and query, the upstream response, and a response
-/// builder carrying the upstream's status and headers (the caller supplies the body).
-pub async fn forward(
-    client: &reqwest::Client,
-    upstream: &str,
-    req: axum::extract::Request,
-) -> (String, reqwest::Response, http::response::Builder) {
-    let path = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.to_string())
-        .unwrap_or_default();
-    let mut fwd = client.request(req.method().clone(), format!("{upstream}{path}"));
-    for (k, v) in req.headers() {
-        if k != "host" {
-            fwd = fwd.header(k, v);
-        }
-    }
-    let resp = fwd.send().await.expect("upstream answers");
-    let mut builder = axum::response::Response::builder().status(resp.status());
-    for (k, v) in resp.headers() {
-        builder = builder.header(k, v);
-    }
-    (path, resp, builder)
-}

@@ -193,22 +193,7 @@ async fn corrupting_once_proxy(registry: String, digest: String) -> String {
             done.clone(),
         );
         async move {
-            let path = req
-                .uri()
-                .path_and_query()
-                .map(|p| p.to_string())
-                .unwrap_or_default();
-            let mut fwd = client.request(req.method().clone(), format!("{registry}{path}"));
-            for (k, v) in req.headers() {
-                if k != "host" {
-                    fwd = fwd.header(k, v);
-                }
-            }
-            let resp = fwd.send().await.expect("the registry answers");
-            let mut out = axum::response::Response::builder().status(resp.status());
-            for (k, v) in resp.headers() {
-                out = out.header(k, v);
-            }
+            let (path, resp, out) = testkit::forward(&client, &registry, req).await;
             let corrupt = path.contains(&digest)
                 && resp.status().is_success()
                 && !done.swap(true, Ordering::SeqCst);
