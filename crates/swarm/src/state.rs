@@ -15,7 +15,7 @@ use crate::protocol::{
 use crate::{Bitfield, Error};
 
 mod replica;
-pub use replica::{SharedPeer, SharedSwarm};
+pub use replica::{SharedPeer, SharedReport, SharedSwarm};
 
 #[derive(Clone, Debug)]
 pub struct SwarmConfig {
@@ -93,6 +93,9 @@ struct Swarm {
     /// The source the last announce demoted, for a shared store to depose
     /// ([`TrackerState::take_demoted`]).
     demoted: Option<String>,
+    /// Reports the last announce made (accused, until), for a shared store to pass to
+    /// every replica ([`TrackerState::take_reports`]).
+    reported: Vec<(String, u64)>,
 }
 
 impl Swarm {
@@ -108,6 +111,21 @@ impl Swarm {
     /// share would otherwise wait on a member its rack cannot reach.
     fn reported_by_quorum(&self, name: &str, quorum: usize, now: u64) -> bool {
         self.live_reports(name, now) >= quorum
+    }
+
+    /// Records `reporter`'s report of `accused` standing until `until`; false when
+    /// the accused already has as many reporters as are remembered.
+    fn record_report(&mut self, accused: &str, reporter: &str, until: u64) -> bool {
+        let reports = self.bad.entry(accused.to_owned()).or_default();
+        if let Some(r) = reports.iter_mut().find(|(r, _)| r == reporter) {
+            r.1 = r.1.max(until);
+            return true;
+        }
+        if reports.len() >= MAX_REPORTERS {
+            return false;
+        }
+        reports.push((reporter.to_owned(), until));
+        true
     }
 
     /// Distinct members whose report of `name` still stands.
@@ -293,20 +311,22 @@ impl TrackerState {
         let count = swarm.count();
         // A bitfield of another length says nothing about this swarm's pieces.
         let have = req.have.clone().filter(|h| h.len() == count);
-        for accused in &req.bad_peers {
-            if accused == &req.node {
-                continue;
-            }
-            let reports = swarm.bad.entry(accused.clone()).or_default();
-            reports.retain(|(r, until)| r != &req.node && *until > now);
-            if reports.len() < MAX_REPORTERS {
-                reports.push((req.node.clone(), now + cfg.bad_peer_ms));
-            }
-        }
         swarm.bad.retain(|_, reports| {
             reports.retain(|(_, until)| *until > now);
             !reports.is_empty()
         });
+        swarm.reported.clear();
+        for accused in &req.bad_peers {
+            // Only a member can be handed out or elected, so only a member's reports
+            // matter: a name the swarm does not know would only take room.
+            if accused == &req.node || swarm.peers.get(accused).is_none() {
+                continue;
+            }
+            let until = now + cfg.bad_peer_ms;
+            if swarm.record_report(accused, &req.node, until) {
+                swarm.reported.push((accused.clone(), until));
+            }
+        }
         // The source's last announce says "complete" and carries the hashes of the
         // pieces it read since its previous one: the election ends with this announce,
         // but those hashes are still the source's (peers that saw the pieces in a

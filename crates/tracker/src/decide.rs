@@ -87,6 +87,7 @@ async fn decide_with_store(
             };
             let deposed = st.take_demoted(&req.digest);
             let void_hashes = st.take_voided(&req.digest);
+            let reports = st.take_reports(&req.digest);
             let (size, piece_size, pieces, born) =
                 st.geometry(&req.digest).unwrap_or((None, 0, 0, now));
             let intent = if resp.role == Role::Source {
@@ -113,6 +114,7 @@ async fn decide_with_store(
                     decided_source: resp.source.clone(),
                     deposed,
                     void_hashes,
+                    reports,
                     hashes: if intent == SourceIntent::Keep {
                         Default::default()
                     } else {

@@ -39,7 +39,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use redis::aio::ConnectionManager;
-use swarm::state::{SharedPeer, SharedSwarm};
+use swarm::state::{SharedPeer, SharedReport, SharedSwarm};
 use swarm::PieceHash;
 use tracing::{info, warn};
 
@@ -565,6 +565,32 @@ impl RedisStore {
     }
 }
 
+/// A report's field in `{d}:reports`: the accused's length, then both names (any
+/// bytes, so no separator is safe).
+fn encode_report(accused: &str, reporter: &str) -> Vec<u8> {
+    let mut field = format!("{}:", accused.len()).into_bytes();
+    field.extend_from_slice(accused.as_bytes());
+    field.extend_from_slice(reporter.as_bytes());
+    field
+}
+
+fn decode_reports(fields: HashMap<Vec<u8>, u64>) -> Vec<SharedReport> {
+    fields
+        .into_iter()
+        .filter_map(|(field, until)| {
+            let colon = field.iter().position(|&b| b == b':')?;
+            let len: usize = std::str::from_utf8(&field[..colon]).ok()?.parse().ok()?;
+            let names = field.get(colon + 1..)?;
+            let (accused, reporter) = (names.get(..len)?, names.get(len..)?);
+            Some(SharedReport {
+                accused: String::from_utf8(accused.to_vec()).ok()?,
+                reporter: String::from_utf8(reporter.to_vec()).ok()?,
+                until,
+            })
+        })
+        .collect()
+}
+
 fn parse_u64(v: Option<&String>) -> Option<u64> {
     v.and_then(|s| s.parse().ok())
 }
@@ -584,6 +610,7 @@ fn shared_swarm(
             .unwrap_or(0),
         source,
         peers,
+        reports: None,
         hashes: hashes.map(|m| {
             m.into_iter()
                 .filter_map(|(i, h)| Some((i, PieceHash(h.try_into().ok()?))))
@@ -630,6 +657,7 @@ impl SwarmStore for RedisStore {
                         .arg(hash_count)
                         .arg(redis_members::MAX_MEMBERS)
                         .arg(&self.replica);
+                    pipe.hgetall(self.key(d, "reports"));
                 }
             }
             let mut con = self.con.clone();
@@ -646,8 +674,10 @@ impl SwarmStore for RedisStore {
                     redis::from_redis_value(next()).map_err(|e| decode(e.into()))?;
                 let source: Option<String> =
                     redis::from_redis_value(next()).map_err(|e| decode(e.into()))?;
-                let (peers, hashes) = if due {
+                let (peers, hashes, reports) = if due {
                     let mut read = redis_members::parse_read(next()).map_err(&decode)?;
+                    let reports: HashMap<Vec<u8>, u64> =
+                        redis::from_redis_value(next()).map_err(|e| decode(e.into()))?;
                     let hashes = read.hashes.take();
                     let (peers, kind) = self.members.apply(
                         d,
@@ -665,12 +695,14 @@ impl SwarmStore for RedisStore {
                             },
                         })
                         .inc();
-                    (peers, hashes)
+                    (peers, hashes, Some(decode_reports(reports)))
                 } else {
-                    (None, None)
+                    (None, None, None)
                 };
                 // Redis is the truth, an empty answer included (a Redis restarted empty).
-                out.push(Some(shared_swarm(meta, source, peers, hashes)));
+                let mut shared = shared_swarm(meta, source, peers, hashes);
+                shared.reports = reports;
+                out.push(Some(shared));
             }
             self.note_ping(true);
             Ok(out)
@@ -728,6 +760,17 @@ impl SwarmStore for RedisStore {
                     cmd.arg(*i).arg(&h.0[..]);
                 }
                 pipe.add_command(cmd);
+                if let Some(last) = o.reports.iter().map(|r| r.1).max() {
+                    // Outside the script, which settles the election: a report only
+                    // has to reach the replicas' next reads, and lapses on its own.
+                    let key = self.key(d, "reports");
+                    for (accused, until) in &o.reports {
+                        pipe.hset(&key, encode_report(accused, &o.node), *until)
+                            .ignore();
+                    }
+                    pipe.pexpire(&key, last.saturating_sub(now).max(1) as i64)
+                        .ignore();
+                }
                 // The janitor's index of swarms (outside the script: another slot).
                 pipe.zadd(
                     self.swarms_key(),
@@ -805,5 +848,34 @@ mod tests {
             "redis://***@10.0.0.1:6379/0"
         );
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+
+    #[test]
+    fn a_report_field_gives_back_both_names_whatever_they_hold() {
+        let pairs = [("a:b", "c"), ("", "x"), ("node-1", "12:node"), ("ü", "")];
+        let fields: HashMap<Vec<u8>, u64> = pairs
+            .iter()
+            .enumerate()
+            .map(|(i, (a, r))| (encode_report(a, r), i as u64))
+            .collect();
+        let mut back: Vec<(String, String, u64)> = decode_reports(fields)
+            .into_iter()
+            .map(|r| (r.accused, r.reporter, r.until))
+            .collect();
+        back.sort_by_key(|r| r.2);
+        let want: Vec<(String, String, u64)> = pairs
+            .iter()
+            .enumerate()
+            .map(|(i, (a, r))| (a.to_string(), r.to_string(), i as u64))
+            .collect();
+        assert_eq!(back, want);
+        // What no replica writes is skipped, not misread.
+        let junk: HashMap<Vec<u8>, u64> = [
+            (b"99:short".to_vec(), 1),
+            (b"nolength".to_vec(), 2),
+            (b"x:y".to_vec(), 3),
+        ]
+        .into();
+        assert!(decode_reports(junk).is_empty());
     }
 }

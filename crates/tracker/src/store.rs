@@ -42,6 +42,10 @@ pub struct Outcome {
     pub void_hashes: bool,
     /// Hashes the node sent that fit the swarm; kept only if it is the source.
     pub hashes: BTreeMap<u32, PieceHash>,
+    /// The node's reports of other members this announce recorded (accused, until in
+    /// the store's milliseconds): shared, so a quorum counts reports heard by any
+    /// replica.
+    pub reports: Vec<(String, u64)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -170,6 +170,48 @@ async fn a_source_demoted_on_one_replica_loses_the_role_on_every_replica() {
         .contains("starling_tracker_source_demotions_total 1"));
 }
 
+/// Members whose connections a Service spread over two replicas report the source
+/// they cannot reach to different ones: neither replica heard a quorum itself, and the
+/// swarm still has to go on without that source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_split_over_replicas_still_demote_an_unreachable_source() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let (a, b) = (replica(&redis), replica(&redis));
+    let digest = oci::Digest::of(b"split reports");
+    let mut src = ask("src", &digest);
+    src.fetching_from_registry = true;
+    let (_, first) = announce(&a, &src).await;
+    assert_eq!(first.expect("answer").role, Role::Source);
+    for m in ["m1", "m2", "m3"] {
+        let (_, joined) = announce(&a, &ask(m, &digest)).await;
+        assert_eq!(joined.expect("answer").role, Role::Peer);
+    }
+    let reporting = |m: &str| {
+        let mut r = ask(m, &digest);
+        r.bad_peers = vec!["src".into()];
+        r
+    };
+    let (_, one) = announce(&a, &reporting("m1")).await;
+    assert_eq!(one.expect("answer").source.as_deref(), Some("src"));
+    let (_, two) = announce(&b, &reporting("m2")).await;
+    assert_eq!(
+        two.expect("answer").source.as_deref(),
+        Some("src"),
+        "two reports of three members fetching are no quorum"
+    );
+    let (_, three) = announce(&b, &reporting("m3")).await;
+    let three = three.expect("answer");
+    assert_eq!(
+        (three.role, three.source.as_deref()),
+        (Role::Source, Some("m3")),
+        "m1's report, heard by the other replica, completes the quorum"
+    );
+    let (_, demoted) = announce(&a, &src).await;
+    assert_eq!(demoted.expect("answer").role, Role::Peer);
+}
+
 /// A source whose registry bytes failed the digest voids the hashes it published,
 /// through one replica; the other replica's copy, which had them, must drop them too
 /// (copies merge what Redis has, so without the epoch it would keep serving them).

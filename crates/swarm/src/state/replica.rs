@@ -59,6 +59,18 @@ pub struct SharedSwarm {
     pub hashes: Option<BTreeMap<u32, PieceHash>>,
     /// Times a source voided its hashes (0: never, or a store that lost its data).
     pub hashes_epoch: u32,
+    /// Members' reports of each other, from every replica; `None`: not read this time.
+    pub reports: Option<Vec<SharedReport>>,
+}
+
+/// One member's report of another (bad pieces, or unreachable), as replicas share it:
+/// demotion and handouts count reports however the reporters spread over replicas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedReport {
+    pub accused: String,
+    pub reporter: String,
+    /// Wall-clock milliseconds until which the report stands.
+    pub until: u64,
 }
 
 impl TrackerState {
@@ -101,6 +113,11 @@ impl TrackerState {
                 ));
             }
         }
+        for r in shared.reports.into_iter().flatten() {
+            if r.until > now && r.accused != r.reporter && swarm.peers.get(&r.accused).is_some() {
+                swarm.record_report(&r.accused, &r.reporter, r.until);
+            }
+        }
         if let Some(hashes) = shared.hashes {
             // Merged, not replaced: a hash came from an elected source's registry bytes
             // and stays true for this geometry, so a store that lost its data (Redis
@@ -122,6 +139,15 @@ impl TrackerState {
     /// decision.
     pub fn take_demoted(&mut self, d: &Digest) -> Option<String> {
         self.swarms.get_mut(d).and_then(|s| s.demoted.take())
+    }
+
+    /// The reports the last announce of swarm `d` made (accused, until), once: a
+    /// shared store passes them to every replica.
+    pub fn take_reports(&mut self, d: &Digest) -> Vec<(String, u64)> {
+        self.swarms
+            .get_mut(d)
+            .map(|s| std::mem::take(&mut s.reported))
+            .unwrap_or_default()
     }
 
     /// Whether the last announce of swarm `d` voided its hashes, once: a shared store
@@ -202,6 +228,7 @@ mod tests {
                 peers: Some([("a".to_owned(), a)].into()),
                 hashes: None,
                 hashes_epoch: 0,
+                reports: None,
             },
             1_100,
         );

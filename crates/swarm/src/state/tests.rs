@@ -543,6 +543,75 @@ fn a_source_the_fetching_members_cannot_reach_is_demoted_and_replaced() {
     assert_eq!(t.stats()[0].source_elections, 2);
 }
 
+/// Members spread over tracker replicas (a Service balancing their connections) report
+/// the source to different ones: a quorum is counted over what every replica heard.
+#[test]
+fn reports_heard_by_another_replica_count_toward_a_demotion() {
+    let d = Digest::of(b"reports across replicas");
+    let (mut here, mut there) = (
+        TrackerState::new(SwarmConfig::default()),
+        TrackerState::new(SwarmConfig::default()),
+    );
+    for t in [&mut here, &mut there] {
+        assert_eq!(ann(t, &fetching("a", &d), 0).role, Role::Source);
+        for n in ["b", "c", "d"] {
+            ann(t, &req(n, &d), 1);
+        }
+    }
+    ann(&mut there, &reporting("b", &d, "a"), 2);
+    let shared: Vec<SharedReport> = there
+        .take_reports(&d)
+        .into_iter()
+        .map(|(accused, until)| SharedReport {
+            accused,
+            reporter: "b".into(),
+            until,
+        })
+        .collect();
+    assert_eq!(shared.len(), 1, "the report is handed to the store once");
+    assert!(there.take_reports(&d).is_empty());
+    ann(&mut here, &reporting("c", &d, "a"), 3);
+    let resp = ann(&mut here, &reporting("d", &d, "a"), 4);
+    assert_eq!(
+        resp.source.as_deref(),
+        Some("a"),
+        "two reports of three members fetching are no quorum on their own"
+    );
+    here.adopt(
+        &d,
+        SharedSwarm {
+            source: Some("a".into()),
+            reports: Some(shared.clone()),
+            ..SharedSwarm::default()
+        },
+        5,
+    );
+    let resp = ann(&mut here, &reporting("d", &d, "a"), 5);
+    assert_eq!(
+        resp.source.as_deref(),
+        Some("d"),
+        "with b's report, a is demoted"
+    );
+    assert_eq!(here.take_demoted(&d).as_deref(), Some("a"));
+    // A report of a name the swarm does not know, or one that lapsed, is not taken.
+    let mut stale = shared[0].clone();
+    stale.until = 6;
+    let stranger = SharedReport {
+        accused: "nobody".into(),
+        ..shared[0].clone()
+    };
+    there.adopt(
+        &d,
+        SharedSwarm {
+            source: Some("a".into()),
+            reports: Some(vec![stale, stranger]),
+            ..SharedSwarm::default()
+        },
+        7,
+    );
+    assert_eq!(there.swarms[&d].live_reports("nobody", 7), 0);
+}
+
 #[test]
 fn in_a_two_node_swarm_the_only_member_can_demote_an_unreachable_source() {
     let d = Digest::of(b"pair");
@@ -562,6 +631,7 @@ fn members_that_all_report_each_other_still_have_a_source() {
     let d = Digest::of(b"partitioned");
     let mut t = TrackerState::new(SwarmConfig::default());
     assert_eq!(ann(&mut t, &fetching("a", &d), 0).role, Role::Source);
+    assert_eq!(ann(&mut t, &req("b", &d), 1).role, Role::Peer);
     let mut a = fetching("a", &d);
     a.bad_peers = vec!["b".into()];
     ann(&mut t, &a, 1);
