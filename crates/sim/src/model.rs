@@ -67,7 +67,7 @@ impl Network {
         // The holder paces what it writes into the socket with its upload bucket
         // (serve.rs `send_piece`), so that limit is a stage of its own (a stream's
         // writer, see `upload_bucket`), not part of the network path. The download
-        // bucket paces what the receiver reads (conn.rs) and the source's registry
+        // bucket paces what the receiver reads (p2p/conn/receive.rs) and the source's registry
         // stream: it is part of the node's downlink.
         let p2p = transport == Transport::P2p;
         let upload_limit = sc.starling.upload_limit.filter(|_| p2p);
