@@ -462,3 +462,59 @@ async fn an_unreachable_source_is_demoted_and_its_swarm_goes_on_without_it() {
         "the registry was read less than twice: {read} bytes for a {layer}-byte layer"
     );
 }
+
+/// The same with two tracker replicas sharing Redis and the members' connections
+/// spread over them, as a Service spreads them: one member reports the source to one
+/// replica, two to the other, so neither heard the quorum of three members fetching.
+/// Reports are shared, so the source is still demoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_source_is_demoted_when_its_reporters_reach_different_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = blocking(testkit::RedisServer::start).await;
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/split-reports", "1", &[48 << 20], 44).unwrap();
+    let shared = ["--redis", &redis.url(), "--redis-refresh", "200ms"];
+    let (t1, t2) = (
+        tracker(dir.path(), &shared).await,
+        tracker(dir.path(), &shared).await,
+    );
+    let mut flags = nobody_can_dial();
+    flags.extend(["--download-limit", "2MiB"].map(String::from));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let src = agent(dir.path(), "src", &t1.url(), &registry, &flags).await;
+    let src_pull = spawn_source_pull(&src, &image).await;
+    let b = agent(dir.path(), "b", &t1.url(), &registry, &[]).await;
+    let c = agent(dir.path(), "c", &t2.url(), &registry, &[]).await;
+    let d = agent(dir.path(), "d", &t2.url(), &registry, &[]).await;
+    let pulls = [
+        spawn_pull(&b, &image),
+        spawn_pull(&c, &image),
+        spawn_pull(&d, &image),
+    ];
+    for p in pulls {
+        let r = tokio::time::timeout(Duration::from_secs(120), p)
+            .await
+            .expect("every member's pull finishes although none can reach the source")
+            .unwrap()
+            .expect("and succeeds");
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    let demotions = super::common::metric(&t1.url(), "starling_tracker_source_demotions_total")
+        .await
+        + super::common::metric(&t2.url(), "starling_tracker_source_demotions_total").await;
+    assert!(
+        demotions >= 1,
+        "a replica demoted the source nobody could reach"
+    );
+    src_pull
+        .await
+        .unwrap()
+        .expect("the demoted node's own pull");
+    let layer = image.layers[0].size;
+    let src_read = metric(&src, "starling_agent_p2p_registry_bytes_total").await;
+    assert!(
+        src_read < layer,
+        "the demoted node stopped reading the registry: {src_read} of {layer} bytes"
+    );
+}
