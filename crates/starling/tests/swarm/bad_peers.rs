@@ -7,7 +7,7 @@ use std::time::Duration;
 use testkit::{Registry, RegistryAuth, TestImage};
 
 use super::common::pull_via;
-use super::{agent, blocking, metric, spawn_pull, spawn_source_pull, tracker};
+use super::{agent, blocking, metric, spawn_pull, spawn_source_pull, tracker, until_metric_above};
 
 /// A seed's cached blob is deleted behind its back (an operator cleaning the disk at
 /// 3 a.m.). The seed finds out when a downloader's request reaches the file; it must
@@ -138,11 +138,11 @@ async fn a_peer_that_stops_mid_stream_is_dropped_and_the_pull_completes() {
     let url = b.url();
     let img = image.clone();
     let pull = tokio::spawn(async move { pull_via(&url, &img).await });
-    testkit::until(
+    until_metric_above(
         "b to receive from the seed",
-        Duration::from_millis(5),
-        Duration::from_secs(60),
-        || async { metric(&b, "starling_agent_p2p_peer_bytes_total").await > 4 << 20 },
+        &b,
+        "starling_agent_p2p_peer_bytes_total",
+        4 << 20,
     )
     .await;
     let pid = seed.child.id().to_string();
@@ -196,11 +196,11 @@ async fn a_frozen_stripe_member_strands_no_pieces() {
         members.push(m);
     }
     let frozen = &members[0];
-    testkit::until(
+    until_metric_above(
         "the member to take its share",
-        Duration::from_millis(5),
-        Duration::from_secs(60),
-        || async { metric(frozen, "starling_agent_p2p_peer_bytes_total").await > 2 << 20 },
+        frozen,
+        "starling_agent_p2p_peer_bytes_total",
+        2 << 20,
     )
     .await;
     let pid = frozen.child.id().to_string();
@@ -376,11 +376,11 @@ async fn a_downloader_that_freezes_mid_piece_does_not_keep_the_upload_slot() {
     pull_via(&seed.url(), &image).await.unwrap();
     let a = agent(dir.path(), "a", &t.url(), &registry, &[]).await;
     let a_pull = spawn_pull(&a, &image);
-    testkit::until(
+    until_metric_above(
         "a to receive from the seed",
-        Duration::from_millis(5),
-        Duration::from_secs(60),
-        || async { metric(&a, "starling_agent_p2p_peer_bytes_total").await > 8 << 20 },
+        &a,
+        "starling_agent_p2p_peer_bytes_total",
+        8 << 20,
     )
     .await;
     let pid = a.child.id().to_string();

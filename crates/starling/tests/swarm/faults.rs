@@ -8,7 +8,9 @@ use testkit::{Registry, RegistryAuth, TestImage};
 
 use super::bad_peers::nobody_can_dial;
 use super::common::{pull_via, ready};
-use super::{agent, agent_via, blocking, metric, spawn_pull, spawn_source_pull, tracker};
+use super::{
+    agent, agent_via, blocking, metric, spawn_pull, spawn_source_pull, tracker, until_metric_above,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_source_mid_transfer_does_not_cut_other_clients() {
@@ -236,21 +238,21 @@ async fn after_the_registry_sends_bad_bytes_once_a_retry_succeeds_everywhere() {
     let layer = image.layers[0].clone();
     let url = format!("{}/v2/swarm/bad-bytes/blobs/{}", src.url(), layer.digest);
     let plain_read = tokio::spawn(async move { reqwest::get(url).await?.bytes().await });
-    testkit::until(
+    until_metric_above(
         "the source to read from the registry",
-        Duration::from_millis(5),
-        Duration::from_secs(60),
-        || async { metric(&src, "starling_agent_p2p_registry_bytes_total").await > 0 },
+        &src,
+        "starling_agent_p2p_registry_bytes_total",
+        0,
     )
     .await;
     let m = agent_via(dir.path(), "m", &t.url(), &registry, &proxy, &[]).await;
     let m_pull = spawn_pull(&m, &image);
     // The member holds pieces checked against the source's hashes of the bad bytes.
-    testkit::until(
+    until_metric_above(
         "the member to receive from the source",
-        Duration::from_millis(5),
-        Duration::from_secs(60),
-        || async { metric(&m, "starling_agent_p2p_peer_bytes_total").await > 4 << 20 },
+        &m,
+        "starling_agent_p2p_peer_bytes_total",
+        4 << 20,
     )
     .await;
     match plain_read.await.unwrap() {
@@ -310,11 +312,11 @@ async fn a_source_whose_disk_fills_mid_blob_hands_its_swarm_on() {
     let src_pull = spawn_source_pull(&src, &image).await;
     let m = agent(dir.path(), "m", &t.url(), &registry, &[]).await;
     let m_pull = spawn_pull(&m, &image);
-    testkit::until(
+    until_metric_above(
         "the member to receive from the source",
-        Duration::from_millis(5),
-        Duration::from_secs(60),
-        || async { metric(&m, "starling_agent_p2p_peer_bytes_total").await > 4 << 20 },
+        &m,
+        "starling_agent_p2p_peer_bytes_total",
+        4 << 20,
     )
     .await;
     let filler = fs.mount.join("filler");

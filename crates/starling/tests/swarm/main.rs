@@ -86,6 +86,18 @@ async fn metric(agent: &Proc, name: &str) -> u64 {
     common::metric(&agent.url(), name).await
 }
 
+/// Waits (up to 60 s) until `agent`'s counter `name` is above `floor`; `what` names the
+/// wait in the failure.
+async fn until_metric_above(what: &str, agent: &Proc, name: &str, floor: u64) {
+    testkit::until(
+        what,
+        Duration::from_millis(5),
+        Duration::from_secs(60),
+        || async { metric(agent, name).await > floor },
+    )
+    .await;
+}
+
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(f).await.unwrap()
 }
@@ -102,11 +114,11 @@ fn spawn_pull(agent: &Proc, image: &testkit::PushedImage) -> PullTask {
 /// (elected source of the big layer).
 async fn spawn_source_pull(src: &Proc, image: &testkit::PushedImage) -> PullTask {
     let pull = spawn_pull(src, image);
-    testkit::until(
+    until_metric_above(
         "the source to read from the registry",
-        Duration::from_millis(5),
-        Duration::from_secs(60),
-        || async { metric(src, "starling_agent_p2p_registry_bytes_total").await > 0 },
+        src,
+        "starling_agent_p2p_registry_bytes_total",
+        0,
     )
     .await;
     pull
