@@ -18,6 +18,12 @@
 //! others. Fewest-sent bows to fairness: a connection passed over two rounds of the
 //! waiting connections ([`FRESHER_FIRST_ROUNDS`]) is served next, the longest-waiting
 //! first.
+//! Within one connection's line fewest-sent bows to age the same way: a request that
+//! has watched [`REQUEST_PATIENCE`] others of its line served goes next when its line
+//! is served. One connection carries every blob two nodes share, so without it a blob
+//! whose pieces this holder had sent before waited for as long as another blob had
+//! fresh ones, and the downloader could not tell that holder from one that had stopped
+//! serving the blob (`SILENT_HOLDER_MS` in the agent).
 //! A node that fell behind (its link went to a registry fetch, say) asks for pieces
 //! every holder has sent many times, so under fewest-sent alone it lost to every fresh
 //! request and received at a third of its link until the others finished (16 × 8 MiB/s,
@@ -74,6 +80,10 @@ pub const DEFAULT_QUEUE_PER_CONN: usize = 64;
 /// simulated 16 × 8 MiB/s swarm 1.45 × T* on one seed, two were as good as none).
 pub const FRESHER_FIRST_SKIPS: u32 = 4;
 pub const FRESHER_FIRST_ROUNDS: u32 = 2;
+/// Requests of the same connection a waiting request may see served before it goes
+/// next in its line: above a downloader's usual window at a holder, so fresh pieces
+/// still go first among the requests one download has waiting.
+pub const REQUEST_PATIENCE: u64 = 32;
 /// Requests a holder keeps waiting over all connections.
 pub const DEFAULT_QUEUE_TOTAL: usize = 4096;
 /// Piece requests an agent keeps in flight over all blobs, read heads aside (the
@@ -117,13 +127,30 @@ pub struct UploadQueue<C> {
     /// piece): with every ordinary slot busy, `next_to_send` — called for every
     /// request that arrives — has nothing to look for when there are none.
     urgent_heads: usize,
-    lines: HashMap<C, VecDeque<Queued>, BuildHasherDefault<LocalKeyHasher>>,
+    lines: HashMap<C, Line, BuildHasherDefault<LocalKeyHasher>>,
     /// Connections with something waiting, in serving order, each with the times it
     /// was passed over since it was last served (kept here, not in a map by
     /// connection: `next_to_send` reads every waiting connection's count and adds to it).
     turn: VecDeque<(C, u32)>,
     /// Times each (blob, piece) was sent.
     sent: HashMap<(u64, u32), u32, BuildHasherDefault<LocalKeyHasher>>,
+}
+
+/// One connection's waiting requests, oldest first, each with the count of this
+/// line's requests served before it arrived.
+#[derive(Debug, Default)]
+struct Line {
+    served: u64,
+    waiting: VecDeque<(Queued, u64)>,
+}
+
+impl Line {
+    /// Requests of this line served while the oldest waiting one waited.
+    fn oldest_passed_over(&self) -> u64 {
+        self.waiting
+            .front()
+            .map_or(0, |&(_, arrived)| self.served - arrived)
+    }
 }
 
 /// A multiply-and-fold hasher for the line's keys: `(blob, piece)` and connections.
@@ -191,13 +218,15 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
 
     pub fn push(&mut self, conn: C, q: Queued) -> Admit {
         let line = self.lines.entry(conn).or_default();
-        if line.len() >= self.cfg.max_queued_per_conn || self.queued >= self.cfg.max_queued_total {
+        if line.waiting.len() >= self.cfg.max_queued_per_conn
+            || self.queued >= self.cfg.max_queued_total
+        {
             return Admit::Busy;
         }
-        if line.is_empty() {
+        if line.waiting.is_empty() {
             self.turn.push_back((conn, 0));
         }
-        line.push_back(q);
+        line.waiting.push_back((q, line.served));
         self.queued += 1;
         self.urgent_heads += q.is_reader_head() as usize;
         Admit::Queued
@@ -215,8 +244,8 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             self.urgent_heads,
             self.lines
                 .values()
-                .flatten()
-                .filter(|q| q.is_reader_head())
+                .flat_map(|l| &l.waiting)
+                .filter(|(q, _)| q.is_reader_head())
                 .count(),
             "the count of waiting urgent head requests"
         );
@@ -235,7 +264,7 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
             };
             let starved = skipped >= patience;
             let wait_rank = if starved { -(skipped as i64) } else { 0 };
-            for (k, q) in line.iter().enumerate() {
+            for (k, (q, _)) in line.waiting.iter().enumerate() {
                 if only_urgent && !q.is_reader_head() {
                     continue;
                 }
@@ -262,11 +291,17 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
                 }
             }
         }
-        let ((_, _, _, _, t, k), conn) = best?;
+        let ((not_urgent, _, _, _, t, mut k), conn) = best?;
         let line = self.lines.get_mut(&conn)?;
-        let q = line.remove(k)?;
+        // The line is served: by its oldest request if that one has waited long enough
+        // (unless a reader waits on the one chosen).
+        if not_urgent && line.oldest_passed_over() >= REQUEST_PATIENCE {
+            k = 0;
+        }
+        let (q, _) = line.waiting.remove(k)?;
+        line.served += 1;
         self.turn.remove(t);
-        let still_waiting = !line.is_empty();
+        let still_waiting = !line.waiting.is_empty();
         if still_waiting {
             self.turn.push_back((conn, 0));
         }
@@ -294,13 +329,17 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
         let Some(line) = self.lines.get_mut(&conn) else {
             return false;
         };
-        let Some(at) = line.iter().position(|q| q.chan == chan && q.piece == piece) else {
+        let Some(at) = line
+            .waiting
+            .iter()
+            .position(|(q, _)| q.chan == chan && q.piece == piece)
+        else {
             return false;
         };
-        let q = line.remove(at);
+        let q = line.waiting.remove(at);
         self.queued -= 1;
-        self.urgent_heads -= q.is_some_and(|q| q.is_reader_head()) as usize;
-        if line.is_empty() {
+        self.urgent_heads -= q.is_some_and(|(q, _)| q.is_reader_head()) as usize;
+        if line.waiting.is_empty() {
             self.turn.retain(|&(c, _)| c != conn);
         }
         true
@@ -309,16 +348,16 @@ impl<C: Copy + Eq + Hash> UploadQueue<C> {
     /// Drops everything a connection (or one of its channels) has waiting.
     pub fn drop_waiting(&mut self, conn: C, chan: Option<ChannelId>) {
         if let Some(line) = self.lines.get_mut(&conn) {
-            let before = line.len();
+            let before = line.waiting.len();
             let mut urgent_heads = 0;
-            line.retain(|q| {
+            line.waiting.retain(|(q, _)| {
                 let keep = chan.is_some_and(|c| q.chan != c);
                 urgent_heads += (!keep && q.is_reader_head()) as usize;
                 keep
             });
-            self.queued -= before - line.len();
+            self.queued -= before - line.waiting.len();
             self.urgent_heads -= urgent_heads;
-            if line.is_empty() {
+            if line.waiting.is_empty() {
                 self.lines.remove(&conn);
                 self.turn.retain(|&(c, _)| c != conn);
             }
@@ -553,6 +592,70 @@ mod tests {
             assert!(served_before_laggard <= 8, "the laggard waits forever");
         }
         assert_eq!(served_before_laggard, 8, "fresh pieces first until then");
+    }
+
+    #[test]
+    fn a_blob_sent_before_is_not_starved_on_a_connection_that_carries_fresh_ones() {
+        let mut u = UploadQueue::new(UploadConfig {
+            max_active: 1,
+            ..UploadConfig::default()
+        });
+        let piece_of = |blob: u64, piece: u32| Queued {
+            chan: blob as ChannelId,
+            blob,
+            piece,
+            urgent: false,
+            small_head: false,
+        };
+        // Blob 2's piece 5 went out many times; one connection now asks for it while
+        // the same connection keeps asking for blob 1's pieces never sent before.
+        for _ in 0..10 {
+            u.push('z', piece_of(2, 5));
+            u.next_to_send();
+            u.done();
+        }
+        u.push('a', piece_of(2, 5));
+        let mut fresh = 0;
+        let mut served_before = 0u64;
+        loop {
+            u.push('a', piece_of(1, fresh));
+            fresh += 1;
+            let (c, x) = u.next_to_send().unwrap();
+            u.done();
+            assert_eq!(c, 'a');
+            if x.blob == 2 {
+                break;
+            }
+            served_before += 1;
+            assert!(
+                served_before <= REQUEST_PATIENCE,
+                "blob 2 waits for as long as blob 1 has fresh pieces"
+            );
+        }
+        assert_eq!(
+            served_before, REQUEST_PATIENCE,
+            "fresh pieces first until then"
+        );
+        // A reader's head still goes before a request that has waited.
+        u.push('a', piece_of(2, 5));
+        for _ in 0..REQUEST_PATIENCE {
+            u.push('a', piece_of(1, fresh));
+            fresh += 1;
+            u.next_to_send();
+            u.done();
+        }
+        u.push('a', q(0, true));
+        assert_eq!(
+            u.next_to_send().map(|(_, x)| (x.blob, x.piece)),
+            Some((7, 0)),
+            "the urgent head first"
+        );
+        u.done();
+        assert_eq!(
+            u.next_to_send().map(|(_, x)| (x.blob, x.piece)),
+            Some((2, 5)),
+            "then the request that waited"
+        );
     }
 
     #[test]

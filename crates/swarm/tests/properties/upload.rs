@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use proptest::prelude::*;
-use swarm::upload::{Admit, Queued, UploadConfig, UploadQueue};
+use swarm::upload::{Admit, Queued, UploadConfig, UploadQueue, REQUEST_PATIENCE};
 
 use super::Tally;
 
@@ -34,6 +34,9 @@ pub(super) fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, T
     let (per_conn, total) = (cfg.max_queued_per_conn, cfg.max_queued_total);
     let mut u: UploadQueue<u8> = UploadQueue::new(cfg);
     let mut waiting: BTreeMap<u8, VecDeque<Queued>> = BTreeMap::new();
+    // Per connection: requests served from its line, and that count at each waiting
+    // request's arrival (in `waiting`'s order).
+    let mut served_from: BTreeMap<u8, (u64, VecDeque<u64>)> = BTreeMap::new();
     let mut active = 0usize;
     let (mut pushed, mut served, mut cancelled, mut dropped) = (0usize, 0usize, 0usize, 0usize);
     for op in ops {
@@ -54,6 +57,8 @@ pub(super) fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, T
                 prop_assert_eq!(admit == Admit::Busy, busy, "admission of {:?}", q);
                 tally.add(if busy { "busy" } else { "queued" });
                 if admit == Admit::Queued {
+                    let (n, arrivals) = served_from.entry(*c).or_default();
+                    arrivals.push_back(*n);
                     line.push_back(q);
                     pushed += 1;
                 }
@@ -89,8 +94,18 @@ pub(super) fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, T
                         let line = waiting.get_mut(&c);
                         let at = line.as_ref().and_then(|l| l.iter().position(|x| *x == q));
                         prop_assert!(at.is_some(), "{:?} was not waiting on {}", q, c);
+                        let (n, arrivals) = served_from.entry(c).or_default();
+                        let oldest_waited = arrivals.front().map_or(0, |a| *n - a);
+                        prop_assert!(
+                            q.urgent || oldest_waited < REQUEST_PATIENCE || at == Some(0),
+                            "{:?} served before the oldest request of its line, which saw {} served",
+                            q,
+                            oldest_waited
+                        );
+                        *n += 1;
                         if let (Some(line), Some(at)) = (line, at) {
                             line.remove(at);
+                            arrivals.remove(at);
                         }
                         tally.add(if urgent_waiting {
                             "served urgent first"
@@ -115,6 +130,7 @@ pub(super) fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, T
                 if let Some(at) = at {
                     tally.add("cancelled");
                     line.remove(at);
+                    served_from.entry(*c).or_default().1.remove(at);
                     cancelled += 1;
                 }
             }
@@ -122,7 +138,22 @@ pub(super) fn run_upload(cfg: UploadConfig, ops: &[UploadOp]) -> Result<Tally, T
                 u.drop_waiting(*c, *chan);
                 let line = waiting.entry(*c).or_default();
                 let before = line.len();
-                line.retain(|q| chan.is_some_and(|ch| q.chan != ch));
+                let (n, arrivals) = served_from.entry(*c).or_default();
+                let mut kept = arrivals.iter();
+                let mut arrivals_kept = VecDeque::new();
+                line.retain(|q| {
+                    let arrived = kept.next().copied().unwrap_or(0);
+                    let keep = chan.is_some_and(|ch| q.chan != ch);
+                    if keep {
+                        arrivals_kept.push_back(arrived);
+                    }
+                    keep
+                });
+                *arrivals = arrivals_kept;
+                if line.is_empty() {
+                    // The queue forgets an emptied line, and its count.
+                    *n = 0;
+                }
                 dropped += before - line.len();
             }
         }
@@ -169,10 +200,10 @@ proptest! {
     #[test]
     fn upload_queue_invariants(
         max_active in 0usize..4,
-        per_conn in 1usize..5,
-        total in 1usize..10,
+        per_conn in 1usize..12,
+        total in 1usize..24,
         urgent_extra in 0usize..3,
-        ops in proptest::collection::vec(upload_op(), 1..120),
+        ops in proptest::collection::vec(upload_op(), 1..240),
     ) {
         run_upload(UploadConfig { max_active, max_queued_per_conn: per_conn, max_queued_total: total, urgent_extra }, &ops)?;
     }
