@@ -19,6 +19,9 @@ pub struct AgentArgs {
     /// Test mode: take peers' piece requests and never send them.
     #[arg(long, hide = true)]
     withhold_pieces: bool,
+    /// Test mode: the same for one blob (a digest) while serving the others.
+    #[arg(long, hide = true, value_name = "DIGEST")]
+    withhold_pieces_of: Option<String>,
     /// Print the effective configuration as TOML (secrets redacted) and exit.
     #[arg(long)]
     print_config: bool,
@@ -237,6 +240,7 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     let mut cfg = agent::config::load(a.config.as_deref(), &a.flags.settings, &a.flags.registry)?;
     cfg.corrupt_pieces = a.corrupt_pieces;
     cfg.withhold_pieces = a.withhold_pieces;
+    cfg.withhold_pieces_of = a.withhold_pieces_of.clone();
     Ok(cfg)
 }
 

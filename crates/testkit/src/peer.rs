@@ -170,3 +170,50 @@ pub fn raw_digest(d: &str) -> [u8; 32] {
     let _ = hex::decode_to_slice(d.trim_start_matches("sha256:"), &mut out);
     out
 }
+
+/// A hostile holder: it completes the handshake (knowing the cluster token), says it
+/// holds every blob a downloader opens, and then answers nothing — no piece, no PONG.
+/// A real agent cannot be made to do this; it stands for a tenant's modified agent.
+/// Returns its address; it serves until the task is aborted.
+pub async fn start_mute_holder(
+    name: &str,
+    token: &str,
+) -> Result<(String, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let (name, token) = (name.to_owned(), token.to_owned());
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (name, token) = (name.clone(), token.clone());
+            tokio::spawn(async move {
+                let _ = mute_connection(tcp, &name, &token).await;
+            });
+        }
+    });
+    Ok((addr, task))
+}
+
+async fn mute_connection(tcp: TcpStream, me: &str, token: &str) -> Result<()> {
+    let mut c = PeerClient {
+        tcp,
+        buf: BytesMut::new(),
+        holder: String::new(),
+    };
+    let Read::Frame(Frame::Hello { nonce: theirs, .. }) = c.read().await? else {
+        bail!("expected HELLO");
+    };
+    let nonce: [u8; 16] = rand::random();
+    c.send(&[Frame::Hello {
+        version: wire::PROTOCOL_VERSION,
+        node: me.into(),
+        addr: String::new(),
+        nonce,
+        proof: wire::handshake_proof(token.as_bytes(), wire::ROLE_HOLDER, &theirs, me),
+    }])
+    .await?;
+    loop {
+        if let Read::Frame(Frame::Open { chan, .. }) = c.read_inner().await? {
+            c.send(&[Frame::Complete { chan }]).await?;
+        }
+    }
+}

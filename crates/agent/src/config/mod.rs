@@ -202,6 +202,10 @@ agent_settings! {
         /// holder that serves nothing is left behind).
         #[serde(skip)]
         withhold_pieces: bool = false;
+        /// Test mode: the same for one blob only, while other blobs are served (proves
+        /// a holder that starves one blob is left behind for it).
+        #[serde(skip)]
+        withhold_pieces_of: Option<String> = None;
     }
 }
 

@@ -261,6 +261,8 @@ pub struct P2p {
     pub(crate) corrupt: bool,
     /// Test mode: piece requests are taken and never sent.
     pub(crate) withhold: bool,
+    /// Test mode: the same for this blob only.
+    pub(crate) withhold_blob: Option<String>,
     pub metrics: P2pMetrics,
 }
 
@@ -324,6 +326,7 @@ impl P2p {
             piece_size: cfg.piece_size.bytes(),
             corrupt: cfg.corrupt_pieces,
             withhold: cfg.withhold_pieces,
+            withhold_blob: cfg.withhold_pieces_of.clone(),
             metrics: P2pMetrics::register(registry),
         })))
     }

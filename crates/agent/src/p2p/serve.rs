@@ -665,6 +665,13 @@ async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
             let Some((d, layout)) = chan else {
                 continue;
             };
+            if p2p
+                .withhold_blob
+                .as_ref()
+                .is_some_and(|w| *w == d.to_string())
+            {
+                continue;
+            }
             let (start, end) = layout.range(q.piece);
             let file = match agent.store.open_complete(&d) {
                 Ok(Some(open)) if open.size == layout.blob_size => Some(open.file.clone()),
@@ -735,6 +742,41 @@ async fn write_loop(
     }
 }
 
+/// Waits for `wait` (the uplink's tokens for the next chunk) while writing the control
+/// frames that come meanwhile. A PONG that waited behind the upload limit came too
+/// late once the chunks queued there took more than the downloader's 2 s of patience
+/// (a holder limited to 128 KiB/s, or 2 MiB of chunks at 1 MiB/s): every downloader
+/// dropped the connection as dead, and nothing was served.
+async fn write_control_while(
+    w: &mut PeerWrite,
+    ctl: &mut mpsc::Receiver<Frame>,
+    wait: impl std::future::Future<Output = ()>,
+    peer: &str,
+    stalled: &prometheus_client::metrics::counter::Counter,
+) -> Result<(), Error> {
+    tokio::pin!(wait);
+    let mut frames = Vec::new();
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut wait => return Ok(()),
+            f = ctl.recv() => {
+                let Some(f) = f else {
+                    // The connection is closing: only the wait is left.
+                    wait.await;
+                    return Ok(());
+                };
+                frames.push(f);
+                while let Ok(more) = ctl.try_recv() {
+                    frames.push(more);
+                }
+                before_send_stall(stalled, peer, write_frames(w, &frames, peer)).await?;
+                frames.clear();
+            }
+        }
+    }
+}
+
 async fn send_piece(
     p2p: &P2p,
     w: &mut PeerWrite,
@@ -748,11 +790,14 @@ async fn send_piece(
         // A reader's head piece does not queue behind the debt of other pieces'
         // chunks (up to one 512 KiB chunk per active upload, ≈ 80 ms at 25 MiB/s):
         // it is 1/16 of a piece, so the uplink's long-run rate hardly moves.
-        match &p2p.upload {
-            Some(l) if job.reader_head => l.acquire_high(n).await,
-            Some(l) => l.acquire(n).await,
-            None => {}
-        }
+        let uplink = async {
+            match &p2p.upload {
+                Some(l) if job.reader_head => l.acquire_high(n).await,
+                Some(l) => l.acquire(n).await,
+                None => {}
+            }
+        };
+        write_control_while(w, ctl, uplink, peer, &p2p.metrics.readers_stalled).await?;
         let mut frames = Vec::new();
         while let Ok(f) = ctl.try_recv() {
             frames.push(f);

@@ -1,13 +1,17 @@
 //! Peers that misbehave: a liar, a peer, a stripe member or a downloader frozen
 //! mid-transfer, peers alive for the tracker that nobody can dial (an only holder,
-//! rack-mates), a seed whose cached blob was deleted, a holder that never sends.
+//! rack-mates), a seed whose cached blob was deleted, a holder that never sends, or
+//! sends every blob but one.
 
 use std::time::Duration;
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
 use super::common::pull_via;
-use super::{agent, blocking, metric, spawn_pull, spawn_source_pull, tracker, until_metric_above};
+use super::{
+    agent, blocking, holders, metric, spawn_pull, spawn_source_pull, tracker, until_metric_above,
+    TOKEN,
+};
 
 /// A seed's cached blob is deleted behind its back (an operator cleaning the disk at
 /// 3 a.m.). The seed finds out when a downloader's request reaches the file; it must
@@ -86,6 +90,123 @@ async fn a_holder_that_never_sends_what_it_claims_does_not_hang_a_pull() {
         metric(&b, "starling_agent_p2p_registry_bytes_total").await >= image.layers[0].size,
         "the newcomer, elected in its place, read the layer from the registry"
     );
+}
+
+/// A holder that serves a node every blob but one, on the one connection they share (a
+/// tenant starving one layer, or a broken holder). The downloader used to excuse a
+/// holder that was sending it other blobs for as long as it did, so the starved layer
+/// waited until the other one was done. Now it waits at most `SILENT_WHILE_BUSY_MS`
+/// (2 min): the holder is reported for that blob, the downloader is elected in its
+/// place and reads it from the registry while the other layer is still arriving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_that_starves_one_blob_while_serving_another_is_left_behind_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    // Layer 0 is starved; layer 1 trickles at the holder's upload limit for ~190 s.
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/starved", "1", &[8 << 20, 24 << 20], 57)
+            .unwrap();
+    let (starved, trickled) = (&image.layers[0], &image.layers[1]);
+    let t = tracker(dir.path(), &[]).await;
+    let seed = agent(
+        dir.path(),
+        "seed",
+        &t.url(),
+        &registry,
+        &[
+            "--withhold-pieces-of",
+            starved.digest.as_str(),
+            "--upload-limit",
+            "128KiB",
+        ],
+    )
+    .await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let pull = spawn_pull(&b, &image);
+    let in_cache = |l: &testkit::Blob| dir.path().join("b/blobs").join(l.digest.replace(':', "/"));
+    let (starved_file, trickled_file) = (in_cache(starved), in_cache(trickled));
+    testkit::until(
+        "the starved layer to be complete on b",
+        Duration::from_millis(100),
+        Duration::from_secs(175),
+        || async { starved_file.exists() },
+    )
+    .await;
+    assert!(
+        !trickled_file.exists(),
+        "the other layer still arriving: the starved one did not wait for it"
+    );
+    assert!(metric(&b, "starling_agent_p2p_peers_silent_total").await >= 1);
+    assert!(
+        metric(&b, "starling_agent_p2p_registry_bytes_total").await >= starved.size,
+        "b, elected in the holder's place, read the starved layer from the registry"
+    );
+    pull.abort();
+}
+
+/// A holder that completes the handshake, says it holds the blob, and then answers
+/// nothing, not even a PING (a tenant's modified agent). The downloader drops each
+/// connection after 3 s of silence and dials again, and each new connection used to
+/// start its 30 s of patience over: as the only holder it kept the pull waiting for
+/// good. Now connections lost with requests outstanding count: after three in a row
+/// without a piece the holder is reported, and the downloader is elected to read the
+/// registry in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_that_answers_no_ping_is_reported_and_does_not_hang_a_pull() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image = TestImage::push_multilayer(&registry, "swarm/mute", "1", &[8 << 20], 61).unwrap();
+    let layer = image.layers[0].clone();
+    let t = tracker(dir.path(), &[]).await;
+    let (addr, mute) = testkit::peer::start_mute_holder("mute", TOKEN)
+        .await
+        .unwrap();
+    // It stays a member for the tracker: it announces the whole layer every second.
+    let announcing = tokio::spawn({
+        let tracker = t.url();
+        async move {
+            let http = reqwest::Client::new();
+            loop {
+                let body = serde_json::json!({
+                    "node": "mute", "addr": addr, "digest": layer.digest,
+                    "size": layer.size, "complete": true,
+                });
+                let _ = http
+                    .post(format!("{tracker}/swarm/v1/announce"))
+                    .bearer_auth(TOKEN)
+                    .json(&body)
+                    .send()
+                    .await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+    testkit::until(
+        "the tracker to hand out the mute holder",
+        Duration::from_millis(20),
+        Duration::from_secs(10),
+        || async {
+            holders(&t.url(), &image.layers[0].digest)
+                .await
+                .iter()
+                .any(|(n, _)| n == "mute")
+        },
+    )
+    .await;
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let r = tokio::time::timeout(Duration::from_secs(90), pull_via(&b.url(), &image))
+        .await
+        .expect("the pull finishes although the only holder answers nothing")
+        .expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    assert!(metric(&b, "starling_agent_p2p_peers_silent_total").await >= 1);
+    assert!(
+        metric(&b, "starling_agent_p2p_registry_bytes_total").await >= image.layers[0].size,
+        "b, elected in the mute holder's place, read the layer from the registry"
+    );
+    announcing.abort();
+    mute.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -477,3 +477,44 @@ async fn far_peers_in_a_striped_swarm_hear_only_their_stripe() {
     let upstream = metric(&src, "starling_agent_p2p_registry_bytes_total").await;
     assert!(upstream <= image.layers[0].size + image.layers[0].size / 20);
 }
+
+/// A holder whose uplink is limited far below its peers' (`--upload-limit 128KiB`):
+/// the chunks waiting for its tokens used to hold back the PONGs its downloader asks
+/// for after 1 s of silence, so every downloader dropped the connection as dead every
+/// few seconds and a blob that needs 40 s at that rate got a piece a minute. Control
+/// frames now pass while a chunk waits for the uplink: the connection lives and the
+/// blob comes whole from the holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_with_a_slow_uplink_keeps_its_connections_and_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/slow-up", "1", &[4 << 20], 59).unwrap();
+    let t = tracker(dir.path(), &[]).await;
+    let seed = agent(
+        dir.path(),
+        "seed",
+        &t.url(),
+        &registry,
+        // 1 MiB pieces go out in 512 KiB chunks: 4 s of tokens each, more than the
+        // downloader's PING after 1 s of silence and 2 s for its PONG.
+        &["--upload-limit", "128KiB", "--piece-size", "1MiB"],
+    )
+    .await;
+    pull_via(&seed.url(), &image).await.unwrap();
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image))
+        .await
+        .expect("the pull finishes at the holder's rate")
+        .expect("and succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    assert_eq!(
+        metric(&b, "starling_agent_p2p_peers_stalled_total").await,
+        0,
+        "no connection to the slow holder was dropped as dead"
+    );
+    assert!(
+        metric(&b, "starling_agent_p2p_peer_bytes_total").await >= image.layers[0].size,
+        "the layer came from the holder"
+    );
+}

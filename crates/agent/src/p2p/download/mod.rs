@@ -58,6 +58,14 @@ const UNREACHABLE_AFTER: u32 = 3;
 /// holder whose slots a frozen downloader holds frees them first.
 const SILENT_HOLDER_MS: u64 = 30_000;
 
+/// A holder that sends this node other blobs' pieces on the same connection meanwhile
+/// is excused from `SILENT_HOLDER_MS` up to this long. Its upload line serves a
+/// connection's oldest request after `swarm::upload::REQUEST_PATIENCE` others, so an
+/// honest holder gets to this blob well before; one that serves every blob but this
+/// one (a hostile or broken peer, or the only holder of the blob) is reported at the
+/// latest now, and the swarm goes on without it.
+const SILENT_WHILE_BUSY_MS: u64 = 4 * SILENT_HOLDER_MS;
+
 /// Waits between attempts of a completed download's last announce (about a minute
 /// in all: a tracker replica restarting, or its Redis).
 const FINAL_ANNOUNCE_RETRIES_MS: [u64; 8] = [250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000];
@@ -282,6 +290,9 @@ struct Link {
     have_filter: swarm::links::HaveFilter,
     /// Dials that failed since the last that worked.
     failed_dials: u32,
+    /// Connections lost with requests of this blob outstanding (no PONG, a payload
+    /// stalled) since the holder last delivered a piece of it.
+    lost_while_asked: u32,
 }
 
 impl Link {
@@ -297,6 +308,7 @@ impl Link {
             useful_ms: now_ms,
             have_filter: swarm::links::HaveFilter::ALL,
             failed_dials: 0,
+            lost_while_asked: 0,
         }
     }
 }

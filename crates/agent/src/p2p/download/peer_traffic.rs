@@ -38,14 +38,32 @@ impl Download {
     }
 
     /// The peer's channel is gone: its requests end, it leaves the scheduler.
+    /// A connection that failed: its requests end, and the link is dialled again
+    /// shortly. A holder whose connections keep failing while it is asked for pieces
+    /// (it completes the handshake, then answers no PING) is reported like a silent
+    /// one after `UNREACHABLE_AFTER` losses without a piece between them: each new
+    /// connection started `SILENT_HOLDER_MS` over, so an only holder that did this
+    /// held its downloaders for good.
     pub(super) fn lost(&mut self, peer: &str) {
-        for piece in self.sched.remove_peer(peer) {
+        let outstanding = self.sched.remove_peer(peer);
+        let asked = !outstanding.is_empty();
+        for piece in outstanding {
             self.request_ended(piece, peer);
         }
         if let Some(l) = self.links.get_mut(peer) {
             l.conn = None;
             l.connecting = false;
             l.retry_at = Some(Instant::now() + Duration::from_secs(1));
+            l.lost_while_asked += asked as u32;
+            if l.lost_while_asked >= UNREACHABLE_AFTER {
+                l.lost_while_asked = 0;
+                l.retry_at = Some(Instant::now() + Duration::from_secs(60));
+                warn!(digest = %self.d, %peer, "connections to the peer keep failing while it is asked for pieces; reported to the tracker");
+                self.p2p.metrics.peers_silent.inc();
+                if !self.bad.iter().any(|b| b == peer) {
+                    self.bad.push(peer.to_owned());
+                }
+            }
         }
     }
 
@@ -182,6 +200,7 @@ impl Download {
                 self.request_ended(piece, &peer);
                 if let Some(l) = self.links.get_mut(&peer) {
                     l.useful_ms = now;
+                    l.lost_while_asked = 0;
                 }
                 self.check_piece(piece, &peer, hash).await?;
             }
@@ -260,16 +279,20 @@ impl Download {
         }
     }
 
-    /// Holders asked for pieces that sent nothing for `SILENT_HOLDER_MS`: reported to
+    /// Holders asked for pieces that sent nothing for `SILENT_HOLDER_MS` (or, while
+    /// they send this node other blobs, `SILENT_WHILE_BUSY_MS`): reported to
     /// the tracker, which then leaves them out of this node's handouts (everyone's, on
     /// a quorum) and, if one was the only holder, elects this node to read the
     /// registry; their requests end, and the link rests as long as a report lasts.
     /// A peer's claim to hold pieces is worth what it delivers: before, one that
     /// claimed a whole blob and sent nothing held every newcomer for good.
     pub(super) async fn drop_silent_holders(&mut self) {
-        for peer in self.sched.silent_holders(self.now_ms(), SILENT_HOLDER_MS) {
+        let now = self.now_ms();
+        let past_any_excuse = self.sched.silent_holders(now, SILENT_WHILE_BUSY_MS);
+        for peer in self.sched.silent_holders(now, SILENT_HOLDER_MS) {
             // Silent for this blob, but sending this node other blobs' pieces: its
-            // line serves our other requests first (a multi-layer pull), it is alive.
+            // line may serve our other requests first for a while (a multi-layer
+            // pull), so it is given longer.
             let busy_elsewhere = self
                 .links
                 .get(&peer)
@@ -277,10 +300,10 @@ impl Download {
                 .is_some_and(|(conn, _)| {
                     conn.received_within(Duration::from_millis(SILENT_HOLDER_MS))
                 });
-            if busy_elsewhere {
+            if busy_elsewhere && !past_any_excuse.contains(&peer) {
                 continue;
             }
-            warn!(digest = %self.d, %peer, "peer was asked for pieces and sent nothing for 30 s; reported to the tracker");
+            warn!(digest = %self.d, %peer, busy_elsewhere, "peer was asked for pieces of this blob and sent none; reported to the tracker");
             self.p2p.metrics.peers_silent.inc();
             if !self.bad.contains(&peer) {
                 self.bad.push(peer.clone());
