@@ -258,7 +258,7 @@ async fn receive_data(
     };
     let piece_len = chan.layout.len(piece);
     // The small head piece is what a reader waits for first: it takes the link's
-    // priority lane, as on the holder's uplink (`serve::send_piece`).
+    // priority lane, as on the holder's uplink (`serve::send::send_piece`).
     match &p2p.download {
         Some(l) if chan.layout.is_small_head(piece) => l.acquire_high(len as u64).await,
         Some(l) => l.acquire(len as u64).await,
