@@ -171,13 +171,23 @@ pub fn raw_digest(d: &str) -> [u8; 32] {
     out
 }
 
+/// What a [`start_mute_holder`] answers to a piece request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MuteAnswer {
+    /// Nothing, and no PONG either.
+    Nothing,
+    /// REJECT busy, every time (and PONG).
+    Busy,
+}
+
 /// A hostile holder: it completes the handshake (knowing the cluster token), says it
-/// holds every blob a downloader opens, and then answers nothing — no piece, no PONG.
+/// holds every blob a downloader opens, and then never sends a piece (`answer`).
 /// A real agent cannot be made to do this; it stands for a tenant's modified agent.
 /// Returns its address; it serves until the task is aborted.
 pub async fn start_mute_holder(
     name: &str,
     token: &str,
+    answer: MuteAnswer,
 ) -> Result<(String, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
@@ -186,14 +196,14 @@ pub async fn start_mute_holder(
         while let Ok((tcp, _)) = listener.accept().await {
             let (name, token) = (name.clone(), token.clone());
             tokio::spawn(async move {
-                let _ = mute_connection(tcp, &name, &token).await;
+                let _ = mute_connection(tcp, &name, &token, answer).await;
             });
         }
     });
     Ok((addr, task))
 }
 
-async fn mute_connection(tcp: TcpStream, me: &str, token: &str) -> Result<()> {
+async fn mute_connection(tcp: TcpStream, me: &str, token: &str, answer: MuteAnswer) -> Result<()> {
     let mut c = PeerClient {
         tcp,
         buf: BytesMut::new(),
@@ -212,8 +222,23 @@ async fn mute_connection(tcp: TcpStream, me: &str, token: &str) -> Result<()> {
     }])
     .await?;
     loop {
-        if let Read::Frame(Frame::Open { chan, .. }) = c.read_inner().await? {
-            c.send(&[Frame::Complete { chan }]).await?;
+        match (c.read_inner().await?, answer) {
+            (Read::Frame(Frame::Open { chan, .. }), _) => {
+                c.send(&[Frame::Complete { chan }]).await?;
+            }
+            (Read::Frame(Frame::Request { chan, piece, .. }), MuteAnswer::Busy) => {
+                let reason = wire::RejectReason::Busy;
+                c.send(&[Frame::Reject {
+                    chan,
+                    piece,
+                    reason,
+                }])
+                .await?;
+            }
+            (Read::Frame(Frame::Ping { nonce }), MuteAnswer::Busy) => {
+                c.send(&[Frame::Pong { nonce }]).await?;
+            }
+            _ => {}
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use testkit::peer::{start_mute_holder, MuteAnswer};
 use testkit::{Registry, RegistryAuth, TestImage};
 
 use super::common::pull_via;
@@ -154,14 +155,27 @@ async fn a_holder_that_starves_one_blob_while_serving_another_is_left_behind_for
 /// registry in its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_holder_that_answers_no_ping_is_reported_and_does_not_hang_a_pull() {
+    only_holder_gives_nothing(MuteAnswer::Nothing, 63).await;
+}
+
+/// The same holder answering every request "busy": a busy answer ended the request,
+/// so the silent check (requests outstanding, nothing for 30 s) never applied, and
+/// the downloader asked again every 25 ms for good. Now a holder that has answered
+/// only "busy" for 30 s since its last piece is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_that_is_always_busy_is_reported_and_does_not_hang_a_pull() {
+    only_holder_gives_nothing(MuteAnswer::Busy, 65).await;
+}
+
+/// A one-layer pull whose only holder, for the tracker, is a mute peer answering
+/// `answer`: it must finish from the registry, with the holder reported.
+async fn only_holder_gives_nothing(answer: MuteAnswer, seed: u64) {
     let dir = tempfile::tempdir().unwrap();
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let image = TestImage::push_multilayer(&registry, "swarm/mute", "1", &[8 << 20], 61).unwrap();
+    let image = TestImage::push_multilayer(&registry, "swarm/mute", "1", &[8 << 20], seed).unwrap();
     let layer = image.layers[0].clone();
     let t = tracker(dir.path(), &[]).await;
-    let (addr, mute) = testkit::peer::start_mute_holder("mute", TOKEN)
-        .await
-        .unwrap();
+    let (addr, mute) = start_mute_holder("mute", TOKEN, answer).await.unwrap();
     // It stays a member for the tracker: it announces the whole layer every second.
     let announcing = tokio::spawn({
         let tracker = t.url();
@@ -197,7 +211,7 @@ async fn a_holder_that_answers_no_ping_is_reported_and_does_not_hang_a_pull() {
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let r = tokio::time::timeout(Duration::from_secs(90), pull_via(&b.url(), &image))
         .await
-        .expect("the pull finishes although the only holder answers nothing")
+        .expect("the pull finishes although the only holder gives nothing")
         .expect("and succeeds");
     assert_eq!(r.manifest_digest.to_string(), image.digest);
     assert!(metric(&b, "starling_agent_p2p_peers_silent_total").await >= 1);

@@ -293,6 +293,9 @@ struct Link {
     /// Connections lost with requests of this blob outstanding (no PONG, a payload
     /// stalled) since the holder last delivered a piece of it.
     lost_while_asked: u32,
+    /// When the holder first answered "busy" since it last delivered a piece of this
+    /// blob (ms since the task's start).
+    busy_since_ms: Option<u64>,
 }
 
 impl Link {
@@ -309,6 +312,7 @@ impl Link {
             have_filter: swarm::links::HaveFilter::ALL,
             failed_dials: 0,
             lost_while_asked: 0,
+            busy_since_ms: None,
         }
     }
 }

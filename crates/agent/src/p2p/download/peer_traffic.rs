@@ -201,6 +201,7 @@ impl Download {
                 if let Some(l) = self.links.get_mut(&peer) {
                     l.useful_ms = now;
                     l.lost_while_asked = 0;
+                    l.busy_since_ms = None;
                 }
                 self.check_piece(piece, &peer, hash).await?;
             }
@@ -215,7 +216,10 @@ impl Download {
             } => {
                 self.request_ended(piece, &peer);
                 match reason {
-                    RejectReason::Busy => self.sched.on_busy(piece, &peer, now),
+                    RejectReason::Busy => {
+                        self.sched.on_busy(piece, &peer, now);
+                        self.busy_without_pieces(&peer, now).await;
+                    }
                     RejectReason::NotHeld => self.sched.on_not_held(piece, &peer),
                     RejectReason::Invalid => self.sched.on_failed(piece, &peer, false),
                     RejectReason::Cancelled => self.sched.on_cancelled(piece, &peer, now),
@@ -317,6 +321,36 @@ impl Download {
                     conn.close(chan).await;
                 }
             }
+        }
+    }
+
+    /// A holder that has answered only "busy" for `SILENT_HOLDER_MS` since it last
+    /// delivered a piece of this blob is reported like a silent one. A busy answer
+    /// ends the request, so the silent check (requests outstanding) never saw such a
+    /// holder, and as the only holder it kept its downloaders asking every 25 ms for
+    /// good. An honest holder is busy only while its line is full, and it serves that
+    /// line, which delivers this node's queued requests in between.
+    async fn busy_without_pieces(&mut self, peer: &str, now: u64) {
+        let Some(l) = self.links.get_mut(peer) else {
+            return;
+        };
+        let since = *l.busy_since_ms.get_or_insert(now);
+        if now.saturating_sub(since) < SILENT_HOLDER_MS {
+            return;
+        }
+        l.busy_since_ms = None;
+        l.retry_at = Some(Instant::now() + Duration::from_secs(60));
+        let conn = l.conn.take();
+        warn!(digest = %self.d, %peer, "peer answered only busy for 30 s; reported to the tracker");
+        self.p2p.metrics.peers_silent.inc();
+        if !self.bad.iter().any(|b| b == peer) {
+            self.bad.push(peer.to_owned());
+        }
+        for piece in self.sched.remove_peer(peer) {
+            self.request_ended(piece, peer);
+        }
+        if let Some((conn, chan)) = conn {
+            conn.close(chan).await;
         }
     }
 
