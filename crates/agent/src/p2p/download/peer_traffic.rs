@@ -37,7 +37,6 @@ impl Download {
         }
     }
 
-    /// The peer's channel is gone: its requests end, it leaves the scheduler.
     /// A connection that failed: its requests end, and the link is dialled again
     /// shortly. A holder whose connections keep failing while it is asked for pieces
     /// (it completes the handshake, then answers no PING) is reported like a silent
@@ -57,14 +56,36 @@ impl Download {
             l.lost_while_asked += asked as u32;
             if l.lost_while_asked >= UNREACHABLE_AFTER {
                 l.lost_while_asked = 0;
-                l.retry_at = Some(Instant::now() + Duration::from_secs(60));
-                warn!(digest = %self.d, %peer, "connections to the peer keep failing while it is asked for pieces; reported to the tracker");
-                self.p2p.metrics.peers_silent.inc();
-                if !self.bad.iter().any(|b| b == peer) {
-                    self.bad.push(peer.to_owned());
-                }
+                // The connection is gone already: nothing to close.
+                let _ = self.report_holder(
+                    peer,
+                    "its connections keep failing while it is asked for pieces",
+                );
             }
         }
+    }
+
+    /// Reports a holder that delivers nothing of this blob (`why`) to the tracker,
+    /// which then leaves it out of this node's handouts (everyone's, on a quorum) and,
+    /// if it was the only holder, elects this node to read the registry. Its requests
+    /// end and its link rests as long as a report lasts; the caller closes the
+    /// channel it returns.
+    fn report_holder(
+        &mut self,
+        peer: &str,
+        why: &'static str,
+    ) -> Option<(Arc<PeerConn>, ChannelId)> {
+        warn!(digest = %self.d, %peer, "{why}; reported to the tracker");
+        self.p2p.metrics.peers_silent.inc();
+        if !self.bad.iter().any(|b| b == peer) {
+            self.bad.push(peer.to_owned());
+        }
+        for piece in self.sched.remove_peer(peer) {
+            self.request_ended(piece, peer);
+        }
+        let l = self.links.get_mut(peer)?;
+        l.retry_at = Some(Instant::now() + Duration::from_secs(60));
+        l.conn.take()
     }
 
     /// Asks each holder on an open channel for the HAVEs this download can use now
@@ -284,12 +305,10 @@ impl Download {
     }
 
     /// Holders asked for pieces that sent nothing for `SILENT_HOLDER_MS` (or, while
-    /// they send this node other blobs, `SILENT_WHILE_BUSY_MS`): reported to
-    /// the tracker, which then leaves them out of this node's handouts (everyone's, on
-    /// a quorum) and, if one was the only holder, elects this node to read the
-    /// registry; their requests end, and the link rests as long as a report lasts.
-    /// A peer's claim to hold pieces is worth what it delivers: before, one that
-    /// claimed a whole blob and sent nothing held every newcomer for good.
+    /// they send this node other blobs, `SILENT_WHILE_BUSY_MS`) are reported
+    /// (`report_holder`). A peer's claim to hold pieces is worth what it delivers:
+    /// before, one that claimed a whole blob and sent nothing held every newcomer for
+    /// good.
     pub(super) async fn drop_silent_holders(&mut self) {
         let now = self.now_ms();
         let past_any_excuse = self.sched.silent_holders(now, SILENT_WHILE_BUSY_MS);
@@ -307,19 +326,13 @@ impl Download {
             if busy_elsewhere && !past_any_excuse.contains(&peer) {
                 continue;
             }
-            warn!(digest = %self.d, %peer, busy_elsewhere, "peer was asked for pieces of this blob and sent none; reported to the tracker");
-            self.p2p.metrics.peers_silent.inc();
-            if !self.bad.contains(&peer) {
-                self.bad.push(peer.clone());
-            }
-            for piece in self.sched.remove_peer(&peer) {
-                self.request_ended(piece, &peer);
-            }
-            if let Some(l) = self.links.get_mut(&peer) {
-                l.retry_at = Some(Instant::now() + Duration::from_secs(60));
-                if let Some((conn, chan)) = l.conn.take() {
-                    conn.close(chan).await;
-                }
+            let why = if busy_elsewhere {
+                "it was asked for pieces of this blob and sent none for 2 min, only other blobs'"
+            } else {
+                "it was asked for pieces and sent nothing for 30 s"
+            };
+            if let Some((conn, chan)) = self.report_holder(&peer, why) {
+                conn.close(chan).await;
             }
         }
     }
@@ -339,17 +352,7 @@ impl Download {
             return;
         }
         l.busy_since_ms = None;
-        l.retry_at = Some(Instant::now() + Duration::from_secs(60));
-        let conn = l.conn.take();
-        warn!(digest = %self.d, %peer, "peer answered only busy for 30 s; reported to the tracker");
-        self.p2p.metrics.peers_silent.inc();
-        if !self.bad.iter().any(|b| b == peer) {
-            self.bad.push(peer.to_owned());
-        }
-        for piece in self.sched.remove_peer(peer) {
-            self.request_ended(piece, peer);
-        }
-        if let Some((conn, chan)) = conn {
+        if let Some((conn, chan)) = self.report_holder(peer, "it answered only busy for 30 s") {
             conn.close(chan).await;
         }
     }
