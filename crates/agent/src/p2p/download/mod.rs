@@ -36,6 +36,8 @@ mod verify;
 
 mod peer_traffic;
 
+use peer_traffic::Link;
+
 const REGISTRY: &str = "\u{0}registry";
 
 /// How long without a tracker answer before the agent may fetch from the registry
@@ -272,49 +274,6 @@ pub(crate) async fn leave(p2p: &P2p, d: &Digest, hashes_void: bool) {
     req.leaving = true;
     req.hashes_void = hashes_void;
     let _ = p2p.announce(&req).await;
-}
-
-/// A peer handed out by the tracker, and our channel to it.
-struct Link {
-    addr: String,
-    distance: u8,
-    conn: Option<(Arc<PeerConn>, ChannelId)>,
-    connecting: bool,
-    retry_at: Option<Instant>,
-    /// Whether the tracker still hands it out.
-    fresh: bool,
-    /// When it last gave a piece, or when it was handed out (ms since the task's
-    /// start), for `swarm::links::to_drop`.
-    useful_ms: u64,
-    /// The HAVEs asked of its holder on the open channel (all, until a HAVE_FILTER).
-    have_filter: swarm::links::HaveFilter,
-    /// Dials that failed since the last that worked.
-    failed_dials: u32,
-    /// Connections lost with requests of this blob outstanding (no PONG, a payload
-    /// stalled) since the holder last delivered a piece of it.
-    lost_while_asked: u32,
-    /// When the holder first answered "busy" since it last delivered a piece of this
-    /// blob (ms since the task's start).
-    busy_since_ms: Option<u64>,
-}
-
-impl Link {
-    /// A peer just learned of: not connected yet, useful as of `now_ms`.
-    fn new(addr: String, distance: u8, now_ms: u64) -> Self {
-        Self {
-            addr,
-            distance,
-            conn: None,
-            connecting: false,
-            retry_at: None,
-            fresh: true,
-            useful_ms: now_ms,
-            have_filter: swarm::links::HaveFilter::ALL,
-            failed_dials: 0,
-            lost_while_asked: 0,
-            busy_since_ms: None,
-        }
-    }
 }
 
 /// A registry run in progress: pieces `[first, end)` over one registry connection.

@@ -367,3 +367,46 @@ impl Download {
         }
     }
 }
+
+/// A peer handed out by the tracker, and our channel to it.
+pub(super) struct Link {
+    pub(super) addr: String,
+    pub(super) distance: u8,
+    pub(super) conn: Option<(Arc<PeerConn>, ChannelId)>,
+    pub(super) connecting: bool,
+    pub(super) retry_at: Option<Instant>,
+    /// Whether the tracker still hands it out.
+    pub(super) fresh: bool,
+    /// When it last gave a piece, or when it was handed out (ms since the task's
+    /// start), for `swarm::links::to_drop`.
+    pub(super) useful_ms: u64,
+    /// The HAVEs asked of its holder on the open channel (all, until a HAVE_FILTER).
+    pub(super) have_filter: swarm::links::HaveFilter,
+    /// Dials that failed since the last that worked.
+    pub(super) failed_dials: u32,
+    /// Connections lost with requests of this blob outstanding (no PONG, a payload
+    /// stalled) since the holder last delivered a piece of it.
+    pub(super) lost_while_asked: u32,
+    /// When the holder first answered "busy" since it last delivered a piece of this
+    /// blob (ms since the task's start).
+    pub(super) busy_since_ms: Option<u64>,
+}
+
+impl Link {
+    /// A peer just learned of: not connected yet, useful as of `now_ms`.
+    pub(super) fn new(addr: String, distance: u8, now_ms: u64) -> Self {
+        Self {
+            addr,
+            distance,
+            conn: None,
+            connecting: false,
+            retry_at: None,
+            fresh: true,
+            useful_ms: now_ms,
+            have_filter: swarm::links::HaveFilter::ALL,
+            failed_dials: 0,
+            lost_while_asked: 0,
+            busy_since_ms: None,
+        }
+    }
+}
