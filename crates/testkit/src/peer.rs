@@ -178,6 +178,8 @@ pub enum MuteAnswer {
     Nothing,
     /// REJECT busy, every time (and PONG).
     Busy,
+    /// REJECT not held, every time (and PONG), after claiming the whole blob.
+    NotHeld,
 }
 
 /// A hostile holder: it completes the handshake (knowing the cluster token), says it
@@ -226,8 +228,15 @@ async fn mute_connection(tcp: TcpStream, me: &str, token: &str, answer: MuteAnsw
             (Read::Frame(Frame::Open { chan, .. }), _) => {
                 c.send(&[Frame::Complete { chan }]).await?;
             }
-            (Read::Frame(Frame::Request { chan, piece, .. }), MuteAnswer::Busy) => {
-                let reason = wire::RejectReason::Busy;
+            (
+                Read::Frame(Frame::Request { chan, piece, .. }),
+                refusal @ (MuteAnswer::Busy | MuteAnswer::NotHeld),
+            ) => {
+                let reason = if refusal == MuteAnswer::Busy {
+                    wire::RejectReason::Busy
+                } else {
+                    wire::RejectReason::NotHeld
+                };
                 c.send(&[Frame::Reject {
                     chan,
                     piece,
@@ -235,7 +244,7 @@ async fn mute_connection(tcp: TcpStream, me: &str, token: &str, answer: MuteAnsw
                 }])
                 .await?;
             }
-            (Read::Frame(Frame::Ping { nonce }), MuteAnswer::Busy) => {
+            (Read::Frame(Frame::Ping { nonce }), MuteAnswer::Busy | MuteAnswer::NotHeld) => {
                 c.send(&[Frame::Pong { nonce }]).await?;
             }
             _ => {}

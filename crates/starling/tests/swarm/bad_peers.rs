@@ -167,6 +167,13 @@ async fn a_holder_that_is_always_busy_is_reported_and_does_not_hang_a_pull() {
     only_holder_gives_nothing(MuteAnswer::Busy, 65).await;
 }
 
+/// The same holder answering every request "not held" although it said it holds the
+/// whole blob.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_that_holds_nothing_it_claims_is_reported_and_does_not_hang_a_pull() {
+    only_holder_gives_nothing(MuteAnswer::NotHeld, 67).await;
+}
+
 /// A one-layer pull whose only holder, for the tracker, is a mute peer answering
 /// `answer`: it must finish from the registry, with the holder reported.
 async fn only_holder_gives_nothing(answer: MuteAnswer, seed: u64) {

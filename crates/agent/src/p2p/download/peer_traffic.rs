@@ -222,7 +222,7 @@ impl Download {
                 if let Some(l) = self.links.get_mut(&peer) {
                     l.useful_ms = now;
                     l.lost_while_asked = 0;
-                    l.busy_since_ms = None;
+                    l.refused_since_ms = None;
                 }
                 self.check_piece(piece, &peer, hash).await?;
             }
@@ -236,14 +236,27 @@ impl Download {
                 reason,
             } => {
                 self.request_ended(piece, &peer);
-                match reason {
-                    RejectReason::Busy => {
-                        self.sched.on_busy(piece, &peer, now);
-                        self.busy_without_pieces(&peer, now).await;
+                // A holder said it has the whole blob (its store's record) and now
+                // lacks a piece of it: its file is gone, or it lies. Either way it
+                // holds nothing for this node, and after this answer this node
+                // would ask it nothing more while the tracker still counted it a
+                // holder: a pull whose only holder did this waited for good.
+                if matches!(reason, RejectReason::NotHeld) && self.sched.peer_is_complete(&peer) {
+                    let why = "it said it holds the whole blob, then lacked a piece of it";
+                    if let Some((conn, chan)) = self.report_holder(&peer, why) {
+                        conn.close(chan).await;
                     }
+                    return Ok(());
+                }
+                match reason {
+                    RejectReason::Busy => self.sched.on_busy(piece, &peer, now),
                     RejectReason::NotHeld => self.sched.on_not_held(piece, &peer),
                     RejectReason::Invalid => self.sched.on_failed(piece, &peer, false),
                     RejectReason::Cancelled => self.sched.on_cancelled(piece, &peer, now),
+                }
+                // (A cancel is this node's own doing.)
+                if !matches!(reason, RejectReason::Cancelled) {
+                    self.refused_without_pieces(&peer, now).await;
                 }
             }
             PeerEvent::Hashes {
@@ -337,22 +350,24 @@ impl Download {
         }
     }
 
-    /// A holder that has answered only "busy" for `SILENT_HOLDER_MS` since it last
-    /// delivered a piece of this blob is reported like a silent one. A busy answer
-    /// ends the request, so the silent check (requests outstanding) never saw such a
-    /// holder, and as the only holder it kept its downloaders asking every 25 ms for
-    /// good. An honest holder is busy only while its line is full, and it serves that
-    /// line, which delivers this node's queued requests in between.
-    async fn busy_without_pieces(&mut self, peer: &str, now: u64) {
+    /// A holder that has only refused this node's requests (busy, not held, invalid)
+    /// for `SILENT_HOLDER_MS` since it last delivered a piece of this blob is reported
+    /// like a silent one. A refusal ends the request, so the silent check (requests
+    /// outstanding) never saw such a holder, and as the only holder one that answered
+    /// "busy" kept its downloaders asking every 25 ms for good. An honest holder
+    /// refuses only while its line is full or its view was stale, and serves its line
+    /// and its other pieces in between.
+    async fn refused_without_pieces(&mut self, peer: &str, now: u64) {
         let Some(l) = self.links.get_mut(peer) else {
             return;
         };
-        let since = *l.busy_since_ms.get_or_insert(now);
+        let since = *l.refused_since_ms.get_or_insert(now);
         if now.saturating_sub(since) < SILENT_HOLDER_MS {
             return;
         }
-        l.busy_since_ms = None;
-        if let Some((conn, chan)) = self.report_holder(peer, "it answered only busy for 30 s") {
+        l.refused_since_ms = None;
+        let why = "it only refused this node's requests for 30 s";
+        if let Some((conn, chan)) = self.report_holder(peer, why) {
             conn.close(chan).await;
         }
     }
@@ -387,9 +402,9 @@ pub(super) struct Link {
     /// Connections lost with requests of this blob outstanding (no PONG, a payload
     /// stalled) since the holder last delivered a piece of it.
     pub(super) lost_while_asked: u32,
-    /// When the holder first answered "busy" since it last delivered a piece of this
-    /// blob (ms since the task's start).
-    pub(super) busy_since_ms: Option<u64>,
+    /// When the holder first refused a request (busy, not held, invalid) since it last
+    /// delivered a piece of this blob (ms since the task's start).
+    pub(super) refused_since_ms: Option<u64>,
 }
 
 impl Link {
@@ -406,7 +421,7 @@ impl Link {
             have_filter: swarm::links::HaveFilter::ALL,
             failed_dials: 0,
             lost_while_asked: 0,
-            busy_since_ms: None,
+            refused_since_ms: None,
         }
     }
 }
