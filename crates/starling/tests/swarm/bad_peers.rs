@@ -10,8 +10,8 @@ use testkit::{Registry, RegistryAuth, TestImage};
 
 use super::common::pull_via;
 use super::{
-    agent, blocking, holders, metric, spawn_pull, spawn_source_pull, tracker, until_metric_above,
-    TOKEN,
+    agent, blocking, holders, metric, seed_holding, spawn_pull, spawn_source_pull, tracker,
+    until_metric_above, TOKEN,
 };
 
 /// A seed's cached blob is deleted behind its back (an operator cleaning the disk at
@@ -27,8 +27,7 @@ async fn a_seed_whose_cached_blob_was_deleted_does_not_hang_a_pull() {
     let image =
         TestImage::push_multilayer(&registry, "swarm/deleted", "1", &[16 << 20], 51).unwrap();
     let t = tracker(dir.path(), &[]).await;
-    let seed = agent(dir.path(), "seed", &t.url(), &registry, &[]).await;
-    pull_via(&seed.url(), &image).await.unwrap();
+    let _seed = seed_holding(dir.path(), &t.url(), &registry, &image, &[]).await;
     let layer = dir
         .path()
         .join("seed/blobs")
@@ -66,15 +65,14 @@ async fn a_holder_that_never_sends_what_it_claims_does_not_hang_a_pull() {
     let image =
         TestImage::push_multilayer(&registry, "swarm/withheld", "1", &[16 << 20], 53).unwrap();
     let t = tracker(dir.path(), &[]).await;
-    let seed = agent(
+    let _seed = seed_holding(
         dir.path(),
-        "seed",
         &t.url(),
         &registry,
+        &image,
         &["--withhold-pieces"],
     )
     .await;
-    pull_via(&seed.url(), &image).await.unwrap();
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image))
         .await
@@ -109,11 +107,11 @@ async fn a_holder_that_starves_one_blob_while_serving_another_is_left_behind_for
             .unwrap();
     let (starved, trickled) = (&image.layers[0], &image.layers[1]);
     let t = tracker(dir.path(), &[]).await;
-    let seed = agent(
+    let _seed = seed_holding(
         dir.path(),
-        "seed",
         &t.url(),
         &registry,
+        &image,
         &[
             "--withhold-pieces-of",
             starved.digest.as_str(),
@@ -122,7 +120,6 @@ async fn a_holder_that_starves_one_blob_while_serving_another_is_left_behind_for
         ],
     )
     .await;
-    pull_via(&seed.url(), &image).await.unwrap();
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let pull = spawn_pull(&b, &image);
     let in_cache = |l: &testkit::Blob| dir.path().join("b/blobs").join(l.digest.replace(':', "/"));
@@ -267,15 +264,14 @@ async fn a_peer_that_stops_mid_stream_is_dropped_and_the_pull_completes() {
     let image =
         TestImage::push_multilayer(&registry, "swarm/frozen", "1", &[48 << 20], 23).unwrap();
     let t = tracker(dir.path(), &["--peer-ttl", "2s"]).await;
-    let seed = agent(
+    let seed = seed_holding(
         dir.path(),
-        "seed",
         &t.url(),
         &registry,
+        &image,
         &["--upload-limit", "8MiB"],
     )
     .await;
-    pull_via(&seed.url(), &image).await.unwrap();
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let url = b.url();
     let img = image.clone();
@@ -470,8 +466,7 @@ async fn an_unreachable_only_holder_does_not_hang_a_pull() {
     let t = tracker(dir.path(), &[]).await;
     let unreachable = nobody_can_dial();
     let flags: Vec<&str> = unreachable.iter().map(String::as_str).collect();
-    let seed = agent(dir.path(), "seed", &t.url(), &registry, &flags).await;
-    pull_via(&seed.url(), &image).await.unwrap();
+    let _seed = seed_holding(dir.path(), &t.url(), &registry, &image, &flags).await;
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image))
         .await
@@ -500,11 +495,11 @@ async fn a_downloader_that_freezes_mid_piece_does_not_keep_the_upload_slot() {
     let image = TestImage::push_multilayer(&registry, "swarm/frozen-reader", "1", &[192 << 20], 47)
         .unwrap();
     let t = tracker(dir.path(), &["--peer-ttl", "300s"]).await;
-    let seed = agent(
+    let seed = seed_holding(
         dir.path(),
-        "seed",
         &t.url(),
         &registry,
+        &image,
         &[
             "--max-uploads",
             "1",
@@ -515,7 +510,6 @@ async fn a_downloader_that_freezes_mid_piece_does_not_keep_the_upload_slot() {
         ],
     )
     .await;
-    pull_via(&seed.url(), &image).await.unwrap();
     let a = agent(dir.path(), "a", &t.url(), &registry, &[]).await;
     let a_pull = spawn_pull(&a, &image);
     until_metric_above(

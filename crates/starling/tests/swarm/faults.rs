@@ -9,7 +9,8 @@ use testkit::{Registry, RegistryAuth, TestImage};
 use super::bad_peers::nobody_can_dial;
 use super::common::{pull_via, ready};
 use super::{
-    agent, agent_via, blocking, metric, spawn_pull, spawn_source_pull, tracker, until_metric_above,
+    agent, agent_via, blocking, metric, seed_holding, spawn_pull, spawn_source_pull, tracker,
+    until_metric_above,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -347,8 +348,7 @@ async fn restarted_agent_keeps_verified_pieces() {
         TestImage::push_multilayer(&registry, "swarm/restart", "1", &[40 << 20], 16).unwrap();
     let size = image.layers[0].size;
     let t = tracker(dir.path(), &[]).await;
-    let seed = agent(dir.path(), "seed", &t.url(), &registry, &[]).await;
-    pull_via(&seed.url(), &image).await.unwrap();
+    let _seed = seed_holding(dir.path(), &t.url(), &registry, &image, &[]).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let mut b = agent(
         dir.path(),
@@ -394,8 +394,7 @@ async fn after_a_tracker_restart_newcomers_pull_from_seeders_not_the_registry() 
     let image =
         TestImage::push_multilayer(&registry, "swarm/seeders", "1", &[20 << 20], 18).unwrap();
     let mut t = tracker(dir.path(), &[]).await;
-    let seed = agent(dir.path(), "seed", &t.url(), &registry, &[]).await;
-    pull_via(&seed.url(), &image).await.unwrap();
+    let _seed = seed_holding(dir.path(), &t.url(), &registry, &image, &[]).await;
     // The tracker forgets everything (piece hashes included); the seed re-announces.
     t.kill9();
     t.restart();

@@ -82,6 +82,20 @@ async fn agent_via(
     Proc::start(args, port, dir.join(format!("{name}.log")), cache).await
 }
 
+/// An agent named "seed" (with `extra` flags) that has pulled `image`: the swarm's
+/// first holder of every layer.
+async fn seed_holding(
+    dir: &Path,
+    tracker: &str,
+    registry: &Registry,
+    image: &testkit::PushedImage,
+    extra: &[&str],
+) -> Proc {
+    let seed = agent(dir, "seed", tracker, registry, extra).await;
+    pull_via(&seed.url(), image).await.unwrap();
+    seed
+}
+
 async fn metric(agent: &Proc, name: &str) -> u64 {
     common::metric(&agent.url(), name).await
 }

@@ -8,8 +8,8 @@ use testkit::{Registry, RegistryAuth, TestImage};
 
 use super::common::pull_via;
 use super::{
-    agent, blocking, holder_in, holders, metric, probe_announce, registry_blob, spawn_pull,
-    spawn_source_pull, tracker, SlowHolder, TOKEN,
+    agent, blocking, holder_in, holders, metric, probe_announce, registry_blob, seed_holding,
+    spawn_pull, spawn_source_pull, tracker, SlowHolder, TOKEN,
 };
 
 /// A channel opened while the holder (the blob's source) is still fetching it gets the
@@ -491,17 +491,16 @@ async fn a_holder_with_a_slow_uplink_keeps_its_connections_and_serves() {
     let image =
         TestImage::push_multilayer(&registry, "swarm/slow-up", "1", &[4 << 20], 59).unwrap();
     let t = tracker(dir.path(), &[]).await;
-    let seed = agent(
+    let _seed = seed_holding(
         dir.path(),
-        "seed",
         &t.url(),
         &registry,
+        &image,
         // 1 MiB pieces go out in 512 KiB chunks: 4 s of tokens each, more than the
         // downloader's PING after 1 s of silence and 2 s for its PONG.
         &["--upload-limit", "128KiB", "--piece-size", "1MiB"],
     )
     .await;
-    pull_via(&seed.url(), &image).await.unwrap();
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let r = tokio::time::timeout(Duration::from_secs(120), pull_via(&b.url(), &image))
         .await
