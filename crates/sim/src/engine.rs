@@ -30,6 +30,7 @@ mod debug;
 mod download;
 mod fetch;
 mod flows;
+mod passes;
 mod pull;
 mod queue;
 mod serve;
@@ -303,6 +304,9 @@ pub struct Engine<'a> {
     pub(crate) held: Vec<Vec<swarm::Bitfield>>,
     /// Scratch for `haves_arrive`: the subscribers a HAVE is delivered to.
     pub(crate) have_targets: Vec<u32>,
+    /// `SIM_TRACE=slot/layer/piece`: that piece's claim, arrival and requests are
+    /// printed. Read once: the checks run for every piece moved.
+    pub(crate) traced_piece: Option<(u32, u32, u32)>,
     pub(crate) flows: Vec<FlowRec>,
     pub(crate) free_flows: Vec<u32>,
     pub(crate) streams: Vec<Option<Stream>>,
@@ -431,6 +435,10 @@ impl<'a> Engine<'a> {
             hash_hex: vec![Vec::new(); layers],
             held: vec![Vec::new(); layers],
             have_targets: Vec::new(),
+            traced_piece: std::env::var("SIM_TRACE").ok().and_then(|v| {
+                let mut it = v.split('/').map(|x| x.parse::<u32>().ok());
+                Some((it.next()??, it.next()??, it.next()??))
+            }),
             flows: Vec::new(),
             free_flows: Vec::new(),
             streams: Vec::new(),

@@ -281,3 +281,40 @@ fn small_swarms_get_exactly_the_ranked_policy() {
         assert_eq!(got, want, "requester n{me}");
     }
 }
+
+#[test]
+fn seeders_heartbeats_get_no_handout_and_take_no_one_s_turn() {
+    // 1,000 fetchers and 300 complete seeders, all announced at t = 1. In one tracker
+    // the seeders announce again (their seeding heartbeat) in the interval a fetcher
+    // then asks in; in the other they do not. No client reads a handout from a
+    // complete member's announce, so none is made: the heartbeats answer no peers, and
+    // the fetcher's handout is the same in both (a handout made for a seeder would
+    // count its peers as handed out and push them behind others).
+    let seeder = |i: usize, d: &Digest| {
+        let mut s = req(&format!("seed{i}"), d, topo(i % 4, 200 + i % 40), PIECES);
+        s.complete = true;
+        s.have = None;
+        s
+    };
+    let build = |heartbeats: bool| {
+        let (mut t, d) = swarm(1000, |i| 1 + (i % 9) as u32);
+        for i in 0..300 {
+            t.announce(&seeder(i, &d), 1).unwrap();
+        }
+        if heartbeats {
+            for i in 0..300 {
+                let resp = t.announce(&seeder(i, &d), 1_000).unwrap();
+                assert!(resp.peers.is_empty(), "a seeder was handed peers");
+            }
+        }
+        let mut fetched = Vec::new();
+        for i in 0..20 {
+            let r = req(&format!("q{i}"), &d, topo(i % 4, 200 + i % 40), 2);
+            fetched.push(names(&t.announce(&r, 1_000).unwrap().peers));
+        }
+        fetched
+    };
+    let quiet = build(false);
+    assert!(quiet.iter().all(|p| !p.is_empty()), "fetchers get peers");
+    assert_eq!(build(true), quiet);
+}

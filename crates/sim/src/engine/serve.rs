@@ -219,10 +219,7 @@ impl Engine<'_> {
                 .layout
                 .is_some_and(|x| x.is_small_head(piece)),
         };
-        if std::env::var("SIM_TRACE")
-            .ok()
-            .is_some_and(|v| v == format!("{s}/{l}/{piece}"))
-        {
+        if self.traced_piece == Some((s, l, piece)) {
             eprintln!(
                 "{:.4} request s{s} l{l} p{piece} at {h} urgent {urgent}",
                 self.now
