@@ -54,14 +54,15 @@ impl Agent {
             let plan = plan(specs.as_deref(), total)?;
             let (status, headers_len) = (plan.status(), plan.body_len(total));
             let mut resp = plan.response_head(d, total, headers_len, status);
+            let label = Source::Complete.label();
             resp.headers_mut()
-                .insert(SOURCE_HEADER, HeaderValue::from_static("cache"));
+                .insert(SOURCE_HEADER, HeaderValue::from_static(label));
             if !req.head {
                 let started = Instant::now();
                 let file_stream = stream_plan_from_file(open, plan, total, req.sink.clone());
                 *resp.body_mut() = Body::from_stream(self.account(
                     file_stream,
-                    "cache",
+                    label,
                     d.clone(),
                     started,
                     headers_len,
@@ -87,19 +88,10 @@ impl Agent {
         let plan = plan(specs.as_deref(), total)?;
         let body_len = plan.body_len(total);
         let mut resp = plan.response_head(d, total, body_len, plan.status());
-        let label = match source {
-            Source::Passthrough => "passthrough",
-            _ => "upstream",
-        };
         // Tells `starling get` (and anyone curious) where this response's bytes come from.
-        let told = match source {
-            Source::Passthrough => "passthrough",
-            Source::Complete => "cache",
-            Source::Inflight(_) if self.p2p.is_some() => "swarm",
-            Source::Inflight(_) => "registry",
-        };
+        let label = source.label();
         resp.headers_mut()
-            .insert(SOURCE_HEADER, HeaderValue::from_static(told));
+            .insert(SOURCE_HEADER, HeaderValue::from_static(label));
         let (tx, rx) = mpsc::channel::<Result<Bytes, Error>>(CLIENT_BUFFER_CHUNKS);
         let agent = self.clone();
         let (registry, repo, digest) = (req.registry.to_owned(), req.repo.to_owned(), d.clone());
@@ -196,10 +188,12 @@ impl Agent {
                             continue;
                         }
                     },
-                    Source::Inflight(inf) if pos > inf.progress().written + RANGE_AHEAD_DIRECT => {
+                    Source::Inflight(inf, _)
+                        if pos > inf.progress().written + RANGE_AHEAD_DIRECT =>
+                    {
                         self.passthrough(registry, repo, d, pos, end)
                     }
-                    Source::Inflight(inf) => match sink.cloned() {
+                    Source::Inflight(inf, _) => match sink.cloned() {
                         Some(sink) => Box::pin(
                             store::inflight_spans(inf, pos, Some(end), SPAN_MAX).map(move |r| {
                                 r.map(|s| sink.chunk(s.file, s.offset, s.len))

@@ -29,9 +29,44 @@ const QUIET_FLUSH: Duration = Duration::from_millis(5);
 
 pub(crate) enum Source {
     Complete,
-    Inflight(Arc<Inflight>),
+    /// A download running in this agent, and how it gets the blob.
+    Inflight(Arc<Inflight>, Via),
     /// The store cannot take this blob (disk full, over budget): stream without caching.
     Passthrough,
+}
+
+/// How a running download gets its bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// Piece by piece through the swarm (from peers, or from the registry as the
+    /// blob's elected source).
+    Swarm,
+    /// This agent alone, from the registry.
+    Registry,
+}
+
+/// How a running download that a request joined gets its bytes: only a swarm download
+/// writes in piece mode, and a reader sees the size only once that mode is set.
+fn joined_via(inf: &Inflight) -> Via {
+    if inf.layout().is_some() {
+        Via::Swarm
+    } else {
+        Via::Registry
+    }
+}
+
+impl Source {
+    /// Where a response's bytes come from, one name for the `starling-source` header,
+    /// the `source` label of the served-bytes metrics and the blob's log line: an
+    /// operator reading the dashboard sees the same split as `starling get` prints.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Source::Complete => "cache",
+            Source::Inflight(_, Via::Swarm) => "swarm",
+            Source::Inflight(_, Via::Registry) => "registry",
+            Source::Passthrough => "passthrough",
+        }
+    }
 }
 
 impl Agent {
@@ -62,7 +97,8 @@ impl Agent {
                     loop {
                         let p = rx.borrow_and_update().clone();
                         if let Some(t) = p.total {
-                            return Ok((Source::Inflight(inf), t));
+                            let via = joined_via(&inf);
+                            return Ok((Source::Inflight(inf, via), t));
                         }
                         if matches!(p.status, Status::Failed { .. }) || rx.changed().await.is_err()
                         {
@@ -84,7 +120,7 @@ impl Agent {
                         .await
                         {
                             crate::p2p::Start::Started(inf, total) => {
-                                return Ok((Source::Inflight(inf), total))
+                                return Ok((Source::Inflight(inf, Via::Swarm), total))
                             }
                             crate::p2p::Start::Passthrough(total) => {
                                 return Ok((Source::Passthrough, total))
@@ -194,7 +230,7 @@ impl Agent {
         let inf = writer.inflight();
         let agent = self.clone();
         tokio::spawn(agent.download(writer, resp.stream, limit));
-        Ok((Source::Inflight(inf), total))
+        Ok((Source::Inflight(inf, Via::Registry), total))
     }
 
     fn recently_filled_the_disk(&self, d: &Digest) -> bool {

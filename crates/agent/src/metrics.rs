@@ -101,7 +101,7 @@ impl Default for Metrics {
         );
         registry.register(
             "served_bytes",
-            "Blob bytes served to clients by source",
+            "Blob bytes served to clients, by where they came from (cache, swarm, registry, passthrough)",
             bytes_served.clone(),
         );
         registry.register(
@@ -111,7 +111,7 @@ impl Default for Metrics {
         );
         registry.register(
             "blob_duration_seconds",
-            "Time to serve one whole blob, by source",
+            "Time to serve one whole blob, by where it came from",
             blob_seconds.clone(),
         );
         registry.register(

@@ -220,17 +220,50 @@ async fn concurrent_identical_requests_cause_one_upstream_fetch() {
         async move {
             let r = get(&url, &[]).await;
             assert_eq!(r.status(), 200);
-            sha(&r.bytes().await.unwrap())
+            let told = r.headers()["starling-source"].to_str().unwrap().to_owned();
+            (told, sha(&r.bytes().await.unwrap()))
         }
     });
-    let digests = futures::future::join_all(fetches).await;
-    assert!(digests.iter().all(|d| d == &layer.digest));
+    let answers = futures::future::join_all(fetches).await;
+    assert!(answers.iter().all(|(_, d)| d == &layer.digest));
     assert_eq!(
         agent.metric("starling_agent_upstream_bytes_total") as u64,
         layer.size,
         "8 concurrent requests, one upstream fetch"
     );
+    // Where the bytes came from: the metric's split is the one the header told each
+    // client (the registry download, or the cache for a request that came after it).
+    let told = |source: &str| answers.iter().filter(|(t, _)| t == source).count() as u64;
+    assert!(told("registry") >= 1, "a cold blob comes from the registry");
+    assert_eq!(told("registry") + told("cache"), 8, "{answers:?}");
+    let served = |source: &str| format!("starling_agent_served_bytes_total{{source=\"{source}\"}}");
+    until_metric(&agent, &served("registry"), told("registry") * layer.size).await;
+    let warm = get(&url, &[]).await;
+    assert_eq!(warm.headers()["starling-source"], "cache");
+    assert_eq!(sha(&warm.bytes().await.unwrap()), layer.digest);
+    until_metric(&agent, &served("cache"), (told("cache") + 1) * layer.size).await;
+    assert_eq!(
+        agent.metric("starling_agent_served_bytes_total") as u64,
+        9 * layer.size,
+        "every byte served is counted under one source"
+    );
     agent.stop().await;
+}
+
+/// Waits (up to 10 s) until `series` sums to `want`: a body's bytes are counted when
+/// the server drops it, a moment after the client has read the last byte.
+async fn until_metric(agent: &RunningAgent, series: &str, want: u64) {
+    for _ in 0..1000 {
+        if agent.metric(series) as u64 == want {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!(
+        "{series} is {} (want {want}):\n{}",
+        agent.metric(series),
+        agent.agent.metrics.encode()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -506,7 +539,12 @@ async fn a_cache_that_cannot_take_the_blob_streams_it_without_caching() {
     }
     let d = oci::Digest::parse(&layer.digest).unwrap();
     assert!(agent.agent.store.stat(&d).is_none(), "nothing cached");
-    assert!(agent.metric("starling_agent_served_bytes_total") >= 2.0 * layer.size as f64);
+    until_metric(
+        &agent,
+        "starling_agent_served_bytes_total{source=\"passthrough\"}",
+        2 * layer.size,
+    )
+    .await;
     let r = get(
         &format!("{}/v2/full/disk/blobs/{}", agent.url(), layer.digest),
         &[("Range", "bytes=100-199")],

@@ -121,7 +121,8 @@ impl BlobWriter {
     /// [`PieceWriter::verify_existing`] before it counts.
     pub fn into_pieces(mut self, layout: PieceLayout) -> (PieceWriter, Vec<u32>) {
         debug_assert!(self.hasher.is_none(), "piece mode after sequential writes");
-        self.set_total(layout.blob_size);
+        // `PieceWriter::new` tells readers the size once the piece state is in place.
+        self.expect_total(layout.blob_size);
         let claims = match self.claimed.take() {
             Some(sc) if sc.layout == layout => sc.have.iter_ones().collect(),
             _ => Vec::new(),
@@ -159,11 +160,19 @@ impl BlobWriter {
         self.inflight.clone()
     }
 
+    /// The blob's size, told to readers waiting for it.
     pub fn set_total(&mut self, total: u64) {
-        self.expected = Some(total);
+        self.expect_total(total);
         self.inflight
             .progress
             .send_modify(|p| p.total = Some(total));
+    }
+
+    /// The blob's size, for [`Self::reserve`], not told to readers yet: a download that
+    /// goes on in piece mode tells them in [`Self::into_pieces`], so a reader that sees
+    /// the size also sees the piece mode ([`Inflight::layout`]).
+    pub fn expect_total(&mut self, total: u64) {
+        self.expected = Some(total);
     }
 
     pub(crate) fn publish(&self) {

@@ -277,6 +277,32 @@ async fn hold_hashed_until(
     .expect("the digest reaches every piece on disk");
 }
 
+/// A reader that joins a download waits for its size; a download going on in piece
+/// mode (the agent's swarm) tells the size only with the piece state in place, so
+/// the reader also sees the mode: the agent names the bytes it serves by it
+/// (`starling-source`, the served-bytes metrics). Before, the size went out first,
+/// and a reader joining in between named swarm bytes "registry" (the swarm process
+/// test `eight_agents_pull_at_once_…` failed 3 runs of 6 on that).
+#[tokio::test]
+async fn a_reader_sees_the_size_of_a_piece_mode_download_with_its_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(3 << 20, 5);
+    let d = Digest::of(&body);
+    let layout = swarm::PieceLayout::new(body.len() as u64, 1 << 20);
+    let store = open(dir.path());
+    let Begin::Lead(mut w) = store.begin(&d, None, "peer").await.unwrap() else {
+        panic!()
+    };
+    let inf = w.inflight();
+    w.expect_total(layout.blob_size);
+    w.reserve().unwrap();
+    assert_eq!(inf.progress().total, None, "the size waits for the mode");
+    assert_eq!(inf.layout(), None);
+    let (_w, _) = w.into_pieces(layout);
+    assert_eq!(inf.progress().total, Some(layout.blob_size));
+    assert_eq!(inf.layout(), Some(layout));
+}
+
 #[tokio::test]
 async fn pieces_out_of_order_stream_in_order_and_survive_restart() {
     let dir = tempfile::tempdir().unwrap();

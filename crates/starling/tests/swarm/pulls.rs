@@ -3,8 +3,8 @@
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
-use super::common::pull_via;
-use super::{agent, big_layers, blocking, metric, tracker};
+use super::common::{self, pull_via};
+use super::{agent, big_layers, blocking, metric, tracker, until_metric_above};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn eight_agents_pull_at_once_and_the_registry_serves_each_blob_about_once() {
@@ -67,6 +67,34 @@ async fn eight_agents_pull_at_once_and_the_registry_serves_each_blob_about_once(
         from_peers >= 6 * big,
         "most bytes came from peers: {from_peers} of {}",
         7 * big
+    );
+    // Each agent's dashboard names where the bytes it served came from: the big layers
+    // through the swarm (or the cache, had the manifest's prefetch finished first),
+    // the image config from the registry (below the swarm's threshold).
+    let served = |source: &str| format!("starling_agent_served_bytes_total{{source=\"{source}\"}}");
+    let mut by_swarm = 0;
+    for a in &agents {
+        let config = image.config.size;
+        until_metric_above("the config served", a, &served("registry"), config - 1).await;
+        let (swarm, cache) = (
+            metric(a, &served("swarm")).await,
+            metric(a, &served("cache")).await,
+        );
+        assert!(
+            swarm + cache >= big,
+            "{swarm} + {cache} of the big layers' {big} bytes: {:?}",
+            common::metric_lines(&a.url(), "starling_agent_served_bytes_total").await
+        );
+        by_swarm += swarm;
+        assert_eq!(
+            metric(a, &served("upstream")).await,
+            0,
+            "every byte is named by where it came from, none by the old catch-all"
+        );
+    }
+    assert!(
+        by_swarm >= big,
+        "swarm downloads are counted as such: {by_swarm}"
     );
     let swarms: serde_json::Value = reqwest::get(format!("{}/swarm/v1/swarms", t.url()))
         .await

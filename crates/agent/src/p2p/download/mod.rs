@@ -192,7 +192,7 @@ pub(crate) async fn start(
             return Start::NotSwarm(writer);
         }
     };
-    writer.set_total(size);
+    writer.expect_total(size);
     if let Err(e) = writer.reserve() {
         warn!(digest = %d, error = %e, "cannot cache blob; streaming it without caching");
         writer.fail(&e.to_string());
