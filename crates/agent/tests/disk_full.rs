@@ -154,8 +154,11 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
     let (proxy, held, release) = stalling_proxy(registry.url(), 2 << 20).await;
     let fs = Tmpfs::mount("16m");
     let cache = fs.mount.join("cache");
+    // Blocks allocated as the bytes arrive (a filesystem that cannot preallocate, or
+    // `--no-preallocate`): the next write after the disk fills fails.
     let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
         c.cache_budget = oci::size::ByteSize(1 << 30);
+        c.preallocate = false;
     })
     .await;
     let url = format!("{}/v2/full/other/blobs/{}", agent.url(), layer.digest);
@@ -189,5 +192,54 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
     assert_eq!(sha(&r.bytes().await.unwrap()), layer.digest);
     let r = get(&format!("{}/v2/", agent.url()), &[]).await;
     assert_eq!(r.status(), 200);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_preallocated_download_keeps_writing_when_someone_else_fills_the_disk() {
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let img = TestImage::push_multilayer(&registry, "full/kept", "1", &[6 << 20], 59).unwrap();
+    let layer = img.layers[0].clone();
+    let (proxy, held, release) = stalling_proxy(registry.url(), 2 << 20).await;
+    let fs = Tmpfs::mount("16m");
+    let cache = fs.mount.join("cache");
+    let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
+        c.cache_budget = oci::size::ByteSize(1 << 30);
+    })
+    .await;
+    let url = format!("{}/v2/full/kept/blobs/{}", agent.url(), layer.digest);
+    let client = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let r = get(&url, &[]).await;
+            (r.status().as_u16(), r.bytes().await.map(|b| sha(&b)))
+        }
+    });
+    // 2 MiB into the blob another process takes every free byte; the blob's blocks
+    // were allocated when its download started, so its writes do not fail.
+    held.notified().await;
+    fill_disk(&fs.mount.join("filler"));
+    release.notify_one();
+    let (status, body) = client.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body.expect("a complete body"), layer.digest);
+    assert_eq!(
+        agent.metric("starling_agent_disk_full_total"),
+        0.0,
+        "no write failed"
+    );
+    // Whether the entry can be recorded on a full disk is the commit's business (its
+    // metadata needs room too); once it has run, what is kept is verified, and nothing
+    // half-done stays.
+    let d = oci::Digest::parse(&layer.digest).unwrap();
+    for _ in 0..1000 {
+        if agent.agent.store.inflight(&d).is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(agent.agent.store.inflight(&d).is_none(), "the commit ended");
+    complete_entries_verify(&agent, &cache, std::slice::from_ref(&layer));
+    no_partials(&cache);
     agent.stop().await;
 }

@@ -61,6 +61,8 @@ pub struct StoreConfig {
     pub low_watermark: f64,
     /// Space always left free on the filesystem.
     pub min_free_bytes: u64,
+    /// Allocate a blob's blocks when its download starts (`BlobWriter::reserve`).
+    pub preallocate: bool,
 }
 
 impl StoreConfig {
@@ -71,6 +73,7 @@ impl StoreConfig {
             high_watermark: 0.90,
             low_watermark: 0.80,
             min_free_bytes: 256 << 20,
+            preallocate: true,
         }
     }
 }
@@ -364,6 +367,7 @@ impl Store {
                 progress: tx,
                 pieces: Mutex::new(None),
                 held_events: tokio::sync::broadcast::channel(1024).0,
+                preallocated: std::sync::atomic::AtomicBool::new(false),
             });
             st.inflight.insert(d.clone(), inf.clone());
             inf

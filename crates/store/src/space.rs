@@ -26,12 +26,14 @@ impl Store {
     }
 
     /// Bytes other downloads still have to write: the disk must keep room for them,
-    /// or concurrent downloads that each fit would together fill it.
+    /// or concurrent downloads that each fit would together fill it. (A preallocated
+    /// download's room is already gone from the disk's free space.)
     pub(crate) fn promised_excluding(&self, exclude: Option<&Digest>) -> u64 {
         let st = self.inner.state.lock();
         st.inflight
             .iter()
             .filter(|(d, _)| Some(*d) != exclude)
+            .filter(|(_, i)| !i.preallocated.load(std::sync::atomic::Ordering::Relaxed))
             .map(|(_, i)| {
                 let p = i.progress.borrow();
                 p.total.unwrap_or(p.written).saturating_sub(p.written)

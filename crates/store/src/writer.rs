@@ -359,16 +359,19 @@ impl BlobWriter {
         self.fail_with(reason, true)
     }
 
-    /// Checks that the blob (size from `set_total`) fits the budget and the disk,
-    /// evicting older content if needed.
+    /// Checks that the blob (size from `set_total` or `expect_total`) fits the budget
+    /// and the disk, evicting older content if needed, and allocates its blocks.
     pub fn reserve(&self) -> Result<(), Error> {
-        match self.expected {
-            Some(total) => self.store.make_room_excluding_pub(
-                total.saturating_sub(self.offset()),
-                Some(&self.inflight.digest),
-            ),
-            None => Ok(()),
+        let Some(total) = self.expected else {
+            return Ok(());
+        };
+        let needed = total.saturating_sub(self.offset());
+        self.store
+            .make_room_excluding_pub(needed, Some(&self.inflight.digest))?;
+        if !self.store.inner.cfg.preallocate {
+            return Ok(());
         }
+        self.inflight.preallocate(total, needed)
     }
 
     fn fail_with(&mut self, reason: &str, retryable: bool) {

@@ -277,6 +277,36 @@ async fn hold_hashed_until(
     .expect("the digest reaches every piece on disk");
 }
 
+/// `reserve` allocates the whole blob's blocks before its first byte, the partial
+/// file's length unchanged (a resume reads progress from it), and the blob is stored
+/// and served as before.
+#[tokio::test]
+async fn reserve_allocates_the_blob_s_blocks_and_keeps_the_length() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(8 << 20, 3);
+    let d = Digest::of(&body);
+    let store = open(dir.path());
+    let Begin::Lead(mut w) = store.begin(&d, None, "registry").await.unwrap() else {
+        panic!()
+    };
+    let inf = w.inflight();
+    w.set_total(body.len() as u64);
+    w.reserve().unwrap();
+    let meta = std::fs::metadata(inf.path()).unwrap();
+    assert_eq!(meta.len(), 0, "the length still says nothing is written");
+    assert!(
+        meta.blocks() * 512 >= body.len() as u64,
+        "{} bytes allocated for {}",
+        meta.blocks() * 512,
+        body.len()
+    );
+    w.write(&body).await.unwrap();
+    w.finish().await.unwrap();
+    let open = store.open_complete(&d).unwrap().expect("stored");
+    assert_eq!(open.size, body.len() as u64);
+}
+
 /// A reader that joins a download waits for its size; a download going on in piece
 /// mode (the agent's swarm) tells the size only with the piece state in place, so
 /// the reader also sees the mode: the agent names the bytes it serves by it

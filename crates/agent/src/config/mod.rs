@@ -38,6 +38,11 @@ agent_settings! {
     /// Space always left free on the cache filesystem, e.g. 1GiB.
     min_free: ByteSize = ByteSize(1 << 30),
         Value("--min-free", "STARLING_MIN_FREE");
+    /// Allocate each blob's disk blocks when its download starts: less CPU per byte
+    /// written, and a blob that cannot fit fails before its first byte, not in the
+    /// middle (--no-preallocate allocates as the bytes arrive: thin-provisioned disks).
+    preallocate: bool = true,
+        SwitchOff("--no-preallocate", "STARLING_NO_PREALLOCATE");
     /// Registry used when a request carries no ?ns= (Docker registry-mirrors, skopeo).
     default_registry: String = "docker.io".into(),
         Value("--default-registry", "STARLING_DEFAULT_REGISTRY");
