@@ -154,8 +154,8 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
     let (proxy, held, release) = stalling_proxy(registry.url(), 2 << 20).await;
     let fs = Tmpfs::mount("16m");
     let cache = fs.mount.join("cache");
-    // Blocks allocated as the bytes arrive (a filesystem that cannot preallocate, or
-    // `--no-preallocate`): the next write after the disk fills fails.
+    // Blocks allocated as the bytes arrive (the default): the next write after the
+    // disk fills fails.
     let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
         c.cache_budget = oci::size::ByteSize(1 << 30);
         c.preallocate = false;
@@ -205,6 +205,7 @@ async fn a_preallocated_download_keeps_writing_when_someone_else_fills_the_disk(
     let cache = fs.mount.join("cache");
     let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
         c.cache_budget = oci::size::ByteSize(1 << 30);
+        c.preallocate = true;
     })
     .await;
     let url = format!("{}/v2/full/kept/blobs/{}", agent.url(), layer.digest);

@@ -80,15 +80,11 @@ async fn a_disk_that_fills_mid_get_fails_it_clearly_or_degrades_and_keeps_nothin
     //    (nothing complete-looking that is not the whole file), no partial either.
     let cache_fs = Tmpfs::mount("24m");
     let cache_dir = cache_fs.mount.join("cache");
-    // `--no-preallocate`: a cache filesystem whose blocks are allocated as the bytes
-    // arrive, so filling it mid-file fails the agent's next write (a preallocated
-    // blob already holds its room: `disk_full.rs` in the agent's tests).
     let slow = [
         "--allowed-file-origin",
         &nginx.origin(),
         "--download-limit",
         "2MiB",
-        "--no-preallocate",
     ];
     let b = agent_with_cache(dir.path(), "n2", None, &registry, &cache_dir, &slow).await;
     let target = dir.path().join("d2/w.bin");

@@ -73,7 +73,7 @@ impl StoreConfig {
             high_watermark: 0.90,
             low_watermark: 0.80,
             min_free_bytes: 256 << 20,
-            preallocate: true,
+            preallocate: false,
         }
     }
 }

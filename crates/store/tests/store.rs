@@ -277,16 +277,18 @@ async fn hold_hashed_until(
     .expect("the digest reaches every piece on disk");
 }
 
-/// `reserve` allocates the whole blob's blocks before its first byte, the partial
-/// file's length unchanged (a resume reads progress from it), and the blob is stored
-/// and served as before.
+/// With `preallocate`, `reserve` allocates the whole blob's blocks before its first
+/// byte, the partial file's length unchanged (a resume reads progress from it), and
+/// the blob is stored and served as before.
 #[tokio::test]
 async fn reserve_allocates_the_blob_s_blocks_and_keeps_the_length() {
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
     let body = data(8 << 20, 3);
     let d = Digest::of(&body);
-    let store = open(dir.path());
+    let mut cfg = StoreConfig::new(dir.path());
+    cfg.preallocate = true;
+    let store = Store::open(cfg).unwrap();
     let Begin::Lead(mut w) = store.begin(&d, None, "registry").await.unwrap() else {
         panic!()
     };

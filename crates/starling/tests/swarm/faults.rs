@@ -133,14 +133,12 @@ async fn a_tracker_that_dies_mid_pull_does_not_send_the_swarm_to_the_registry() 
     let image =
         TestImage::push_multilayer(&registry, "swarm/tracker-dies", "1", &[32 << 20], 49).unwrap();
     let mut t = tracker(dir.path(), &[]).await;
-    // `--no-preallocate`: blocks allocated as the bytes arrive, so the source's next
-    // write after the disk fills fails (a preallocated blob keeps its room).
     let src = agent(
         dir.path(),
         "src",
         &t.url(),
         &registry,
-        &["--download-limit", "4MiB", "--no-preallocate"],
+        &["--download-limit", "4MiB"],
     )
     .await;
     let src_pull = spawn_source_pull(&src, &image).await;
