@@ -302,14 +302,12 @@ async fn a_source_whose_disk_fills_mid_blob_hands_its_swarm_on() {
     let t = tracker(dir.path(), &[]).await;
     let fs = blocking(|| testkit::Tmpfs::mount("80m")).await;
     std::os::unix::fs::symlink(&fs.mount, dir.path().join("src")).unwrap();
-    // `--no-preallocate`: blocks allocated as the bytes arrive, so the source's next
-    // write after the disk fills fails (a preallocated blob keeps its room).
     let src = agent(
         dir.path(),
         "src",
         &t.url(),
         &registry,
-        &["--download-limit", "4MiB", "--no-preallocate"],
+        &["--download-limit", "4MiB"],
     )
     .await;
     let src_pull = spawn_source_pull(&src, &image).await;
