@@ -146,22 +146,33 @@ async fn concurrent_downloads_that_do_not_fit_together_lose_nothing() {
     agent.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
+/// One 6 MiB layer fetched through an agent whose cache is a 16 MiB tmpfs; 2 MiB into
+/// the blob another process takes every free byte, then the rest arrives.
+struct FilledMidDownload {
+    agent: RunningAgent,
+    cache: std::path::PathBuf,
+    layer: testkit::Blob,
+    url: String,
+    /// The client's answer: status and the sha256 of the body it read.
+    status: u16,
+    body: reqwest::Result<String>,
+    _fs: Tmpfs,
+    _registry: Registry,
+}
+
+async fn fill_the_disk_mid_download(repo: &str, seed: u64, preallocate: bool) -> FilledMidDownload {
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let img = TestImage::push_multilayer(&registry, "full/other", "1", &[6 << 20], 53).unwrap();
+    let img = TestImage::push_multilayer(&registry, repo, "1", &[6 << 20], seed).unwrap();
     let layer = img.layers[0].clone();
     let (proxy, held, release) = stalling_proxy(registry.url(), 2 << 20).await;
     let fs = Tmpfs::mount("16m");
     let cache = fs.mount.join("cache");
-    // Blocks allocated as the bytes arrive (the default): the next write after the
-    // disk fills fails.
     let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
         c.cache_budget = oci::size::ByteSize(1 << 30);
-        c.preallocate = false;
+        c.preallocate = preallocate;
     })
     .await;
-    let url = format!("{}/v2/full/other/blobs/{}", agent.url(), layer.digest);
+    let url = format!("{}/v2/{repo}/blobs/{}", agent.url(), layer.digest);
     let client = tokio::spawn({
         let url = url.clone();
         async move {
@@ -169,78 +180,78 @@ async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
             (r.status().as_u16(), r.bytes().await.map(|b| sha(&b)))
         }
     });
-    // The agent is 2 MiB into the blob when another process takes every free byte.
     held.notified().await;
     fill_disk(&fs.mount.join("filler"));
     release.notify_one();
     let (status, body) = client.await.unwrap();
-    assert_eq!(status, 200);
-    assert_eq!(body.expect("a complete body, not a cut one"), layer.digest);
+    FilledMidDownload {
+        agent,
+        cache,
+        layer,
+        url,
+        status,
+        body,
+        _fs: fs,
+        _registry: registry,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_disk_filled_by_someone_else_mid_download_degrades_to_passthrough() {
+    // Blocks allocated as the bytes arrive (the default): the next write after the
+    // disk fills fails.
+    let f = fill_the_disk_mid_download("full/other", 53, false).await;
+    assert_eq!(f.status, 200);
+    assert_eq!(
+        f.body.expect("a complete body, not a cut one"),
+        f.layer.digest
+    );
     assert!(
-        agent.metric("starling_agent_disk_full_total") >= 1.0,
+        f.agent.metric("starling_agent_disk_full_total") >= 1.0,
         "the write really failed with ENOSPC"
     );
     assert_eq!(
-        complete_entries_verify(&agent, &cache, std::slice::from_ref(&layer)),
+        complete_entries_verify(&f.agent, &f.cache, std::slice::from_ref(&f.layer)),
         0
     );
-    no_partials(&cache);
+    no_partials(&f.cache);
 
     // Still serving, still correct, while the disk stays full.
-    let r = get(&url, &[]).await;
+    let r = get(&f.url, &[]).await;
     assert_eq!(r.status(), 200);
-    assert_eq!(sha(&r.bytes().await.unwrap()), layer.digest);
-    let r = get(&format!("{}/v2/", agent.url()), &[]).await;
+    assert_eq!(sha(&r.bytes().await.unwrap()), f.layer.digest);
+    let r = get(&format!("{}/v2/", f.agent.url()), &[]).await;
     assert_eq!(r.status(), 200);
-    agent.stop().await;
+    f.agent.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_preallocated_download_keeps_writing_when_someone_else_fills_the_disk() {
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let img = TestImage::push_multilayer(&registry, "full/kept", "1", &[6 << 20], 59).unwrap();
-    let layer = img.layers[0].clone();
-    let (proxy, held, release) = stalling_proxy(registry.url(), 2 << 20).await;
-    let fs = Tmpfs::mount("16m");
-    let cache = fs.mount.join("cache");
-    let agent = start_agent(&cache, &registry.host(), &proxy, None, |c| {
-        c.cache_budget = oci::size::ByteSize(1 << 30);
-        c.preallocate = true;
-    })
-    .await;
-    let url = format!("{}/v2/full/kept/blobs/{}", agent.url(), layer.digest);
-    let client = tokio::spawn({
-        let url = url.clone();
-        async move {
-            let r = get(&url, &[]).await;
-            (r.status().as_u16(), r.bytes().await.map(|b| sha(&b)))
-        }
-    });
-    // 2 MiB into the blob another process takes every free byte; the blob's blocks
-    // were allocated when its download started, so its writes do not fail.
-    held.notified().await;
-    fill_disk(&fs.mount.join("filler"));
-    release.notify_one();
-    let (status, body) = client.await.unwrap();
-    assert_eq!(status, 200);
-    assert_eq!(body.expect("a complete body"), layer.digest);
+    // The blob's blocks were allocated when its download started, so its writes do
+    // not fail.
+    let f = fill_the_disk_mid_download("full/kept", 59, true).await;
+    assert_eq!(f.status, 200);
+    assert_eq!(f.body.expect("a complete body"), f.layer.digest);
     assert_eq!(
-        agent.metric("starling_agent_disk_full_total"),
+        f.agent.metric("starling_agent_disk_full_total"),
         0.0,
         "no write failed"
     );
     // Whether the entry can be recorded on a full disk is the commit's business (its
     // metadata needs room too); once it has run, what is kept is verified, and nothing
     // half-done stays.
-    let d = oci::Digest::parse(&layer.digest).unwrap();
+    let d = oci::Digest::parse(&f.layer.digest).unwrap();
     for _ in 0..1000 {
-        if agent.agent.store.inflight(&d).is_none() {
+        if f.agent.agent.store.inflight(&d).is_none() {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert!(agent.agent.store.inflight(&d).is_none(), "the commit ended");
-    complete_entries_verify(&agent, &cache, std::slice::from_ref(&layer));
-    no_partials(&cache);
-    agent.stop().await;
+    assert!(
+        f.agent.agent.store.inflight(&d).is_none(),
+        "the commit ended"
+    );
+    complete_entries_verify(&f.agent, &f.cache, std::slice::from_ref(&f.layer));
+    no_partials(&f.cache);
+    f.agent.stop().await;
 }
