@@ -46,6 +46,9 @@ pub struct BlobRequest<'a> {
 
 impl Agent {
     pub(crate) async fn serve_blob(&self, req: BlobRequest<'_>) -> Result<Response, Error> {
+        // Both the blob's duration and its first byte count from here: a miss's wait
+        // for the tracker and the registry is the runtime's wait too.
+        let received = Instant::now();
         let specs = req.range.map(oci::range::parse).transpose()?;
         let d = req.digest;
         if let Some(open) = self.store.open_complete(d).map_err(store_err)? {
@@ -58,13 +61,12 @@ impl Agent {
             resp.headers_mut()
                 .insert(SOURCE_HEADER, HeaderValue::from_static(label));
             if !req.head {
-                let started = Instant::now();
                 let file_stream = stream_plan_from_file(open, plan, total, req.sink.clone());
                 *resp.body_mut() = Body::from_stream(self.account(
                     file_stream,
                     label,
                     d.clone(),
-                    started,
+                    received,
                     headers_len,
                 ));
             }
@@ -129,7 +131,7 @@ impl Agent {
             rx.recv().await.map(|item| (item, rx))
         });
         *resp.body_mut() =
-            Body::from_stream(self.account(stream, label, d.clone(), Instant::now(), body_len));
+            Body::from_stream(self.account(stream, label, d.clone(), received, body_len));
         Ok(resp)
     }
 
@@ -250,7 +252,8 @@ impl Agent {
         true
     }
 
-    /// Counts bytes by source and logs one line per blob when the body ends.
+    /// Counts bytes by source, times the first byte and logs one line per blob when the
+    /// body ends.
     fn account<S>(
         &self,
         stream: S,
@@ -269,6 +272,7 @@ impl Agent {
             started: Instant,
             bytes: u64,
             expected: u64,
+            first_byte: Option<f64>,
         }
         impl Drop for Tally {
             fn drop(&mut self) {
@@ -292,6 +296,7 @@ impl Agent {
                     complete = self.bytes == self.expected,
                     source = self.source,
                     seconds = format!("{secs:.3}"),
+                    first_byte_ms = self.first_byte.map(|s| format!("{:.1}", s * 1e3)),
                     mib_per_s = format!("{:.1}", self.bytes as f64 / secs.max(1e-6) / 1048576.0),
                     "blob served"
                 );
@@ -304,11 +309,20 @@ impl Agent {
             started,
             bytes: 0,
             expected,
+            first_byte: None,
         };
         stream.map(move |item| {
             // Borrow the whole struct so the closure owns it (and its Drop) entirely.
             let t = &mut tally;
             if let Ok(b) = &item {
+                if t.first_byte.is_none() && !b.is_empty() {
+                    let secs = t.started.elapsed().as_secs_f64();
+                    t.first_byte = Some(secs);
+                    t.metrics
+                        .blob_first_byte_seconds
+                        .get_or_create(&SourceLabels { source: t.source })
+                        .observe(secs);
+                }
                 t.bytes += b.len() as u64;
             }
             item

@@ -159,6 +159,12 @@ impl Agent {
     /// also starts every layer's swarm at once, so registry bytes enter through as many
     /// sources as there are layers. Off for lazy pullers (`prefetch_layers = false`),
     /// which read only parts of layers.
+    ///
+    /// The layers the runtime asks for within `prefetch_grace` start first:
+    /// the tracker spreads a start-up's sources over the nodes and holds a blob back
+    /// from a node already fetching another (`source_defer_ms`), so whichever swarms
+    /// join first get the free nodes, and a layer a runtime waits for must not queue
+    /// behind layers nobody has asked for yet.
     pub(crate) fn prefetch_layers(&self, registry: &str, repo: &str, body: &[u8]) {
         if !self.cfg.prefetch_layers {
             return;
@@ -170,24 +176,32 @@ impl Agent {
             return;
         }
         let min = self.p2p.as_ref().map_or(1 << 20, |p| p.threshold);
-        for layer in m.layers.iter().filter(|l| l.size >= min).take(256) {
-            if self.store.stat(&layer.digest).is_some()
-                || self.store.inflight(&layer.digest).is_some()
-            {
-                continue;
-            }
-            let (agent, registry, repo, d) = (
-                self.clone(),
-                registry.to_owned(),
-                repo.to_owned(),
-                layer.digest.clone(),
-            );
-            tokio::spawn(async move {
-                if let Err(e) = agent.acquire(&registry, &repo, &d, None).await {
-                    tracing::debug!(digest = %d, error = %e, "prefetch did not start");
-                }
-            });
+        let layers: Vec<Digest> = m
+            .layers
+            .iter()
+            .filter(|l| l.size >= min)
+            .take(256)
+            .map(|l| l.digest.clone())
+            .collect();
+        if layers.is_empty() {
+            return;
         }
+        let (agent, registry, repo) = (self.clone(), registry.to_owned(), repo.to_owned());
+        let grace = self.cfg.prefetch_grace;
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            for d in layers {
+                if agent.store.stat(&d).is_some() || agent.store.inflight(&d).is_some() {
+                    continue;
+                }
+                let (agent, registry, repo) = (agent.clone(), registry.clone(), repo.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = agent.acquire(&registry, &repo, &d, None).await {
+                        tracing::debug!(digest = %d, error = %e, "prefetch did not start");
+                    }
+                });
+            }
+        });
     }
 
     /// This agent fetches the blob from the registry itself (no swarm).

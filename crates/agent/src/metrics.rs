@@ -40,6 +40,9 @@ pub struct Metrics {
     pub bytes_served: Family<SourceLabels, Counter>,
     pub upstream_bytes: Counter,
     pub blob_seconds: Family<SourceLabels, Histogram>,
+    /// From a blob request's arrival to its first body byte ready to send: the wait
+    /// a runtime sees before a layer starts to flow, the agent's share of it alone.
+    pub blob_first_byte_seconds: Family<SourceLabels, Histogram>,
     pub cache_hits: Counter,
     pub cache_misses: Counter,
     pub cache_bytes: Gauge,
@@ -63,6 +66,10 @@ impl Default for Metrics {
         let blob_seconds = Family::<SourceLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.005, 2.0, 16))
         });
+        let blob_first_byte_seconds =
+            Family::<SourceLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 1.5, 24))
+            });
         let cache_hits = Counter::default();
         let cache_misses = Counter::default();
         let cache_bytes = Gauge::default();
@@ -111,8 +118,13 @@ impl Default for Metrics {
         );
         registry.register(
             "blob_duration_seconds",
-            "Time to serve one whole blob, by where it came from",
+            "Time to serve one whole blob from its request's arrival, by where it came from",
             blob_seconds.clone(),
+        );
+        registry.register(
+            "blob_first_byte_seconds",
+            "Time from a blob request's arrival to its first body byte, by where it came from",
+            blob_first_byte_seconds.clone(),
         );
         registry.register(
             "cache_hits",
@@ -151,6 +163,7 @@ impl Default for Metrics {
             bytes_served,
             upstream_bytes,
             blob_seconds,
+            blob_first_byte_seconds,
             cache_hits,
             cache_misses,
             cache_bytes,

@@ -247,7 +247,92 @@ async fn concurrent_identical_requests_cause_one_upstream_fetch() {
         9 * layer.size,
         "every byte served is counted under one source"
     );
+    // Each response's wait for its first byte is timed once, under the same source.
+    let first_bytes = |source: &str| {
+        format!("starling_agent_blob_first_byte_seconds_count{{source=\"{source}\"}}")
+    };
+    assert_eq!(
+        agent.metric(&first_bytes("registry")) as u64,
+        told("registry")
+    );
+    assert_eq!(
+        agent.metric(&first_bytes("cache")) as u64,
+        told("cache") + 1
+    );
     agent.stop().await;
+}
+
+/// The runtime's own first layer request goes to the registry while the layers the
+/// agent only prefetches wait out `prefetch_grace` (so in a swarm the asked layer
+/// gets a source first), and the prefetch then brings every layer in unasked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layer_asked_for_after_the_manifest_goes_before_the_prefetched_ones() {
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let img = TestImage::push_multilayer(&registry, "p/pre", "1", &[1 << 20; 4], 11).unwrap();
+    let (proxy, asked) = recording_proxy(registry.url()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let agent = start_agent(cache.path(), &registry.host(), &proxy, None, |c| {
+        c.prefetch_grace = std::time::Duration::from_secs(3);
+    })
+    .await;
+    let manifest = reqwest::Client::new()
+        .get(format!("{}/v2/p/pre/manifests/1", agent.url()))
+        .header("Accept", testkit::OCI_MANIFEST)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(manifest.status(), 200);
+    let last = img.layers.last().unwrap();
+    let r = get(
+        &format!("{}/v2/p/pre/blobs/{}", agent.url(), last.digest),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(sha(&r.bytes().await.unwrap()), last.digest);
+    // Without the grace the prefetch asks for every layer as the manifest is served.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        *asked.lock().unwrap(),
+        vec![last.digest.clone()],
+        "only the asked layer before the grace ends"
+    );
+    let total: u64 = img.layers.iter().map(|l| l.size).sum();
+    until_metric(&agent, "starling_agent_upstream_bytes_total", total).await;
+    let mut want: Vec<String> = img.layers.iter().map(|l| l.digest.clone()).collect();
+    let mut got = asked.lock().unwrap().clone();
+    want.sort();
+    got.sort();
+    assert_eq!(
+        got, want,
+        "each layer fetched once, prefetched or asked for"
+    );
+    agent.stop().await;
+}
+
+/// Forwards to the real registry and records the digests of blob GETs as they arrive.
+async fn recording_proxy(upstream: String) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let client = reqwest::Client::new();
+    let record = asked.clone();
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let (client, upstream, record) = (client.clone(), upstream.clone(), record.clone());
+        async move {
+            if req.method() == axum::http::Method::GET {
+                if let Some((_, d)) = req.uri().path().split_once("/blobs/") {
+                    record.lock().unwrap().push(d.to_owned());
+                }
+            }
+            let (_, resp, builder) = testkit::forward(&client, &upstream, req).await;
+            builder
+                .body(axum::body::Body::from_stream(resp.bytes_stream()))
+                .unwrap()
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (url, asked)
 }
 
 /// Waits (up to 10 s) until `series` sums to `want`: a body's bytes are counted when

@@ -167,6 +167,11 @@ agent_settings! {
     /// which read only parts of layers.
     prefetch_layers: bool = true,
         SwitchOff("--no-prefetch", "STARLING_NO_PREFETCH");
+    /// How long the prefetch leaves to the runtime's own first layer requests (sent
+    /// a moment after it has the manifest) before it starts the rest: the layers a
+    /// runtime waits for join their swarms first and get the free sources.
+    prefetch_grace: Duration [serde(with = "humantime_serde_compat")] = Duration::from_millis(50),
+        Value("--prefetch-grace", "STARLING_PREFETCH_GRACE");
     /// A second listener serving only /metrics and /healthz, for a scraper on another
     /// host. Unset: /metrics is on the mirror's listener, where it and the node's
     /// /api/v1/* answer local clients only.

@@ -88,6 +88,13 @@ pub(super) struct Report {
     /// percentile). The source's own wait (the tracker's election and the registry's
     /// first byte) is in every non-seed's figure above and no peer can shorten it.
     pub(super) non_seed_first_byte_after_source_p95: f64,
+    /// The agents' own share of a non-seed's first byte: from the request's arrival at
+    /// the agent to its first body byte, for blobs served while they came through the
+    /// swarm (`starling_agent_blob_first_byte_seconds{source="swarm"}` of every agent),
+    /// 95th percentile as the upper bound of its histogram bucket (seconds). Beside the
+    /// client's figure it tells the agents' wait from the harness's own queueing on a
+    /// busy machine.
+    pub(super) agent_swarm_first_byte_p95_le: Option<f64>,
     /// One piece of the largest blob at the node limit (seconds): the issue's TTFB
     /// goal is this plus 20 ms.
     pub(super) piece_time_seconds: f64,
@@ -112,4 +119,103 @@ pub(super) fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
+}
+
+/// The upper bound of the histogram bucket that holds quantile `q` of `name`'s
+/// observations with `label` (e.g. `source="swarm"`), summed over several Prometheus
+/// text expositions. `None` without observations.
+pub(super) fn histogram_quantile_le(
+    texts: &[String],
+    name: &str,
+    label: &str,
+    q: f64,
+) -> Option<f64> {
+    let prefix = format!("{name}_bucket{{");
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for line in texts.iter().flat_map(|t| t.lines()) {
+        let Some(rest) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some((labels, count)) = rest.split_once("} ") else {
+            continue;
+        };
+        if !labels.split(',').any(|l| l == label) {
+            continue;
+        }
+        let Some(le) = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("le=\""))
+            .map(|v| v.trim_end_matches('"'))
+        else {
+            continue;
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            match le.parse::<f64>() {
+                Ok(v) => v,
+                Err(_) => continue,
+            }
+        };
+        let Ok(count) = count.trim().parse::<f64>() else {
+            continue;
+        };
+        match buckets.iter_mut().find(|(b, _)| *b == le) {
+            Some(b) => b.1 += count,
+            None => buckets.push((le, count)),
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = (q * total).ceil().max(1.0);
+    buckets
+        .iter()
+        .find(|(_, cumulative)| *cumulative >= rank)
+        .map(|(le, _)| *le)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histograms_quantile_is_its_buckets_upper_bound_summed_over_agents() {
+        let agent = |fast: u32, slow: u32| {
+            format!(
+                "# TYPE x histogram\n\
+                 x_bucket{{source=\"swarm\",le=\"0.01\"}} {fast}\n\
+                 x_bucket{{source=\"swarm\",le=\"0.1\"}} {}\n\
+                 x_bucket{{source=\"swarm\",le=\"+Inf\"}} {}\n\
+                 x_bucket{{source=\"cache\",le=\"0.01\"}} 0\n\
+                 x_bucket{{source=\"cache\",le=\"0.1\"}} 0\n\
+                 x_bucket{{source=\"cache\",le=\"+Inf\"}} 50\n",
+                fast + slow,
+                fast + slow
+            )
+        };
+        // 19 fast and 1 slow over two agents: the 95th is the 19th, fast.
+        let texts = [agent(10, 0), agent(9, 1)];
+        assert_eq!(
+            histogram_quantile_le(&texts, "x", "source=\"swarm\"", 0.95),
+            Some(0.01)
+        );
+        // One more slow one: the 95th of 21 is the 20th, slow.
+        let texts = [agent(10, 1), agent(9, 1)];
+        assert_eq!(
+            histogram_quantile_le(&texts, "x", "source=\"swarm\"", 0.95),
+            Some(0.1)
+        );
+        // Observations beyond the last finite bucket.
+        assert_eq!(
+            histogram_quantile_le(&texts, "x", "source=\"cache\"", 0.5),
+            Some(f64::INFINITY)
+        );
+        assert_eq!(
+            histogram_quantile_le(&texts, "x", "source=\"registry\"", 0.95),
+            None
+        );
+    }
 }
