@@ -673,7 +673,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
     );
     if let Some(le) = report.agent_swarm_first_byte_p95_le {
         println!(
-            "  first byte, agents    p95 ≤ {le:.3} s from a request's arrival at its agent (blobs arriving through the swarm; the rest of the client's figure is queueing on this machine)"
+            "  first byte, agents    p95 ≤ {le:.3} s from a request's arrival at its agent (blobs arriving through the swarm; what the client's figure adds is outside the agents)"
         );
     }
     Ok(())
