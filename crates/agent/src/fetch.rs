@@ -107,31 +107,33 @@ impl Agent {
                     }
                 }
                 Ok(Begin::Lead(writer)) => {
-                    let writer = match &self.p2p {
-                        Some(p2p) => match crate::p2p::start(
-                            self.clone(),
-                            p2p.clone(),
-                            registry.to_owned(),
-                            repo.to_owned(),
-                            d.clone(),
-                            writer,
-                            limit.clone(),
-                        )
-                        .await
-                        {
-                            crate::p2p::Start::Started(inf, total) => {
-                                return Ok((Source::Inflight(inf, Via::Swarm), total))
+                    let (writer, opened) = match &self.p2p {
+                        Some(p2p) if !self.declared_small.lock().holds(registry, repo, d) => {
+                            match crate::p2p::start(
+                                self.clone(),
+                                p2p.clone(),
+                                registry.to_owned(),
+                                repo.to_owned(),
+                                d.clone(),
+                                writer,
+                                limit.clone(),
+                            )
+                            .await
+                            {
+                                crate::p2p::Start::Started(inf, total) => {
+                                    return Ok((Source::Inflight(inf, Via::Swarm), total))
+                                }
+                                crate::p2p::Start::Passthrough(total) => {
+                                    return Ok((Source::Passthrough, total))
+                                }
+                                crate::p2p::Start::Failed(e) => return Err(blob_err(e, d)),
+                                crate::p2p::Start::NotSwarm(w, opened) => (w, opened),
                             }
-                            crate::p2p::Start::Passthrough(total) => {
-                                return Ok((Source::Passthrough, total))
-                            }
-                            crate::p2p::Start::Failed(e) => return Err(blob_err(e, d)),
-                            crate::p2p::Start::NotSwarm(w) => w,
-                        },
-                        None => writer,
+                        }
+                        _ => (writer, None),
                     };
                     return self
-                        .lead_from_registry(registry, repo, d, *writer, limit)
+                        .lead_from_registry(registry, repo, d, *writer, opened, limit)
                         .await;
                 }
                 Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {
@@ -152,8 +154,8 @@ impl Agent {
         })
     }
 
-    /// Starts fetching the layers of an image manifest a client just got, in the
-    /// background, so they all arrive at the link's full rate rather than a few at a
+    /// Notes which blobs of an image manifest a client just got are small (see
+    /// [`DeclaredSmall`]) and starts fetching its layers in the background, so they all arrive at the link's full rate rather than a few at a
     /// time in the order the runtime asks for them (containerd fetches 3 at once); the
     /// runtime's own requests then join the downloads already running. In a swarm this
     /// also starts every layer's swarm at once, so registry bytes enter through as many
@@ -165,10 +167,7 @@ impl Agent {
     /// from a node already fetching another (`source_defer_ms`), so whichever swarms
     /// join first get the free nodes, and a layer a runtime waits for must not queue
     /// behind layers nobody has asked for yet.
-    pub(crate) fn prefetch_layers(&self, registry: &str, repo: &str, body: &[u8]) {
-        if !self.cfg.prefetch_layers {
-            return;
-        }
+    pub(crate) fn manifest_served(&self, registry: &str, repo: &str, body: &[u8]) {
         let Ok(m) = oci::Manifest::parse(body) else {
             return;
         };
@@ -176,6 +175,12 @@ impl Agent {
             return;
         }
         let min = self.p2p.as_ref().map_or(1 << 20, |p| p.threshold);
+        self.declared_small
+            .lock()
+            .note(registry, repo, m.blobs().filter(|b| b.size < min));
+        if !self.cfg.prefetch_layers {
+            return;
+        }
         let layers: Vec<Digest> = m
             .layers
             .iter()
@@ -204,20 +209,26 @@ impl Agent {
         });
     }
 
-    /// This agent fetches the blob from the registry itself (no swarm).
+    /// This agent fetches the blob from the registry itself (no swarm), over `opened`
+    /// when the swarm's election already asked the registry for the whole blob.
     async fn lead_from_registry(
         &self,
         registry: &str,
         repo: &str,
         d: &Digest,
         mut writer: store::BlobWriter,
+        opened: Option<oci::upstream::BlobResponse>,
         limit: Option<Arc<TokenBucket>>,
     ) -> Result<(Source, u64), Error> {
-        let resp = match self
-            .upstream
-            .get_blob(registry, repo, d, writer.offset())
-            .await
-        {
+        let answer = match opened {
+            Some(r) if r.start == writer.offset() => Ok(r),
+            _ => {
+                self.upstream
+                    .get_blob(registry, repo, d, writer.offset())
+                    .await
+            }
+        };
+        let resp = match answer {
             Ok(r) => r,
             Err(e) => {
                 self.metrics.upstream_errors.inc();
@@ -407,5 +418,42 @@ pub(crate) fn blob_err(e: Error, d: &Digest) -> Error {
             retry_after,
         },
         other => other,
+    }
+}
+
+/// Blobs that manifests this agent served declared smaller than the P2P threshold
+/// (image configs, small layers), so their first request goes to the registry without
+/// a tracker round trip and an election that learns the size only from the registry.
+/// Keyed by repository: a tenant's manifest that understates another image's blob
+/// sends only its own repository's pulls of it around the swarm.
+#[derive(Default)]
+pub(crate) struct DeclaredSmall {
+    blobs: std::collections::HashSet<(String, String, Digest)>,
+}
+
+impl DeclaredSmall {
+    /// Entries kept; past it the set starts over (a miss only costs the round trip).
+    const CAPACITY: usize = 16_384;
+
+    fn note<'a>(
+        &mut self,
+        registry: &str,
+        repo: &str,
+        blobs: impl Iterator<Item = &'a oci::Descriptor>,
+    ) {
+        for b in blobs.take(1024) {
+            if self.blobs.len() >= Self::CAPACITY {
+                self.blobs.clear();
+            }
+            self.blobs
+                .insert((registry.to_owned(), repo.to_owned(), b.digest.clone()));
+        }
+    }
+
+    fn holds(&self, registry: &str, repo: &str, d: &Digest) -> bool {
+        !self.blobs.is_empty()
+            && self
+                .blobs
+                .contains(&(registry.to_owned(), repo.to_owned(), d.clone()))
     }
 }

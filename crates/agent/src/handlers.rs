@@ -243,7 +243,7 @@ pub(crate) async fn handle(
                 .manifest(&registry, &repo, &reference, accept.as_deref())
                 .await?;
             if !head {
-                agent.prefetch_layers(&registry, &repo, &m.body);
+                agent.manifest_served(&registry, &repo, &m.body);
             }
             let b = Response::builder()
                 .header(header::CONTENT_TYPE, &m.media_type)

@@ -176,6 +176,8 @@ pub struct Agent {
         Arc<parking_lot::Mutex<std::collections::HashMap<oci::Digest, std::time::Instant>>>,
     /// Files fetched through `/files/v1/fetch`, for the inventory.
     pub(crate) files: Arc<files::index::FileIndex>,
+    /// Blobs a manifest this agent served declared smaller than the P2P threshold.
+    pub(crate) declared_small: Arc<parking_lot::Mutex<fetch::DeclaredSmall>>,
 }
 
 impl Agent {
@@ -252,6 +254,7 @@ impl Agent {
             download_limit,
             peer_listener: Arc::new(parking_lot::Mutex::new(peer_listener)),
             uncacheable: Default::default(),
+            declared_small: Default::default(),
         };
         agent.refresh_cache_gauges();
         Ok(agent)

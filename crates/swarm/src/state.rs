@@ -340,7 +340,9 @@ impl TrackerState {
             swarm.hashes.clear();
             swarm.hashes_epoch += 1;
         }
-        if req.leaving {
+        // A blob below the P2P threshold has no swarm: whoever asks fetches it directly,
+        // so nobody is kept as a member to hand out (nor the swarm past the next expiry).
+        if req.leaving || swarm.size.is_some_and(|s| s < cfg.min_p2p_size) {
             swarm.peers.remove(&req.node);
             if swarm.source.as_deref() == Some(&req.node) {
                 swarm.source = None;

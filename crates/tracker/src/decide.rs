@@ -106,7 +106,8 @@ async fn decide_with_store(
                 Outcome {
                     digest: req.digest.clone(),
                     node: req.node.clone(),
-                    peer: SharedPeer::of(req, pieces, now),
+                    // A node sent to the registry (a small blob) is not a member.
+                    peer: SharedPeer::of(req, pieces, now).filter(|_| resp.role != Role::Direct),
                     size,
                     piece_size,
                     born,

@@ -127,7 +127,10 @@ impl Engine<'_> {
         match (resp.role, resp.size) {
             (Role::Direct, _) => self.start_direct(s, l),
             (role, Some(_)) => {
-                if size < self.sc.starling.min_p2p_size.0 && role != Role::Source {
+                if size < self.sc.starling.min_p2p_size.0 {
+                    if role == Role::Source {
+                        self.leave_small(s, l);
+                    }
                     self.start_direct(s, l);
                 } else {
                     self.start_task(s, l, resp, false);
@@ -165,7 +168,26 @@ impl Engine<'_> {
         let Some(resp) = self.pull(s, l).reply.take() else {
             return;
         };
+        if self.sizes[l as usize] < self.sc.starling.min_p2p_size.0 {
+            // As the agent does: the registry's answer is open, so the bytes follow it.
+            self.leave_small(s, l);
+            self.pull(s, l).phase = Phase::Direct;
+            self.direct_start(s, l);
+            return;
+        }
         self.start_task(s, l, resp, true);
+    }
+
+    /// A source elected before the size was known tells the tracker the blob is below
+    /// the P2P threshold and leaves, as the agent does (`p2p::download::start`).
+    fn leave_small(&mut self, s: u32, l: u32) {
+        let mut req = self.request(s, l);
+        req.size = Some(self.sizes[l as usize]);
+        req.leaving = true;
+        let t0 = Instant::now();
+        let _ = self.tracker.announce(&req, self.now_ms());
+        self.out.tracker_wall_s += t0.elapsed().as_secs_f64();
+        self.out.counters.announces += 1;
     }
 
     /// The download task begins (`Download` created, `run` spawned).

@@ -70,12 +70,15 @@ async fn eight_agents_pull_at_once_and_the_registry_serves_each_blob_about_once(
     );
     // Each agent's dashboard names where the bytes it served came from: the big layers
     // through the swarm (or the cache, had the manifest's prefetch finished first),
-    // the image config from the registry (below the swarm's threshold).
+    // the config and the 64 KiB layer from the registry (below the swarm's threshold),
+    // on every agent: one was elected for each before the tracker knew their sizes,
+    // and it fetches them directly like the others.
     let served = |source: &str| format!("starling_agent_served_bytes_total{{source=\"{source}\"}}");
+    let small_layers: u64 = image.layers.iter().map(|l| l.size).sum::<u64>() - big;
+    let small = image.config.size + small_layers;
     let mut by_swarm = 0;
     for a in &agents {
-        let config = image.config.size;
-        until_metric_above("the config served", a, &served("registry"), config - 1).await;
+        until_metric_above("the small blobs served", a, &served("registry"), small - 1).await;
         let (swarm, cache) = (
             metric(a, &served("swarm")).await,
             metric(a, &served("cache")).await,
@@ -142,4 +145,73 @@ async fn containerd_pulls_through_two_swarm_agents() {
         upstream <= big + big / 20,
         "registry bytes {upstream} for {big}"
     );
+}
+
+/// A blob asked for before any manifest declared its size (a runtime resuming a pull,
+/// a client that fetches by digest) goes to the tracker, and the first asker is elected
+/// before anyone knows the size. Finding it below the P2P threshold, the elected node
+/// fetches it directly like every other node and leaves the swarm, so its dashboard
+/// says "registry" and the tracker holds no member for it. Once a manifest has
+/// declared a blob small, asking for it does not touch the tracker at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn small_blobs_go_to_the_registry_with_or_without_a_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/small", "1", &[64 << 10, 48 << 10], 12)
+            .unwrap();
+    let t = tracker(dir.path(), &[]).await;
+    let (a, b) = (
+        agent(dir.path(), "a", &t.url(), &registry, &[]).await,
+        agent(dir.path(), "b", &t.url(), &registry, &[]).await,
+    );
+    let get = |agent: &common::Proc, digest: &str| {
+        let url = format!("{}/v2/swarm/small/blobs/{digest}", agent.url());
+        async move {
+            let r = reqwest::get(url).await.unwrap();
+            assert!(r.status().is_success(), "{}", r.status());
+            r.bytes().await.unwrap().len() as u64
+        }
+    };
+    let by_digest = &image.layers[0];
+    let (got_a, got_b) = tokio::join!(get(&a, &by_digest.digest), get(&b, &by_digest.digest));
+    assert_eq!((got_a, got_b), (by_digest.size, by_digest.size));
+    let served_registry = "starling_agent_served_bytes_total{source=\"registry\"}";
+    let served_swarm = "starling_agent_served_bytes_total{source=\"swarm\"}";
+    for n in [&a, &b] {
+        until_metric_above("the layer served", n, served_registry, by_digest.size - 1).await;
+        assert_eq!(
+            metric(n, served_swarm).await,
+            0,
+            "no swarm for a small blob"
+        );
+    }
+    let swarms = |t: String| async move {
+        reqwest::get(format!("{t}/swarm/v1/swarms"))
+            .await
+            .unwrap()
+            .json::<Vec<serde_json::Value>>()
+            .await
+            .unwrap()
+    };
+    let listed = swarms(t.url()).await;
+    let small = listed
+        .iter()
+        .find(|s| s["digest"] == by_digest.digest.as_str())
+        .expect("the blob asked for by digest went to the tracker");
+    assert_eq!(small["size"], by_digest.size, "{small}");
+    assert_eq!(small["source"], serde_json::Value::Null, "{small}");
+    assert_eq!(small["peers"], 0, "the elected node left: {small}");
+    // After the manifest, the config and the other small layer skip the tracker.
+    pull_via(&a.url(), &image).await.expect("pull");
+    let listed = swarms(t.url()).await;
+    for declared in [&image.config, &image.layers[1]] {
+        assert!(
+            !listed
+                .iter()
+                .any(|s| s["digest"] == declared.digest.as_str()),
+            "{} was declared small by the manifest: {listed:?}",
+            declared.digest
+        );
+    }
 }

@@ -165,6 +165,30 @@ fn small_blobs_go_direct_and_bad_peers_are_left_out() {
 }
 
 #[test]
+fn a_source_elected_before_the_size_was_known_leaves_a_small_blob_to_everyone() {
+    let d = Digest::of(b"config");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    assert_eq!(ann(&mut t, &req("first", &d), 0).role, Role::Source);
+    assert_eq!(ann(&mut t, &req("second", &d), 1).role, Role::Peer);
+    let mut small = req("first", &d);
+    small.size = Some(677);
+    small.leaving = true;
+    ann(&mut t, &small, 2);
+    let resp = ann(&mut t, &req("second", &d), 3);
+    assert_eq!(resp.role, Role::Direct);
+    assert_eq!(resp.size, Some(677));
+    let stats = &t.stats()[0];
+    assert_eq!(
+        (stats.peers, stats.source.as_deref()),
+        (0, None),
+        "{stats:?}"
+    );
+    assert_eq!(stats.source_elections, 1);
+    t.expire(4);
+    assert!(t.stats().is_empty(), "an empty small swarm is dropped");
+}
+
+#[test]
 fn one_reporter_cannot_ban_a_peer_for_everyone_but_a_quorum_can() {
     let d = Digest::of(b"quorum");
     let mut t = TrackerState::new(SwarmConfig::default());

@@ -252,7 +252,12 @@ pub(super) fn run_tracker(max_peers: usize, ops: &[TrackerOp]) -> Result<Tally, 
                     }
                 }
                 let m = members.entry(d.clone()).or_default();
-                if req.leaving {
+                // A blob below the P2P threshold keeps no members: all fetch directly.
+                let small = resp.size.is_some_and(|s| s < t.cfg.min_p2p_size);
+                if req.leaving || small {
+                    if small {
+                        tally.add("small blob: not a member");
+                    }
                     m.remove(&req.node);
                 } else {
                     m.insert(

@@ -87,8 +87,9 @@ const MAX_LINKS: usize = swarm::links::MAX_LINKS;
 pub(crate) enum Start {
     /// The swarm download runs; stream from this inflight.
     Started(Arc<Inflight>, u64),
-    /// Not a swarm blob (small, or the tracker is unreachable): the plain registry path.
-    NotSwarm(Box<BlobWriter>),
+    /// Not a swarm blob (small, or the tracker is unreachable): the plain registry path,
+    /// with the registry's answer when the election already opened it.
+    NotSwarm(Box<BlobWriter>, Option<oci::upstream::BlobResponse>),
     Failed(oci::Error),
     /// The store cannot take the blob: stream it without caching.
     Passthrough(u64),
@@ -124,7 +125,7 @@ pub(crate) async fn start(
         Err(e) => {
             p2p.metrics.tracker_errors.inc();
             warn!(digest = %d, error = %e, "tracker unreachable; fetching from the registry directly");
-            return Start::NotSwarm(writer);
+            return Start::NotSwarm(writer, None);
         }
     };
     // Peers may have to wait a moment for the source to learn the size, or for the
@@ -142,23 +143,23 @@ pub(crate) async fn start(
         tokio::time::sleep(Duration::from_millis(20)).await;
         match p2p.announce(&req).await {
             Ok(r) => resp = r,
-            Err(_) => return Start::NotSwarm(writer),
+            Err(_) => return Start::NotSwarm(writer, None),
         }
     }
     debug!(digest = %d, role = ?resp.role, ms = joined.elapsed().as_millis() as u64, "swarm joined");
-    let mut first_stream = None;
+    let mut first_answer = None;
     let size = match (resp.role, resp.size) {
-        (Role::Direct, _) => return Start::NotSwarm(writer),
+        (Role::Direct, _) => return Start::NotSwarm(writer, None),
         (_, Some(s)) => s,
         (Role::Source, None) if writer.offset() == 0 => {
             // The source learns the size from the registry's answer and keeps that stream.
             match agent.upstream.get_blob(&registry, &repo, &d, 0).await {
                 Ok(r) => match r.total {
                     Some(t) => {
-                        first_stream = Some(r.stream);
+                        first_answer = Some(r);
                         t
                     }
-                    None => return Start::NotSwarm(writer),
+                    None => return Start::NotSwarm(writer, None),
                 },
                 Err(e) => {
                     writer.fail(&e.to_string());
@@ -174,9 +175,24 @@ pub(crate) async fn start(
             }
         },
     };
-    if size < p2p.threshold && resp.role != Role::Source {
-        return Start::NotSwarm(writer);
+    if size < p2p.threshold {
+        if resp.role == Role::Source {
+            // Elected before anyone knew the size (an image config, a small layer):
+            // the tracker learns it, so the nodes waiting on this election fetch it
+            // directly too, and this node leaves a swarm that has no use.
+            let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
+            req.size = Some(size);
+            req.leaving = true;
+            let p2p = p2p.clone();
+            tokio::spawn(async move {
+                if p2p.announce(&req).await.is_err() {
+                    p2p.metrics.tracker_errors.inc();
+                }
+            });
+        }
+        return Start::NotSwarm(writer, first_answer);
     }
+    let first_stream = first_answer.map(|r| r.stream);
     let piece_size = if resp.piece_size > 1 {
         resp.piece_size
     } else {
@@ -189,7 +205,7 @@ pub(crate) async fn start(
         Err(e) => {
             warn!(digest = %d, error = %e, "swarm geometry refused; fetching from the registry directly");
             leave(&p2p, &d, false).await;
-            return Start::NotSwarm(writer);
+            return Start::NotSwarm(writer, None);
         }
     };
     writer.expect_total(size);
