@@ -155,8 +155,9 @@ impl Agent {
     }
 
     /// Notes which blobs of an image manifest a client just got are small (see
-    /// [`DeclaredSmall`]) and starts fetching its layers in the background, so they all arrive at the link's full rate rather than a few at a
-    /// time in the order the runtime asks for them (containerd fetches 3 at once); the
+    /// [`DeclaredSmall`]) and starts fetching its layers in the background, so they all
+    /// arrive at the link's full rate rather than a few at a time in the order the
+    /// runtime asks for them (containerd fetches 3 at once); the
     /// runtime's own requests then join the downloads already running. In a swarm this
     /// also starts every layer's swarm at once, so registry bytes enter through as many
     /// sources as there are layers. Off for lazy pullers (`prefetch_layers = false`),
