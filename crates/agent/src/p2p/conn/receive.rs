@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use swarm::pieces::PieceHasher;
 use swarm::wire::{ChannelId, Frame};
 use swarm::{Bitfield, PieceLayout};
+use tokio::task::JoinHandle;
 
 use super::{PeerConn, PeerEvent, RecvChan};
 use crate::p2p::wire_io::{peer_err, FrameReader, PeerRead};
@@ -26,14 +27,71 @@ const PONG_TIMEOUT: Duration = Duration::from_secs(2);
 /// before the header): a payload that takes longer than this is a stall.
 const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A `Data` payload at least this long is hashed on a blocking thread while the
+/// connection reads and stores the next one: one connection's bytes then use two
+/// cores, not one (receive and store here, sha256 there). Shorter ones (a small head
+/// piece, a blob's tail) are hashed in place: a hand-over would cost more than it saves.
+const HASH_ASIDE_MIN: usize = 128 << 10;
+
+/// Where a piece's running hash is.
+enum PieceHash {
+    /// The hash before it was not known; the download hashes the stored piece.
+    Unknown,
+    Here(PieceHasher),
+    /// On a blocking thread with the last payload; it comes back with the buffer.
+    Aside(JoinHandle<(PieceHasher, Vec<u8>)>),
+}
+
+impl PieceHash {
+    /// The hasher, once it has taken every payload handed to it. The buffer of a
+    /// payload hashed aside becomes `spare`.
+    async fn settle(&mut self, spare: &mut Vec<u8>, node: &str) -> Result<(), Error> {
+        if let PieceHash::Aside(job) = self {
+            let (hasher, buf) = job
+                .await
+                .map_err(|e| peer_err(node, format!("hashing a piece failed: {e}")))?;
+            *spare = buf;
+            *self = PieceHash::Here(hasher);
+        }
+        Ok(())
+    }
+
+    /// Hashes the payload `buf[..len]` after every one before it, aside when it is
+    /// long: `buf` then goes with it and `spare` takes its place, so the caller reads
+    /// the next payload into a buffer nobody else holds.
+    async fn take(
+        &mut self,
+        buf: &mut Vec<u8>,
+        spare: &mut Vec<u8>,
+        len: usize,
+        node: &str,
+    ) -> Result<(), Error> {
+        self.settle(spare, node).await?;
+        let PieceHash::Here(mut hasher) = std::mem::replace(self, PieceHash::Unknown) else {
+            return Ok(());
+        };
+        if len >= HASH_ASIDE_MIN {
+            let mut payload = std::mem::replace(buf, std::mem::take(spare));
+            payload.truncate(len);
+            *self = PieceHash::Aside(tokio::task::spawn_blocking(move || {
+                hasher.update(&payload);
+                (hasher, payload)
+            }));
+        } else {
+            hasher.update(&buf[..len]);
+            *self = PieceHash::Here(hasher);
+        }
+        Ok(())
+    }
+}
+
 /// The piece being received on a connection (a holder sends one piece at a time).
 struct Receiving {
     chan_id: ChannelId,
     chan: Arc<RecvChan>,
     piece: u32,
     got: u64,
-    /// `None`: the hash before it was not known; the download hashes the stored piece.
-    hasher: Option<PieceHasher>,
+    hash: PieceHash,
     /// False: the piece could not be claimed; its bytes are read and dropped.
     claimed: bool,
     last_progress: Instant,
@@ -47,6 +105,7 @@ pub(super) async fn read_loop(
     let node = conn.node.clone();
     let mut cur: Option<Receiving> = None;
     let mut buf: Vec<u8> = Vec::new();
+    let mut spare: Vec<u8> = Vec::new();
     let result = async {
         let mut last_frame = tokio::time::Instant::now();
         let mut pinged: Option<tokio::time::Instant> = None;
@@ -168,7 +227,7 @@ pub(super) async fn read_loop(
                     }
                     conn.last_data_ms
                         .store(conn.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
-                    receive_data(p2p, &node, reader, &mut cur, &mut buf, chan, chan_of(chan), piece, offset, len)
+                    receive_data(p2p, &node, reader, &mut cur, (&mut buf, &mut spare), chan, chan_of(chan), piece, offset, len)
                         .await?;
                     if cur.is_none() {
                         conn.receiving.store(0, Ordering::Release);
@@ -207,7 +266,7 @@ async fn receive_data(
     node: &str,
     reader: &mut FrameReader<PeerRead>,
     cur: &mut Option<Receiving>,
-    buf: &mut Vec<u8>,
+    (buf, spare): (&mut Vec<u8>, &mut Vec<u8>),
     chan_id: ChannelId,
     chan: Option<Arc<RecvChan>>,
     piece: u32,
@@ -234,7 +293,8 @@ async fn receive_data(
                 chan: chan.clone(),
                 piece,
                 got: 0,
-                hasher: PieceHasher::for_piece(chan.layout, piece, before),
+                hash: PieceHasher::for_piece(chan.layout, piece, before)
+                    .map_or(PieceHash::Unknown, PieceHash::Here),
                 claimed,
                 last_progress: Instant::now(),
             });
@@ -278,9 +338,6 @@ async fn receive_data(
             peer_err(node, "peer stopped in the middle of a piece")
         })??;
     if r.claimed {
-        if let Some(h) = &mut r.hasher {
-            h.update(bytes);
-        }
         let at = chan.layout.range(piece).0 + offset as u64;
         let t = Instant::now();
         let written = chan.inflight.write_claimed(at, bytes);
@@ -292,6 +349,7 @@ async fn receive_data(
             *cur = None;
             return Err(peer_err(node, format!("cannot store piece bytes: {e}")));
         }
+        r.hash.take(buf, spare, len as usize, node).await?;
     }
     r.got += len as u64;
     p2p.metrics.peer_bytes.inc_by(len as u64);
@@ -304,15 +362,24 @@ async fn receive_data(
         }
         return Ok(());
     }
-    let Some(done) = cur.take() else {
+    let Some(mut done) = cur.take() else {
         return Ok(());
     };
+    if let Err(e) = done.hash.settle(spare, node).await {
+        if done.claimed {
+            chan.inflight.release_piece_claim(piece);
+        }
+        return Err(e);
+    }
     chan.requested.lock().remove(&piece);
     let ev = if done.claimed {
         PeerEvent::Received {
             peer: node.to_owned(),
             piece,
-            hash: done.hasher.as_ref().map(PieceHasher::finish),
+            hash: match &done.hash {
+                PieceHash::Here(h) => Some(h.finish()),
+                _ => None,
+            },
         }
     } else {
         PeerEvent::Dropped {
@@ -392,6 +459,47 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[tokio::test]
+    async fn payloads_hashed_aside_and_in_place_give_the_piece_s_hash_in_order() {
+        // One 2 MiB piece in payloads long and short, each read into the buffer the
+        // last hand-over left, as the read loop does: any payload hashed out of order,
+        // twice, or from a buffer overwritten by the next read gives another hash.
+        let layout = PieceLayout::new(4 * MIB, 2 * MIB);
+        let piece = 1;
+        let before = {
+            let mut h = PieceHasher::for_piece(layout, 0, None).unwrap();
+            h.update(&vec![7u8; layout.len(0) as usize]);
+            h.finish()
+        };
+        let bytes: Vec<u8> = (0..layout.len(piece))
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let mut whole = PieceHasher::for_piece(layout, piece, Some(before)).unwrap();
+        whole.update(&bytes);
+
+        let sizes = [512 << 10, 100 << 10, 512 << 10, HASH_ASIDE_MIN, 1];
+        let rest = bytes.len() - sizes.iter().sum::<usize>();
+        let mut hash =
+            PieceHash::Here(PieceHasher::for_piece(layout, piece, Some(before)).unwrap());
+        let (mut buf, mut spare) = (Vec::new(), Vec::new());
+        let mut at = 0;
+        for len in sizes.into_iter().chain([rest]) {
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            buf[..len].copy_from_slice(&bytes[at..at + len]);
+            hash.take(&mut buf, &mut spare, len, "peer").await.unwrap();
+            // The next read lands in `buf` while the hash may still run.
+            buf.fill(0xee);
+            at += len;
+        }
+        hash.settle(&mut spare, "peer").await.unwrap();
+        match hash {
+            PieceHash::Here(h) => assert_eq!(h.finish(), whole.finish()),
+            _ => panic!("the hash did not come back"),
+        }
+    }
 
     fn open(id: ChannelId, requested: bool) -> Option<OpenChan> {
         Some(OpenChan {
