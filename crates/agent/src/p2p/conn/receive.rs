@@ -49,9 +49,10 @@ impl PayloadPace {
     fn observe(&mut self, len: usize, now: Instant) -> f64 {
         if let Some(last) = self.last {
             let rate = len as f64 / now.duration_since(last).as_secs_f64().max(1e-6);
-            self.bytes_per_sec = match self.bytes_per_sec {
-                r if r == 0.0 => rate,
-                r => 0.75 * r + 0.25 * rate,
+            self.bytes_per_sec = if self.bytes_per_sec > 0.0 {
+                0.75 * self.bytes_per_sec + 0.25 * rate
+            } else {
+                rate
             };
         }
         self.last = Some(now);
