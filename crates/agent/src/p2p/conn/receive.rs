@@ -30,8 +30,10 @@ const PAYLOAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// On a connection receiving at least this fast, a `Data` payload of at least
 /// [`HASH_ASIDE_MIN`] is hashed on a blocking thread while the connection reads and
 /// stores the next one: its bytes then use two cores, not one (receive and store here,
-/// sha256 there). One core does all three at about 1 GB/s (sha256 alone 1.8 GB/s), so
-/// a slower connection gains nothing from the hand-over and pays for it in wake-ups
+/// sha256 there). One core does all three at roughly 1 GB/s (an estimate from the
+/// per-GiB costs profiled in BENCHMARKS.md: receive copy 0.26, sha256 0.57, page-cache
+/// write 0.25 CPU-s), so a slower connection gains nothing from the hand-over and pays
+/// for it in wake-ups
 /// (measured: the 8 × 25 MiB/s demo 1.075 against 1.056 × T* with every large payload
 /// hashed aside). Shorter payloads (a small head piece, a blob's tail) stay in place.
 const HASH_ASIDE_RATE: f64 = 256.0 * (1 << 20) as f64;
