@@ -61,8 +61,8 @@ pub(crate) fn peer_err(peer: &str, message: impl std::fmt::Display) -> Error {
 /// The most a frame read takes from the stream at once. The bytes after a `Data`
 /// header are read straight into the piece's buffer ([`FrameReader::read_payload`]);
 /// whatever a frame read took of them is copied over a second time. Unbounded (up to
-/// the buffer's 64 KiB), that was one payload byte in eight and 2 % of a receiving
-/// agent's CPU at 4 × 100 MiB/s (BENCHMARKS.md, issue 11, twenty-fifth session); a
+/// the buffer's 64 KiB), that was up to one payload byte in eight and 1–2 % of the
+/// agents' CPU at 4 × 100 MiB/s and in the demo (BENCHMARKS.md, issue 11, twenty-fifth session); a
 /// few KiB still hold a burst of a hundred HAVEs.
 const FRAME_READ_AHEAD: u64 = 8 << 10;
 
