@@ -115,7 +115,11 @@ impl AgentFlags {
                         .env(s.env)
                         .help(help);
                     let arg = match s.how {
-                        How::Switch | How::SwitchOff => arg.action(ArgAction::SetTrue),
+                        // A variable set by a unit file or a chart is as often `1` or
+                        // `yes` as `true`; clap's default takes only `true`/`false`.
+                        How::Switch | How::SwitchOff => arg
+                            .action(ArgAction::SetTrue)
+                            .value_parser(clap::builder::BoolishValueParser::new()),
                         How::List | How::Map => arg.action(ArgAction::Append).value_delimiter(','),
                         How::Secret => arg.hide_env_values(true),
                         How::Value | How::FileOnly => arg,
@@ -490,7 +494,11 @@ pub struct TrackerArgs {
     join_limit: u32,
     /// Serve plain HTTP, without --pki: unencrypted, nodes not authenticated beyond
     /// --cluster-token. Without --pki or this flag the tracker does not start.
-    #[arg(long, env = "STARLING_INSECURE_PLAIN_HTTP")]
+    #[arg(
+        long,
+        env = "STARLING_INSECURE_PLAIN_HTTP",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     insecure_plain_http: bool,
     /// Blobs below this size skip P2P.
     #[arg(long, default_value = "1MiB")]

@@ -148,3 +148,30 @@ fn an_invalid_configuration_names_where_each_value_came_from() {
         assert!(err.contains(&part), "{part:?} missing from:\n{err}");
     }
 }
+
+#[test]
+fn a_switch_variable_takes_the_usual_spellings_of_on_and_off() {
+    let prealloc = |value: &str| {
+        let out = agent(&["--print-config"], &[("STARLING_PREALLOCATE", value)]);
+        printed(&out)["preallocate"].as_bool()
+    };
+    for on in ["1", "true", "yes", "on"] {
+        assert_eq!(prealloc(on), Some(true), "STARLING_PREALLOCATE={on}");
+    }
+    for off in ["0", "false", "no", "off"] {
+        assert_eq!(prealloc(off), Some(false), "STARLING_PREALLOCATE={off}");
+    }
+    // A switch that turns a default off: set means off.
+    let prefetch = |value: &str| {
+        let out = agent(&["--print-config"], &[("STARLING_NO_PREFETCH", value)]);
+        printed(&out)["prefetch_layers"].as_bool()
+    };
+    assert_eq!(prefetch("1"), Some(false));
+    assert_eq!(prefetch("0"), Some(true));
+    let out = agent(&["--print-config"], &[("STARLING_PREALLOCATE", "maybe")]);
+    assert!(
+        !out.status.success(),
+        "a switch variable of \"maybe\" was taken"
+    );
+    assert!(stderr(&out).contains("maybe"), "{}", stderr(&out));
+}
