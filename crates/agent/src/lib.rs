@@ -185,7 +185,11 @@ impl Agent {
         let mut store_cfg = StoreConfig::new(&cfg.cache_dir);
         store_cfg.budget_bytes = cfg.cache_budget.bytes();
         store_cfg.min_free_bytes = cfg.min_free.bytes();
-        store_cfg.preallocate = cfg.preallocate;
+        store_cfg.preallocate_from = if cfg.preallocate {
+            0
+        } else {
+            cfg.preallocate_from.bytes()
+        };
         store_cfg.high_watermark = cfg.gc_high_watermark;
         store_cfg.low_watermark = cfg.gc_low_watermark;
         cfg.validate()?;

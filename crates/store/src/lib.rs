@@ -61,8 +61,9 @@ pub struct StoreConfig {
     pub low_watermark: f64,
     /// Space always left free on the filesystem.
     pub min_free_bytes: u64,
-    /// Allocate a blob's blocks when its download starts (`BlobWriter::reserve`).
-    pub preallocate: bool,
+    /// Blobs at least this large get their blocks allocated when their download
+    /// starts (`BlobWriter::reserve`); `u64::MAX`: none, 0: every blob.
+    pub preallocate_from: u64,
 }
 
 impl StoreConfig {
@@ -73,7 +74,7 @@ impl StoreConfig {
             high_watermark: 0.90,
             low_watermark: 0.80,
             min_free_bytes: 256 << 20,
-            preallocate: false,
+            preallocate_from: u64::MAX,
         }
     }
 }

@@ -368,7 +368,7 @@ impl BlobWriter {
         let needed = total.saturating_sub(self.offset());
         self.store
             .make_room_excluding_pub(needed, Some(&self.inflight.digest))?;
-        if !self.store.inner.cfg.preallocate {
+        if total < self.store.inner.cfg.preallocate_from {
             return Ok(());
         }
         self.inflight.preallocate(total, needed)

@@ -287,7 +287,7 @@ async fn reserve_allocates_the_blob_s_blocks_and_keeps_the_length() {
     let body = data(8 << 20, 3);
     let d = Digest::of(&body);
     let mut cfg = StoreConfig::new(dir.path());
-    cfg.preallocate = true;
+    cfg.preallocate_from = 8 << 20;
     let store = Store::open(cfg).unwrap();
     let Begin::Lead(mut w) = store.begin(&d, None, "registry").await.unwrap() else {
         panic!()
@@ -302,6 +302,35 @@ async fn reserve_allocates_the_blob_s_blocks_and_keeps_the_length() {
         "{} bytes allocated for {}",
         meta.blocks() * 512,
         body.len()
+    );
+    w.write(&body).await.unwrap();
+    w.finish().await.unwrap();
+    let open = store.open_complete(&d).unwrap().expect("stored");
+    assert_eq!(open.size, body.len() as u64);
+}
+
+/// Below `preallocate_from` a blob is left to ext4's delayed allocation: nothing is
+/// allocated before its bytes come, and it is stored as before.
+#[tokio::test]
+async fn a_blob_below_the_preallocation_size_is_not_allocated_ahead() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let body = data(4 << 20, 4);
+    let d = Digest::of(&body);
+    let mut cfg = StoreConfig::new(dir.path());
+    cfg.preallocate_from = (4 << 20) + 1;
+    let store = Store::open(cfg).unwrap();
+    let Begin::Lead(mut w) = store.begin(&d, None, "registry").await.unwrap() else {
+        panic!()
+    };
+    let inf = w.inflight();
+    w.set_total(body.len() as u64);
+    w.reserve().unwrap();
+    let meta = std::fs::metadata(inf.path()).unwrap();
+    assert_eq!(
+        meta.blocks(),
+        0,
+        "blocks allocated for a blob below the size"
     );
     w.write(&body).await.unwrap();
     w.finish().await.unwrap();
