@@ -277,17 +277,14 @@ async fn hold_hashed_until(
     .expect("the digest reaches every piece on disk");
 }
 
-/// With `preallocate`, `reserve` allocates the whole blob's blocks before its first
-/// byte, the partial file's length unchanged (a resume reads progress from it), and
-/// the blob is stored and served as before.
-#[tokio::test]
-async fn reserve_allocates_the_blob_s_blocks_and_keeps_the_length() {
-    use std::os::unix::fs::MetadataExt;
+/// Stores `body` in a store whose `preallocate_from` is `from`, and returns the
+/// partial file's metadata right after `reserve`, before the first byte. The blob is
+/// stored and served whole either way.
+async fn partial_after_reserve(body: &[u8], from: u64) -> std::fs::Metadata {
     let dir = tempfile::tempdir().unwrap();
-    let body = data(8 << 20, 3);
-    let d = Digest::of(&body);
+    let d = Digest::of(body);
     let mut cfg = StoreConfig::new(dir.path());
-    cfg.preallocate_from = 8 << 20;
+    cfg.preallocate_from = from;
     let store = Store::open(cfg).unwrap();
     let Begin::Lead(mut w) = store.begin(&d, None, "registry").await.unwrap() else {
         panic!()
@@ -296,6 +293,20 @@ async fn reserve_allocates_the_blob_s_blocks_and_keeps_the_length() {
     w.set_total(body.len() as u64);
     w.reserve().unwrap();
     let meta = std::fs::metadata(inf.path()).unwrap();
+    w.write(body).await.unwrap();
+    w.finish().await.unwrap();
+    let open = store.open_complete(&d).unwrap().expect("stored");
+    assert_eq!(open.size, body.len() as u64);
+    meta
+}
+
+/// From `preallocate_from` on, `reserve` allocates the whole blob's blocks before its
+/// first byte, the partial file's length unchanged (a resume reads progress from it).
+#[tokio::test]
+async fn reserve_allocates_the_blob_s_blocks_and_keeps_the_length() {
+    use std::os::unix::fs::MetadataExt;
+    let body = data(8 << 20, 3);
+    let meta = partial_after_reserve(&body, 8 << 20).await;
     assert_eq!(meta.len(), 0, "the length still says nothing is written");
     assert!(
         meta.blocks() * 512 >= body.len() as u64,
@@ -303,39 +314,20 @@ async fn reserve_allocates_the_blob_s_blocks_and_keeps_the_length() {
         meta.blocks() * 512,
         body.len()
     );
-    w.write(&body).await.unwrap();
-    w.finish().await.unwrap();
-    let open = store.open_complete(&d).unwrap().expect("stored");
-    assert_eq!(open.size, body.len() as u64);
 }
 
 /// Below `preallocate_from` a blob is left to ext4's delayed allocation: nothing is
-/// allocated before its bytes come, and it is stored as before.
+/// allocated before its bytes come.
 #[tokio::test]
 async fn a_blob_below_the_preallocation_size_is_not_allocated_ahead() {
     use std::os::unix::fs::MetadataExt;
-    let dir = tempfile::tempdir().unwrap();
     let body = data(4 << 20, 4);
-    let d = Digest::of(&body);
-    let mut cfg = StoreConfig::new(dir.path());
-    cfg.preallocate_from = (4 << 20) + 1;
-    let store = Store::open(cfg).unwrap();
-    let Begin::Lead(mut w) = store.begin(&d, None, "registry").await.unwrap() else {
-        panic!()
-    };
-    let inf = w.inflight();
-    w.set_total(body.len() as u64);
-    w.reserve().unwrap();
-    let meta = std::fs::metadata(inf.path()).unwrap();
+    let meta = partial_after_reserve(&body, (4 << 20) + 1).await;
     assert_eq!(
         meta.blocks(),
         0,
         "blocks allocated for a blob below the size"
     );
-    w.write(&body).await.unwrap();
-    w.finish().await.unwrap();
-    let open = store.open_complete(&d).unwrap().expect("stored");
-    assert_eq!(open.size, body.len() as u64);
 }
 
 /// A reader that joins a download waits for its size; a download going on in piece
