@@ -182,13 +182,10 @@ impl Agent {
         if !self.cfg.prefetch_layers {
             return;
         }
-        let layers: Vec<Digest> = m
-            .layers
-            .iter()
-            .filter(|l| l.size >= min)
-            .take(256)
-            .map(|l| l.digest.clone())
-            .collect();
+        let layers: Vec<Digest> =
+            swarm::prefetch::prefetched_layers(m.layers.iter().map(|l| l.size), min)
+                .map(|i| m.layers[i].digest.clone())
+                .collect();
         if layers.is_empty() {
             return;
         }

@@ -136,6 +136,9 @@ pub(crate) enum Timer {
     Arrive(u32),
     /// The node's pull client has the manifest: its layer fetches begin.
     Manifest(u32),
+    /// The agent's layer prefetch, its grace after serving the manifest, starts the
+    /// node's large layers the client has not asked for yet.
+    Prefetch(u32),
     /// A direct registry fetch's answer: its bytes start.
     DirectStart {
         slot: u32,
@@ -624,7 +627,8 @@ impl<'a> Engine<'a> {
     fn fire(&mut self, timer: Timer) {
         match timer {
             Timer::Arrive(s) => self.arrive(s),
-            Timer::Manifest(s) => self.start_more(s),
+            Timer::Manifest(s) => self.manifest_served(s),
+            Timer::Prefetch(s) => self.prefetch(s),
             Timer::DirectStart { slot, layer } => self.direct_start(slot, layer),
             Timer::CacheStart { slot, layer } => self.cache_next(slot, layer),
             Timer::CacheFillStart { layer } => self.cache_fill_start(layer),
@@ -722,6 +726,36 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// The agent serves the manifest to the pull client, which starts its first
+    /// fetches; with `prefetch_layers`, the agent starts the rest after its grace.
+    fn manifest_served(&mut self, s: u32) {
+        if self.transport == Transport::P2p && self.sc.starling.prefetch_layers {
+            let grace = self.sc.starling.prefetch_grace_ms as f64 / 1e3;
+            self.at(self.now + grace, Timer::Prefetch(s));
+        }
+        self.start_more(s);
+    }
+
+    /// `fetch::manifest_served`'s background task: every layer the swarm carries
+    /// (`swarm::prefetch`) that is neither held nor started yet begins now.
+    fn prefetch(&mut self, s: u32) {
+        let threshold = self.sc.starling.min_p2p_size.0;
+        let picked: Vec<u32> =
+            swarm::prefetch::prefetched_layers(self.sizes.iter().copied(), threshold)
+                .map(|l| l as u32)
+                .filter(|l| self.nodes[s as usize].queue.contains(l))
+                .collect();
+        for l in picked {
+            self.nodes[s as usize].queue.retain(|&q| q != l);
+            let now = self.now;
+            let p = self.pull(s, l);
+            p.active = true;
+            p.prefetched = true;
+            p.requested_at = now;
+            self.swarm_start(s, l);
+        }
+    }
+
     fn start_more(&mut self, s: u32) {
         while self.nodes[s as usize].active < self.sc.job.layer_concurrency
             && !self.nodes[s as usize].queue.is_empty()
@@ -751,8 +785,11 @@ impl<'a> Engine<'a> {
         }
         p.done = true;
         p.finished_at = now;
+        let by_client = !p.prefetched;
         let n = &mut self.nodes[s as usize];
-        n.active -= 1;
+        if by_client {
+            n.active -= 1;
+        }
         n.left -= 1;
         if n.left == 0 && n.ready.is_none() {
             n.ready = Some(self.now);

@@ -205,6 +205,13 @@ pub struct Starling {
     /// maximum; on loopback with a reader paced at 8 MiB/s, `sendall` of a 4–16 MiB
     /// body returned when 2.7–4 MiB of it were still unread (BENCHMARKS.md, issue 6).
     pub socket_buffer: Bytes,
+    /// The agent's layer prefetch (`prefetch_layers`, on by default): when it serves
+    /// the manifest, every layer of at least `min_p2p_size` starts after
+    /// `prefetch_grace_ms`, beside the pull client's own `layer_concurrency` fetches.
+    /// The model then has the client's later requests for those layers join them
+    /// (they take no client slot), so only the small blobs wait for the client's turns.
+    pub prefetch_layers: bool,
+    pub prefetch_grace_ms: u64,
 }
 
 impl Default for Starling {
@@ -239,6 +246,8 @@ impl Default for Starling {
             registry_streams: swarm::pieces::DEFAULT_REGISTRY_STREAMS,
             seed_heartbeat_ms: 1000,
             socket_buffer: Bytes(4 << 20),
+            prefetch_layers: true,
+            prefetch_grace_ms: swarm::prefetch::DEFAULT_PREFETCH_GRACE_MS,
         }
     }
 }
@@ -297,6 +306,8 @@ impl Starling {
             registry_streams: partial.registry_streams.unwrap_or(d.registry_streams),
             seed_heartbeat_ms: partial.seed_heartbeat_ms.unwrap_or(d.seed_heartbeat_ms),
             socket_buffer: partial.socket_buffer.unwrap_or(d.socket_buffer),
+            prefetch_layers: partial.prefetch_layers.unwrap_or(d.prefetch_layers),
+            prefetch_grace_ms: partial.prefetch_grace_ms.unwrap_or(d.prefetch_grace_ms),
         }
     }
 }
@@ -352,6 +363,8 @@ struct StarlingPartial {
     registry_streams: Option<u32>,
     seed_heartbeat_ms: Option<u64>,
     socket_buffer: Option<Bytes>,
+    prefetch_layers: Option<bool>,
+    prefetch_grace_ms: Option<u64>,
     upload_wait_ms: Option<f64>,
     head_requests: Option<u32>,
 }

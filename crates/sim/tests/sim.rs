@@ -621,6 +621,14 @@ fn defaults_are_the_agents() {
     );
     assert_eq!(d.announce_interval_ms, t.announce_interval_ms);
     assert_eq!(d.stripe_min_members, t.stripe_min_members);
+    assert!(
+        d.prefetch_layers,
+        "the agent prefetches layers unless told not to"
+    );
+    assert_eq!(
+        d.prefetch_grace_ms,
+        swarm::prefetch::DEFAULT_PREFETCH_GRACE_MS
+    );
 }
 
 #[test]
@@ -688,4 +696,51 @@ fn registry_latency_jitter_decides_which_agents_become_sources() {
             "seed {seed}: jitter moves the elections"
         );
     }
+}
+
+#[test]
+fn the_agents_layer_prefetch_starts_every_large_layer_after_the_manifest() {
+    // One node, a pull client that asks for one blob at a time, and a registry that
+    // takes 400 ms to answer each request: asked in turn, four layers pay four answers
+    // one after another; the agent's prefetch starts them all a grace after the
+    // manifest, so their answers overlap.
+    let run = |prefetch: bool| {
+        let text = format!(
+            r#"
+name = "t"
+[cluster]
+nodes = 1
+nic_up = "10GB/s"
+nic_down = "10GB/s"
+[registry]
+egress = "1GB/s"
+latency_ms = 400
+[starling]
+prefetch_layers = {prefetch}
+[image]
+layers = [
+  {{ name = "a", size = "8MiB" }}, {{ name = "b", size = "8MiB" }},
+  {{ name = "c", size = "8MiB" }}, {{ name = "d", size = "8MiB" }},
+]
+[job]
+nodes = 1
+layer_concurrency = 1
+[[strategy]]
+kind = "p2p"
+"#
+        );
+        let sc = Scenario::parse(&text, Path::new(".")).expect("scenario parses");
+        let o = simulate(&sc, &spec(Kind::P2p), 1).expect("runs");
+        assert_eq!(o.stuck, 0);
+        max(&o)
+    };
+    let (asked_in_turn, prefetched) = (run(false), run(true));
+    assert!(
+        asked_in_turn > 4.0 * 0.4,
+        "four registry answers in turn: {asked_in_turn:.2} s"
+    );
+    assert!(
+        prefetched < asked_in_turn - 2.0 * 0.4,
+        "the prefetched layers' answers overlap: {prefetched:.2} s against {asked_in_turn:.2} s"
+    );
 }

@@ -11,6 +11,7 @@ pub mod chain;
 pub mod links;
 mod peers;
 pub mod pieces;
+pub mod prefetch;
 pub mod protocol;
 pub mod scheduler;
 pub mod state;

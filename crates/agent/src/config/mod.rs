@@ -178,7 +178,8 @@ agent_settings! {
     /// How long the prefetch leaves to the runtime's own first layer requests (sent
     /// a moment after it has the manifest) before it starts the rest: the layers a
     /// runtime waits for join their swarms first and get the free sources.
-    prefetch_grace: Duration [serde(with = "humantime_serde_compat")] = Duration::from_millis(50),
+    prefetch_grace: Duration [serde(with = "humantime_serde_compat")] =
+        Duration::from_millis(swarm::prefetch::DEFAULT_PREFETCH_GRACE_MS),
         Value("--prefetch-grace", "STARLING_PREFETCH_GRACE");
     /// A second listener serving only /metrics and /healthz, for a scraper on another
     /// host. Unset: /metrics is on the mirror's listener, where it and the node's

@@ -134,6 +134,9 @@ pub(crate) struct Run {
 
 pub(crate) struct Pull {
     pub active: bool,
+    /// Started by the agent's layer prefetch, not by one of the pull client's
+    /// `layer_concurrency` fetches (it takes none of them).
+    pub prefetched: bool,
     pub done: bool,
     pub phase: Phase,
     pub requested_at: f64,
@@ -208,6 +211,7 @@ impl Pull {
             done: held,
             phase: Phase::Idle,
             requested_at: 0.0,
+            prefetched: false,
             finished_at: 0.0,
             layout: None,
             sched: None,
