@@ -333,8 +333,6 @@ pub struct Engine<'a> {
     pub(crate) needed: Vec<bool>,
     /// Job nodes not ready yet.
     pub(crate) pending: usize,
-    /// Nodes whose agent has started (arrived), as the tracker's inventory counts them.
-    agents_up: usize,
     /// Last time any byte transfer completed.
     pub(crate) last_progress: f64,
     pub(crate) out: Outcome,
@@ -462,7 +460,6 @@ impl<'a> Engine<'a> {
             cache_waiters: vec![Vec::new(); layers],
             needed,
             pending: plan.job.len(),
-            agents_up: 0,
             last_progress: 0.0,
             out: Outcome::default(),
         }
@@ -710,10 +707,6 @@ impl<'a> Engine<'a> {
     }
 
     fn arrive(&mut self, s: u32) {
-        // The agent reports itself to the tracker's inventory when it starts, so the
-        // source election counts it among the live nodes from now on.
-        self.agents_up += 1;
-        self.tracker.set_live_nodes(Some(self.agents_up));
         if self.nodes[s as usize].left == 0 && self.nodes[s as usize].job {
             self.nodes[s as usize].ready = Some(self.now);
             self.pending -= 1;

@@ -106,15 +106,6 @@ impl Swarm {
         }
     }
 
-    /// About how many of the blob's bytes `member` still lacks, from the pieces its
-    /// last announce said it holds; `None` while the size is unknown.
-    fn bytes_left(&self, member: &PeerEntry) -> Option<u64> {
-        let (size, count) = (self.size?, self.count());
-        let held = member.have.as_ref().map_or(0, |h| h.count()).min(count);
-        let count = u128::from(count.max(1));
-        Some((u128::from(size) * (count - u128::from(held)) / count) as u64)
-    }
-
     /// Whether a quorum of distinct members reported `name` (bad pieces, or
     /// unreachable): out of everyone's handouts, and out of the rack stripes, whose
     /// share would otherwise wait on a member its rack cannot reach.
@@ -211,9 +202,6 @@ pub struct SwarmStats {
 pub struct TrackerState {
     pub cfg: SwarmConfig,
     swarms: HashMap<Digest, Swarm>,
-    /// Nodes the cluster inventory counts as alive, when the tracker keeps one
-    /// ([`TrackerState::set_live_nodes`]).
-    live_nodes: Option<usize>,
 }
 
 /// Reporters remembered per accused peer.
@@ -224,52 +212,7 @@ impl TrackerState {
         Self {
             cfg,
             swarms: HashMap::new(),
-            live_nodes: None,
         }
-    }
-
-    /// How many nodes the cluster counts as alive (agents report themselves when they
-    /// start and every few seconds after), or `None` when nobody counts them. With a
-    /// count, a blob is not held back from a busy asker (`source_defer_ms`) once every
-    /// one of those nodes is fetching from the registry: the wait could only end with
-    /// another busy node.
-    pub fn set_live_nodes(&mut self, nodes: Option<usize>) {
-        self.live_nodes = nodes;
-    }
-
-    /// Whether holding a new blob back from `req.node`, which is fetching another from
-    /// the registry, can find no node less busy: every node the cluster counts as alive
-    /// is fetching a blob from the registry, and none fetches fewer blobs, or as many
-    /// with fewer bytes left, than the asker. Then the asker is elected at once;
-    /// otherwise the wait for a less busy node stands (its held announce asks again
-    /// within 20 ms). Fewest fetches first: at start-up the registry has told no sizes
-    /// yet, and by bytes alone every blob asked for then would go to the first asker.
-    fn no_node_less_busy(&self, req: &AnnounceRequest, now: u64) -> bool {
-        let Some(live) = self.live_nodes.filter(|&n| n > 0) else {
-            return false;
-        };
-        // Per node: blobs it fetches from the registry, then their bytes left (a
-        // blob whose size the registry has not told yet counts as none).
-        let mut load: HashMap<&str, (u32, u64)> = HashMap::new();
-        for (d, s) in &self.swarms {
-            if *d == req.digest {
-                continue;
-            }
-            let Some(source) = s.source.as_deref() else {
-                continue;
-            };
-            if let Some(p) = s
-                .peers
-                .get(source)
-                .filter(|p| !p.complete && self.alive(p, now))
-            {
-                let l = load.entry(source).or_default();
-                l.0 += 1;
-                l.1 = l.1.saturating_add(s.bytes_left(p).unwrap_or(0));
-            }
-        }
-        let mine = load.get(req.node.as_str()).copied().unwrap_or_default();
-        load.len() >= live && load.values().all(|&l| l >= mine)
     }
 
     fn alive(&self, p: &PeerEntry, now: u64) -> bool {
@@ -338,7 +281,6 @@ impl TrackerState {
         } else {
             0
         };
-        let no_node_less_busy = sourcing_elsewhere > 0 && self.no_node_less_busy(req, now);
         let swarm = self
             .swarms
             .entry(req.digest.clone())
@@ -458,10 +400,9 @@ impl TrackerState {
             && !req.fetching_from_registry
             && !any_complete
             && sourcing_elsewhere > 0
-            && !no_node_less_busy
             && now < swarm.born + cfg.source_defer_ms
         {
-            // Busy with another registry fetch: give a less busy node the chance.
+            // Busy with another registry fetch: give another node the chance.
             Role::Peer
         } else if swarm.source.is_none()
             && if any_complete {

@@ -66,10 +66,8 @@ async fn decide_with_store(
     let now = t.store.now_ms();
     let mut answers = Vec::with_capacity(reqs.len());
     let mut outcomes = Vec::new();
-    let live_nodes = t.live_nodes();
     {
         let mut st = t.state.lock();
-        st.set_live_nodes(live_nodes);
         for (req, shared) in reqs.iter().zip(shared) {
             // The store names no fetcher and this copy's members were not read now.
             let unread_without_source = refresh != Refresh::Now

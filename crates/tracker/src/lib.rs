@@ -281,15 +281,7 @@ pub struct Tracker {
     /// Where the swarm state replicas share lives: this process, or Redis.
     store: Arc<dyn store::SwarmStore>,
     size_waiters: Arc<size_wait::SizeWaiters>,
-    /// The inventory's count of live nodes and when it was read
-    /// ([`Tracker::live_nodes`]).
-    live_nodes: Arc<Mutex<Option<(Instant, usize)>>>,
 }
-
-/// How long the count of live nodes the election reads is kept before the inventory
-/// is counted again: every announce of a blob without a source reads it, and agents
-/// report only every few seconds.
-const LIVE_NODES_REFRESH: Duration = Duration::from_millis(250);
 
 /// A batch of complete blobs an agent seeds, re-sent every second.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -323,29 +315,7 @@ impl Tracker {
             tls: None,
             mailboxes: assignments::Mailboxes::default(),
             store: Arc::new(store::Embedded::default()),
-            live_nodes: Arc::default(),
         }
-    }
-
-    /// Nodes the cluster inventory counts as alive (`Known`: reported within its
-    /// timeout), for the source election (`TrackerState::set_live_nodes`); `None`
-    /// without the cluster layer.
-    pub(crate) fn live_nodes(&self) -> Option<usize> {
-        let cluster = self.cluster.as_ref()?;
-        let mut cached = self.live_nodes.lock();
-        if let Some((at, n)) = *cached {
-            if at.elapsed() < LIVE_NODES_REFRESH {
-                return Some(n);
-            }
-        }
-        let now = cluster.now();
-        let inventory = cluster.inventory();
-        let n = inventory
-            .entries()
-            .filter(|e| matches!(inventory.status_of(e, now), cluster::NodeStatus::Known))
-            .count();
-        *cached = Some((Instant::now(), n));
-        Some(n)
     }
 
     /// Share the swarm state with other replicas through Redis (`--redis`).

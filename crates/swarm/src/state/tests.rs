@@ -325,45 +325,6 @@ fn a_node_busy_sourcing_one_blob_lets_another_source_the_next() {
     assert_eq!(ann(&mut t, &req("a", &b3), later).role, Role::Source);
 }
 
-/// "a" fetches a 300 MiB blob from the registry and "b" a 10 MiB one; then both ask
-/// for a third, "a" first, within the defer window.
-fn both_busy_then_a_third_blob(live_nodes: Option<usize>) -> (Role, Role) {
-    let (big, small, next) = (
-        Digest::of(b"big"),
-        Digest::of(b"small"),
-        Digest::of(b"next"),
-    );
-    let mut t = TrackerState::new(SwarmConfig::default());
-    t.set_live_nodes(live_nodes);
-    for (node, d, size) in [("a", &big, 300u64 << 20), ("b", &small, 10 << 20)] {
-        assert_eq!(ann(&mut t, &req(node, d), 0).role, Role::Source);
-        let mut r = req(node, d);
-        r.size = Some(size);
-        r.piece_size = Some(1 << 20);
-        r.fetching_from_registry = true;
-        assert_eq!(ann(&mut t, &r, 5).role, Role::Source);
-    }
-    let first = ann(&mut t, &req("a", &next), 10).role;
-    let second = ann(&mut t, &req("b", &next), 20).role;
-    (first, second)
-}
-
-#[test]
-fn when_every_live_node_fetches_from_the_registry_the_least_loaded_asker_sources_at_once() {
-    assert_eq!(
-        both_busy_then_a_third_blob(Some(2)),
-        (Role::Peer, Role::Source),
-        "the node with fewer registry bytes left is elected without waiting out the window"
-    );
-    // A third live node fetches nothing from the registry: the blob waits for it.
-    assert_eq!(
-        both_busy_then_a_third_blob(Some(3)),
-        (Role::Peer, Role::Peer)
-    );
-    // Nobody counts the live nodes: the window stands, as before.
-    assert_eq!(both_busy_then_a_third_blob(None), (Role::Peer, Role::Peer));
-}
-
 #[test]
 fn large_swarms_give_each_rack_member_its_own_stripe() {
     let d = Digest::of(b"stripes");
