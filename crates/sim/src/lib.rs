@@ -42,7 +42,8 @@
 //!   `layer_concurrency` at once. Beside it the agent's layer prefetch
 //!   (`starling.prefetch_layers`, on as in the agent): `prefetch_grace_ms` after the
 //!   manifest, every layer `swarm::prefetch` picks that has not started yet starts, and
-//!   the client's later request for it joins it (it takes no client slot). Every registry request takes `registry.latency_ms`
+//!   the client's later request for it joins it (it takes no client slot). Every
+//!   registry request takes `registry.latency_ms`
 //!   plus a pseudo-random share of `registry.latency_jitter_ms`, fixed per (node,
 //!   blob): when nodes start together, that jitter decides who announces a blob first
 //!   and so becomes its source, which matters (BENCHMARKS.md, issue 6).

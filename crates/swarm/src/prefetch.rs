@@ -4,10 +4,7 @@
 //! real agents do: every large layer a moment after the manifest, not a few at a time
 //! in the order the runtime reads them.
 
-/// How long the prefetch leaves to the runtime's own first layer requests (sent a
-/// moment after it has the manifest) before it starts the rest: the layers a runtime
-/// waits for join their swarms first and get the free sources (the agent's
-/// `prefetch_grace` default).
+/// The agent's `prefetch_grace` default (why a grace: see that setting).
 pub const DEFAULT_PREFETCH_GRACE_MS: u64 = 50;
 
 /// At most this many layers of one manifest are started: a manifest may list
