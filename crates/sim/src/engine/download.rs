@@ -439,8 +439,13 @@ impl Engine<'_> {
         {
             let unverified = &p.unverified;
             let claimed = &p.claimed;
+            let hashes = &p.hashes;
             let run = p.sched.as_ref().and_then(|x| {
-                x.registry_run(false, |i| unverified.contains_key(&i) || claimed.get(i))
+                x.registry_run(
+                    false,
+                    |i| unverified.contains_key(&i) || claimed.get(i),
+                    |i| hashes.get(i),
+                )
             });
             if let Some((a, b)) = run {
                 self.begin_runs(s, l, a, b, false);

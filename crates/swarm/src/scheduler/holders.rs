@@ -341,6 +341,20 @@ impl PieceScheduler {
         self.avail[piece as usize] + self.complete_holders
     }
 
+    /// Pieces neither held, in flight nor claimed that a usable peer holds but whose
+    /// hash `hash_known` says is unknown: a source cannot check a copy of them and
+    /// must read them from the registry (`registry_run`).
+    pub fn held_without_hash(&self, hash_known: impl Fn(u32) -> bool) -> Vec<u32> {
+        (0..self.have.len())
+            .filter(|&i| {
+                !self.have.get(i)
+                    && !self.inflight_any.get(i)
+                    && self.usable_holders(i) > 0
+                    && !hash_known(i)
+            })
+            .collect()
+    }
+
     /// Pieces neither held, in flight nor claimed that no usable peer holds.
     pub fn orphans(&self) -> Vec<u32> {
         (0..self.have.len())

@@ -570,13 +570,22 @@ impl PieceScheduler {
 
     /// The next run of consecutive pieces to fetch from the registry: pieces nobody
     /// can give (`everything`: every piece not on its way, when there is no tracker),
-    /// skipping those `busy` says are being produced otherwise.
-    pub fn registry_run(&self, everything: bool, busy: impl Fn(u32) -> bool) -> Option<(u32, u32)> {
+    /// skipping those `busy` says are being produced otherwise. A piece whose hash
+    /// `hash_known` says is unknown counts as nobody's, whoever holds it: a copy from
+    /// a peer could not be checked, and the source is the one who hashes it. (A
+    /// source elected after a Redis restart lost the old source's hashes while its
+    /// pieces were still held: asking their holders again and again, it stalled.)
+    pub fn registry_run(
+        &self,
+        everything: bool,
+        busy: impl Fn(u32) -> bool,
+        hash_known: impl Fn(u32) -> bool,
+    ) -> Option<(u32, u32)> {
         let want = |i: u32| {
             !self.have.get(i)
                 && !self.inflight_any.get(i)
                 && !busy(i)
-                && (everything || self.usable_holders(i) == 0)
+                && (everything || self.usable_holders(i) == 0 || !hash_known(i))
         };
         let first = (0..self.have.len()).find(|&i| want(i))?;
         let mut end = first + 1;

@@ -12,7 +12,7 @@
 //! tracker is unreachable the task carries on from the registry itself: a pull never
 //! fails because of Starling while the registry is up.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -250,6 +250,7 @@ pub(crate) async fn start(
         events_tx,
         internal_tx,
         unverified: HashMap::new(),
+        registry_owed: BTreeSet::new(),
         claims,
         runs: HashMap::new(),
         streams: RunStreams::new(),
@@ -338,6 +339,10 @@ struct Download {
     unverified: HashMap<u32, (String, Option<PieceHash>)>,
     /// Pieces on disk from before a restart, to re-verify once hashes are known.
     claims: Vec<u32>,
+    /// Pieces this source claimed to read from the registry when a connection frees:
+    /// peers hold them, but their hashes went with a tracker's lost state, so a copy
+    /// could not be checked. Claimed, they are not asked of those peers meanwhile.
+    registry_owed: BTreeSet<u32>,
     runs: HashMap<u32, RegistryRun>,
     streams: RunStreams,
     /// Registry connections a source may use for one blob (disjoint Range slices).
@@ -690,6 +695,11 @@ impl Download {
                         if was_source && self.role == Role::Peer {
                             self.stop_reading_the_registry().await;
                         }
+                        if !was_source && self.role == Role::Source {
+                            // Elected now: read the registry before the next tick,
+                            // and before peers are asked for what only it can check.
+                            self.refill_registry_runs().await;
+                        }
                         // The stripe or the source may have changed.
                         self.sync_have_filters().await;
                         self.connect_links();
@@ -767,11 +777,16 @@ impl Download {
     pub(super) async fn refill_registry_runs(&mut self) {
         let on_its_own = self.last_tracker_ok.elapsed() > TRACKER_GRACE
             && self.sched.peer_quiet_ms(self.now_ms()) >= SWARM_QUIET_WITHOUT_TRACKER_MS;
-        if self.role == Role::Source || on_its_own {
-            self.drop_unverifiable();
+        // Owed pieces go back first: a hash learned since, or a run starting now,
+        // may take them.
+        for piece in std::mem::take(&mut self.registry_owed) {
+            self.sched.unclaim(piece);
         }
-        if (self.role == Role::Source || on_its_own)
-            && (self.runs.len() as u32) < self.registry_stream_cap()
+        if self.role != Role::Source && !on_its_own {
+            return;
+        }
+        self.drop_unverifiable();
+        if (self.runs.len() as u32) < self.registry_stream_cap()
             && self.registry_retry_at.is_none_or(|t| Instant::now() >= t)
         {
             if let Some((a, b)) = self.next_registry_run(on_its_own) {
@@ -779,6 +794,20 @@ impl Download {
                     self.begin_run(x, y, None).await;
                 }
             }
+        }
+        self.owe_unverifiable();
+    }
+
+    /// Claims what peers hold that this source cannot check (`registry_owed`), so
+    /// that they are not asked for it again and again. Empty unless hashes were lost.
+    fn owe_unverifiable(&mut self) {
+        let hashes = &self.hashes;
+        let owed = self
+            .sched
+            .held_without_hash(|i| hashes.get(i as usize).is_some_and(Option::is_some));
+        for piece in owed {
+            self.sched.claim(piece);
+            self.registry_owed.insert(piece);
         }
     }
 }

@@ -6,12 +6,15 @@ use super::*;
 
 impl Download {
     /// The next run of consecutive pieces to fetch from the registry (see
-    /// `PieceScheduler::registry_run`): nothing being received or awaiting its hash.
+    /// `PieceScheduler::registry_run`): nothing being received or awaiting its hash,
+    /// and every piece whose hash is not known, whoever holds it.
     pub(super) fn next_registry_run(&self, everything: bool) -> Option<(u32, u32)> {
         let inflight = self.w.inflight();
-        self.sched.registry_run(everything, |i| {
-            self.unverified.contains_key(&i) || inflight.is_receiving(i)
-        })
+        self.sched.registry_run(
+            everything,
+            |i| self.unverified.contains_key(&i) || inflight.is_receiving(i),
+            |i| self.hashes.get(i as usize).is_some_and(Option::is_some),
+        )
     }
 
     /// Registry connections this blob may use (`swarm::pieces::registry_streams_for`).

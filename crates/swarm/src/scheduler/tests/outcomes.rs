@@ -197,7 +197,7 @@ fn a_liars_other_requests_end_when_its_channel_closes() {
         asked.len() - 1,
         "the ban alone leaves its other requests in flight"
     );
-    assert_eq!(s.registry_run(false, |_| false), Some((0, 1)));
+    assert_eq!(s.registry_run(false, |_| false, |_| true), Some((0, 1)));
     let ended = s.release_all_from("liar");
     let mut rest = asked[1..].to_vec();
     rest.sort_unstable();
@@ -208,7 +208,7 @@ fn a_liars_other_requests_end_when_its_channel_closes() {
         "still banned: the peer is not forgotten"
     );
     // Nobody holds them now, so the registry run may take them all.
-    assert_eq!(s.registry_run(false, |_| false), Some((0, 8)));
+    assert_eq!(s.registry_run(false, |_| false, |_| true), Some((0, 8)));
     // An honest holder gets every piece the liar had been asked for.
     s.set_peer("honest", None, 0);
     let again: Vec<u32> = s.next_requests(1, 8).iter().map(|r| r.piece).collect();

@@ -272,11 +272,22 @@ fn a_large_swarm_leaves_part_of_the_agents_budget_unused() {
 fn registry_runs_cover_what_nobody_gives() {
     let mut s = sched(10, SchedulerConfig::default());
     s.set_peer("a", Some(bits(10, &[0, 1, 5])), 0);
-    assert_eq!(s.registry_run(false, |_| false), Some((2, 5)));
-    assert_eq!(s.registry_run(false, |i| i == 2), Some((3, 5)));
-    assert_eq!(s.registry_run(true, |_| false), Some((0, 10)));
+    let known = |_| true;
+    assert_eq!(s.registry_run(false, |_| false, known), Some((2, 5)));
+    assert_eq!(s.registry_run(false, |i| i == 2, known), Some((3, 5)));
+    assert_eq!(s.registry_run(true, |_| false, known), Some((0, 10)));
     s.claim(2);
-    assert_eq!(s.registry_run(false, |_| false), Some((3, 5)));
+    assert_eq!(s.registry_run(false, |_| false, known), Some((3, 5)));
+}
+
+#[test]
+fn a_held_piece_whose_hash_is_unknown_comes_from_the_registry() {
+    let mut s = sched(10, SchedulerConfig::default());
+    s.set_peer("a", Some(bits(10, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9])), 0);
+    assert_eq!(s.registry_run(false, |_| false, |_| true), None);
+    // Hashes known for the first three pieces only (the rest were lost with the
+    // tracker's state): the holder's copies of the rest cannot be checked.
+    assert_eq!(s.registry_run(false, |_| false, |i| i < 3), Some((3, 10)));
 }
 
 /// `next_requests` as it was before the fill loop kept its candidates (a scan of
@@ -393,4 +404,14 @@ fn the_fill_loop_matches_the_reference_on_random_swarms() {
             }
         }
     }
+}
+
+#[test]
+fn held_pieces_without_a_hash_are_the_ones_a_source_must_read_itself() {
+    let mut s = sched(6, SchedulerConfig::default());
+    s.set_peer("a", Some(bits(6, &[0, 1, 2, 3])), 0);
+    assert!(s.held_without_hash(|_| true).is_empty());
+    // Hashes known for piece 0 only; piece 1 claimed already; 4 and 5 held by nobody.
+    s.claim(1);
+    assert_eq!(s.held_without_hash(|i| i == 0), vec![2, 3]);
 }
