@@ -7,7 +7,8 @@
 //!
 //! A node elected fetcher again after Redis came back empty, for a blob another node
 //! completed during the outage, once stalled here on pieces it could not verify (about
-//! one run in six); `docs/tracker-ha.md` has what fixed it.
+//! one run in six); `docs/tracker-ha.md` has what fixed it. So did a fetcher elected in
+//! the place of one that still held pieces whose hashes Redis lost (the last test).
 //!
 //! The Redis URL reaches the trackers through `STARLING_TRACKER_REDIS`, so the same
 //! test run against a tracker without the mode shows what it lacked (two replicas
@@ -265,9 +266,11 @@ async fn sources(tracker: &str) -> Vec<Option<String>> {
         .unwrap_or_default()
 }
 
-/// One agent is the registry fetcher of both layers when Redis restarts empty; the
-/// replicas then elect fetchers afresh from whoever announces first. Found in session
-/// 27: a blob whose fetcher changed this way stopped 10–12.7 MB short on every node.
+/// One agent is the registry fetcher of both layers when Redis restarts empty, and is
+/// stopped across the restart, so the replicas elect the other two. Its pieces' hashes
+/// went with Redis: the new fetchers asked it for those pieces, could not check them
+/// and asked again, every 50 ms, until the 2-minute silent-holder report (7 of 13 runs
+/// before the fix). They now read such pieces from the registry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fetcher_of_two_blobs_replaced_after_a_redis_restart_leaves_no_blob_unfinished() {
     let dir = tempfile::tempdir().unwrap();
