@@ -730,7 +730,7 @@ impl Download {
                 }
             }
             Internal::RunOpened { first, end, answer } => {
-                self.run_opened(first, end, *answer);
+                self.run_opened(first, end, *answer).await;
             }
         }
     }

@@ -87,7 +87,7 @@ impl Download {
     }
 
     /// The registry answered the GET of the run `[first, end)`.
-    pub(super) fn run_opened(
+    pub(super) async fn run_opened(
         &mut self,
         first: u32,
         end: u32,
