@@ -103,12 +103,6 @@ enum Internal {
         Vec<String>,
     ),
     TrackerHashes(BTreeMap<u32, String>),
-    /// The registry answered a run's Range GET (`registry_run::open_runs`).
-    RunOpened {
-        first: u32,
-        end: u32,
-        answer: Box<Result<oci::upstream::ByteStream, oci::Error>>,
-    },
 }
 
 pub(crate) async fn start(
@@ -259,7 +253,6 @@ pub(crate) async fn start(
         registry_owed: BTreeSet::new(),
         claims,
         runs: HashMap::new(),
-        opening: Vec::new(),
         streams: RunStreams::new(),
         registry_streams,
         budgeted: HashSet::new(),
@@ -351,9 +344,6 @@ struct Download {
     /// could not be checked. Claimed, they are not asked of those peers meanwhile.
     registry_owed: BTreeSet<u32>,
     runs: HashMap<u32, RegistryRun>,
-    /// Runs `[first, end)` whose Range GET is on its way: their pieces are claimed,
-    /// and they count against the registry connections (`registry_run::open_runs`).
-    opening: Vec<(u32, u32)>,
     streams: RunStreams,
     /// Registry connections a source may use for one blob (disjoint Range slices).
     registry_streams: u32,
@@ -395,7 +385,7 @@ impl Download {
         r.size = Some(self.layout.blob_size);
         r.piece_size = Some(self.layout.piece_size);
         r.have = Some(self.w.held());
-        r.fetching_from_registry = !self.runs.is_empty() || !self.opening.is_empty();
+        r.fetching_from_registry = !self.runs.is_empty();
         r.hashes = self.publish.clone();
         r.known_hashes = self
             .hashes
@@ -511,11 +501,11 @@ impl Download {
         first_stream: Option<oci::upstream::ByteStream>,
     ) {
         if let Some(stream) = first_stream {
-            let mut plan = self.plan_runs(0, self.layout.count()).into_iter();
-            if let Some((a, b)) = plan.next() {
-                self.stream_run(a, b, stream);
+            let plan = self.plan_runs(0, self.layout.count());
+            let mut first = Some(stream);
+            for (a, b) in plan {
+                self.begin_run(a, b, first.take()).await;
             }
-            self.open_runs(plan.collect());
         }
         self.connect_links();
         let mut tick = tokio::time::interval(Duration::from_millis(50));
@@ -729,9 +719,6 @@ impl Download {
                     warn!(digest = %self.d, error = %e, "cannot keep verified pieces");
                 }
             }
-            Internal::RunOpened { first, end, answer } => {
-                self.run_opened(first, end, *answer).await;
-            }
         }
     }
 
@@ -788,7 +775,8 @@ impl Download {
     /// idle registry connection (each tick, and the moment a run ends: a connection
     /// idle until the next tick lost up to 50 ms per half-second run).
     pub(super) async fn refill_registry_runs(&mut self) {
-        let on_its_own = self.on_its_own();
+        let on_its_own = self.last_tracker_ok.elapsed() > TRACKER_GRACE
+            && self.sched.peer_quiet_ms(self.now_ms()) >= SWARM_QUIET_WITHOUT_TRACKER_MS;
         // Owed pieces go back first: a hash learned since, or a run starting now,
         // may take them.
         for piece in std::mem::take(&mut self.registry_owed) {
@@ -798,22 +786,16 @@ impl Download {
             return;
         }
         self.drop_unverifiable();
-        if self.registry_connections() < self.registry_stream_cap()
+        if (self.runs.len() as u32) < self.registry_stream_cap()
             && self.registry_retry_at.is_none_or(|t| Instant::now() >= t)
         {
             if let Some((a, b)) = self.next_registry_run(on_its_own) {
-                let plan = self.plan_runs(a, b);
-                self.open_runs(plan);
+                for (x, y) in self.plan_runs(a, b) {
+                    self.begin_run(x, y, None).await;
+                }
             }
         }
         self.owe_unverifiable();
-    }
-
-    /// No tracker answer for a while and nothing from peers either: this node reads
-    /// what it lacks from the registry itself.
-    pub(super) fn on_its_own(&self) -> bool {
-        self.last_tracker_ok.elapsed() > TRACKER_GRACE
-            && self.sched.peer_quiet_ms(self.now_ms()) >= SWARM_QUIET_WITHOUT_TRACKER_MS
     }
 
     /// Claims what peers hold that this source cannot check (`registry_owed`), so

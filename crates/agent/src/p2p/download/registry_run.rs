@@ -22,16 +22,11 @@ impl Download {
         swarm::pieces::registry_streams_for(self.layout.blob_size, self.registry_streams)
     }
 
-    /// Registry connections in use: runs streaming, and runs whose GET is on its way.
-    pub(super) fn registry_connections(&self) -> u32 {
-        (self.runs.len() + self.opening.len()) as u32
-    }
-
     /// The runs to start now for the open stretch `[a, b)`, one per idle registry
     /// connection (`swarm::pieces::plan_registry_runs`), sized from the rate so far.
     pub(super) fn plan_runs(&self, a: u32, b: u32) -> Vec<(u32, u32)> {
         let streams = self.registry_stream_cap();
-        let free = streams.saturating_sub(self.registry_connections());
+        let free = streams.saturating_sub(self.runs.len() as u32);
         let seconds = self
             .registry_since
             .map_or(0.0, |t| t.elapsed().as_secs_f64());
@@ -39,100 +34,48 @@ impl Download {
         swarm::pieces::plan_registry_runs(self.layout, a, b, free, streams, run_bytes)
     }
 
-    /// Asks the registry for exactly the bytes of each run in `plan`, in turn, on a
-    /// task of its own: each answer comes back as `Internal::RunOpened`, and the runs'
-    /// pieces are claimed meanwhile. Awaited here, each GET held up every other run's
-    /// bytes, the peers' events and the first stream for a registry round trip (three
-    /// of them before a 4-connection source served its first byte). In turn, not all
-    /// at once: the first run, the front of the blob that readers and the piece hashes
-    /// wait on, streams alone for a round trip (the simulator, which starts runs this
-    /// way, gave `seed-100x5gb` 1.270 × T* over 8 seeds, and 1.288 with every GET at
-    /// once).
-    pub(super) fn open_runs(&mut self, plan: Vec<(u32, u32)>) {
-        if plan.is_empty() {
-            return;
-        }
-        for &(first, end) in &plan {
-            for i in first..end {
-                self.sched.claim(i);
-            }
-        }
-        self.opening.extend(plan.iter().copied());
-        let layout = self.layout;
-        let (agent, tx) = (self.agent.clone(), self.internal_tx.clone());
-        let (registry, repo, d) = (self.registry.clone(), self.repo.clone(), self.d.clone());
-        tokio::spawn(async move {
-            for (first, end) in plan {
-                let start = layout.range(first).0;
-                let stop = layout.range(end - 1).1;
-                // Exactly the run's bytes: the registry sends no more than needed.
-                let bounded = (stop < layout.blob_size).then_some(stop);
-                let answer = agent
-                    .upstream
-                    .get_blob_range(&registry, &repo, &d, start, bounded)
-                    .await
-                    .map(|r| r.stream);
-                let opened = Internal::RunOpened {
-                    first,
-                    end,
-                    answer: Box::new(answer),
-                };
-                if tx.send(opened).await.is_err() {
-                    return;
-                }
-            }
-        });
-        // A new registry fetcher: say so at once, so the tracker keeps the election.
-        self.spawn_announce(false);
-    }
-
-    /// The registry answered the GET of the run `[first, end)`.
-    pub(super) async fn run_opened(
+    pub(super) async fn begin_run(
         &mut self,
         first: u32,
         end: u32,
-        answer: Result<oci::upstream::ByteStream, oci::Error>,
+        stream: Option<oci::upstream::ByteStream>,
     ) {
-        let Some(at) = self.opening.iter().position(|&r| r == (first, end)) else {
-            return;
-        };
-        self.opening.swap_remove(at);
-        let still_reading = self.role == Role::Source || self.on_its_own();
-        match answer {
-            Ok(stream) if still_reading => {
-                self.stream_run(first, end, stream);
-                return;
-            }
-            // Deposed while the GET was on its way: the stream is dropped unread.
-            Ok(_) => {}
-            Err(
-                e @ oci::Error::Upstream {
-                    status: 404 | 410 | 412,
-                    ..
-                },
-            ) => self.origin_gone = Some(e.to_string()),
-            Err(e) => {
-                warn!(digest = %self.d, error = %e, "cannot start a registry run; retrying shortly");
-                self.registry_retry_at = Some(Instant::now() + Duration::from_millis(500));
-            }
-        }
-        for i in first..end {
-            self.sched.unclaim(i);
-        }
-    }
-
-    /// Reads the run `[first, end)` from `stream`.
-    pub(super) fn stream_run(&mut self, first: u32, end: u32, stream: oci::upstream::ByteStream) {
         let start = self.layout.range(first).0;
         let stop = self.layout.range(end - 1).1;
+        let stream = match stream {
+            Some(s) => s,
+            None => {
+                // Exactly the run's bytes: the registry sends no more than needed.
+                let bounded = (stop < self.layout.blob_size).then_some(stop);
+                match self
+                    .agent
+                    .upstream
+                    .get_blob_range(&self.registry, &self.repo, &self.d, start, bounded)
+                    .await
+                {
+                    Ok(r) => r.stream,
+                    Err(
+                        e @ oci::Error::Upstream {
+                            status: 404 | 410 | 412,
+                            ..
+                        },
+                    ) => {
+                        self.origin_gone = Some(e.to_string());
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(digest = %self.d, error = %e, "cannot start a registry run; retrying shortly");
+                        self.registry_retry_at = Some(Instant::now() + Duration::from_millis(500));
+                        return;
+                    }
+                }
+            }
+        };
         self.registry_since.get_or_insert_with(Instant::now);
         let id = match self.w.start_run(first, end) {
             Ok(id) => id,
             Err(e) => {
                 warn!(digest = %self.d, error = %e, "cannot start a registry run");
-                for i in first..end {
-                    self.sched.unclaim(i);
-                }
                 return;
             }
         };
@@ -212,12 +155,6 @@ impl Download {
     /// now, so this one's runs end where they are, keeping their whole pieces, and
     /// the rest comes from peers. Otherwise the registry would send the blob twice.
     pub(super) async fn stop_reading_the_registry(&mut self) {
-        // Runs whose GET is on its way end now; their answers find nothing to start.
-        for (first, end) in std::mem::take(&mut self.opening) {
-            for i in first..end {
-                self.sched.unclaim(i);
-            }
-        }
         if self.runs.is_empty() {
             return;
         }
