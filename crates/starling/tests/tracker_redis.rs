@@ -154,30 +154,59 @@ async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
     );
 }
 
+/// Redis, a registry holding a two-layer image, two replicas sharing the Redis and
+/// three agents (r1, r2, r3) using both: what the Redis-restart tests start from.
+struct RestartSetup {
+    dir: tempfile::TempDir,
+    redis: RedisServer,
+    registry: Registry,
+    image: testkit::PushedImage,
+    first: Proc,
+    second: Proc,
+    agents: Vec<Proc>,
+}
+
+impl RestartSetup {
+    async fn start(repo: &'static str, seed: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let redis = tokio::task::spawn_blocking(RedisServer::start)
+            .await
+            .unwrap();
+        let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+            .await
+            .unwrap();
+        let image =
+            TestImage::push_multilayer(&registry, repo, "1", &[24 << 20, 24 << 20], seed).unwrap();
+        let first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;
+        let second = redis_replica(&dir.path().join("t2"), &redis.url(), None).await;
+        let list = format!("{},{}", first.url(), second.url());
+        let mut agents = Vec::new();
+        for name in ["r1", "r2", "r3"] {
+            agents.push(agent(dir.path(), name, &list, &registry).await);
+        }
+        Self {
+            dir,
+            redis,
+            registry,
+            image,
+            first,
+            second,
+            agents,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
-        .await
-        .unwrap();
-    let image = TestImage::push_multilayer(
-        &registry,
-        "ha/redis-restart",
-        "1",
-        &[24 << 20, 24 << 20],
-        32,
-    )
-    .unwrap();
-    let first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;
-    let second = redis_replica(&dir.path().join("t2"), &redis.url(), None).await;
-    let list = format!("{},{}", first.url(), second.url());
-    let mut agents = Vec::new();
-    for name in ["r1", "r2", "r3"] {
-        agents.push(agent(dir.path(), name, &list, &registry).await);
-    }
+    let RestartSetup {
+        dir: _dir,
+        mut redis,
+        registry: _registry,
+        image,
+        first,
+        second,
+        agents,
+    } = RestartSetup::start("ha/redis-restart", 32).await;
     let pulls = pull_all(&agents, &image).await;
     let first_url = first.url();
     testkit::until("agents announcing", POLL_EVERY, POLL_WITHIN, || {
@@ -244,14 +273,6 @@ async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
     drop(redis);
 }
 
-fn signal(p: &Proc, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{sig}"), &p.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{sig}");
-}
-
 /// The sources of the large swarms a replica knows, by digest.
 async fn sources(tracker: &str) -> Vec<Option<String>> {
     swarms(tracker)
@@ -273,28 +294,15 @@ async fn sources(tracker: &str) -> Vec<Option<String>> {
 /// before the fix). They now read such pieces from the registry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fetcher_of_two_blobs_replaced_after_a_redis_restart_leaves_no_blob_unfinished() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
-        .await
-        .unwrap();
-    let image = TestImage::push_multilayer(
-        &registry,
-        "ha/redis-refetch",
-        "1",
-        &[24 << 20, 24 << 20],
-        33,
-    )
-    .unwrap();
-    let first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;
-    let second = redis_replica(&dir.path().join("t2"), &redis.url(), None).await;
-    let list = format!("{},{}", first.url(), second.url());
-    let mut agents = Vec::new();
-    for name in ["r1", "r2", "r3"] {
-        agents.push(agent(dir.path(), name, &list, &registry).await);
-    }
+    let RestartSetup {
+        dir: _dir,
+        mut redis,
+        registry: _registry,
+        image,
+        first,
+        second: _second,
+        agents,
+    } = RestartSetup::start("ha/redis-refetch", 33).await;
     // r1 alone first: it is elected for both layers.
     let mut pulls = pull_all(&agents[..1], &image).await;
     let first_url = first.url();
@@ -314,7 +322,7 @@ async fn a_fetcher_of_two_blobs_replaced_after_a_redis_restart_leaves_no_blob_un
     .await;
     // r1 stops (no announce, no bytes) across the restart, so that the empty Redis
     // elects the others.
-    signal(&agents[0], "STOP");
+    common::signal(&agents[0].child, "STOP");
     redis.kill();
     let url = first.url();
     testkit::until("Redis unreachable", POLL_EVERY, POLL_WITHIN, || {
@@ -336,7 +344,7 @@ async fn a_fetcher_of_two_blobs_replaced_after_a_redis_restart_leaves_no_blob_un
         }
     })
     .await;
-    signal(&agents[0], "CONT");
+    common::signal(&agents[0].child, "CONT");
     expect_pulled(&agents, pulls, &image).await;
     drop(redis);
 }

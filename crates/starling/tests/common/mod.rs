@@ -272,11 +272,16 @@ pub async fn hanging_listener() -> std::net::SocketAddr {
 
 /// Sends SIGTERM to a child process.
 pub fn sigterm(child: &Child) {
+    signal(child, "TERM");
+}
+
+/// Sends the signal named `sig` (TERM, STOP, CONT…) to a child process.
+pub fn signal(child: &Child, sig: &str) {
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args([&format!("-{sig}"), &child.id().to_string()])
         .status()
         .expect("run kill");
-    assert!(status.success(), "kill -TERM failed");
+    assert!(status.success(), "kill -{sig} failed");
 }
 
 /// Waits up to `limit` for the child to exit; the time it took, or None.
