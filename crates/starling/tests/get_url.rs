@@ -171,7 +171,9 @@ async fn a_url_reaches_two_nodes_with_one_origin_read_whatever_its_query() {
 async fn a_source_reading_over_two_origin_connections_delivers_the_file_whole() {
     // Past 256 MiB the elected source reads over two connections, in runs of
     // neighbouring pieces near the front (`swarm::pieces::plan_registry_runs`), each its
-    // own Range GET; the runs must meet exactly, in order, with one origin copy.
+    // own Range GET; the runs must meet exactly, in order, with one origin copy. (The
+    // size comes from the agent's probe, so no open-ended first GET is cut short: that
+    // cost the origin 2-5 % more, varying with load.)
     let dir = tempfile::tempdir().unwrap();
     let size = (256 << 20) + (16 << 20) + 12_345;
     let Origin {
@@ -203,8 +205,8 @@ async fn a_source_reading_over_two_origin_connections_delivers_the_file_whole() 
     );
     let sent = nginx.bytes_sent("w.bin");
     assert!(
-        sent as f64 <= size as f64 * 1.05,
-        "about one origin copy: {sent} of {size}"
+        sent <= size as u64 + 16,
+        "one origin copy (plus one-byte probes): {sent} of {size}"
     );
 }
 

@@ -331,6 +331,13 @@ impl P2p {
         })))
     }
 
+    /// The piece size this node proposes for a blob of `size`: the configured one, else
+    /// the rule for its link.
+    pub(crate) fn piece_size_for(&self, size: u64) -> u64 {
+        self.piece_size
+            .unwrap_or_else(|| swarm::pieces::piece_size_for(size, self.link_bytes_per_sec))
+    }
+
     /// A peer opened a channel on a blob: if this node is downloading it too, that
     /// download learns of the peer (and may connect back) now.
     pub(crate) fn discovered(&self, d: &oci::Digest, node: &str, addr: &str) {

@@ -150,6 +150,12 @@ impl Upstream {
         }
     }
 
+    /// The size the origin gave for a registered file when it was probed (`None` for
+    /// a registry's blob): a swarm can be laid out before any byte is fetched.
+    pub fn registered_file_size(&self, key: &str) -> Option<u64> {
+        self.registered_file(key).map(|f| f.size)
+    }
+
     pub(super) fn registered_file(&self, key: &str) -> Option<FileOrigin> {
         if !key.starts_with(FILE_KEY_PREFIX) {
             return None;

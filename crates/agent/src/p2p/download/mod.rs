@@ -116,6 +116,15 @@ pub(crate) async fn start(
 ) -> Start {
     let joined = Instant::now();
     let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
+    // A file's size came with its origin's probe: said at once, the swarm is laid out
+    // before any byte is fetched, and the source asks the origin for bounded runs only.
+    // (Learning it from an open-ended first GET cost the origin what that stream had
+    // in flight when its first run ended: 2-5 % of a 285 MB file.)
+    if let Some(size) = agent.upstream.registered_file_size(&registry) {
+        req.size = Some(size);
+        req.piece_size = Some(p2p.piece_size_for(size))
+            .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
+    }
     // Until the source has the registry's answer there is no size to lay the blob out
     // by: the tracker holds the answer until there is (a tracker that cannot answers at
     // once, and the loop below asks again).
@@ -196,8 +205,7 @@ pub(crate) async fn start(
     let piece_size = if resp.piece_size > 1 {
         resp.piece_size
     } else {
-        p2p.piece_size
-            .unwrap_or_else(|| swarm::pieces::piece_size_for(size, p2p.link_bytes_per_sec))
+        p2p.piece_size_for(size)
     };
     // The tracker relays what the first announcer proposed: checked like any input.
     let layout = match PieceLayout::checked(size, piece_size) {
