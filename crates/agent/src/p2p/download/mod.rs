@@ -30,14 +30,15 @@ use super::conn::{PeerConn, PeerEvent};
 use super::P2p;
 use crate::{Agent, Error};
 
-/// The name the scheduler knows the registry stream by.
+mod join;
+mod peer_traffic;
 mod registry_run;
 mod verify;
 
-mod peer_traffic;
-
+pub(crate) use join::{leave, start, Start};
 use peer_traffic::Link;
 
+/// The name the scheduler knows the registry stream by.
 const REGISTRY: &str = "\u{0}registry";
 
 /// How long without a tracker answer before the agent may fetch from the registry
@@ -79,21 +80,8 @@ const HASH_PUSH_EVERY: Duration = Duration::from_millis(100);
 /// A registry run that yields nothing for this long publishes what it has buffered.
 const RUN_QUIET: Duration = Duration::from_millis(5);
 
-/// How long the tracker may hold a join until the swarm's size is known.
-const SIZE_WAIT_MS: u32 = 1_000;
 /// Peer links kept per blob (`swarm::links`).
 const MAX_LINKS: usize = swarm::links::MAX_LINKS;
-
-pub(crate) enum Start {
-    /// The swarm download runs; stream from this inflight.
-    Started(Arc<Inflight>, u64),
-    /// Not a swarm blob (small, or the tracker is unreachable): the plain registry path,
-    /// with the registry's answer when the election already opened it.
-    NotSwarm(Box<BlobWriter>, Option<oci::upstream::BlobResponse>),
-    Failed(oci::Error),
-    /// The store cannot take the blob: stream it without caching.
-    Passthrough(u64),
-}
 
 /// What the download task learns from the tasks it spawns.
 enum Internal {
@@ -103,202 +91,6 @@ enum Internal {
         Vec<String>,
     ),
     TrackerHashes(BTreeMap<u32, String>),
-}
-
-pub(crate) async fn start(
-    agent: Agent,
-    p2p: Arc<P2p>,
-    registry: String,
-    repo: String,
-    d: Digest,
-    mut writer: Box<BlobWriter>,
-    limit: Option<Arc<TokenBucket>>,
-) -> Start {
-    let joined = Instant::now();
-    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
-    // A file's size came with its origin's probe: said at once, the swarm is laid out
-    // before any byte is fetched, and the source asks the origin for bounded runs only.
-    // (Learning it from an open-ended first GET cost the origin what that stream had
-    // in flight when its first run ended: 2-5 % of a 285 MB file.)
-    if let Some(size) = agent.upstream.registered_file_size(&registry) {
-        req.size = Some(size);
-        req.piece_size = Some(p2p.piece_size_for(size))
-            .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
-    }
-    // Until the source has the registry's answer there is no size to lay the blob out
-    // by: the tracker holds the answer until there is (a tracker that cannot answers at
-    // once, and the loop below asks again).
-    req.wait_for_size_ms = SIZE_WAIT_MS;
-    let mut resp = match p2p.announce(&req).await {
-        Ok(r) => r,
-        Err(e) => {
-            p2p.metrics.tracker_errors.inc();
-            warn!(digest = %d, error = %e, "tracker unreachable; fetching from the registry directly");
-            return Start::NotSwarm(writer, None);
-        }
-    };
-    // Peers may have to wait a moment for the source to learn the size, or for the
-    // tracker to elect one (it holds a blob back from a node busy with another).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let nobody_has_it = |r: &AnnounceResponse| {
-        r.role == Role::Peer
-            && (r.size.is_none()
-                || (!r.source_alive
-                    && r.peers
-                        .iter()
-                        .all(|p| p.have.as_ref().is_some_and(|h| h.count() == 0))))
-    };
-    while nobody_has_it(&resp) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        match p2p.announce(&req).await {
-            Ok(r) => resp = r,
-            Err(_) => return Start::NotSwarm(writer, None),
-        }
-    }
-    debug!(digest = %d, role = ?resp.role, ms = joined.elapsed().as_millis() as u64, "swarm joined");
-    let mut first_answer = None;
-    let size = match (resp.role, resp.size) {
-        (Role::Direct, _) => return Start::NotSwarm(writer, None),
-        (_, Some(s)) => s,
-        (Role::Source, None) if writer.offset() == 0 => {
-            // The source learns the size from the registry's answer and keeps that stream.
-            match agent.upstream.get_blob(&registry, &repo, &d, 0).await {
-                Ok(r) => match r.total {
-                    Some(t) => {
-                        first_answer = Some(r);
-                        t
-                    }
-                    None => return Start::NotSwarm(writer, None),
-                },
-                Err(e) => {
-                    writer.fail(&e.to_string());
-                    return Start::Failed(e);
-                }
-            }
-        }
-        _ => match agent.upstream.head_blob(&registry, &repo, &d).await {
-            Ok(s) => s,
-            Err(e) => {
-                writer.fail(&e.to_string());
-                return Start::Failed(e);
-            }
-        },
-    };
-    if size < p2p.threshold {
-        if resp.role == Role::Source {
-            // Elected before anyone knew the size (an image config, a small layer):
-            // the tracker learns it, so the nodes waiting on this election fetch it
-            // directly too, and this node leaves a swarm that has no use.
-            let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
-            req.size = Some(size);
-            req.leaving = true;
-            let p2p = p2p.clone();
-            tokio::spawn(async move {
-                if p2p.announce(&req).await.is_err() {
-                    p2p.metrics.tracker_errors.inc();
-                }
-            });
-        }
-        return Start::NotSwarm(writer, first_answer);
-    }
-    let first_stream = first_answer.map(|r| r.stream);
-    let piece_size = if resp.piece_size > 1 {
-        resp.piece_size
-    } else {
-        p2p.piece_size_for(size)
-    };
-    // The tracker relays what the first announcer proposed: checked like any input.
-    let layout = match PieceLayout::checked(size, piece_size) {
-        Ok(l) => l,
-        Err(e) => {
-            warn!(digest = %d, error = %e, "swarm geometry refused; fetching from the registry directly");
-            leave(&p2p, &d, false).await;
-            return Start::NotSwarm(writer, None);
-        }
-    };
-    writer.expect_total(size);
-    if let Err(e) = writer.reserve() {
-        warn!(digest = %d, error = %e, "cannot cache blob; streaming it without caching");
-        writer.fail(&e.to_string());
-        // This node joined, and may have been elected, but will hold nothing: said
-        // at once, or its swarm waits out the tracker's TTL for a source that serves
-        // nobody (5.7 s in `a_source_whose_disk_fills_mid_blob_hands_its_swarm_on`).
-        leave(&p2p, &d, false).await;
-        return Start::Passthrough(size);
-    }
-    let (w, claims) = writer.into_pieces(layout);
-    let inflight = w.inflight();
-    let sched = PieceScheduler::new(
-        w.held(),
-        layout.piece_size,
-        SchedulerConfig {
-            seed: seed_for(&p2p.node),
-            ..p2p.sched_cfg.clone()
-        },
-    );
-    let registry_streams = p2p.registry_streams;
-    let (events_tx, events_rx) = mpsc::channel(1024);
-    let (internal_tx, internal_rx) = mpsc::channel(16);
-    let mut dl = Download {
-        agent,
-        p2p,
-        registry,
-        repo,
-        d,
-        limit,
-        w,
-        layout,
-        sched,
-        hashes: vec![None; layout.count() as usize],
-        publish: BTreeMap::new(),
-        bad: Vec::new(),
-        role: Role::Peer,
-        source: None,
-        links: HashMap::new(),
-        events_tx,
-        internal_tx,
-        unverified: HashMap::new(),
-        registry_owed: BTreeSet::new(),
-        claims,
-        runs: HashMap::new(),
-        streams: RunStreams::new(),
-        registry_streams,
-        budgeted: HashSet::new(),
-        last_tracker_ok: Instant::now(),
-        last_announce: Instant::now(),
-        announcing: false,
-        last_hash_fetch: None,
-        last_peer_hash_ask: None,
-        interval: Duration::from_millis(resp.interval_ms.clamp(50, 10_000)),
-        clock: Instant::now(),
-        started: Instant::now(),
-        peer_bytes: 0,
-        registry_bytes: 0,
-        registry_since: None,
-        pieces_by_peer: BTreeMap::new(),
-        registry_retry_at: None,
-        origin_gone: None,
-        hashes_epoch: None,
-        hashes_voided: false,
-    };
-    for (conn, chan) in dl.absorb(resp) {
-        conn.close(chan).await;
-    }
-    dl.p2p
-        .downloads
-        .lock()
-        .insert(dl.d.clone(), dl.events_tx.clone());
-    tokio::spawn(dl.run(events_rx, internal_rx, first_stream));
-    Start::Started(inflight, size)
-}
-
-/// Tells the tracker this node holds nothing of `d` any more (a download that
-/// failed, or a blob whose file disappeared).
-pub(crate) async fn leave(p2p: &P2p, d: &Digest, hashes_void: bool) {
-    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, d);
-    req.leaving = true;
-    req.hashes_void = hashes_void;
-    let _ = p2p.announce(&req).await;
 }
 
 /// A registry run in progress: pieces `[first, end)` over one registry connection.
@@ -777,45 +569,5 @@ impl Download {
         }
         self.refill_registry_runs().await;
         self.settle_unverified().await
-    }
-
-    /// Elected source, or no tracker for a while: fetch what nobody can give, on every
-    /// idle registry connection (each tick, and the moment a run ends: a connection
-    /// idle until the next tick lost up to 50 ms per half-second run).
-    pub(super) async fn refill_registry_runs(&mut self) {
-        let on_its_own = self.last_tracker_ok.elapsed() > TRACKER_GRACE
-            && self.sched.peer_quiet_ms(self.now_ms()) >= SWARM_QUIET_WITHOUT_TRACKER_MS;
-        // Owed pieces go back first: a hash learned since, or a run starting now,
-        // may take them.
-        for piece in std::mem::take(&mut self.registry_owed) {
-            self.sched.unclaim(piece);
-        }
-        if self.role != Role::Source && !on_its_own {
-            return;
-        }
-        self.drop_unverifiable();
-        if (self.runs.len() as u32) < self.registry_stream_cap()
-            && self.registry_retry_at.is_none_or(|t| Instant::now() >= t)
-        {
-            if let Some((a, b)) = self.next_registry_run(on_its_own) {
-                for (x, y) in self.plan_runs(a, b) {
-                    self.begin_run(x, y, None).await;
-                }
-            }
-        }
-        self.owe_unverifiable();
-    }
-
-    /// Claims what peers hold that this source cannot check (`registry_owed`), so
-    /// that they are not asked for it again and again. Empty unless hashes were lost.
-    fn owe_unverifiable(&mut self) {
-        let hashes = &self.hashes;
-        let owed = self
-            .sched
-            .held_without_hash(|i| hashes.get(i as usize).is_some_and(Option::is_some));
-        for piece in owed {
-            self.sched.claim(piece);
-            self.registry_owed.insert(piece);
-        }
     }
 }

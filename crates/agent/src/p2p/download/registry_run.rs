@@ -190,4 +190,44 @@ impl Download {
             self.publish.insert(i, h.to_hex());
         }
     }
+
+    /// Elected source, or no tracker for a while: fetch what nobody can give, on every
+    /// idle registry connection (each tick, and the moment a run ends: a connection
+    /// idle until the next tick lost up to 50 ms per half-second run).
+    pub(super) async fn refill_registry_runs(&mut self) {
+        let on_its_own = self.last_tracker_ok.elapsed() > TRACKER_GRACE
+            && self.sched.peer_quiet_ms(self.now_ms()) >= SWARM_QUIET_WITHOUT_TRACKER_MS;
+        // Owed pieces go back first: a hash learned since, or a run starting now,
+        // may take them.
+        for piece in std::mem::take(&mut self.registry_owed) {
+            self.sched.unclaim(piece);
+        }
+        if self.role != Role::Source && !on_its_own {
+            return;
+        }
+        self.drop_unverifiable();
+        if (self.runs.len() as u32) < self.registry_stream_cap()
+            && self.registry_retry_at.is_none_or(|t| Instant::now() >= t)
+        {
+            if let Some((a, b)) = self.next_registry_run(on_its_own) {
+                for (x, y) in self.plan_runs(a, b) {
+                    self.begin_run(x, y, None).await;
+                }
+            }
+        }
+        self.owe_unverifiable();
+    }
+
+    /// Claims what peers hold that this source cannot check (`registry_owed`), so
+    /// that they are not asked for it again and again. Empty unless hashes were lost.
+    fn owe_unverifiable(&mut self) {
+        let hashes = &self.hashes;
+        let owed = self
+            .sched
+            .held_without_hash(|i| hashes.get(i as usize).is_some_and(Option::is_some));
+        for piece in owed {
+            self.sched.claim(piece);
+            self.registry_owed.insert(piece);
+        }
+    }
 }
