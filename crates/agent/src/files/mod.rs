@@ -17,7 +17,7 @@
 use axum::extract::{Request, State};
 use axum::response::Response;
 use http::{header, HeaderValue, Method, StatusCode};
-use oci::upstream::file_origin::FILE_KEY_PREFIX;
+use oci::upstream::file_origin::{FILE_KEY_PREFIX, IDENTITY_KEY_TAG};
 use oci::{Digest, Error, ErrorCode};
 
 use crate::blob::BlobRequest;
@@ -155,7 +155,11 @@ pub(crate) async fn prepare_file(
             content_digest: digest.is_some(),
         },
     );
-    let tag = if digest.is_some() { "" } else { "id:" };
+    let tag = if digest.is_some() {
+        ""
+    } else {
+        IDENTITY_KEY_TAG
+    };
     let registry = format!("{FILE_KEY_PREFIX}{tag}{}", key.hex());
     agent.upstream.register_file(&registry, origin.clone());
     Ok(PreparedFile {

@@ -19,6 +19,10 @@ const MAX_REGISTERED: usize = 4096;
 /// Prefix of the keys file origins are registered under.
 pub const FILE_KEY_PREFIX: &str = "file:";
 
+/// After [`FILE_KEY_PREFIX`]: the file is keyed by its identity (`identity_key`), not
+/// by a digest its caller named.
+pub const IDENTITY_KEY_TAG: &str = "id:";
+
 /// One version of a file on an origin.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileOrigin {
@@ -150,9 +154,18 @@ impl Upstream {
         }
     }
 
-    /// The size the origin gave for a registered file when it was probed (`None` for
-    /// a registry's blob): a swarm can be laid out before any byte is fetched.
-    pub fn registered_file_size(&self, key: &str) -> Option<u64> {
+    /// The size the origin gave when it was probed, for a file registered under its
+    /// identity key: that key hashes the size in, so no other blob has it and the size
+    /// may be told to a tracker as the blob's before any byte is fetched. `None` for a
+    /// registry's blob, and for a file under a digest its caller named: an origin
+    /// could give any size for that, so it is learned from the bytes, as for any blob.
+    pub fn identity_file_size(&self, key: &str) -> Option<u64> {
+        if !key
+            .strip_prefix(FILE_KEY_PREFIX)
+            .is_some_and(|k| k.starts_with(IDENTITY_KEY_TAG))
+        {
+            return None;
+        }
         self.registered_file(key).map(|f| f.size)
     }
 
@@ -274,5 +287,29 @@ mod tests {
         assert!(!ok("http://169.254.169.254/latest/meta-data"));
         assert!(!ok("https://evil.example.org/a"));
         assert!(!ok("file:///etc/passwd"));
+    }
+
+    #[test]
+    fn only_an_identity_keyed_file_tells_its_probed_size() {
+        let up = Upstream::new(UpstreamConfig::default()).unwrap();
+        let origin = FileOrigin {
+            url: url::Url::parse("https://models.example.com/w.bin").unwrap(),
+            validator: Some("\"e1\"".into()),
+            size: 300 << 20,
+        };
+        let identity = format!(
+            "{FILE_KEY_PREFIX}{IDENTITY_KEY_TAG}{}",
+            origin.identity_key().hex()
+        );
+        let named = format!("{FILE_KEY_PREFIX}{}", "ab".repeat(32));
+        up.register_file(&identity, origin.clone());
+        up.register_file(&named, origin.clone());
+        assert_eq!(up.identity_file_size(&identity), Some(300 << 20));
+        // A digest the caller named does not bind the size an origin gives.
+        assert_eq!(up.identity_file_size(&named), None);
+        // Unregistered, or a registry's blob.
+        let other = format!("{FILE_KEY_PREFIX}{IDENTITY_KEY_TAG}{}", "cd".repeat(32));
+        assert_eq!(up.identity_file_size(&other), None);
+        assert_eq!(up.identity_file_size("registry.example.com"), None);
     }
 }

@@ -32,8 +32,9 @@ pub(crate) async fn start(
     // A file's size came with its origin's probe: said at once, the swarm is laid out
     // before any byte is fetched, and the source asks the origin for bounded runs only.
     // (Learning it from an open-ended first GET cost the origin what that stream had
-    // in flight when its first run ended: 2-5 % of a 285 MB file.)
-    if let Some(size) = agent.upstream.registered_file_size(&registry) {
+    // in flight when its first run ended: 2-5 % of a 285 MB file.) Only under an
+    // identity key, which binds the size: the tracker keeps a swarm's first size.
+    if let Some(size) = agent.upstream.identity_file_size(&registry) {
         req.size = Some(size);
         req.piece_size = Some(p2p.piece_size_for(size))
             .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
