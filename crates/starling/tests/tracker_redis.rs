@@ -18,9 +18,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::trackers::{agent, peers, redis_replica, swarms, TOKEN};
+use common::trackers::{agent, peers, redis_and_registry, redis_replica, swarms, TOKEN};
 use common::{pull_via, Proc};
-use testkit::{RedisServer, Registry, RegistryAuth, TestImage};
+use testkit::{RedisServer, Registry, TestImage};
 
 /// How often and how long `testkit::until` checks (a bound on waiting, not a
 /// measurement).
@@ -83,12 +83,7 @@ async fn expect_pulled(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_elect_one_fetcher_per_blob_and_survive_a_replica_kill() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
-        .await
-        .unwrap();
+    let (redis, registry) = redis_and_registry().await;
     let image =
         TestImage::push_multilayer(&registry, "ha/redis", "1", &[24 << 20, 24 << 20], 31).unwrap();
     let mut first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;
@@ -169,12 +164,7 @@ struct RestartSetup {
 impl RestartSetup {
     async fn start(repo: &'static str, seed: u64) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let redis = tokio::task::spawn_blocking(RedisServer::start)
-            .await
-            .unwrap();
-        let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
-            .await
-            .unwrap();
+        let (redis, registry) = redis_and_registry().await;
         let image =
             TestImage::push_multilayer(&registry, repo, "1", &[24 << 20, 24 << 20], seed).unwrap();
         let first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;

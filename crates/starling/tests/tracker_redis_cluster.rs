@@ -12,8 +12,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::trackers::{agent_with, get_json, redis_replica as replica, TOKEN};
-use testkit::{RedisServer, Registry, RegistryAuth, TestImage};
+use common::trackers::{agent_with, get_json, redis_and_registry, redis_replica as replica, TOKEN};
+use testkit::{RedisServer, TestImage};
 
 /// How often and how long `testkit::until` checks (a bound on waiting, not a
 /// measurement).
@@ -108,12 +108,7 @@ async fn reports_taken_by_one_replica_are_listed_by_the_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prewarm_job_finishes_through_the_other_replica_after_its_planner_dies() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
-        .await
-        .unwrap();
+    let (redis, registry) = redis_and_registry().await;
     let image = TestImage::push_multilayer(&registry, "ha/prewarm", "1", &[12 << 20, 12 << 20], 41)
         .unwrap();
     let mut first = replica(&dir.path().join("t1"), &redis.url(), Some(&registry)).await;

@@ -4,7 +4,7 @@
 
 use super::Proc;
 use std::path::Path;
-use testkit::Registry;
+use testkit::{RedisServer, Registry, RegistryAuth};
 
 pub const TOKEN: &str = "test-cluster-token";
 
@@ -63,6 +63,18 @@ pub async fn get_json(url: &str) -> serde_json::Value {
         Ok(r) => r.json().await.unwrap_or(serde_json::Value::Null),
         Err(_) => serde_json::Value::Null,
     }
+}
+
+/// A real redis-server and a real registry (without auth), each on its own port: what
+/// every test of replicas sharing Redis starts from.
+pub async fn redis_and_registry() -> (RedisServer, Registry) {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .unwrap();
+    (redis, registry)
 }
 
 /// A tracker replica sharing `redis`, resolving images in `registry` when given.
