@@ -230,7 +230,12 @@ impl Agent {
                 // completed into a 200 a client would take for the blob: the stream
                 // fails, and the client's retry gets a fresh download.
                 let discredited = pos > start && e.discredits_sent_bytes();
-                if !e.is_retryable() || failures > 3 || discredited {
+                // A file's origin served the version it promised (validator and size
+                // are checked on every request) and its bytes failed the digest the
+                // caller named: each retry would read the same whole file again.
+                let named_wrong = e.discredits_sent_bytes()
+                    && registry.starts_with(oci::upstream::file_origin::FILE_KEY_PREFIX);
+                if !e.is_retryable() || failures > 3 || discredited || named_wrong {
                     warn!(digest = %d, offset = pos, error = %e, "blob stream to client failed");
                     let _ = tx.send(Err(e)).await;
                     return false;

@@ -405,13 +405,14 @@ impl Agent {
                         .collect();
                     blobs.sort_by_key(|(r, _)| std::cmp::Reverse(r.last_access));
                     blobs.truncate(10_000);
-                    if blobs.is_empty() {
+                    let mut seeds: Vec<(oci::Digest, u64)> =
+                        blobs.into_iter().map(|(r, d)| (d, r.size)).collect();
+                    let complete = |d: &oci::Digest| agent.store.stat(d).is_some();
+                    seeds.extend(agent.files.seeded_swarms(complete));
+                    if seeds.is_empty() {
                         continue;
                     }
-                    if let Err(e) = p2p
-                        .seeding(blobs.into_iter().map(|(r, d)| (d, r.size)).collect())
-                        .await
-                    {
+                    if let Err(e) = p2p.seeding(seeds).await {
                         p2p.metrics.tracker_errors.inc();
                         debug!(error = %e, "seeding announce failed");
                     }

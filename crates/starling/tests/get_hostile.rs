@@ -277,3 +277,86 @@ async fn an_origin_whose_sizes_lie_gets_bounded_reads_and_clear_errors() {
     );
     assert_eq!(std::fs::read(dest.join("huge.bin")).unwrap(), bytes);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_file_named_by_a_layers_digest_stays_out_of_that_layers_swarm() {
+    // A tenant who may write to an allowed origin (its bucket) puts a file there and
+    // gets it naming an image layer's digest. The origin trickles, so the tenant's node
+    // would stay elected source for as long as the tenant likes, publishing piece hashes
+    // of the tenant's bytes. A node pulling the layer from the registry meanwhile gets
+    // the layer, from the registry, not those pieces.
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let img = TestImage::push_multilayer(&registry, "team/app", "1", &[8 << 20], 9).unwrap();
+    let layer = img.layers[0].clone();
+    let nginx = blocking(|| Nginx::start_with("location = /evil.bin { limit_rate 2m; }")).await;
+    // The same size as the layer: nothing about the swarm's layout gives it away.
+    nginx.put("evil.bin", &testkit::random_bytes(layer.size as usize, 99));
+    let t = tracker(dir.path()).await;
+    let allow = ["--allowed-file-origin", &nginx.origin()];
+    let tenant = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
+    let victim = agent(dir.path(), "n2", Some(&t.url()), &registry, &allow).await;
+    let dest = dir.path().join("d");
+    std::fs::create_dir_all(&dest).unwrap();
+    let tenant_get = tokio::spawn({
+        let args = [
+            nginx.url("evil.bin"),
+            dest.join("e.bin").display().to_string(),
+            "--agent".into(),
+            tenant.url(),
+            "--digest".into(),
+            layer.digest.clone(),
+        ];
+        async move { get(&args.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    });
+    let mut elected = 0;
+    for _ in 0..400 {
+        elected = common::metric(&tenant.url(), "starling_agent_p2p_source_roles").await;
+        if elected > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        elected, 1,
+        "the tenant's node reads its file as elected source"
+    );
+
+    let resp = reqwest::get(format!(
+        "{}/v2/team/app/blobs/{}?ns={}",
+        victim.url(),
+        layer.digest,
+        registry.host()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.bytes().await.expect("the layer arrives whole");
+    assert_eq!(oci::Digest::of(&body).to_string(), layer.digest);
+    let from_peers = common::metric(&victim.url(), "starling_agent_p2p_peer_bytes_total").await;
+    assert_eq!(from_peers, 0, "no piece came from the tenant's node");
+    assert!(
+        !tenant_get.is_finished(),
+        "the tenant's get was still running while the layer was pulled"
+    );
+
+    let out = tenant_get.await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the tenant's file passed as the layer"
+    );
+    assert!(
+        stderr.contains("does not match") || stderr.contains("verification"),
+        "{stderr}"
+    );
+    assert_eq!(listing(&dest), Vec::<String>::new());
+    // Its agent did not read the whole file again for each retry of its own: once,
+    // and once more for the `get` that resumed the cut body.
+    let read = nginx.bytes_sent("evil.bin");
+    assert!(
+        read <= 2 * layer.size + 16,
+        "{read} bytes for a file of {}",
+        layer.size
+    );
+}

@@ -211,6 +211,78 @@ async fn a_source_reading_over_two_origin_connections_delivers_the_file_whole() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_file_named_by_its_digest_is_seeded_in_its_own_swarm_after_the_tracker_restarts() {
+    // A file named by its digest has a swarm of its own (URL, version and digest), not
+    // the digest's; a node holding it says so in its seeding announces, so a get after
+    // that swarm's members left (here: a tracker that lost them) takes the file from
+    // that node instead of the origin.
+    let dir = tempfile::tempdir().unwrap();
+    let Origin {
+        registry,
+        nginx,
+        bytes,
+    } = origin_with_file(6 << 20, 42).await;
+    let mut t = tracker(dir.path()).await;
+    let allow = ["--allowed-file-origin", &nginx.origin()];
+    let a1 = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
+    let a2 = agent(dir.path(), "n2", Some(&t.url()), &registry, &allow).await;
+    let digest = oci::Digest::of(&bytes).to_string();
+    let url = nginx.url("w.bin");
+    let fetch = |agent_url: String, dest: std::path::PathBuf| {
+        let (url, digest) = (url.clone(), digest.clone());
+        async move {
+            let dest = dest.display().to_string();
+            report(
+                &get(&[
+                    &url, &dest, "--agent", &agent_url, "--digest", &digest, "--json",
+                ])
+                .await,
+            )
+        }
+    };
+    let r1 = fetch(a1.url(), dir.path().join("d1/w.bin")).await;
+    assert_eq!(r1["files"][0]["verified_digest"], true, "{r1}");
+
+    t.kill9();
+    t.restart();
+    common::ready(&t.url()).await;
+    // n1 seeds two swarms: the digest's and the file's.
+    let mut seeded = 0;
+    for _ in 0..200 {
+        let swarms: serde_json::Value = reqwest::Client::new()
+            .get(format!("{}/swarm/v1/swarms", t.url()))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap_or_default();
+        seeded = swarms
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["complete"] == 1 && s["size"] == bytes.len())
+            .count();
+        if seeded == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seeded, 2, "n1 seeds the digest's swarm and the file's");
+
+    let r2 = fetch(a2.url(), dir.path().join("d2/w.bin")).await;
+    assert_eq!(r2["files"][0]["verified_digest"], true, "{r2}");
+    assert_eq!(r2["files"][0]["source"], "swarm", "{r2}");
+    assert_eq!(std::fs::read(dir.path().join("d2/w.bin")).unwrap(), bytes);
+    let origin_bytes = nginx.bytes_sent("w.bin");
+    assert!(
+        origin_bytes <= bytes.len() as u64 + 16,
+        "the origin sent the file once (plus one-byte probes): {origin_bytes}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_urls_get_clear_errors_and_leave_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;

@@ -23,6 +23,10 @@ pub(crate) struct FileEntry {
     pub last_get: u64,
     /// Whether the key is the content digest (else the identity key).
     pub content_digest: bool,
+    /// A file keyed by its content digest is shared in a swarm of its own
+    /// (`FileOrigin::swarm_key`): once held, this node seeds it there too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swarm: Option<Digest>,
 }
 
 pub(crate) struct FileIndex {
@@ -49,9 +53,9 @@ impl FileIndex {
         let snapshot = {
             let mut m = self.entries.lock();
             let k = key.to_string();
-            let changed = m
-                .get(&k)
-                .is_none_or(|e| e.url != entry.url || e.size != entry.size);
+            let changed = m.get(&k).is_none_or(|e| {
+                e.url != entry.url || e.size != entry.size || e.swarm != entry.swarm
+            });
             m.insert(k, entry);
             while m.len() > MAX_FILES {
                 let oldest = m
@@ -76,6 +80,19 @@ impl FileIndex {
         let tmp = self.path.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_vec(m).map_err(std::io::Error::other)?)?;
         std::fs::rename(&tmp, &self.path)
+    }
+
+    /// The swarms of the files the store holds (`held(key)`) that are not their key's
+    /// own (files named by a content digest), with their sizes: what this node seeds
+    /// for them besides the digest itself.
+    pub(crate) fn seeded_swarms(&self, held: impl Fn(&Digest) -> bool) -> Vec<(Digest, u64)> {
+        let m = self.entries.lock();
+        m.iter()
+            .filter_map(|(k, e)| {
+                let swarm = e.swarm.clone()?;
+                held(&Digest::parse(k).ok()?).then_some((swarm, e.size))
+            })
+            .collect()
     }
 
     /// Each file the store holds (`held(key)` is `Some` for those) as an image of one
@@ -128,6 +145,7 @@ mod tests {
             size: 10,
             last_get: 1,
             content_digest: false,
+            swarm: None,
         };
         {
             let idx = FileIndex::open(dir.path());

@@ -17,7 +17,6 @@
 use axum::extract::{Request, State};
 use axum::response::Response;
 use http::{header, HeaderValue, Method, StatusCode};
-use oci::upstream::file_origin::{FILE_KEY_PREFIX, IDENTITY_KEY_TAG};
 use oci::{Digest, Error, ErrorCode};
 
 use crate::blob::BlobRequest;
@@ -153,14 +152,10 @@ pub(crate) async fn prepare_file(
             size: origin.size,
             last_get: store::now_secs(),
             content_digest: digest.is_some(),
+            swarm: digest.map(|d| origin.swarm_key(d)),
         },
     );
-    let tag = if digest.is_some() {
-        ""
-    } else {
-        IDENTITY_KEY_TAG
-    };
-    let registry = format!("{FILE_KEY_PREFIX}{tag}{}", key.hex());
+    let registry = origin.registry_key(digest);
     agent.upstream.register_file(&registry, origin.clone());
     Ok(PreparedFile {
         key,

@@ -58,6 +58,46 @@ impl FileOrigin {
             .as_bytes(),
         )
     }
+
+    /// The key of the swarm this version of the file is shared in when its caller
+    /// named the content digest: that digest with the identity. A digest alone would
+    /// put a tenant's file into the swarm of any blob it names (an image layer, say):
+    /// elected source, the tenant's node would publish piece hashes of its own bytes,
+    /// and the blob's other downloaders would take them until the whole-blob digest
+    /// failed, as late as the tenant's origin cares to finish. Under this key only
+    /// nodes reading the same URL at the same version share pieces, and the size the
+    /// probe saw is bound as in [`Self::identity_key`].
+    pub fn swarm_key(&self, content: &Digest) -> Digest {
+        Digest::of(
+            format!(
+                "starling-file-swarm-v1\n{content}\n{}\n{}\n{}",
+                self.identity_url(),
+                self.validator.as_deref().unwrap_or(""),
+                self.size
+            )
+            .as_bytes(),
+        )
+    }
+
+    /// The key this version is registered under, for `Upstream::register_file`.
+    /// Named by a content digest, it is registered under its swarm key: two URLs
+    /// given the same digest on one node keep their own origins.
+    pub fn registry_key(&self, content: Option<&Digest>) -> String {
+        match content {
+            Some(d) => format!("{FILE_KEY_PREFIX}{}", self.swarm_key(d).hex()),
+            None => format!(
+                "{FILE_KEY_PREFIX}{IDENTITY_KEY_TAG}{}",
+                self.identity_key().hex()
+            ),
+        }
+    }
+}
+
+/// Where a file's swarm lives on the tracker, and the size its key binds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileSwarm {
+    pub key: Digest,
+    pub size: u64,
 }
 
 /// `host[:port]` as the origin policy compares it.
@@ -154,19 +194,20 @@ impl Upstream {
         }
     }
 
-    /// The size the origin gave when it was probed, for a file registered under its
-    /// identity key: that key hashes the size in, so no other blob has it and the size
-    /// may be told to a tracker as the blob's before any byte is fetched. `None` for a
-    /// registry's blob, and for a file under a digest its caller named: an origin
-    /// could give any size for that, so it is learned from the bytes, as for any blob.
-    pub fn identity_file_size(&self, key: &str) -> Option<u64> {
-        if !key
-            .strip_prefix(FILE_KEY_PREFIX)
-            .is_some_and(|k| k.starts_with(IDENTITY_KEY_TAG))
-        {
-            return None;
-        }
-        self.registered_file(key).map(|f| f.size)
+    /// The swarm of a file registered under `registry_key` (`None` for a registry's
+    /// blob): its identity key, or for a file named by the content digest `blob`, that
+    /// digest's swarm key (`FileOrigin::swarm_key`). Both keys hash the size in, so no
+    /// other blob has them and the size the probe saw may be told to a tracker before
+    /// any byte is fetched.
+    pub fn file_swarm(&self, registry_key: &str, blob: &Digest) -> Option<FileSwarm> {
+        let tagged = registry_key.strip_prefix(FILE_KEY_PREFIX)?;
+        let f = self.registered_file(registry_key)?;
+        let key = if tagged.starts_with(IDENTITY_KEY_TAG) {
+            f.identity_key()
+        } else {
+            f.swarm_key(blob)
+        };
+        Some(FileSwarm { key, size: f.size })
     }
 
     pub(super) fn registered_file(&self, key: &str) -> Option<FileOrigin> {
@@ -290,26 +331,48 @@ mod tests {
     }
 
     #[test]
-    fn only_an_identity_keyed_file_tells_its_probed_size() {
+    fn a_files_swarm_is_its_own_whether_keyed_by_identity_or_by_a_named_digest() {
         let up = Upstream::new(UpstreamConfig::default()).unwrap();
-        let origin = FileOrigin {
-            url: url::Url::parse("https://models.example.com/w.bin").unwrap(),
-            validator: Some("\"e1\"".into()),
-            size: 300 << 20,
+        let origin = |url: &str, validator: &str, size| FileOrigin {
+            url: url::Url::parse(url).unwrap(),
+            validator: Some(validator.into()),
+            size,
         };
-        let identity = format!(
-            "{FILE_KEY_PREFIX}{IDENTITY_KEY_TAG}{}",
-            origin.identity_key().hex()
+        let honest = origin(
+            "https://models.example.com/w.bin?sig=1",
+            "\"e1\"",
+            300 << 20,
         );
-        let named = format!("{FILE_KEY_PREFIX}{}", "ab".repeat(32));
-        up.register_file(&identity, origin.clone());
-        up.register_file(&named, origin.clone());
-        assert_eq!(up.identity_file_size(&identity), Some(300 << 20));
-        // A digest the caller named does not bind the size an origin gives.
-        assert_eq!(up.identity_file_size(&named), None);
+        let layer = Digest::of(b"an image layer");
+        let by_identity = honest.registry_key(None);
+        let by_digest = honest.registry_key(Some(&layer));
+        up.register_file(&by_identity, honest.clone());
+        up.register_file(&by_digest, honest.clone());
+        let swarm = |key: &str| up.file_swarm(key, &layer).unwrap();
+        assert_eq!(swarm(&by_identity).key, honest.identity_key());
+        assert_eq!(swarm(&by_identity).size, 300 << 20);
+        // Named by a digest: not that digest's swarm (an image layer's, say).
+        assert_ne!(swarm(&by_digest).key, layer);
+        assert_eq!(swarm(&by_digest).size, 300 << 20);
+        // The same file under another presigned query shares it.
+        let requery = origin(
+            "https://models.example.com/w.bin?sig=2",
+            "\"e1\"",
+            300 << 20,
+        );
+        assert_eq!(requery.swarm_key(&layer), swarm(&by_digest).key);
+        // Another URL, version or size naming the same digest does not.
+        for other in [
+            origin("https://bucket.example.com/tenant.bin", "\"e1\"", 300 << 20),
+            origin("https://models.example.com/w.bin", "\"e2\"", 300 << 20),
+            origin("https://models.example.com/w.bin", "\"e1\"", 300 << 20 | 1),
+        ] {
+            assert_ne!(other.swarm_key(&layer), swarm(&by_digest).key, "{other:?}");
+            assert_ne!(other.registry_key(Some(&layer)), by_digest, "{other:?}");
+        }
         // Unregistered, or a registry's blob.
-        let other = format!("{FILE_KEY_PREFIX}{IDENTITY_KEY_TAG}{}", "cd".repeat(32));
-        assert_eq!(up.identity_file_size(&other), None);
-        assert_eq!(up.identity_file_size("registry.example.com"), None);
+        let unknown = origin("https://models.example.com/x.bin", "\"e1\"", 1);
+        assert_eq!(up.file_swarm(&unknown.registry_key(None), &layer), None);
+        assert_eq!(up.file_swarm("registry.example.com", &layer), None);
     }
 }

@@ -28,13 +28,18 @@ pub(crate) async fn start(
     limit: Option<Arc<TokenBucket>>,
 ) -> Start {
     let joined = Instant::now();
-    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
-    // A file's size came with its origin's probe: said at once, the swarm is laid out
-    // before any byte is fetched, and the source asks the origin for bounded runs only.
-    // (Learning it from an open-ended first GET cost the origin what that stream had
-    // in flight when its first run ended: 2-5 % of a 285 MB file.) Only under an
-    // identity key, which binds the size: the tracker keeps a swarm's first size.
-    if let Some(size) = agent.upstream.identity_file_size(&registry) {
+    // A file has a swarm of its own (`oci::upstream::file_origin::FileOrigin::swarm_key`),
+    // not the swarm of the digest its caller named; peers still ask each other for the
+    // blob by that digest.
+    let file = agent.upstream.file_swarm(&registry, &d);
+    let swarm = file.as_ref().map_or_else(|| d.clone(), |f| f.key.clone());
+    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &swarm);
+    // A file's size came with its origin's probe, bound by its swarm's key: said at
+    // once, the swarm is laid out before any byte is fetched, and the source asks the
+    // origin for bounded runs only. (Learning it from an open-ended first GET cost the
+    // origin what that stream had in flight when its first run ended: 2-5 % of a
+    // 285 MB file.)
+    if let Some(size) = file.map(|f| f.size) {
         req.size = Some(size);
         req.piece_size = Some(p2p.piece_size_for(size))
             .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
@@ -103,7 +108,7 @@ pub(crate) async fn start(
             // Elected before anyone knew the size (an image config, a small layer):
             // the tracker learns it, so the nodes waiting on this election fetch it
             // directly too, and this node leaves a swarm that has no use.
-            let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &d);
+            let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &swarm);
             req.size = Some(size);
             req.leaving = true;
             let p2p = p2p.clone();
@@ -126,7 +131,7 @@ pub(crate) async fn start(
         Ok(l) => l,
         Err(e) => {
             warn!(digest = %d, error = %e, "swarm geometry refused; fetching from the registry directly");
-            leave(&p2p, &d, false).await;
+            leave(&p2p, &swarm, false).await;
             return Start::NotSwarm(writer, None);
         }
     };
@@ -137,7 +142,7 @@ pub(crate) async fn start(
         // This node joined, and may have been elected, but will hold nothing: said
         // at once, or its swarm waits out the tracker's TTL for a source that serves
         // nobody (5.7 s in `a_source_whose_disk_fills_mid_blob_hands_its_swarm_on`).
-        leave(&p2p, &d, false).await;
+        leave(&p2p, &swarm, false).await;
         return Start::Passthrough(size);
     }
     let (w, claims) = writer.into_pieces(layout);
@@ -159,6 +164,7 @@ pub(crate) async fn start(
         registry,
         repo,
         d,
+        swarm,
         limit,
         w,
         layout,
@@ -206,10 +212,10 @@ pub(crate) async fn start(
     Start::Started(inflight, size)
 }
 
-/// Tells the tracker this node holds nothing of `d` any more (a download that
-/// failed, or a blob whose file disappeared).
-pub(crate) async fn leave(p2p: &P2p, d: &Digest, hashes_void: bool) {
-    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, d);
+/// Tells the tracker this node holds nothing any more of the blob whose swarm is
+/// `swarm` (a download that failed, or a blob whose file disappeared).
+pub(crate) async fn leave(p2p: &P2p, swarm: &Digest, hashes_void: bool) {
+    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, swarm);
     req.leaving = true;
     req.hashes_void = hashes_void;
     let _ = p2p.announce(&req).await;

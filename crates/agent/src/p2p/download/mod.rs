@@ -115,7 +115,11 @@ struct Download {
     p2p: Arc<P2p>,
     registry: String,
     repo: String,
+    /// The blob: what peers are asked for, and what the store and the whole-blob
+    /// check know it by.
     d: Digest,
+    /// Its swarm's key on the tracker: `d`, except for a file (`join::start`).
+    swarm: Digest,
     /// A prewarm's rate limit for this blob (peers and registry alike).
     limit: Option<Arc<TokenBucket>>,
     w: PieceWriter,
@@ -180,8 +184,12 @@ impl Download {
     }
 
     fn request(&self) -> AnnounceRequest {
-        let mut r =
-            AnnounceRequest::new(&self.p2p.node, &self.p2p.addr, &self.p2p.topology, &self.d);
+        let mut r = AnnounceRequest::new(
+            &self.p2p.node,
+            &self.p2p.addr,
+            &self.p2p.topology,
+            &self.swarm,
+        );
         r.size = Some(self.layout.blob_size);
         r.piece_size = Some(self.layout.piece_size);
         r.have = Some(self.w.held());
@@ -383,7 +391,7 @@ impl Download {
         self.p2p.downloads.lock().remove(&self.d);
         self.close_links().await;
         self.w.fail(reason);
-        leave(&self.p2p, &self.d, false).await;
+        leave(&self.p2p, &self.swarm, false).await;
     }
 
     /// The source voided the swarm's hashes (its registry bytes failed the digest):
@@ -397,7 +405,7 @@ impl Download {
         self.close_links().await;
         self.w
             .abandon("pieces were checked against hashes the source voided");
-        leave(&self.p2p, &self.d, false).await;
+        leave(&self.p2p, &self.swarm, false).await;
     }
 
     async fn close_links(&mut self) {
@@ -417,6 +425,7 @@ impl Download {
         let size = self.layout.blob_size;
         let secs = self.started.elapsed().as_secs_f64();
         let (p2p, d, agent) = (self.p2p.clone(), self.d.clone(), self.agent.clone());
+        let swarm = self.swarm.clone();
         let was_source = self.role == Role::Source;
         let mut done_req = self.request();
         done_req.complete = true;
@@ -461,7 +470,7 @@ impl Download {
                 // of bad bytes: the tracker must forget them, or every member's
                 // pieces (checked against them) stop at the last piece for good.
                 let void = was_source && e.is_content_mismatch();
-                leave(&p2p, &d, void).await;
+                leave(&p2p, &swarm, void).await;
             }
         }
     }
@@ -543,9 +552,13 @@ impl Download {
         {
             self.last_hash_fetch = Some(Instant::now());
             let from = self.hashes.iter().position(Option::is_none).unwrap_or(0) as u32;
-            let (p2p, d, tx) = (self.p2p.clone(), self.d.clone(), self.internal_tx.clone());
+            let (p2p, swarm, tx) = (
+                self.p2p.clone(),
+                self.swarm.clone(),
+                self.internal_tx.clone(),
+            );
             tokio::spawn(async move {
-                if let Ok(h) = p2p.tracker_hashes(&d, from).await {
+                if let Ok(h) = p2p.tracker_hashes(&swarm, from).await {
                     let _ = tx.send(Internal::TrackerHashes(h)).await;
                 }
             });
