@@ -93,13 +93,6 @@ impl FileOrigin {
     }
 }
 
-/// Where a file's swarm lives on the tracker, and the size its key binds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileSwarm {
-    pub key: Digest,
-    pub size: u64,
-}
-
 /// `host[:port]` as the origin policy compares it.
 pub fn origin_name(url: &url::Url) -> Option<String> {
     let host = match url.host()? {
@@ -199,7 +192,7 @@ impl Upstream {
     /// digest's swarm key (`FileOrigin::swarm_key`). Both keys hash the size in, so no
     /// other blob has them and the size the probe saw may be told to a tracker before
     /// any byte is fetched.
-    pub fn file_swarm(&self, registry_key: &str, blob: &Digest) -> Option<FileSwarm> {
+    pub(super) fn file_swarm(&self, registry_key: &str, blob: &Digest) -> Option<BlobSwarm> {
         let tagged = registry_key.strip_prefix(FILE_KEY_PREFIX)?;
         let f = self.registered_file(registry_key)?;
         let key = if tagged.starts_with(IDENTITY_KEY_TAG) {
@@ -207,7 +200,10 @@ impl Upstream {
         } else {
             f.swarm_key(blob)
         };
-        Some(FileSwarm { key, size: f.size })
+        Some(BlobSwarm {
+            key,
+            size: Some(f.size),
+        })
     }
 
     pub(super) fn registered_file(&self, key: &str) -> Option<FileOrigin> {
@@ -348,12 +344,12 @@ mod tests {
         let by_digest = honest.registry_key(Some(&layer));
         up.register_file(&by_identity, honest.clone());
         up.register_file(&by_digest, honest.clone());
-        let swarm = |key: &str| up.file_swarm(key, &layer).unwrap();
+        let swarm = |key: &str| up.swarm_of(key, &layer);
         assert_eq!(swarm(&by_identity).key, honest.identity_key());
-        assert_eq!(swarm(&by_identity).size, 300 << 20);
+        assert_eq!(swarm(&by_identity).size, Some(300 << 20));
         // Named by a digest: not that digest's swarm (an image layer's, say).
         assert_ne!(swarm(&by_digest).key, layer);
-        assert_eq!(swarm(&by_digest).size, 300 << 20);
+        assert_eq!(swarm(&by_digest).size, Some(300 << 20));
         // The same file under another presigned query shares it.
         let requery = origin(
             "https://models.example.com/w.bin?sig=2",
@@ -370,9 +366,8 @@ mod tests {
             assert_ne!(other.swarm_key(&layer), swarm(&by_digest).key, "{other:?}");
             assert_ne!(other.registry_key(Some(&layer)), by_digest, "{other:?}");
         }
-        // Unregistered, or a registry's blob.
+        // Unregistered: no size is known.
         let unknown = origin("https://models.example.com/x.bin", "\"e1\"", 1);
-        assert_eq!(up.file_swarm(&unknown.registry_key(None), &layer), None);
-        assert_eq!(up.file_swarm("registry.example.com", &layer), None);
+        assert_eq!(swarm(&unknown.registry_key(None)).size, None);
     }
 }

@@ -8,6 +8,7 @@ mod authorize;
 mod blob;
 pub mod file_origin;
 pub mod policy;
+pub mod swarm_scope;
 pub mod tls;
 
 pub use blob::parse_content_range;
@@ -27,6 +28,7 @@ use tracing::{debug, info, warn};
 pub use auth::{Challenge, Credentials};
 use auth::{TokenCache, TokenReply, DEFAULT_TOKEN_SECONDS};
 pub use policy::RegistryPolicy;
+pub use swarm_scope::BlobSwarm;
 pub use tls::{RegistryTls, RootsSource};
 
 use crate::reference::{canonical_registry, DOCKER_HUB};

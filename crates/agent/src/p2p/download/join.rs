@@ -28,18 +28,19 @@ pub(crate) async fn start(
     limit: Option<Arc<TokenBucket>>,
 ) -> Start {
     let joined = Instant::now();
-    // A file has a swarm of its own (`oci::upstream::file_origin::FileOrigin::swarm_key`),
-    // not the swarm of the digest its caller named; peers still ask each other for the
-    // blob by that digest.
-    let file = agent.upstream.file_swarm(&registry, &d);
-    let swarm = file.as_ref().map_or_else(|| d.clone(), |f| f.key.clone());
-    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &swarm);
+    // A file, or a registry the configuration does not name, has a swarm of its own
+    // (`oci::upstream::swarm_scope`); peers still ask each other for the blob by `d`.
+    let oci::upstream::BlobSwarm {
+        key: swarm_key,
+        size,
+    } = agent.upstream.swarm_of(&registry, &d);
+    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &swarm_key);
     // A file's size came with its origin's probe, bound by its swarm's key: said at
     // once, the swarm is laid out before any byte is fetched, and the source asks the
     // origin for bounded runs only. (Learning it from an open-ended first GET cost the
     // origin what that stream had in flight when its first run ended: 2-5 % of a
     // 285 MB file.)
-    if let Some(size) = file.map(|f| f.size) {
+    if let Some(size) = size {
         req.size = Some(size);
         req.piece_size = Some(p2p.piece_size_for(size))
             .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
@@ -108,7 +109,7 @@ pub(crate) async fn start(
             // Elected before anyone knew the size (an image config, a small layer):
             // the tracker learns it, so the nodes waiting on this election fetch it
             // directly too, and this node leaves a swarm that has no use.
-            let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &swarm);
+            let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &swarm_key);
             req.size = Some(size);
             req.leaving = true;
             let p2p = p2p.clone();
@@ -131,7 +132,7 @@ pub(crate) async fn start(
         Ok(l) => l,
         Err(e) => {
             warn!(digest = %d, error = %e, "swarm geometry refused; fetching from the registry directly");
-            leave(&p2p, &swarm, false).await;
+            leave(&p2p, &swarm_key, false).await;
             return Start::NotSwarm(writer, None);
         }
     };
@@ -142,7 +143,7 @@ pub(crate) async fn start(
         // This node joined, and may have been elected, but will hold nothing: said
         // at once, or its swarm waits out the tracker's TTL for a source that serves
         // nobody (5.7 s in `a_source_whose_disk_fills_mid_blob_hands_its_swarm_on`).
-        leave(&p2p, &swarm, false).await;
+        leave(&p2p, &swarm_key, false).await;
         return Start::Passthrough(size);
     }
     let (w, claims) = writer.into_pieces(layout);
@@ -164,7 +165,7 @@ pub(crate) async fn start(
         registry,
         repo,
         d,
-        swarm,
+        swarm: swarm_key,
         limit,
         w,
         layout,

@@ -1,0 +1,68 @@
+//! Which swarm a blob read through this client is shared in. An elected source
+//! publishes piece hashes of the bytes its origin sent, and every member takes them
+//! until the whole-blob digest is checked at the end; so nodes share a swarm only when
+//! their bytes come from the same trusted origin. A registry named in the agent's
+//! configuration is trusted with every digest: its blobs share the digest's swarm. A
+//! registry admitted only by an `allowed_registries` pattern (anyone may run one at a
+//! public address) and a file origin (a tenant may write to it) get swarms of their
+//! own, so their bytes never reach a puller of the same digest elsewhere.
+
+use super::*;
+
+/// A blob's swarm on the tracker, and the blob's size when the key binds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlobSwarm {
+    pub key: Digest,
+    pub size: Option<u64>,
+}
+
+impl Upstream {
+    /// The swarm of blob `blob` read from `registry` (a registry name, or a file's
+    /// `file:…` key).
+    pub fn swarm_of(&self, registry: &str, blob: &Digest) -> BlobSwarm {
+        if let Some(file) = self.file_swarm(registry, blob) {
+            return file;
+        }
+        let registry = canonical_registry(registry);
+        let shared = match &self.inner.cfg.policy {
+            Some(p) => p.is_configured(&registry),
+            None => true,
+        };
+        let key = if shared {
+            blob.clone()
+        } else {
+            Digest::of(format!("starling-registry-swarm-v1\n{blob}\n{registry}").as_bytes())
+        };
+        BlobSwarm { key, size: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_configured_registries_share_a_digests_swarm() {
+        let up = Upstream::new(UpstreamConfig {
+            policy: Some(RegistryPolicy::new(
+                ["registry.internal:5000".to_owned(), "docker.io".to_owned()],
+                ["*".to_owned()],
+            )),
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let layer = Digest::of(b"an image layer");
+        for configured in ["registry.internal:5000", "docker.io", "index.docker.io"] {
+            assert_eq!(up.swarm_of(configured, &layer).key, layer, "{configured}");
+        }
+        let anyone = up.swarm_of("registry.tenant.example", &layer).key;
+        let another = up.swarm_of("other.example", &layer).key;
+        assert_ne!(anyone, layer);
+        assert_ne!(another, layer);
+        assert_ne!(anyone, another);
+        assert_eq!(up.swarm_of("registry.tenant.example", &layer).size, None);
+        // Without a policy every registry is the operator's choice.
+        let open = Upstream::new(UpstreamConfig::default()).unwrap();
+        assert_eq!(open.swarm_of("registry.tenant.example", &layer).key, layer);
+    }
+}
