@@ -235,6 +235,9 @@ impl Agent {
                 // caller named: each retry would read the same whole file again.
                 let named_wrong = e.discredits_sent_bytes()
                     && registry.starts_with(oci::upstream::file_origin::FILE_KEY_PREFIX);
+                if named_wrong {
+                    self.files.note_mismatch(registry);
+                }
                 if !e.is_retryable() || failures > 3 || discredited || named_wrong {
                     warn!(digest = %d, offset = pos, error = %e, "blob stream to client failed");
                     let _ = tx.send(Err(e)).await;

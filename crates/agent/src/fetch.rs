@@ -92,6 +92,17 @@ impl Agent {
         for _ in 0..3 {
             match self.store.begin(d, None, registry).await {
                 Ok(Begin::Complete(size)) => return Ok((Source::Complete, size)),
+                Ok(Begin::Join(inf)) if !self.may_take_bytes_read_for(&inf.source, registry, d) => {
+                    // Another origin's bytes under this digest (a tenant's file named by
+                    // it): read our own, uncached, while that download lasts.
+                    info!(digest = %d, theirs = %inf.source, "not joining a download from an origin not trusted with this digest");
+                    let total = self
+                        .upstream
+                        .head_blob(registry, repo, d)
+                        .await
+                        .map_err(|e| blob_err(e, d))?;
+                    return Ok((Source::Passthrough, total));
+                }
                 Ok(Begin::Join(inf)) => {
                     let mut rx = inf.subscribe();
                     loop {
@@ -152,6 +163,16 @@ impl Agent {
             registry: registry.to_owned(),
             message: format!("download of {d} keeps failing"),
         })
+    }
+
+    /// Whether a request for `d` from `registry` may stream the bytes a download from
+    /// `theirs` is writing: when `theirs` is trusted with every digest (a configured
+    /// registry: its swarm is the digest's), or is read in the same swarm as ours. The
+    /// same rule keeps swarms apart (`oci::upstream::swarm_scope`); the whole-blob
+    /// check would fail such bytes, but only at the end, as late as their origin chose.
+    fn may_take_bytes_read_for(&self, theirs: &str, registry: &str, d: &Digest) -> bool {
+        let their_swarm = self.upstream.swarm_of(theirs, d).key;
+        their_swarm == *d || their_swarm == self.upstream.swarm_of(registry, d).key
     }
 
     /// Notes which blobs of an image manifest a client just got are small (see

@@ -57,6 +57,9 @@ pub struct PieceState {
 /// Shared state of one download.
 pub struct Inflight {
     pub digest: oci::Digest,
+    /// Where the download that leads it reads from (the `source` of `Store::begin`):
+    /// whoever joins it takes that origin's bytes.
+    pub source: String,
     pub(crate) file: Arc<File>,
     pub(crate) path: PathBuf,
     pub(crate) progress: watch::Sender<Progress>,

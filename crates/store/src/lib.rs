@@ -363,6 +363,7 @@ impl Store {
             });
             let inf = Arc::new(Inflight {
                 digest: d.clone(),
+                source: source.to_owned(),
                 file: Arc::new(file),
                 path,
                 progress: tx,

@@ -2,8 +2,9 @@
 //! `CACHE_DIR/files.json` so the inventory can report them after a restart: the store
 //! knows a file's bytes by key only. Bounded; written atomically when it changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use cluster::inventory::{BlobRef, ImageRecord, SourceBytes};
 use oci::Digest;
@@ -32,7 +33,18 @@ pub(crate) struct FileEntry {
 pub(crate) struct FileIndex {
     path: PathBuf,
     entries: parking_lot::Mutex<BTreeMap<String, FileEntry>>,
+    /// Versions of files whose bytes failed the digest their caller named, by their
+    /// registration key (URL, version, size and digest), with when: not read again
+    /// for [`MISMATCH_MEMORY`]. A `get` resumes a cut body, and a job naming a wrong
+    /// digest asks on every node: each ask would read the whole file again.
+    mismatched: parking_lot::Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a file version that failed its named digest is refused without reading it.
+pub(crate) const MISMATCH_MEMORY: Duration = Duration::from_secs(600);
+
+/// Failed file versions remembered at once (the oldest go first).
+const MAX_MISMATCHED: usize = 1024;
 
 impl FileIndex {
     pub(crate) fn open(cache_dir: &std::path::Path) -> FileIndex {
@@ -44,7 +56,27 @@ impl FileIndex {
         FileIndex {
             path,
             entries: parking_lot::Mutex::new(entries),
+            mismatched: parking_lot::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The version registered under `registry_key` failed the digest it was named by.
+    pub(crate) fn note_mismatch(&self, registry_key: &str) {
+        let mut m = self.mismatched.lock();
+        m.retain(|_, at| at.elapsed() < MISMATCH_MEMORY);
+        if m.len() >= MAX_MISMATCHED {
+            if let Some(oldest) = m.iter().min_by_key(|(_, at)| **at).map(|(k, _)| k.clone()) {
+                m.remove(&oldest);
+            }
+        }
+        m.insert(registry_key.to_owned(), Instant::now());
+    }
+
+    /// How long ago the version under `registry_key` failed its digest, if within
+    /// [`MISMATCH_MEMORY`].
+    pub(crate) fn recent_mismatch(&self, registry_key: &str) -> Option<Duration> {
+        let age = self.mismatched.lock().get(registry_key)?.elapsed();
+        (age < MISMATCH_MEMORY).then_some(age)
     }
 
     /// Records a request for `key`; persists when the entry is new or its URL or size
@@ -135,6 +167,21 @@ impl FileIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_versions_are_remembered_within_a_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = FileIndex::open(dir.path());
+        assert_eq!(idx.recent_mismatch("file:a"), None);
+        idx.note_mismatch("file:a");
+        assert!(idx.recent_mismatch("file:a").is_some());
+        for i in 0..MAX_MISMATCHED {
+            idx.note_mismatch(&format!("file:{i}"));
+        }
+        assert_eq!(idx.mismatched.lock().len(), MAX_MISMATCHED);
+        assert_eq!(idx.recent_mismatch("file:a"), None, "the oldest went first");
+        assert!(idx.recent_mismatch(&format!("file:{}", MAX_MISMATCHED - 1)).is_some());
+    }
 
     #[test]
     fn files_survive_a_restart_and_only_held_ones_are_reported() {

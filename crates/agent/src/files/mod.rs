@@ -156,6 +156,19 @@ pub(crate) async fn prepare_file(
         },
     );
     let registry = origin.registry_key(digest);
+    // (Unless the blob is in the cache: content-addressed, it is the digest's bytes.)
+    let recent_mismatch = digest
+        .filter(|d| agent.store.stat(d).is_none())
+        .and_then(|d| Some((d, agent.files.recent_mismatch(&registry)?)));
+    if let Some((d, age)) = recent_mismatch {
+        return Err(conflict(&format!(
+            "{} (this version) does not match {d}: its bytes failed that digest {} s ago; \
+             not read again for {} s unless the file changes",
+            origin.identity_url(),
+            age.as_secs(),
+            index::MISMATCH_MEMORY.saturating_sub(age).as_secs()
+        )));
+    }
     agent.upstream.register_file(&registry, origin.clone());
     Ok(PreparedFile {
         key,
