@@ -208,6 +208,30 @@ async fn a_source_reading_over_two_origin_connections_delivers_the_file_whole() 
         sent <= size as u64 + 16,
         "one origin copy (plus one-byte probes): {sent} of {size}"
     );
+
+    // Named by its digest, the file is in a swarm of its own (so read again, by
+    // another node), and that swarm's key binds the size too: again one copy.
+    let b = agent(dir.path(), "n2", Some(&t.url()), &registry, &allow).await;
+    let dest = dir.path().join("d2/w.bin");
+    let digest = oci::Digest::of(&bytes).to_string();
+    let r = report(
+        &get(&[
+            &nginx.url("w.bin"),
+            dest.to_str().unwrap(),
+            "--agent",
+            &b.url(),
+            "--digest",
+            &digest,
+            "--json",
+        ])
+        .await,
+    );
+    assert_eq!(r["files"][0]["verified_digest"], true, "{r}");
+    let second = nginx.bytes_sent("w.bin") - sent;
+    assert!(
+        second <= size as u64 + 16,
+        "one origin copy with --digest (plus one-byte probes): {second} of {size}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

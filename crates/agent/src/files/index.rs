@@ -180,7 +180,9 @@ mod tests {
         }
         assert_eq!(idx.mismatched.lock().len(), MAX_MISMATCHED);
         assert_eq!(idx.recent_mismatch("file:a"), None, "the oldest went first");
-        assert!(idx.recent_mismatch(&format!("file:{}", MAX_MISMATCHED - 1)).is_some());
+        assert!(idx
+            .recent_mismatch(&format!("file:{}", MAX_MISMATCHED - 1))
+            .is_some());
     }
 
     #[test]
