@@ -166,8 +166,8 @@ impl Agent {
     }
 
     /// Whether a request for `d` from `registry` may stream the bytes a download from
-    /// `theirs` is writing: when `theirs` is trusted with every digest (a configured
-    /// registry: its swarm is the digest's), or is read in the same swarm as ours. The
+    /// `theirs` is writing: when `theirs` is trusted with every digest (a registry the
+    /// operator named: its swarm is the digest's), or is read in the same swarm as ours. The
     /// same rule keeps swarms apart (`oci::upstream::swarm_scope`); the whole-blob
     /// check would fail such bytes, but only at the end, as late as their origin chose.
     fn may_take_bytes_read_for(&self, theirs: &str, registry: &str, d: &Digest) -> bool {

@@ -407,8 +407,8 @@ impl Agent {
                     blobs.truncate(10_000);
                     let mut seeds: Vec<(oci::Digest, u64)> =
                         blobs.into_iter().map(|(r, d)| (d, r.size)).collect();
-                    let complete = |d: &oci::Digest| agent.store.stat(d).is_some();
-                    seeds.extend(agent.files.seeded_swarms(complete));
+                    let held_size = |d: &oci::Digest| agent.store.stat(d).map(|r| r.size);
+                    seeds.extend(agent.files.seeded_swarms(held_size));
                     if seeds.is_empty() {
                         continue;
                     }

@@ -114,15 +114,20 @@ impl FileIndex {
         std::fs::rename(&tmp, &self.path)
     }
 
-    /// The swarms of the files the store holds (`held(key)`) that are not their key's
-    /// own (files named by a content digest), with their sizes: what this node seeds
-    /// for them besides the digest itself.
-    pub(crate) fn seeded_swarms(&self, held: impl Fn(&Digest) -> bool) -> Vec<(Digest, u64)> {
+    /// The swarms of the files the store holds whole (`held_size(key)`) that are not
+    /// their key's own (files named by a content digest), with their sizes: what this
+    /// node seeds for them besides the digest itself. Only where the blob held has the
+    /// size the origin gave (a cached blob served for a URL that names its digest but
+    /// holds something else is not that file).
+    pub(crate) fn seeded_swarms(
+        &self,
+        held_size: impl Fn(&Digest) -> Option<u64>,
+    ) -> Vec<(Digest, u64)> {
         let m = self.entries.lock();
         m.iter()
             .filter_map(|(k, e)| {
                 let swarm = e.swarm.clone()?;
-                held(&Digest::parse(k).ok()?).then_some((swarm, e.size))
+                (held_size(&Digest::parse(k).ok()?)? == e.size).then_some((swarm, e.size))
             })
             .collect()
     }
@@ -167,6 +172,26 @@ impl FileIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_digest_named_file_is_seeded_in_its_swarm_only_when_held_at_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = FileIndex::open(dir.path());
+        let (named, by_identity) = (Digest::of(b"named"), Digest::of(b"identity"));
+        let swarm = Digest::of(b"its swarm");
+        let entry = |swarm: Option<Digest>| FileEntry {
+            url: "https://o.example/w.bin".into(),
+            size: 10,
+            last_get: 1,
+            content_digest: swarm.is_some(),
+            swarm,
+        };
+        idx.note(&named, entry(Some(swarm.clone())));
+        idx.note(&by_identity, entry(None));
+        assert_eq!(idx.seeded_swarms(|_| Some(10)), vec![(swarm, 10)]);
+        assert_eq!(idx.seeded_swarms(|_| Some(11)), vec![]);
+        assert_eq!(idx.seeded_swarms(|_| None), vec![]);
+    }
 
     #[test]
     fn failed_versions_are_remembered_within_a_bound() {

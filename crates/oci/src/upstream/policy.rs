@@ -53,6 +53,16 @@ impl RegistryPolicy {
     pub fn is_configured(&self, registry: &str) -> bool {
         self.configured.contains(registry)
     }
+
+    /// Whether the operator named `registry` itself: configured, or an exact entry of
+    /// the allowed patterns (not one a wildcard admits, which may be anyone's server).
+    pub fn names(&self, registry: &str) -> bool {
+        self.is_configured(registry)
+            || self
+                .patterns
+                .iter()
+                .any(|p| !p.contains('*') && pattern_matches(p, registry))
+    }
 }
 
 /// `host[:port]` → (host, port). IPv6 literals keep their brackets off.

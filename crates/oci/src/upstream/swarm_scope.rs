@@ -1,11 +1,12 @@
 //! Which swarm a blob read through this client is shared in. An elected source
 //! publishes piece hashes of the bytes its origin sent, and every member takes them
 //! until the whole-blob digest is checked at the end; so nodes share a swarm only when
-//! their bytes come from the same trusted origin. A registry named in the agent's
-//! configuration is trusted with every digest: its blobs share the digest's swarm. A
-//! registry admitted only by an `allowed_registries` pattern (anyone may run one at a
-//! public address) and a file origin (a tenant may write to it) get swarms of their
-//! own, so their bytes never reach a puller of the same digest elsewhere.
+//! their bytes come from the same trusted origin. A registry the operator named (in
+//! the configuration, or as an exact `allowed_registries` entry) is trusted with every
+//! digest: its blobs share the digest's swarm. A registry admitted only by a wildcard
+//! (`*`, `*.domain`: anyone may run one there) and a file origin (a tenant may write to
+//! it) get swarms of their own, so their bytes never reach a puller of the same digest
+//! elsewhere.
 
 use super::*;
 
@@ -25,7 +26,7 @@ impl Upstream {
         }
         let registry = canonical_registry(registry);
         let shared = match &self.inner.cfg.policy {
-            Some(p) => p.is_configured(&registry),
+            Some(p) => p.names(&registry),
             None => true,
         };
         let key = if shared {
@@ -42,21 +43,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_configured_registries_share_a_digests_swarm() {
+    fn only_registries_the_operator_named_share_a_digests_swarm() {
         let up = Upstream::new(UpstreamConfig {
             policy: Some(RegistryPolicy::new(
                 ["registry.internal:5000".to_owned(), "docker.io".to_owned()],
-                ["*".to_owned()],
+                ["ghcr.io".to_owned(), "*.example".to_owned(), "*".to_owned()],
             )),
             ..UpstreamConfig::default()
         })
         .unwrap();
         let layer = Digest::of(b"an image layer");
-        for configured in ["registry.internal:5000", "docker.io", "index.docker.io"] {
+        for configured in [
+            "registry.internal:5000",
+            "docker.io",
+            "index.docker.io",
+            "ghcr.io",
+        ] {
             assert_eq!(up.swarm_of(configured, &layer).key, layer, "{configured}");
         }
+        // Admitted by a wildcard only ("*.example", "*"): their own swarms.
         let anyone = up.swarm_of("registry.tenant.example", &layer).key;
-        let another = up.swarm_of("other.example", &layer).key;
+        let another = up.swarm_of("other.org", &layer).key;
         assert_ne!(anyone, layer);
         assert_ne!(another, layer);
         assert_ne!(anyone, another);

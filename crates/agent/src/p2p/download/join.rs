@@ -28,7 +28,7 @@ pub(crate) async fn start(
     limit: Option<Arc<TokenBucket>>,
 ) -> Start {
     let joined = Instant::now();
-    // A file, or a registry the configuration does not name, has a swarm of its own
+    // A file, or a registry only a wildcard admits, has a swarm of its own
     // (`oci::upstream::swarm_scope`); peers still ask each other for the blob by `d`.
     let oci::upstream::BlobSwarm {
         key: swarm_key,

@@ -118,7 +118,8 @@ struct Download {
     /// The blob: what peers are asked for, and what the store and the whole-blob
     /// check know it by.
     d: Digest,
-    /// Its swarm's key on the tracker: `d`, except for a file (`join::start`).
+    /// Its swarm's key on the tracker: `d`, except for a file or a registry only a
+    /// wildcard admits (`oci::upstream::swarm_scope`).
     swarm: Digest,
     /// A prewarm's rate limit for this blob (peers and registry alike).
     limit: Option<Arc<TokenBucket>>,
