@@ -82,12 +82,7 @@ impl Agent {
         limit: Option<Arc<TokenBucket>>,
     ) -> Result<(Source, u64), Error> {
         if self.recently_filled_the_disk(d) {
-            let total = self
-                .upstream
-                .head_blob(registry, repo, d)
-                .await
-                .map_err(|e| blob_err(e, d))?;
-            return Ok((Source::Passthrough, total));
+            return self.passthrough_source(registry, repo, d).await;
         }
         for _ in 0..3 {
             match self.store.begin(d, None, registry).await {
@@ -96,12 +91,7 @@ impl Agent {
                     // Another origin's bytes under this digest (a tenant's file named by
                     // it): read our own, uncached, while that download lasts.
                     info!(digest = %d, theirs = %inf.source, "not joining a download from an origin not trusted with this digest");
-                    let total = self
-                        .upstream
-                        .head_blob(registry, repo, d)
-                        .await
-                        .map_err(|e| blob_err(e, d))?;
-                    return Ok((Source::Passthrough, total));
+                    return self.passthrough_source(registry, repo, d).await;
                 }
                 Ok(Begin::Join(inf)) => {
                     let mut rx = inf.subscribe();
@@ -149,12 +139,7 @@ impl Agent {
                 }
                 Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {
                     warn!(digest = %d, error = %e, "store cannot take blob; streaming it without caching");
-                    let total = self
-                        .upstream
-                        .head_blob(registry, repo, d)
-                        .await
-                        .map_err(|e| blob_err(e, d))?;
-                    return Ok((Source::Passthrough, total));
+                    return self.passthrough_source(registry, repo, d).await;
                 }
                 Err(e) => return Err(store_err(e)),
             }
@@ -163,6 +148,22 @@ impl Agent {
             registry: registry.to_owned(),
             message: format!("download of {d} keeps failing"),
         })
+    }
+
+    /// The registry's bytes streamed to the client without caching, with the size the
+    /// registry gives.
+    async fn passthrough_source(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+    ) -> Result<(Source, u64), Error> {
+        let total = self
+            .upstream
+            .head_blob(registry, repo, d)
+            .await
+            .map_err(|e| blob_err(e, d))?;
+        Ok((Source::Passthrough, total))
     }
 
     /// Whether a request for `d` from `registry` may stream the bytes a download from

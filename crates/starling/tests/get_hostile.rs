@@ -322,35 +322,25 @@ async fn a_tenants_file_named_by_a_layers_digest_stays_out_of_that_layers_swarm(
         "the tenant's node reads its file as elected source"
     );
 
-    let resp = reqwest::get(format!(
-        "{}/v2/team/app/blobs/{}?ns={}",
-        victim.url(),
-        layer.digest,
-        registry.host()
-    ))
-    .await
-    .unwrap();
-    assert_eq!(resp.status(), 200);
-    let body = resp.bytes().await.expect("the layer arrives whole");
-    assert_eq!(oci::Digest::of(&body).to_string(), layer.digest);
+    let pull_layer = |agent_url: String| {
+        let url = format!(
+            "{agent_url}/v2/team/app/blobs/{}?ns={}",
+            layer.digest,
+            registry.host()
+        );
+        async move {
+            let resp = reqwest::get(url).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            let body = resp.bytes().await.expect("the layer arrives whole");
+            oci::Digest::of(&body).to_string()
+        }
+    };
+    assert_eq!(pull_layer(victim.url()).await, layer.digest);
     let from_peers = common::metric(&victim.url(), "starling_agent_p2p_peer_bytes_total").await;
     assert_eq!(from_peers, 0, "no piece came from the tenant's node");
     // On the tenant's own node, a pull of the layer does not join the tenant's download
     // of that digest either: it reads the registry (uncached while that lasts).
-    let resp = reqwest::get(format!(
-        "{}/v2/team/app/blobs/{}?ns={}",
-        tenant.url(),
-        layer.digest,
-        registry.host()
-    ))
-    .await
-    .unwrap();
-    assert_eq!(resp.status(), 200);
-    let body = resp
-        .bytes()
-        .await
-        .expect("the layer arrives whole on the tenant's node");
-    assert_eq!(oci::Digest::of(&body).to_string(), layer.digest);
+    assert_eq!(pull_layer(tenant.url()).await, layer.digest);
     assert!(
         !tenant_get.is_finished(),
         "the tenant's get was still running while the layer was pulled"
