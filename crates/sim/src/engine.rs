@@ -3,14 +3,15 @@
 //! (a piece delivered, an upload slot freed) and timers (frames between agents,
 //! tracker answers, registry answers) drive the agents' code.
 //!
-//! Domain files: `flows` (transfers, streams and the step loop's bookkeeping),
-//! `fetch` (direct pulls, the shared cache and the source's registry runs),
-//! `announce` (the download task's start and its tracker round trips), `download`
-//! (the task's links, HAVEs, requests and hashes), `serve` (the holder: its upload
-//! line and the pieces it writes), `pull` (a task's state) and `debug` (`SIM_DEBUG`).
+//! Domain files: `node` (a node's arrival, manifest and layer queue), `flows`
+//! (transfers, streams and the step loop's bookkeeping), `fetch` (direct pulls, the
+//! shared cache and the source's registry runs), `announce` (the download task's start
+//! and its tracker round trips), `download` (the task's links, HAVEs, requests and
+//! hashes), `serve` (the holder: its upload line and the pieces it writes), `pull` (a
+//! task's state), `outcome` (what a run measured) and `debug` (`SIM_DEBUG`).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap};
 use std::time::Instant;
 
 use oci::Digest;
@@ -30,105 +31,16 @@ mod debug;
 mod download;
 mod fetch;
 mod flows;
+mod node;
+mod outcome;
 mod passes;
 mod pull;
 mod queue;
 mod serve;
 
 use flows::{FlowRec, Stream};
+pub use outcome::{Outcome, SwarmCounters, UploadRecord};
 use pull::Pull;
-
-/// Counts of what the swarm protocol did in one run: messages, answers, transfers.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct SwarmCounters {
-    pub announces: u64,
-    /// Pieces received from peers and kept.
-    pub piece_transfers: u64,
-    /// Piece copies received but not kept (an endgame duplicate, or a copy already
-    /// claimed by another connection).
-    pub dropped_pieces: u64,
-    pub requests: u64,
-    /// Scheduling passes (`next_requests` calls).
-    pub passes: u64,
-    /// Requests answered "busy" (the holder's line was full).
-    pub busy_rejects: u64,
-    /// Requests answered "not held" (a stale view).
-    pub not_held_rejects: u64,
-    /// Requests cancelled while waiting in a source's line because a HAVE showed the
-    /// piece elsewhere (`retarget_on_have`), and endgame duplicates cancelled.
-    pub retargets: u64,
-    pub cancels: u64,
-    /// Requests cancelled because their bytes had not begun within the stall timeout
-    /// (`SchedulerConfig::stall_ms`, swarms of 64 or more).
-    pub stall_cancels: u64,
-    /// Downloads whose rack stripe went quiet (`SchedulerConfig::stripe_quiet_ms`) and
-    /// that asked far holders for every HAVE again.
-    pub stripes_distrusted: u64,
-    /// Links dropped by `swarm::links::to_drop` with their channel open.
-    pub links_dropped: u64,
-    /// Pieces that arrived before their hash was known and waited for it.
-    pub hash_waits: u64,
-    pub hash_fetches: u64,
-    /// Hash lists asked of a complete peer (no source publishing).
-    pub peer_hash_lists: u64,
-    /// HAVE frames delivered and bitfields sent on channel opens.
-    pub haves: u64,
-    pub bitfields: u64,
-    /// Peer connections dialed (one per pair of nodes) and channels opened (per blob).
-    pub connections: u64,
-    pub channels: u64,
-    /// The most links any download task kept for one blob.
-    pub max_links: usize,
-    /// The most budgeted piece requests any node had in flight at once.
-    pub peak_requests: u32,
-}
-
-/// What one simulated run measured.
-#[derive(Clone, Debug, Default)]
-pub struct Outcome {
-    /// Time-to-ready per job node (seconds after the job starts; includes arrival
-    /// offset and `start_overhead_s`).
-    pub ready_s: Vec<f64>,
-    pub registry_bytes: f64,
-    pub cache_bytes: f64,
-    /// Piece bytes delivered between agents (including copies dropped as duplicates).
-    pub p2p_bytes: f64,
-    /// Bytes that entered a rack from outside it (from peers in other racks, and from
-    /// the registry or the cache, which sit outside every rack).
-    pub cross_rack_bytes: f64,
-    pub source_elections: u32,
-    /// Registry bytes streamed by each swarm source, by node name.
-    pub source_bytes: BTreeMap<String, f64>,
-    /// Registry connections opened by swarm sources (one per slice).
-    pub registry_connections: u64,
-    pub steps: u64,
-    /// What the swarm protocol did (also in the report, under the same names).
-    pub counters: SwarmCounters,
-    /// With `sim.trace`: every piece a holder handed to a connection's writer, in
-    /// order.
-    pub uploads: Vec<UploadRecord>,
-    /// Time to first byte of swarm blobs on nodes that did not fetch them from the
-    /// registry: from the blob's request to its first piece held (seconds).
-    pub non_seed_ttfb: Vec<f64>,
-    pub wall_s: f64,
-    pub tracker_wall_s: f64,
-    pub scheduler_wall_s: f64,
-    pub solver_wall_s: f64,
-    /// Nodes that never became ready (stopped at `max_seconds` or stuck).
-    pub stuck: usize,
-}
-
-/// A piece a holder began to send (`sim.trace`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct UploadRecord {
-    pub t: f64,
-    /// Cluster node indices.
-    pub holder: u32,
-    pub to: u32,
-    pub layer: u32,
-    pub piece: u32,
-    pub urgent: bool,
-}
 
 /// A frame or an answer on its way, or a task's wake-up.
 #[derive(Clone, Copy, Debug)]
@@ -704,100 +616,6 @@ impl<'a> Engine<'a> {
                 filter,
             } => self.filter_at_holder(slot, layer, holder, filter),
         }
-    }
-
-    fn arrive(&mut self, s: u32) {
-        if self.nodes[s as usize].left == 0 && self.nodes[s as usize].job {
-            self.nodes[s as usize].ready = Some(self.now);
-            self.pending -= 1;
-        }
-        // Seeds (complete holders) join the swarm and keep heartbeating.
-        if self.transport == Transport::P2p {
-            for l in 0..self.layers as u32 {
-                if self.pull_ref(s, l).done && self.needed[l as usize] {
-                    self.heartbeat(s, l);
-                }
-            }
-        }
-        // The pull client asks the registry (through the agent) for the manifest first.
-        if !self.nodes[s as usize].queue.is_empty() {
-            let t = self.now + self.registry_latency(s, u32::MAX);
-            self.at(t, Timer::Manifest(s));
-        }
-    }
-
-    /// The agent serves the manifest to the pull client, which starts its first
-    /// fetches; with `prefetch_layers`, the agent starts the rest after its grace.
-    fn manifest_served(&mut self, s: u32) {
-        if self.transport == Transport::P2p && self.sc.starling.prefetch_layers {
-            let grace = self.sc.starling.prefetch_grace_ms as f64 / 1e3;
-            self.at(self.now + grace, Timer::Prefetch(s));
-        }
-        self.start_more(s);
-    }
-
-    /// `fetch::manifest_served`'s background task: every layer the swarm carries
-    /// (`swarm::prefetch`) that is neither held nor started yet begins now.
-    fn prefetch(&mut self, s: u32) {
-        let threshold = self.sc.starling.min_p2p_size.0;
-        let picked: Vec<u32> =
-            swarm::prefetch::prefetched_layers(self.sizes.iter().copied(), threshold)
-                .map(|l| l as u32)
-                .filter(|l| self.nodes[s as usize].queue.contains(l))
-                .collect();
-        for l in picked {
-            self.nodes[s as usize].queue.retain(|&q| q != l);
-            let now = self.now;
-            let p = self.pull(s, l);
-            p.active = true;
-            p.prefetched = true;
-            p.requested_at = now;
-            self.swarm_start(s, l);
-        }
-    }
-
-    fn start_more(&mut self, s: u32) {
-        while self.nodes[s as usize].active < self.sc.job.layer_concurrency
-            && !self.nodes[s as usize].queue.is_empty()
-        {
-            let l = self.nodes[s as usize].queue.remove(0);
-            self.nodes[s as usize].active += 1;
-            let now = self.now;
-            let p = self.pull(s, l);
-            p.active = true;
-            p.requested_at = now;
-            match self.transport {
-                Transport::Direct => self.start_direct(s, l),
-                Transport::SharedCache => {
-                    let t = self.now + self.sc.cache.latency_ms / 1e3;
-                    self.at(t, Timer::CacheStart { slot: s, layer: l });
-                }
-                Transport::P2p => self.swarm_start(s, l),
-            }
-        }
-    }
-
-    pub(crate) fn layer_done(&mut self, s: u32, l: u32) {
-        let now = self.now;
-        let p = self.pull(s, l);
-        if p.done {
-            return;
-        }
-        p.done = true;
-        p.finished_at = now;
-        let by_client = !p.prefetched;
-        let n = &mut self.nodes[s as usize];
-        if by_client {
-            n.active -= 1;
-        }
-        n.left -= 1;
-        if n.left == 0 && n.ready.is_none() {
-            n.ready = Some(self.now);
-            if n.job {
-                self.pending -= 1;
-            }
-        }
-        self.start_more(s);
     }
 }
 
