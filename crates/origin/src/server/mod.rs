@@ -284,17 +284,10 @@ impl Reject {
 
 impl IntoResponse for Reject {
     fn into_response(self) -> Response {
-        let body = ErrorBody::single(self.code, self.message).to_json();
-        let mut resp = Response::new(Body::from(body.clone()));
+        let mut resp = json_response(ErrorBody::single(self.code, self.message).to_json());
         *resp.status_mut() = self.status;
-        let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         for (k, v) in self.headers {
-            h.insert(k, v);
+            resp.headers_mut().insert(k, v);
         }
         resp
     }
@@ -382,13 +375,14 @@ async fn route(
 }
 
 fn json_response(body: Vec<u8>) -> Response {
-    let mut resp = Response::new(Body::from(body.clone()));
+    let len = body.len();
+    let mut resp = Response::new(Body::from(body));
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     resp
 }
 
