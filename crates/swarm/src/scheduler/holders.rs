@@ -90,8 +90,13 @@ impl PieceScheduler {
         if s.banned {
             return;
         }
+        let near = s.distance == 0;
         if s.complete {
             self.complete_holders = (self.complete_holders as i64 + sign as i64) as u32;
+            if near {
+                self.complete_near_holders =
+                    (self.complete_near_holders as i64 + sign as i64) as u32;
+            }
             if sign > 0 {
                 for t in &mut self.first_seen {
                     *t = (*t).min(now_ms);
@@ -106,8 +111,7 @@ impl PieceScheduler {
             while bits != 0 {
                 let i = byte * 8 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                let a = &mut self.avail[i];
-                *a = (*a as i64 + sign as i64).max(0) as u32;
+                self.count_holder(i as u32, near, sign);
                 if sign > 0 {
                     let t = &mut self.first_seen[i];
                     *t = (*t).min(now_ms);
@@ -205,12 +209,13 @@ impl PieceScheduler {
         }
         self.rows.set(i, piece);
         s.held += 1;
-        if !s.banned {
-            self.avail[piece as usize] += 1;
+        let (usable, near, held) = (!s.banned, s.distance == 0, s.held);
+        if usable {
+            self.count_holder(piece, near, 1);
             let t = &mut self.first_seen[piece as usize];
             *t = (*t).min(now_ms);
         }
-        if s.held == self.have.len() {
+        if held == self.have.len() {
             self.count_holdings(i, -1, now_ms);
             if let Some(s) = self.slots[i as usize].as_mut() {
                 s.complete = true;
@@ -233,7 +238,7 @@ impl PieceScheduler {
         let byte = i / 8;
         let have = self.have.as_bytes().get(byte).copied().unwrap_or(0);
         let busy = self.inflight_any.as_bytes().get(byte).copied().unwrap_or(0);
-        let avail = self.avail.get(i).copied().unwrap_or(0);
+        let avail = self.avail.get(i).map_or(0, |h| h.any ^ h.near);
         let seen = self.first_seen.get(i).copied().unwrap_or(0);
         (have as u64) ^ ((busy as u64) << 8) ^ ((avail as u64) << 16) ^ seen
     }
@@ -338,7 +343,30 @@ impl PieceScheduler {
     }
 
     pub(super) fn usable_holders(&self, piece: u32) -> u32 {
-        self.avail[piece as usize] + self.complete_holders
+        self.avail[piece as usize].any + self.complete_holders
+    }
+
+    /// One partial, unbanned holder of `piece` more (`sign` 1) or fewer (-1).
+    pub(super) fn count_holder(&mut self, piece: u32, near: bool, sign: i32) {
+        let step = |n: u32| (n as i64 + sign as i64).max(0) as u32;
+        let h = &mut self.avail[piece as usize];
+        h.any = step(h.any);
+        if near {
+            h.near = step(h.near);
+        }
+        let (any, near) = (h.any > 0, h.near > 0);
+        for (bits, on) in [
+            (&mut self.partly_held, any),
+            (&mut self.partly_held_near, near),
+        ] {
+            if on != bits.get(piece) {
+                if on {
+                    bits.set(piece);
+                } else {
+                    bits.clear(piece);
+                }
+            }
+        }
     }
 
     /// Pieces neither held, in flight nor claimed that a usable peer holds but whose

@@ -160,6 +160,14 @@ impl Default for SchedulerConfig {
     }
 }
 
+/// A piece's holders among partial, unbanned peers: all of them, and those in this
+/// node's rack. Side by side, so a HAVE that counts both touches one cache line.
+#[derive(Clone, Copy, Debug, Default)]
+struct Holders {
+    any: u32,
+    near: u32,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
     pub piece: u32,
@@ -220,8 +228,15 @@ pub struct PieceScheduler {
     head_asked_urgently: Option<u32>,
     /// Holders per piece among partial, unbanned peers; complete peers are counted
     /// once in `complete_holders`.
-    avail: Vec<u32>,
+    avail: Vec<Holders>,
     complete_holders: u32,
+    /// ... and of those, the complete ones in this node's rack.
+    complete_near_holders: u32,
+    /// The pieces whose `avail` counts are not zero (`any`, `near`): a pass asks
+    /// whether an open piece has a holder, one AND per byte instead of a count per
+    /// piece (that loop was a sixth of the pass at 10,000 simulated nodes).
+    partly_held: Bitfield,
+    partly_held_near: Bitfield,
     /// When each piece was first seen at some peer (ms), for rack-stripe patience.
     first_seen: Vec<u64>,
     slots: Vec<Option<Slot>>,
@@ -232,6 +247,9 @@ pub struct PieceScheduler {
     inflight_total: u32,
     by_name: HashMap<PeerId, u32>,
     stripe: Option<(u32, u32)>,
+    /// The pieces in `stripe` (none without one): a pass reads a piece's patience only
+    /// outside it (`first_seen`, a cache miss per piece at 10,000 simulated nodes).
+    stripe_pieces: Bitfield,
     /// When something last arrived (a piece, or bytes of one), or when the tracker
     /// first answered: what `stripe_quiet_ms` counts from.
     last_arrival_ms: Option<u64>,
@@ -277,8 +295,11 @@ impl PieceScheduler {
             head_since: (u32::MAX, 0),
             head_asked_urgently: None,
             inflight: vec![Vec::new(); n],
-            avail: vec![0; n],
+            avail: vec![Holders::default(); n],
             complete_holders: 0,
+            complete_near_holders: 0,
+            partly_held: Bitfield::new(have.len()),
+            partly_held_near: Bitfield::new(have.len()),
             first_seen: vec![u64::MAX; n],
             have,
             slots: Vec::new(),
@@ -290,6 +311,7 @@ impl PieceScheduler {
             inflight_total: 0,
             by_name: HashMap::new(),
             stripe: None,
+            stripe_pieces: Bitfield::new(n as u32),
             last_arrival_ms: None,
             last_peer_arrival_ms: None,
             stripe_distrusted: false,
@@ -356,7 +378,16 @@ impl PieceScheduler {
     /// The rack stripe this node fetches from outside its rack: pieces `p` with
     /// `p % count == index`. `None`: fetch anything from anywhere.
     pub fn set_stripe(&mut self, stripe: Option<(u32, u32)>) {
-        self.stripe = stripe.filter(|&(i, n)| n > 1 && i < n);
+        let stripe = stripe.filter(|&(i, n)| n > 1 && i < n);
+        if stripe != self.stripe {
+            self.stripe_pieces = Bitfield::new(self.have.len());
+            if let Some((idx, n)) = stripe {
+                for piece in (idx..self.have.len()).step_by(n as usize) {
+                    self.stripe_pieces.set(piece);
+                }
+            }
+        }
+        self.stripe = stripe;
     }
 
     /// The rack stripe set by the last tracker answer (`set_stripe`).

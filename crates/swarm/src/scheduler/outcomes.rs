@@ -227,7 +227,8 @@ impl PieceScheduler {
                 self.rows.clear(i, piece);
                 s.held -= 1;
                 if !s.banned {
-                    self.avail[piece as usize] = self.avail[piece as usize].saturating_sub(1);
+                    let near = s.distance == 0;
+                    self.count_holder(piece, near, -1);
                 }
             }
         }

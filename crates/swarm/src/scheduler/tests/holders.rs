@@ -24,6 +24,81 @@ proptest::proptest! {
     }
 }
 
+proptest::proptest! {
+    // Many short cases: a skipped pass needs stripes, unripe far pieces and near
+    // holders without room, together.
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+
+    #[test]
+    fn holder_counts_and_their_bits_match_the_peers_after_any_events(
+        pieces in 1u32..12,
+        ops in proptest::collection::vec((0u8..9, 0usize..4, 0u32..20, 0u8..3), 1..150),
+    ) {
+        let mut s = sched(pieces, SchedulerConfig::default());
+        let mut now = 0u64;
+        for (op, peer, piece, distance) in ops {
+            let name = format!("p{peer}");
+            let piece = piece % pieces;
+            match op {
+                0 => {
+                    let held = (0..pieces).filter(|i| (i + piece) % 3 != 0).collect::<Vec<_>>();
+                    s.set_peer_at(&name, Some(bits(pieces, &held)), distance, now);
+                }
+                1 => s.set_peer_at(&name, None, distance, now),
+                2 => s.peer_has(&name, piece, now),
+                3 => {
+                    s.remove_peer(&name);
+                }
+                4 => s.on_failed(piece, &name, distance == 0),
+                5 => s.on_not_held(piece, &name),
+                6 => {
+                    // Rack stripes on or off, and time for their patience to ripen.
+                    s.set_stripe((distance > 0).then_some((piece % 2, 2)));
+                    s.set_members(if distance == 2 { 3_000 } else { 8 }, now);
+                    now += 700;
+                }
+                7 => {
+                    for r in s.next_requests(now, 4) {
+                        proptest::prop_assert!(r.urgent || s.is_inflight(r.piece));
+                    }
+                }
+                _ => {
+                    s.on_done(piece, &name, now);
+                }
+            }
+            now += 10;
+            check_holder_counts(&s)?;
+        }
+    }
+}
+
+/// `avail`, the complete-holder counts and the held bits, recounted from the slots.
+fn check_holder_counts(s: &PieceScheduler) -> Result<(), proptest::test_runner::TestCaseError> {
+    let usable = || {
+        s.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, slot)| slot.as_ref().map(|slot| (i as u32, slot)))
+            .filter(|(_, slot)| !slot.banned)
+    };
+    let complete = usable().filter(|(_, slot)| slot.complete);
+    proptest::prop_assert_eq!(s.complete_holders as usize, complete.clone().count());
+    proptest::prop_assert_eq!(
+        s.complete_near_holders as usize,
+        complete.filter(|(_, slot)| slot.distance == 0).count()
+    );
+    for piece in 0..s.have.len() {
+        let holding = usable().filter(|&(i, slot)| !slot.complete && s.rows.get(i, piece));
+        let any = holding.clone().count() as u32;
+        let near = holding.filter(|(_, slot)| slot.distance == 0).count() as u32;
+        let h = s.avail[piece as usize];
+        proptest::prop_assert_eq!((h.any, h.near), (any, near), "piece {}", piece);
+        proptest::prop_assert_eq!(s.partly_held.get(piece), any > 0);
+        proptest::prop_assert_eq!(s.partly_held_near.get(piece), near > 0);
+    }
+    Ok(())
+}
+
 #[test]
 fn a_have_makes_a_piece_requestable_at_once() {
     let mut s = sched(4, SchedulerConfig::default());
