@@ -378,21 +378,25 @@ impl PieceScheduler {
         worth
     }
 
-    /// Each byte of the open pieces (neither held nor in flight) ANDed with `mask`'s.
-    fn open_and<'a>(&'a self, mask: &'a Bitfield) -> impl Iterator<Item = (usize, u8)> + 'a {
+    /// Each byte of the open pieces (neither held nor in flight), ANDed with `mask`'s
+    /// if there is one (a bitfield of the blob's length).
+    fn open_and<'a>(
+        &'a self,
+        mask: Option<&'a Bitfield>,
+    ) -> impl Iterator<Item = (usize, u8)> + 'a {
+        let mask = mask.map(Bitfield::as_bytes);
         self.have
             .as_bytes()
             .iter()
             .zip(self.inflight_any.as_bytes())
-            .zip(mask.as_bytes())
-            .map(|((&mine, &infl), &m)| !mine & !infl & m)
             .enumerate()
+            .map(move |(i, (&mine, &infl))| (i, !mine & !infl & mask.map_or(0xff, |m| m[i])))
     }
 
     /// Whether some unbanned peer may hold a piece neither held nor in flight: without
     /// one no peer has an open piece, and the fill loop need not look at each peer.
     fn any_open_piece(&self) -> bool {
-        self.complete_holders > 0 || self.open_and(&self.partly_held).any(|(_, b)| b != 0)
+        self.complete_holders > 0 || self.open_and(Some(&self.partly_held)).any(|(_, b)| b != 0)
     }
 
     /// With rack stripes, whether some open piece has a holder this node may ask now: one
@@ -404,21 +408,19 @@ impl PieceScheduler {
     fn any_fillable_piece(&self, now_ms: u64) -> bool {
         if self.stripe.is_none()
             || self.complete_near_holders > 0
-            || self.open_and(&self.partly_held_near).any(|(_, b)| b != 0)
+            || self
+                .open_and(Some(&self.partly_held_near))
+                .any(|(_, b)| b != 0)
         {
             return true;
         }
-        // No open piece is held in the rack: those held outside it, ripe or in stripe.
+        // No open piece is held in the rack: those held outside it (every one, with a
+        // complete far holder), ripe or in stripe.
         let every_piece_far = self.complete_holders > self.complete_near_holders;
-        let mut far = self.open_and(&self.partly_held);
+        let mut far = self.open_and((!every_piece_far).then_some(&self.partly_held));
         let len = self.have.len();
         let stripe = self.stripe_pieces.as_bytes();
-        far.any(|(byte, bits)| {
-            let far_held = if every_piece_far {
-                !self.have.as_bytes()[byte] & !self.inflight_any.as_bytes()[byte]
-            } else {
-                bits
-            };
+        far.any(|(byte, far_held)| {
             if far_held & stripe[byte] != 0 {
                 return true;
             }
