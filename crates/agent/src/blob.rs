@@ -113,8 +113,7 @@ impl Agent {
                                 &registry,
                                 &repo,
                                 &digest,
-                                r.start,
-                                r.end + 1,
+                                (r.start, r.end + 1, total),
                                 &tx,
                                 sink.as_ref(),
                                 first.take(),
@@ -135,17 +134,17 @@ impl Agent {
         Ok(resp)
     }
 
-    /// Streams `[start, end)` to the client, switching source when one fails. Returns
-    /// false when the client went away or an unrecoverable error was sent. With a
-    /// `sink`, bytes on disk are sent as file spans (zero-copy) rather than read.
+    /// Streams `[start, end)` of a blob of `total` bytes to the client, switching
+    /// source when one fails. Returns false when the client went away or an
+    /// unrecoverable error was sent. With a `sink`, bytes on disk are sent as file
+    /// spans (zero-copy) rather than read.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn copy_range(
         &self,
         registry: &str,
         repo: &str,
         d: &Digest,
-        mut pos: u64,
-        end: u64,
+        (mut pos, end, total): (u64, u64, u64),
         tx: &mpsc::Sender<Result<Bytes, Error>>,
         sink: Option<&Sink>,
         mut first: Option<Source>,
@@ -157,7 +156,19 @@ impl Agent {
             let source = match first.take() {
                 Some(s) => s,
                 None => match self.acquire(registry, repo, d, None).await {
-                    Ok((s, _)) => s,
+                    Ok((s, size)) if size == total => s,
+                    Ok((_, size)) => {
+                        // The response's length was a swarm's wrong size (a member
+                        // said it first): no byte more of a body that cannot be right.
+                        warn!(digest = %d, offset = pos, promised = total, size, "blob stream to client failed: the blob is not the size its response said");
+                        let _ = tx
+                            .send(Err(oci::Error::SizeMismatch {
+                                expected: total,
+                                actual: size,
+                            }))
+                            .await;
+                        return false;
+                    }
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
                         return false;

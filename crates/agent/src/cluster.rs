@@ -276,7 +276,7 @@ impl Agent {
         );
         tokio::spawn(async move {
             agent
-                .copy_range(&reg, &rep, &dg, 0, total, &tx, None, Some(source))
+                .copy_range(&reg, &rep, &dg, (0, total, total), &tx, None, Some(source))
                 .await
         });
         while let Some(item) = rx.recv().await {

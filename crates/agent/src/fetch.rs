@@ -109,7 +109,13 @@ impl Agent {
                 }
                 Ok(Begin::Lead(writer)) => {
                     let (writer, opened) = match &self.p2p {
-                        Some(p2p) if !self.declared_small.lock().holds(registry, repo, d) => {
+                        Some(p2p)
+                            if self
+                                .declared_sizes
+                                .lock()
+                                .size(registry, repo, d)
+                                .is_none_or(|s| s >= p2p.threshold) =>
+                        {
                             match crate::p2p::start(
                                 self.clone(),
                                 p2p.clone(),
@@ -176,8 +182,8 @@ impl Agent {
         their_swarm == *d || their_swarm == self.upstream.swarm_of(registry, d).key
     }
 
-    /// Notes which blobs of an image manifest a client just got are small (see
-    /// [`DeclaredSmall`]) and starts fetching its layers in the background, so they all
+    /// Notes the sizes an image manifest a client just got declares (see
+    /// [`DeclaredSizes`]) and starts fetching its layers in the background, so they all
     /// arrive at the link's full rate rather than a few at a time in the order the
     /// runtime asks for them (containerd fetches 3 at once); the
     /// runtime's own requests then join the downloads already running. In a swarm this
@@ -198,9 +204,7 @@ impl Agent {
             return;
         }
         let min = self.p2p.as_ref().map_or(1 << 20, |p| p.threshold);
-        self.declared_small
-            .lock()
-            .note(registry, repo, m.blobs().filter(|b| b.size < min));
+        self.declared_sizes.lock().note(registry, repo, m.blobs());
         if !self.cfg.prefetch_layers {
             return;
         }
@@ -441,18 +445,22 @@ pub(crate) fn blob_err(e: Error, d: &Digest) -> Error {
     }
 }
 
-/// Blobs that manifests this agent served declared smaller than the P2P threshold
-/// (image configs, small layers), so their first request goes to the registry without
-/// a tracker round trip and an election that learns the size only from the registry.
-/// Keyed by repository: a tenant's manifest that understates another image's blob
-/// sends only its own repository's pulls of it around the swarm.
+/// The sizes manifests this agent served gave their blobs. Two uses:
+/// - a blob declared smaller than the P2P threshold (an image config, a small layer)
+///   goes to the registry on its first request, without a tracker round trip and an
+///   election that learns the size only from the registry;
+/// - a swarm laid out by another size than the one declared is checked against the
+///   registry before a client is told that size (`p2p::download::join`).
+///
+/// Keyed by repository: a tenant's manifest that misstates another image's blob
+/// touches only its own repository's pulls of it.
 #[derive(Default)]
-pub(crate) struct DeclaredSmall {
-    blobs: std::collections::HashSet<(String, String, Digest)>,
+pub(crate) struct DeclaredSizes {
+    blobs: std::collections::HashMap<(String, String, Digest), u64>,
 }
 
-impl DeclaredSmall {
-    /// Entries kept; past it the set starts over (a miss only costs the round trip).
+impl DeclaredSizes {
+    /// Entries kept; past it the map starts over (a miss only costs what it saves).
     const CAPACITY: usize = 16_384;
 
     fn note<'a>(
@@ -465,15 +473,19 @@ impl DeclaredSmall {
             if self.blobs.len() >= Self::CAPACITY {
                 self.blobs.clear();
             }
-            self.blobs
-                .insert((registry.to_owned(), repo.to_owned(), b.digest.clone()));
+            self.blobs.insert(
+                (registry.to_owned(), repo.to_owned(), b.digest.clone()),
+                b.size,
+            );
         }
     }
 
-    fn holds(&self, registry: &str, repo: &str, d: &Digest) -> bool {
-        !self.blobs.is_empty()
-            && self
-                .blobs
-                .contains(&(registry.to_owned(), repo.to_owned(), d.clone()))
+    pub(crate) fn size(&self, registry: &str, repo: &str, d: &Digest) -> Option<u64> {
+        if self.blobs.is_empty() {
+            return None;
+        }
+        self.blobs
+            .get(&(registry.to_owned(), repo.to_owned(), d.clone()))
+            .copied()
     }
 }

@@ -177,7 +177,7 @@ pub struct Agent {
     /// Files fetched through `/files/v1/fetch`, for the inventory.
     pub(crate) files: Arc<files::index::FileIndex>,
     /// Blobs a manifest this agent served declared smaller than the P2P threshold.
-    pub(crate) declared_small: Arc<parking_lot::Mutex<fetch::DeclaredSmall>>,
+    pub(crate) declared_sizes: Arc<parking_lot::Mutex<fetch::DeclaredSizes>>,
 }
 
 impl Agent {
@@ -258,7 +258,7 @@ impl Agent {
             download_limit,
             peer_listener: Arc::new(parking_lot::Mutex::new(peer_listener)),
             uncacheable: Default::default(),
-            declared_small: Default::default(),
+            declared_sizes: Default::default(),
         };
         agent.refresh_cache_gauges();
         Ok(agent)

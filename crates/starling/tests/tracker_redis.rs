@@ -338,3 +338,81 @@ async fn a_fetcher_of_two_blobs_replaced_after_a_redis_restart_leaves_no_blob_un
     expect_pulled(&agents, pulls, &image).await;
     drop(redis);
 }
+
+/// The size of swarm `digest` in a replica's list of swarms.
+async fn swarm_size(tracker: &str, digest: &str) -> Option<u64> {
+    swarms(tracker)
+        .await
+        .as_array()?
+        .iter()
+        .find(|s| s["digest"] == digest)?["size"]
+        .as_u64()
+}
+
+/// A member tells one replica a wrong size for a layer before anyone pulls it, and
+/// goes on saying it. The size is otherwise set once in Redis; the source elected
+/// through the other replica replaces it with the registry's, for both replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_size_lie_told_to_one_replica_is_mended_through_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let (redis, registry) = redis_and_registry().await;
+    let image = TestImage::push_multilayer(&registry, "ha/sizelie", "1", &[12 << 20], 37).unwrap();
+    let layer = image.layers[0].clone();
+    let first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;
+    let second = redis_replica(&dir.path().join("t2"), &redis.url(), None).await;
+    let lie = layer.size + (5 << 20);
+    let announcing = tokio::spawn({
+        let (tracker, digest) = (first.url(), layer.digest.clone());
+        async move {
+            let http = reqwest::Client::new();
+            loop {
+                let body = serde_json::json!({
+                    "node": "liar", "addr": "127.0.0.1:1", "digest": digest, "size": lie,
+                });
+                let _ = http
+                    .post(format!("{tracker}/swarm/v1/announce"))
+                    .bearer_auth(TOKEN)
+                    .json(&body)
+                    .send()
+                    .await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+    let first_url = first.url();
+    testkit::until(
+        "the replica to take the lie",
+        POLL_EVERY,
+        POLL_WITHIN,
+        || {
+            let (u, d) = (first_url.clone(), layer.digest.clone());
+            async move { swarm_size(&u, &d).await == Some(lie) }
+        },
+    )
+    .await;
+    let b = agent(dir.path(), "b", &second.url(), &registry).await;
+    let c = agent(dir.path(), "c", &first.url(), &registry).await;
+    for a in [&b, &c] {
+        let pulls = pull_all(std::slice::from_ref(a), &image).await;
+        expect_pulled(std::slice::from_ref(a), pulls, &image).await;
+    }
+    for replica in [&first, &second] {
+        assert_eq!(
+            swarm_size(&replica.url(), &layer.digest).await,
+            Some(layer.size),
+            "{} lays the swarm out by the registry's size",
+            replica.url()
+        );
+    }
+    let registry_bytes = |a: &Proc| {
+        let url = a.url();
+        async move { common::metric(&url, "starling_agent_p2p_registry_bytes_total").await }
+    };
+    assert_eq!(
+        registry_bytes(&b).await,
+        layer.size,
+        "b read the layer once"
+    );
+    assert_eq!(registry_bytes(&c).await, 0, "c took it from b");
+    announcing.abort();
+}

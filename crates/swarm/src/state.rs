@@ -90,6 +90,9 @@ struct Swarm {
     /// The last announce voided the hashes, for a shared store to do the same
     /// ([`TrackerState::take_voided`]).
     voided: bool,
+    /// The last announce replaced the size ([`Swarm::regeometry`]), for a shared store
+    /// to do the same ([`TrackerState::take_regeometried`]).
+    regeometried: bool,
     /// The source the last announce demoted, for a shared store to depose
     /// ([`TrackerState::take_demoted`]).
     demoted: Option<String>,
@@ -99,6 +102,18 @@ struct Swarm {
 }
 
 impl Swarm {
+    /// The elected source read another size from the registry than the one the swarm
+    /// was laid out by: everything laid out by the old one goes. Members see the new
+    /// size in their next answer and start over; the old hashes are void.
+    fn regeometry(&mut self, size: Option<u64>, piece_size: Option<u64>) {
+        self.size = size;
+        self.piece_size = piece_size.unwrap_or(0);
+        self.hashes.clear();
+        self.hashes_epoch += 1;
+        let source = self.source.clone();
+        self.peers.retain(|p| Some(&p.name) == source.as_ref());
+    }
+
     fn count(&self) -> u32 {
         match self.size {
             Some(s) if self.piece_size > 0 => crate::PieceLayout::new(s, self.piece_size).count(),
@@ -288,13 +303,19 @@ impl TrackerState {
                 born: now,
                 ..Swarm::default()
             });
-        if let (Some(known), Some(said)) = (swarm.size, req.size) {
-            if known != said {
-                return Err(Error::Geometry(format!(
-                    "blob is {known} bytes, announce says {said}"
-                )));
-            }
+        // Whoever announces first fixes the size, but only the elected source has read
+        // it from the registry: a member that said otherwise first (a lie, or a wrong
+        // manifest) would have spoiled the layer for every node while it kept
+        // announcing. The source's word replaces the geometry and the hashes; anyone
+        // else's disagreement is ignored, and the answer tells it the size in force.
+        let conflicting =
+            matches!((swarm.size, req.size), (Some(known), Some(said)) if known != said);
+        swarm.regeometried =
+            conflicting && swarm.source.as_deref() == Some(req.node.as_str()) && !req.leaving;
+        if swarm.regeometried {
+            swarm.regeometry(req.size, req.piece_size);
         }
+        let conflicting = conflicting && swarm.size != req.size;
         if swarm.size.is_none() {
             swarm.size = req.size;
         }
@@ -309,8 +330,12 @@ impl TrackerState {
             };
         }
         let count = swarm.count();
-        // A bitfield of another length says nothing about this swarm's pieces.
-        let have = req.have.clone().filter(|h| h.len() == count);
+        // A bitfield of another length, or of another size's layout, says nothing
+        // about this swarm's pieces.
+        let have = req
+            .have
+            .clone()
+            .filter(|h| h.len() == count && !conflicting);
         swarm.bad.retain(|_, reports| {
             reports.retain(|(_, until)| *until > now);
             !reports.is_empty()
@@ -335,11 +360,13 @@ impl TrackerState {
             swarm.source.as_deref() == Some(&req.node) && req.complete && !req.leaving;
         // Only the elected source can say its hashes were wrong: it alone published
         // them, from registry bytes that then failed the blob's digest.
-        swarm.voided = req.hashes_void && swarm.source.as_deref() == Some(&req.node);
-        if swarm.voided {
+        let voids = req.hashes_void && swarm.source.as_deref() == Some(&req.node);
+        if voids {
             swarm.hashes.clear();
             swarm.hashes_epoch += 1;
         }
+        // A new size voids the hashes too: a shared store deletes them the same way.
+        swarm.voided = voids || swarm.regeometried;
         // A blob below the P2P threshold has no swarm: whoever asks fetches it directly,
         // so nobody is kept as a member to hand out (nor the swarm past the next expiry).
         if req.leaving || swarm.size.is_some_and(|s| s < cfg.min_p2p_size) {

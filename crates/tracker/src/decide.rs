@@ -87,6 +87,7 @@ async fn decide_with_store(
             };
             let deposed = st.take_demoted(&req.digest);
             let void_hashes = st.take_voided(&req.digest);
+            let regeometry = st.take_regeometried(&req.digest);
             let reports = st.take_reports(&req.digest);
             let (size, piece_size, pieces, born) =
                 st.geometry(&req.digest).unwrap_or((None, 0, 0, now));
@@ -115,6 +116,7 @@ async fn decide_with_store(
                     decided_source: resp.source.clone(),
                     deposed,
                     void_hashes,
+                    regeometry,
                     reports,
                     hashes: if intent == SourceIntent::Keep {
                         Default::default()
@@ -136,7 +138,7 @@ async fn decide_with_store(
                 tracing::warn!(
                     digest = %outcome.digest,
                     source = %node,
-                    "source demoted: the members fetching cannot reach it (check its --advertise)"
+                    "source demoted: the members fetching reported it (unreachable: check its --advertise; or what it serves or says is wrong)"
                 );
             }
         }

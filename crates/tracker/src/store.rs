@@ -40,6 +40,9 @@ pub struct Outcome {
     /// The source voided its hashes (its registry bytes failed the digest): the store
     /// forgets them and every replica moves to the next hash epoch.
     pub void_hashes: bool,
+    /// The source read another size from the registry than the one stored: the store
+    /// replaces the geometry, which it otherwise sets once.
+    pub regeometry: bool,
     /// Hashes the node sent that fit the swarm; kept only if it is the source.
     pub hashes: BTreeMap<u32, PieceHash>,
     /// The node's reports of other members this announce recorded (accused, until in

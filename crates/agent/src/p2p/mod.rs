@@ -37,6 +37,7 @@ pub struct P2pMetrics {
     pub tracker_errors: Counter,
     pub swarm_peers: Gauge,
     pub source_roles: Counter,
+    pub swarm_size_corrections: Counter,
     pub peer_auth_failures: Counter,
     pub tls_handshakes_refused: Family<ReasonLabels, Counter>,
     pub peers_stalled: Counter,
@@ -65,6 +66,7 @@ impl P2pMetrics {
             tracker_errors: Counter::default(),
             swarm_peers: Gauge::default(),
             source_roles: Counter::default(),
+            swarm_size_corrections: Counter::default(),
             peer_auth_failures: Counter::default(),
             tls_handshakes_refused: Family::default(),
             peers_stalled: Counter::default(),
@@ -132,6 +134,12 @@ impl P2pMetrics {
             "p2p_source_roles",
             "Times this agent was elected to fetch a blob from the registry",
             m.source_roles.clone(),
+        );
+        r.register(
+            "p2p_swarm_size_corrections",
+            "Swarm downloads laid out by a size the blob does not have (a member said it \
+             first), started over at the registry's",
+            m.swarm_size_corrections.clone(),
         );
         r.register(
             "p2p_peer_auth_failures",

@@ -9,6 +9,7 @@ mod bad_peers;
 mod faults;
 mod protocol;
 mod pulls;
+mod size_lies;
 
 use std::path::Path;
 use std::time::Duration;

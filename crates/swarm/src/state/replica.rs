@@ -158,6 +158,15 @@ impl TrackerState {
             .is_some_and(|s| std::mem::take(&mut s.voided))
     }
 
+    /// Whether the last announce of swarm `d` replaced its size, once: the elected
+    /// source read another from the registry, and a shared store must take it although
+    /// the size is otherwise set once.
+    pub fn take_regeometried(&mut self, d: &Digest) -> bool {
+        self.swarms
+            .get_mut(d)
+            .is_some_and(|s| std::mem::take(&mut s.regeometried))
+    }
+
     pub fn set_source(&mut self, d: &Digest, source: Option<String>) {
         if let Some(s) = self.swarms.get_mut(d) {
             s.source = source;

@@ -100,7 +100,12 @@ fn hostile_geometry_and_garbage_are_refused_before_anything_is_stored() {
     ann(&mut t, &r, 0);
     let mut other = req("b", &d);
     other.size = Some(65 << 20);
-    assert!(t.announce(&other, 1).is_err(), "conflicting size");
+    let resp = ann(&mut t, &other, 1);
+    assert_eq!(
+        resp.size,
+        Some(64 << 20),
+        "a member's other size is not taken"
+    );
     // A bitfield of the wrong length is ignored, not stored.
     let mut wrong = req("c", &d);
     wrong.have = Some(Bitfield::full(7));
@@ -112,6 +117,73 @@ fn hostile_geometry_and_garbage_are_refused_before_anything_is_stored() {
         .expect("c handed out");
     assert_eq!(c.have.map(|h| h.count()), Some(0));
     assert_eq!(resp.piece_size, 1 << 20);
+}
+
+/// A member announces a wrong size before anyone has read the blob, and keeps saying
+/// it: the source elected later reads the registry's, which replaces it, with the
+/// hashes and every bitfield laid out by the lie.
+#[test]
+fn a_size_said_first_by_a_member_gives_way_to_the_sources() {
+    let d = Digest::of(b"lied about");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut liar = req("liar", &d);
+    liar.size = Some(32 << 20);
+    liar.piece_size = Some(1 << 20);
+    ann(&mut t, &liar, 0);
+    let mut early = req("early", &d);
+    early.have = Some(Bitfield::full(32));
+    assert_eq!(ann(&mut t, &early, 1).role, Role::Peer);
+    let mut gone = liar.clone();
+    gone.leaving = true;
+    ann(&mut t, &gone, 2);
+    let elected = ann(&mut t, &req("honest", &d), 3);
+    assert_eq!(elected.role, Role::Source);
+    assert_eq!(
+        elected.size,
+        Some(32 << 20),
+        "the lie, until the source reads"
+    );
+    let epoch = elected.hashes_epoch;
+
+    let mut read = req("honest", &d);
+    read.size = Some(48 << 20);
+    read.piece_size = Some(4 << 20);
+    let resp = ann(&mut t, &read, 4);
+    assert_eq!((resp.size, resp.piece_size), (Some(48 << 20), 4 << 20));
+    assert_eq!(resp.role, Role::Source);
+    assert!(
+        resp.hashes_epoch > epoch,
+        "the old layout's hashes are void"
+    );
+    assert!(
+        resp.peers.iter().all(|p| p.node != "early"),
+        "a bitfield of the old layout is not handed out"
+    );
+
+    // The liar goes on: its size is not taken, and the answer says the one in force.
+    ann(&mut t, &liar, 5);
+    let mut stale = req("early", &d);
+    stale.size = Some(32 << 20);
+    stale.have = Some(Bitfield::full(12));
+    let resp = ann(&mut t, &stale, 6);
+    assert_eq!(resp.size, Some(48 << 20));
+    let s = t.stats().pop().unwrap();
+    assert_eq!((s.size, s.piece_size), (Some(48 << 20), 4 << 20));
+    let early = ann(&mut t, &req("probe", &d), 7)
+        .peers
+        .into_iter()
+        .find(|p| p.node == "early")
+        .expect("early handed out");
+    assert_eq!(
+        early.have.map(|h| h.count()),
+        Some(0),
+        "a bitfield sent with another size says nothing"
+    );
+    // Only the elected source moves the size: the liar's next word changes nothing.
+    let mut again = liar.clone();
+    again.size = Some(16 << 20);
+    ann(&mut t, &again, 8);
+    assert_eq!(t.stats().pop().unwrap().size, Some(48 << 20));
 }
 
 #[test]

@@ -87,6 +87,7 @@ fn the_sequences_reach_the_interesting_cases() {
         "peers handed out",
         "full handout",
         "source replaced",
+        "size replaced by the source",
         "reported source replaced",
         "hash taken",
         "expire",

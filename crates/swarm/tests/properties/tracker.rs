@@ -221,6 +221,11 @@ pub(super) fn run_tracker(max_peers: usize, ops: &[TrackerOp]) -> Result<Tally, 
                 let req = request(a);
                 let d = req.digest.clone();
                 let before = stats(&t);
+                let size_before = t
+                    .stats()
+                    .into_iter()
+                    .find(|s| s.digest == d.to_string())
+                    .and_then(|s| s.size);
                 let hashes_before = t.hashes(&d, 0);
                 let resp = match t.announce(&req, now) {
                     Ok(r) => r,
@@ -252,6 +257,23 @@ pub(super) fn run_tracker(max_peers: usize, ops: &[TrackerOp]) -> Result<Tally, 
                     }
                 }
                 let m = members.entry(d.clone()).or_default();
+                // Only the elected source moves a known size (it read the registry's),
+                // and the members laid out by the old one go with it.
+                if size_before.is_some() && resp.size != size_before {
+                    tally.add("size replaced by the source");
+                    prop_assert_eq!(
+                        sources.get(&d).map(String::as_str),
+                        Some(req.node.as_str()),
+                        "size {:?} replaced by a non-source",
+                        size_before
+                    );
+                    prop_assert_eq!(resp.size, req.size);
+                    prop_assert!(
+                        t.hashes(&d, 0).keys().all(|k| req.hashes.contains_key(k)),
+                        "the old layout's hashes are gone"
+                    );
+                    m.retain(|name, _| name == &req.node);
+                }
                 // A blob below the P2P threshold keeps no members: all fetch directly.
                 let small = resp.size.is_some_and(|s| s < t.cfg.min_p2p_size);
                 if req.leaving || small {

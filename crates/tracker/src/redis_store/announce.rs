@@ -29,8 +29,9 @@ use crate::store::{Elections, Outcome, Refresh, Settled, SourceIntent, StoreFutu
 /// heartbeat ms, least stream length kept, this replica (the stream entry's writer:
 /// its own reads skip it), the source the decision demoted ('' = none; a claim
 /// deletes the role first if that node still holds it), '1' when the source voids its
-/// hashes (they are deleted and the meta's `hashes_epoch` counts one more), then hash
-/// pairs.
+/// hashes (they are deleted and the meta's `hashes_epoch` counts one more), '1' when
+/// the source replaces the size and piece size (read from the registry, against what
+/// a member said first), then hash pairs.
 pub(super) const COMMIT: &str = r"
 local function shape(e)
   if #e < 11 then return '' end
@@ -81,11 +82,15 @@ elseif not cur and ARGV[3] == 'claim' then
   redis.call('RPUSH', KEYS[6], node)
   redis.call('LTRIM', KEYS[6], 0, 7)
 end
+if cur == node and ARGV[15] == '1' and ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[1], 'size', ARGV[6], 'piece_size', ARGV[7])
+  geo = {ARGV[6], ARGV[7]}
+end
 if cur == node and ARGV[14] == '1' then
   redis.call('DEL', KEYS[4])
   redis.call('HINCRBY', KEYS[1], 'hashes_epoch', 1)
 elseif cur == node then
-  for i = 15, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+  for i = 16, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 end
 if cur == node and ARGV[3] == 'release' then
   redis.call('DEL', KEYS[3])
@@ -287,7 +292,8 @@ impl SwarmStore for RedisStore {
                     .arg(MIN_STREAM_LEN)
                     .arg(&self.replica)
                     .arg(o.deposed.as_deref().unwrap_or_default())
-                    .arg(if o.void_hashes { "1" } else { "0" });
+                    .arg(if o.void_hashes { "1" } else { "0" })
+                    .arg(if o.regeometry { "1" } else { "0" });
                 for (i, h) in &o.hashes {
                     cmd.arg(*i).arg(&h.0[..]);
                 }

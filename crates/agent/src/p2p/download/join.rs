@@ -32,7 +32,7 @@ pub(crate) async fn start(
     // (`oci::upstream::swarm_scope`); peers still ask each other for the blob by `d`.
     let oci::upstream::BlobSwarm {
         key: swarm_key,
-        size,
+        size: known_size,
     } = agent.upstream.swarm_of(&registry, &d);
     let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, &swarm_key);
     // A file's size came with its origin's probe, bound by its swarm's key: said at
@@ -40,7 +40,7 @@ pub(crate) async fn start(
     // origin for bounded runs only. (Learning it from an open-ended first GET cost the
     // origin what that stream had in flight when its first run ended: 2-5 % of a
     // 285 MB file.)
-    if let Some(size) = size {
+    if let Some(size) = known_size {
         req.size = Some(size);
         req.piece_size = Some(p2p.piece_size_for(size))
             .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
@@ -68,7 +68,52 @@ pub(crate) async fn start(
                         .iter()
                         .all(|p| p.have.as_ref().is_some_and(|h| h.count() == 0))))
     };
-    while nobody_has_it(&resp) && Instant::now() < deadline {
+    // The size this node can vouch for, against a swarm's that a member said first: a
+    // file's, bound in its swarm's key, or the registry's when a manifest this agent
+    // served declared another than the swarm's (checked once, with a HEAD).
+    let mut vouched = known_size;
+    let mut checked = known_size.is_some();
+    loop {
+        if !checked {
+            if let Some(said) = resp.size {
+                checked = true;
+                vouched =
+                    registry_size_if_declared_otherwise(&agent, &registry, &repo, &d, said).await;
+            }
+        }
+        let wrong = matches!((vouched, resp.size), (Some(v), Some(s)) if v != s);
+        if wrong {
+            req.size = vouched;
+            req.piece_size = vouched.map(|v| p2p.piece_size_for(v)).filter(|&p| {
+                vouched.is_some_and(|v| swarm::pieces::validate_geometry(v, p).is_ok())
+            });
+            if resp.role == Role::Source {
+                // Elected: this node's word is the registry's, and the tracker lays the
+                // swarm out anew by it.
+                warn!(digest = %d, said = resp.size, size = vouched, "the swarm was laid out by a size the blob does not have; telling the tracker the registry's");
+                p2p.metrics.swarm_size_corrections.inc();
+            } else {
+                // The source says a size the registry does not: reported, until a
+                // quorum of such reports demotes it and one of the members waiting here
+                // is elected and says the registry's.
+                req.bad_peers = resp
+                    .source
+                    .iter()
+                    .filter(|s| **s != p2p.node)
+                    .cloned()
+                    .collect();
+            }
+        } else if !nobody_has_it(&resp) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            if wrong {
+                warn!(digest = %d, said = resp.size, size = vouched, "the swarm's size stayed wrong; fetching from the registry directly");
+                leave(&p2p, &swarm_key, false).await;
+                return Start::NotSwarm(writer, None);
+            }
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
         match p2p.announce(&req).await {
             Ok(r) => resp = r,
@@ -201,6 +246,7 @@ pub(crate) async fn start(
         origin_gone: None,
         hashes_epoch: None,
         hashes_voided: false,
+        size_moved: None,
     };
     for (conn, chan) in dl.absorb(resp) {
         conn.close(chan).await;
@@ -220,4 +266,27 @@ pub(crate) async fn leave(p2p: &P2p, swarm: &Digest, hashes_void: bool) {
     req.leaving = true;
     req.hashes_void = hashes_void;
     let _ = p2p.announce(&req).await;
+}
+
+/// The registry's size for `d` when a manifest this agent served declared another than
+/// `said`, the swarm's; `None` when they agree, nothing was declared, or the registry
+/// does not answer (the swarm's size stands then: the final digest check still holds).
+async fn registry_size_if_declared_otherwise(
+    agent: &Agent,
+    registry: &str,
+    repo: &str,
+    d: &Digest,
+    said: u64,
+) -> Option<u64> {
+    let declared = agent.declared_sizes.lock().size(registry, repo, d)?;
+    if declared == said {
+        return None;
+    }
+    match agent.upstream.head_blob(registry, repo, d).await {
+        Ok(size) => Some(size),
+        Err(e) => {
+            debug!(digest = %d, error = %e, "cannot check the swarm's size with the registry");
+            None
+        }
+    }
 }

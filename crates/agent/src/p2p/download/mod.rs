@@ -177,6 +177,10 @@ struct Download {
     /// The epoch moved on while this download held pieces or hashes: they were checked
     /// against hashes from bad registry bytes, and the download starts over.
     hashes_voided: bool,
+    /// The size this blob really has, when it is not the one the swarm was laid out by
+    /// (a member said another first): read from the registry, or the tracker's answer
+    /// after the source corrected it. The download starts over.
+    size_moved: Option<u64>,
 }
 
 impl Download {
@@ -221,6 +225,9 @@ impl Download {
             }
             Some(_) => {}
             None => self.hashes_epoch = Some(resp.hashes_epoch),
+        }
+        if let Some(size) = resp.size.filter(|&s| s != self.layout.blob_size) {
+            self.size_moved = Some(size);
         }
         self.role = resp.role;
         self.source = resp.source.clone();
@@ -328,6 +335,10 @@ impl Download {
                 self.abort(&reason).await;
                 return;
             }
+            if let Some(size) = self.size_moved {
+                self.start_over_at(size).await;
+                return;
+            }
             self.schedule().await;
             let run_active = !self.runs.is_empty();
             tokio::select! {
@@ -371,7 +382,7 @@ impl Download {
                     if let Some(msg) = msg {
                         self.on_internal(msg).await;
                     }
-                    if self.hashes_voided {
+                    if self.hashes_voided && self.size_moved.is_none() {
                         self.start_over().await;
                         return;
                     }
@@ -407,6 +418,40 @@ impl Download {
         self.w
             .abandon("pieces were checked against hashes the source voided");
         leave(&self.p2p, &self.swarm, false).await;
+    }
+
+    /// The blob is `size` bytes, not what this download laid it out by: the swarm's
+    /// first size was a member's word, and either this node read the registry's as
+    /// the source, or the source did and the tracker now says so. A source tells the
+    /// tracker, which then lays the swarm out anew; either way what this download
+    /// wrote goes, and the reader's retry joins the swarm at the right size.
+    async fn start_over_at(&mut self, size: u64) {
+        warn!(digest = %self.d, laid_out = self.layout.blob_size, size, source = self.role == Role::Source,
+            "the swarm was laid out by a size the blob does not have; starting over at the right one");
+        self.p2p.metrics.swarm_size_corrections.inc();
+        self.p2p.downloads.lock().remove(&self.d);
+        self.close_links().await;
+        if self.role == Role::Source {
+            let mut req = AnnounceRequest::new(
+                &self.p2p.node,
+                &self.p2p.addr,
+                &self.p2p.topology,
+                &self.swarm,
+            );
+            req.size = Some(size);
+            req.piece_size = Some(self.p2p.piece_size_for(size))
+                .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
+            if self.p2p.announce(&req).await.is_err() {
+                self.p2p.metrics.tracker_errors.inc();
+            }
+        }
+        self.w.abandon(&format!(
+            "the swarm was laid out for {} bytes; the blob is {size}",
+            self.layout.blob_size
+        ));
+        if self.role != Role::Source {
+            leave(&self.p2p, &self.swarm, false).await;
+        }
     }
 
     async fn close_links(&mut self) {

@@ -53,6 +53,10 @@ impl Download {
                     .get_blob_range(&self.registry, &self.repo, &self.d, start, bounded)
                     .await
                 {
+                    Ok(r) if r.total.is_some_and(|t| t != self.layout.blob_size) => {
+                        self.size_moved = r.total;
+                        return;
+                    }
                     Ok(r) => r.stream,
                     Err(
                         e @ oci::Error::Upstream {
@@ -61,6 +65,24 @@ impl Download {
                         },
                     ) => {
                         self.origin_gone = Some(e.to_string());
+                        return;
+                    }
+                    Err(oci::Error::Upstream { status: 416, .. }) => {
+                        // The run starts past the blob's end: the swarm's size is wrong.
+                        match self
+                            .agent
+                            .upstream
+                            .head_blob(&self.registry, &self.repo, &self.d)
+                            .await
+                        {
+                            Ok(size) if size != self.layout.blob_size => {
+                                self.size_moved = Some(size)
+                            }
+                            _ => {
+                                self.registry_retry_at =
+                                    Some(Instant::now() + Duration::from_millis(500))
+                            }
+                        }
                         return;
                     }
                     Err(e) => {

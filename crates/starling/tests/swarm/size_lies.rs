@@ -1,0 +1,152 @@
+//! A cluster member that lies about a blob's size to the tracker before anyone pulls
+//! it: the size fixes the swarm's layout for every member, so a lie believed would
+//! spoil that layer for the whole cluster for as long as the liar keeps announcing.
+
+use std::time::Duration;
+
+use testkit::{Registry, RegistryAuth, TestImage};
+
+use super::common::pull_via;
+use super::{agent, blocking, metric, probe_announce, registry_blob, tracker, TOKEN};
+
+/// The liar announces `size_of(real)` for the layer every second, as an unfinished
+/// member at an address nobody answers on; two honest agents then pull the image one
+/// after the other, and each must get it whole.
+async fn a_lie_about_the_size_spoils_nothing(size_of: fn(u64) -> u64, seed: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/sizelie", "1", &[12 << 20], seed).unwrap();
+    let layer = image.layers[0].clone();
+    let t = tracker(dir.path(), &[]).await;
+    let announcing = lie_about_the_size(&t.url(), &layer.digest, size_of(layer.size)).await;
+    let mut agents = Vec::new();
+    for name in ["b", "c"] {
+        let a = agent(dir.path(), name, &t.url(), &registry, &[]).await;
+        let r = tokio::time::timeout(Duration::from_secs(90), pull_via(&a.url(), &image))
+            .await
+            .unwrap_or_else(|_| panic!("{name}'s pull finishes despite the size lie"))
+            .unwrap_or_else(|e| panic!("{name}'s pull succeeds despite the size lie: {e}"));
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+        agents.push(a);
+    }
+    let (b, c) = (&agents[0], &agents[1]);
+    assert!(
+        metric(b, "starling_agent_p2p_swarm_size_corrections_total").await >= 1,
+        "b, elected in the liar's place, told the tracker the registry's size"
+    );
+    assert_eq!(
+        metric(b, "starling_agent_p2p_registry_bytes_total").await,
+        layer.size,
+        "b read the layer from the registry once, at the right size"
+    );
+    assert_eq!(
+        probe_announce(&t.url(), &layer.digest).await["size"].as_u64(),
+        Some(layer.size),
+        "the swarm is laid out by the registry's size, although the liar still announces"
+    );
+    assert_eq!(
+        metric(c, "starling_agent_p2p_peer_bytes_total").await,
+        layer.size,
+        "c took the whole layer from b through the mended swarm"
+    );
+    assert_eq!(
+        metric(c, "starling_agent_p2p_registry_bytes_total").await,
+        0
+    );
+    announcing.abort();
+}
+
+/// Announces `size` for `digest` every second as member "liar", unfinished, at an
+/// address nobody answers on; returns once the tracker has taken it.
+async fn lie_about_the_size(tracker: &str, digest: &str, size: u64) -> tokio::task::JoinHandle<()> {
+    let announcing = tokio::spawn({
+        let (tracker, digest) = (tracker.to_owned(), digest.to_owned());
+        async move {
+            let http = reqwest::Client::new();
+            loop {
+                let body = serde_json::json!({
+                    "node": "liar", "addr": "127.0.0.1:1", "digest": digest, "size": size,
+                });
+                let _ = http
+                    .post(format!("{tracker}/swarm/v1/announce"))
+                    .bearer_auth(TOKEN)
+                    .json(&body)
+                    .send()
+                    .await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+    testkit::until(
+        "the tracker to take the liar's announce",
+        Duration::from_millis(20),
+        Duration::from_secs(10),
+        || async { probe_announce(tracker, digest).await["size"].as_u64() == Some(size) },
+    )
+    .await;
+    announcing
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_announcing_a_short_size_first_spoils_nothing() {
+    a_lie_about_the_size_spoils_nothing(|real| real / 2, 71).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_announcing_a_long_size_first_spoils_nothing() {
+    a_lie_about_the_size_spoils_nothing(|real| real + (3 << 20), 72).await;
+}
+
+/// A client that asks for the blob by digest without the manifest through this agent
+/// (no declared size to check the swarm's against): the agent believes the lie until
+/// the registry's answer shows it. That request fails (never a 200 of the wrong
+/// length completed), the source mends the swarm, and the next request gets the blob.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blob_asked_for_without_its_manifest_fails_once_then_mends_the_swarm() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/sizelie", "1", &[12 << 20], 73).unwrap();
+    let layer = image.layers[0].clone();
+    let want = registry_blob(&registry, "swarm/sizelie", &layer.digest).await;
+    let t = tracker(dir.path(), &[]).await;
+    let announcing = lie_about_the_size(&t.url(), &layer.digest, layer.size / 2).await;
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let url = format!("{}/v2/swarm/sizelie/blobs/{}", b.url(), layer.digest);
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        let got = match reqwest::get(&url).await {
+            Ok(r) if r.status() == 200 => r.bytes().await.map(|b| b.to_vec()).ok(),
+            _ => None,
+        };
+        let whole = got.as_deref() == Some(&want[..]);
+        // A 200 body that completed is the blob, whole: anything else must have failed.
+        assert!(
+            got.as_ref().is_none_or(|_| whole),
+            "a completed 200 of {} bytes that is not the blob",
+            got.map_or(0, |g| g.len())
+        );
+        answers.push(whole);
+        if whole {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        answers.last(),
+        Some(&true),
+        "the blob, in the end: {answers:?}"
+    );
+    assert!(metric(&b, "starling_agent_p2p_swarm_size_corrections_total").await >= 1);
+    assert_eq!(
+        probe_announce(&t.url(), &layer.digest).await["size"].as_u64(),
+        Some(layer.size)
+    );
+    assert_eq!(
+        answers.first(),
+        Some(&false),
+        "the first answer was laid out by the lie, and failed"
+    );
+    announcing.abort();
+}
