@@ -1,7 +1,8 @@
 //! `starling get https://…` against origins that misbehave: redirects that lead out of
 //! `allowed_file_origins`, a body running on past the declared size, a Content-Length
 //! that disagrees with the size the probe saw, a huge header, and secrets in the URL
-//! (user info, a presigned query) that must not reach messages or logs. The origin is
+//! (user info, a presigned query) that must not reach messages or logs; and a cluster
+//! member lying to the tracker about a file's size before anyone gets it. The origin is
 //! a real nginx; where nginx cannot produce the fault, a small HTTP/1.1 front written
 //! here stands in front of it and bends its answers.
 #![allow(clippy::unwrap_used)] // a test that unwraps reports its failure by panicking
@@ -365,4 +366,97 @@ async fn a_tenants_file_named_by_a_layers_digest_stays_out_of_that_layers_swarm(
         "{read} bytes for a file of {}",
         layer.size
     );
+}
+
+/// A cluster member announces a wrong size for a file's swarm before any node gets the
+/// file, and keeps saying it. The file's size is bound in its swarm's key, so every
+/// honest node knows better: the first is elected in the liar's place and tells the
+/// tracker the true size, and the next takes the file from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_lying_about_a_files_size_first_spoils_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let Origin {
+        registry,
+        nginx,
+        bytes,
+    } = origin_with_file(6 << 20, 41).await;
+    let allow = ["--allowed-file-origin", &nginx.origin()];
+    // The file's swarm key, learned on a tracker of its own (it is derived from the
+    // URL's identity, so a member anywhere can compute it before anyone gets the file).
+    let key = {
+        let scout_tracker = tracker(dir.path()).await;
+        let scout = agent(
+            dir.path(),
+            "scout",
+            Some(&scout_tracker.url()),
+            &registry,
+            &allow,
+        )
+        .await;
+        let out = dir.path().join("scout.bin");
+        let r = report(
+            &get(&[
+                &nginx.url("w.bin"),
+                out.to_str().unwrap(),
+                "--agent",
+                &scout.url(),
+                "--json",
+            ])
+            .await,
+        );
+        r["files"][0]["key"].as_str().expect("the key").to_owned()
+    };
+    let origin_before = nginx.bytes_sent("w.bin");
+    let t = tracker(dir.path()).await;
+    let lie = bytes.len() as u64 / 2;
+    let announcing = tokio::spawn({
+        let (tracker, key) = (t.url(), key.clone());
+        async move {
+            let http = reqwest::Client::new();
+            loop {
+                let body = serde_json::json!({
+                    "node": "liar", "addr": "127.0.0.1:1", "digest": key, "size": lie,
+                });
+                let _ = http
+                    .post(format!("{tracker}/swarm/v1/announce"))
+                    .bearer_auth(TOKEN)
+                    .json(&body)
+                    .send()
+                    .await;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    });
+    let a1 = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
+    let a2 = agent(dir.path(), "n2", Some(&t.url()), &registry, &allow).await;
+    let mut reports = Vec::new();
+    for (a, name) in [(&a1, "d1.bin"), (&a2, "d2.bin")] {
+        let out = dir.path().join(name);
+        reports.push(report(
+            &get(&[
+                &nginx.url("w.bin"),
+                out.to_str().unwrap(),
+                "--agent",
+                &a.url(),
+                "--json",
+            ])
+            .await,
+        ));
+        assert_eq!(std::fs::read(&out).unwrap(), bytes, "{name} whole");
+    }
+    assert!(
+        common::metric(&a1.url(), "starling_agent_p2p_swarm_size_corrections_total").await >= 1,
+        "n1, elected in the liar's place, told the tracker the file's size"
+    );
+    assert!(
+        reports[1]["agent_received"]["peers"].as_u64().unwrap() >= bytes.len() as u64,
+        "n2 took the file from n1 through the mended swarm: {}",
+        reports[1]
+    );
+    let origin_bytes = nginx.bytes_sent("w.bin") - origin_before;
+    assert!(
+        origin_bytes <= bytes.len() as u64 + 16,
+        "the origin sent the file once more (plus probes): {origin_bytes}"
+    );
+    announcing.abort();
 }
