@@ -176,7 +176,7 @@ pub struct Agent {
         Arc<parking_lot::Mutex<std::collections::HashMap<oci::Digest, std::time::Instant>>>,
     /// Files fetched through `/files/v1/fetch`, for the inventory.
     pub(crate) files: Arc<files::index::FileIndex>,
-    /// Blobs a manifest this agent served declared smaller than the P2P threshold.
+    /// The sizes manifests this agent served declared for their blobs.
     pub(crate) declared_sizes: Arc<parking_lot::Mutex<fetch::DeclaredSizes>>,
 }
 

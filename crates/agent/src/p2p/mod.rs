@@ -346,6 +346,14 @@ impl P2p {
             .unwrap_or_else(|| swarm::pieces::piece_size_for(size, self.link_bytes_per_sec))
     }
 
+    /// Puts `size` in an announce with the piece size this node proposes for it (none
+    /// when the operator's fixed piece size does not fit the blob).
+    pub(crate) fn say_size(&self, req: &mut AnnounceRequest, size: u64) {
+        req.size = Some(size);
+        req.piece_size = Some(self.piece_size_for(size))
+            .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
+    }
+
     /// A peer opened a channel on a blob: if this node is downloading it too, that
     /// download learns of the peer (and may connect back) now.
     pub(crate) fn discovered(&self, d: &oci::Digest, node: &str, addr: &str) {

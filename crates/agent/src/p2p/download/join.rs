@@ -41,9 +41,7 @@ pub(crate) async fn start(
     // origin what that stream had in flight when its first run ended: 2-5 % of a
     // 285 MB file.)
     if let Some(size) = known_size {
-        req.size = Some(size);
-        req.piece_size = Some(p2p.piece_size_for(size))
-            .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
+        p2p.say_size(&mut req, size);
     }
     // Until the source has the registry's answer there is no size to lay the blob out
     // by: the tracker holds the answer until there is (a tracker that cannot answers at
@@ -81,16 +79,13 @@ pub(crate) async fn start(
                     registry_size_if_declared_otherwise(&agent, &registry, &repo, &d, said).await;
             }
         }
-        let wrong = matches!((vouched, resp.size), (Some(v), Some(s)) if v != s);
-        if wrong {
-            req.size = vouched;
-            req.piece_size = vouched.map(|v| p2p.piece_size_for(v)).filter(|&p| {
-                vouched.is_some_and(|v| swarm::pieces::validate_geometry(v, p).is_ok())
-            });
+        let wrong = vouched.filter(|&v| resp.size.is_some_and(|s| s != v));
+        if let Some(size) = wrong {
+            p2p.say_size(&mut req, size);
             if resp.role == Role::Source {
                 // Elected: this node's word is the registry's, and the tracker lays the
                 // swarm out anew by it.
-                warn!(digest = %d, said = resp.size, size = vouched, "the swarm was laid out by a size the blob does not have; telling the tracker the registry's");
+                warn!(digest = %d, said = resp.size, size, "the swarm was laid out by a size the blob does not have; telling the tracker the origin's");
                 p2p.metrics.swarm_size_corrections.inc();
             } else {
                 // The source says a size the registry does not: reported, until a
@@ -107,7 +102,7 @@ pub(crate) async fn start(
             break;
         }
         if Instant::now() >= deadline {
-            if wrong {
+            if wrong.is_some() {
                 warn!(digest = %d, said = resp.size, size = vouched, "the swarm's size stayed wrong; fetching from the registry directly");
                 leave(&p2p, &swarm_key, false).await;
                 return Start::NotSwarm(writer, None);

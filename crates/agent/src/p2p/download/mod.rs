@@ -438,9 +438,7 @@ impl Download {
                 &self.p2p.topology,
                 &self.swarm,
             );
-            req.size = Some(size);
-            req.piece_size = Some(self.p2p.piece_size_for(size))
-                .filter(|&p| swarm::pieces::validate_geometry(size, p).is_ok());
+            self.p2p.say_size(&mut req, size);
             if self.p2p.announce(&req).await.is_err() {
                 self.p2p.metrics.tracker_errors.inc();
             }
