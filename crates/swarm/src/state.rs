@@ -308,10 +308,23 @@ impl TrackerState {
         // manifest) would have spoiled the layer for every node while it kept
         // announcing. The source's word replaces the geometry and the hashes; anyone
         // else's disagreement is ignored, and the answer tells it the size in force.
+        // A complete holder nobody reported has passed the blob's digest at the size in
+        // force, which is then proven: an elected source saying otherwise is lying (one
+        // elected after the swarm finished, say), and is ignored like anyone else.
         let conflicting =
             matches!((swarm.size, req.size), (Some(known), Some(said)) if known != said);
-        swarm.regeometried =
-            conflicting && swarm.source.as_deref() == Some(req.node.as_str()) && !req.leaving;
+        let proven = |s: &Swarm| {
+            s.peers.iter().any(|p| {
+                p.complete
+                    && p.name != req.node
+                    && now.saturating_sub(p.last_seen) <= cfg.peer_ttl_ms * 10
+                    && !s.cut_off(&p.name, cfg.bad_peer_quorum, cfg.peer_ttl_ms, now)
+            })
+        };
+        swarm.regeometried = conflicting
+            && swarm.source.as_deref() == Some(req.node.as_str())
+            && !req.leaving
+            && !proven(swarm);
         if swarm.regeometried {
             swarm.regeometry(req.size, req.piece_size);
         }

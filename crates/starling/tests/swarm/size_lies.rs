@@ -150,3 +150,64 @@ async fn a_blob_asked_for_without_its_manifest_fails_once_then_mends_the_swarm()
     );
     announcing.abort();
 }
+
+/// A swarm that an honest source completed: the liar then claims to be fetching from
+/// the registry (what a source says after a tracker restart), is elected, and says
+/// another size. A complete holder nobody reported proves the size in force, so the
+/// lie is not taken, and a client asking by digest alone (nothing to check the size
+/// against) gets the blob whole at once. (Before the holder rule, the elected liar laid
+/// the swarm out anew and such a client waited for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_elected_after_the_swarm_finished_cannot_move_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/sizelie", "1", &[12 << 20], 74).unwrap();
+    let layer = image.layers[0].clone();
+    let want = registry_blob(&registry, "swarm/sizelie", &layer.digest).await;
+    let t = tracker(dir.path(), &[]).await;
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    pull_via(&b.url(), &image).await.unwrap();
+    let lie = layer.size - (1 << 20);
+    let announcing = tokio::spawn({
+        let (tracker, digest) = (t.url(), layer.digest.clone());
+        async move {
+            let http = reqwest::Client::new();
+            loop {
+                let body = serde_json::json!({
+                    "node": "liar", "addr": "127.0.0.1:1", "digest": digest, "size": lie,
+                    "fetching_from_registry": true,
+                });
+                let _ = http
+                    .post(format!("{tracker}/swarm/v1/announce"))
+                    .bearer_auth(TOKEN)
+                    .json(&body)
+                    .send()
+                    .await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+    testkit::until(
+        "the liar to be elected",
+        Duration::from_millis(20),
+        Duration::from_secs(20),
+        || async { probe_announce(&t.url(), &layer.digest).await["source"] == "liar" },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await; // a few of its announces
+    assert_eq!(
+        probe_announce(&t.url(), &layer.digest).await["size"].as_u64(),
+        Some(layer.size),
+        "the elected liar did not move the size"
+    );
+    let c = agent(dir.path(), "c", &t.url(), &registry, &[]).await;
+    let url = format!("{}/v2/swarm/sizelie/blobs/{}", c.url(), layer.digest);
+    let got = tokio::time::timeout(Duration::from_secs(60), async {
+        reqwest::get(&url).await.unwrap().bytes().await.unwrap()
+    })
+    .await
+    .expect("c's answer comes despite the liar");
+    assert!(got[..] == want[..], "c got the blob whole at once");
+    announcing.abort();
+}
