@@ -409,24 +409,11 @@ async fn a_member_lying_about_a_files_size_first_spoils_nothing() {
     let origin_before = nginx.bytes_sent("w.bin");
     let t = tracker(dir.path()).await;
     let lie = bytes.len() as u64 / 2;
-    let announcing = tokio::spawn({
-        let (tracker, key) = (t.url(), key.clone());
-        async move {
-            let http = reqwest::Client::new();
-            loop {
-                let body = serde_json::json!({
-                    "node": "liar", "addr": "127.0.0.1:1", "digest": key, "size": lie,
-                });
-                let _ = http
-                    .post(format!("{tracker}/swarm/v1/announce"))
-                    .bearer_auth(TOKEN)
-                    .json(&body)
-                    .send()
-                    .await;
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            }
-        }
+    let body = serde_json::json!({
+        "node": "liar", "addr": "127.0.0.1:1", "digest": key, "size": lie,
     });
+    let announcing =
+        common::keep_announcing(&t.url(), TOKEN, body, std::time::Duration::from_secs(1));
     let a1 = agent(dir.path(), "n1", Some(&t.url()), &registry, &allow).await;
     let a2 = agent(dir.path(), "n2", Some(&t.url()), &registry, &allow).await;
     let mut reports = Vec::new();

@@ -361,24 +361,10 @@ async fn a_size_lie_told_to_one_replica_is_mended_through_the_other() {
     let first = redis_replica(&dir.path().join("t1"), &redis.url(), None).await;
     let second = redis_replica(&dir.path().join("t2"), &redis.url(), None).await;
     let lie = layer.size + (5 << 20);
-    let announcing = tokio::spawn({
-        let (tracker, digest) = (first.url(), layer.digest.clone());
-        async move {
-            let http = reqwest::Client::new();
-            loop {
-                let body = serde_json::json!({
-                    "node": "liar", "addr": "127.0.0.1:1", "digest": digest, "size": lie,
-                });
-                let _ = http
-                    .post(format!("{tracker}/swarm/v1/announce"))
-                    .bearer_auth(TOKEN)
-                    .json(&body)
-                    .send()
-                    .await;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
+    let body = serde_json::json!({
+        "node": "liar", "addr": "127.0.0.1:1", "digest": layer.digest, "size": lie,
     });
+    let announcing = common::keep_announcing(&first.url(), TOKEN, body, Duration::from_secs(1));
     let first_url = first.url();
     testkit::until(
         "the replica to take the lie",

@@ -417,3 +417,21 @@ pub async fn pull_via(
     let up = oci::Upstream::new(cfg).unwrap();
     oci::pull::pull(&up, &reference, &Default::default()).await
 }
+
+/// A hostile member's announce, `body`, sent to `tracker` every `every` with the
+/// cluster token until the task is aborted (answers and errors ignored).
+pub fn keep_announcing(
+    tracker: &str,
+    token: &str,
+    body: serde_json::Value,
+    every: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let (url, token) = (format!("{tracker}/swarm/v1/announce"), token.to_owned());
+    tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        loop {
+            let _ = http.post(&url).bearer_auth(&token).json(&body).send().await;
+            tokio::time::sleep(every).await;
+        }
+    })
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use testkit::peer::{start_mute_holder, MuteAnswer};
 use testkit::{Registry, RegistryAuth, TestImage};
 
-use super::common::pull_via;
+use super::common::{keep_announcing, pull_via};
 use super::{
     agent, blocking, holders, metric, seed_holding, spawn_pull, spawn_source_pull, tracker,
     until_metric_above, TOKEN,
@@ -181,25 +181,11 @@ async fn only_holder_gives_nothing(answer: MuteAnswer, seed: u64) {
     let t = tracker(dir.path(), &[]).await;
     let (addr, mute) = start_mute_holder("mute", TOKEN, answer).await.unwrap();
     // It stays a member for the tracker: it announces the whole layer every second.
-    let announcing = tokio::spawn({
-        let tracker = t.url();
-        async move {
-            let http = reqwest::Client::new();
-            loop {
-                let body = serde_json::json!({
-                    "node": "mute", "addr": addr, "digest": layer.digest,
-                    "size": layer.size, "complete": true,
-                });
-                let _ = http
-                    .post(format!("{tracker}/swarm/v1/announce"))
-                    .bearer_auth(TOKEN)
-                    .json(&body)
-                    .send()
-                    .await;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
+    let body = serde_json::json!({
+        "node": "mute", "addr": addr, "digest": layer.digest,
+        "size": layer.size, "complete": true,
     });
+    let announcing = keep_announcing(&t.url(), TOKEN, body, Duration::from_secs(1));
     testkit::until(
         "the tracker to hand out the mute holder",
         Duration::from_millis(20),

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
-use super::common::pull_via;
+use super::common::{keep_announcing, pull_via};
 use super::{agent, blocking, metric, probe_announce, registry_blob, tracker, TOKEN};
 
 /// The liar announces `size_of(real)` for the layer every second, as an unfinished
@@ -60,24 +60,10 @@ async fn a_lie_about_the_size_spoils_nothing(size_of: fn(u64) -> u64, seed: u64)
 /// Announces `size` for `digest` every second as member "liar", unfinished, at an
 /// address nobody answers on; returns once the tracker has taken it.
 async fn lie_about_the_size(tracker: &str, digest: &str, size: u64) -> tokio::task::JoinHandle<()> {
-    let announcing = tokio::spawn({
-        let (tracker, digest) = (tracker.to_owned(), digest.to_owned());
-        async move {
-            let http = reqwest::Client::new();
-            loop {
-                let body = serde_json::json!({
-                    "node": "liar", "addr": "127.0.0.1:1", "digest": digest, "size": size,
-                });
-                let _ = http
-                    .post(format!("{tracker}/swarm/v1/announce"))
-                    .bearer_auth(TOKEN)
-                    .json(&body)
-                    .send()
-                    .await;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
+    let body = serde_json::json!({
+        "node": "liar", "addr": "127.0.0.1:1", "digest": digest, "size": size,
     });
+    let announcing = keep_announcing(tracker, TOKEN, body, Duration::from_secs(1));
     testkit::until(
         "the tracker to take the liar's announce",
         Duration::from_millis(20),
@@ -169,25 +155,11 @@ async fn a_member_elected_after_the_swarm_finished_cannot_move_its_size() {
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     pull_via(&b.url(), &image).await.unwrap();
     let lie = layer.size - (1 << 20);
-    let announcing = tokio::spawn({
-        let (tracker, digest) = (t.url(), layer.digest.clone());
-        async move {
-            let http = reqwest::Client::new();
-            loop {
-                let body = serde_json::json!({
-                    "node": "liar", "addr": "127.0.0.1:1", "digest": digest, "size": lie,
-                    "fetching_from_registry": true,
-                });
-                let _ = http
-                    .post(format!("{tracker}/swarm/v1/announce"))
-                    .bearer_auth(TOKEN)
-                    .json(&body)
-                    .send()
-                    .await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
+    let body = serde_json::json!({
+        "node": "liar", "addr": "127.0.0.1:1", "digest": layer.digest, "size": lie,
+        "fetching_from_registry": true,
     });
+    let announcing = keep_announcing(&t.url(), TOKEN, body, Duration::from_millis(200));
     testkit::until(
         "the liar to be elected",
         Duration::from_millis(20),
