@@ -16,6 +16,7 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use common::trackers::{agent, peers, redis_and_registry, redis_replica, swarms, TOKEN};
@@ -263,15 +264,18 @@ async fn a_redis_restart_mid_pull_fails_no_pull_and_the_replicas_recover() {
     drop(redis);
 }
 
-/// The sources of the large swarms a replica knows, by digest.
-async fn sources(tracker: &str) -> Vec<Option<String>> {
+/// The large swarms a replica knows: each one's digest and elected source.
+async fn sources(tracker: &str) -> Vec<(String, Option<String>)> {
     swarms(tracker)
         .await
         .as_array()
         .map(|a| {
             a.iter()
                 .filter(|s| s["size"].as_u64().is_some_and(|n| n >= 1 << 20))
-                .map(|s| s["source"].as_str().map(str::to_owned))
+                .map(|s| {
+                    let digest = s["digest"].as_str().unwrap_or_default().to_owned();
+                    (digest, s["source"].as_str().map(str::to_owned))
+                })
                 .collect()
         })
         .unwrap_or_default()
@@ -300,7 +304,7 @@ async fn a_fetcher_of_two_blobs_replaced_after_a_redis_restart_leaves_no_blob_un
         let u = first_url.clone();
         async move {
             let s = sources(&u).await;
-            s.len() == 2 && s.iter().all(|s| s.as_deref() == Some("r1"))
+            s.len() == 2 && s.iter().all(|(_, s)| s.as_deref() == Some("r1"))
         }
     })
     .await;
@@ -326,11 +330,21 @@ async fn a_fetcher_of_two_blobs_replaced_after_a_redis_restart_leaves_no_blob_un
     })
     .await
     .unwrap();
+    // Each layer seen at least once with a new fetcher, not both at once: the second
+    // may be elected only after the first has finished its layer and given up the role
+    // (CI once waited 60 s for both at once).
+    let replaced = std::sync::Arc::new(std::sync::Mutex::new(HashSet::new()));
     testkit::until("new fetchers elected", POLL_EVERY, POLL_WITHIN, || {
-        let u = first_url.clone();
+        let (u, replaced) = (first_url.clone(), replaced.clone());
         async move {
-            let s = sources(&u).await;
-            s.len() == 2 && s.iter().all(|s| s.as_deref().is_some_and(|n| n != "r1"))
+            let now = sources(&u).await;
+            let mut seen = replaced.lock().unwrap();
+            for (digest, source) in now {
+                if source.is_some_and(|n| n != "r1") {
+                    seen.insert(digest);
+                }
+            }
+            seen.len() == 2
         }
     })
     .await;
