@@ -57,7 +57,8 @@ pub struct AnnounceRequest {
     /// The agent already knows hashes `[0, known_hashes)`; the reply sends the rest.
     #[serde(default)]
     pub known_hashes: u32,
-    /// Peers that served pieces failing verification, or that this node cannot reach.
+    /// Peers that served pieces failing verification, or that this node cannot reach;
+    /// at most [`MAX_BAD_PEERS`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bad_peers: Vec<String>,
     /// The agent no longer holds or wants this blob.
@@ -130,6 +131,9 @@ impl PeerInfo {
         self.have.as_ref().is_none_or(|b| b.get(piece))
     }
 }
+
+/// Peers one announce may report: a tracker refuses an announce naming more.
+pub const MAX_BAD_PEERS: usize = 64;
 
 /// Swarms up to this size get source stripes: ranking every member is cheap there,
 /// and larger swarms have rack stripes and stall timeouts instead.

@@ -252,7 +252,7 @@ impl TrackerState {
         if req.hashes.len() > MAX_PIECES as usize {
             return Err(Error::Announce(format!("{} hashes", req.hashes.len())));
         }
-        if req.bad_peers.len() > 64 {
+        if req.bad_peers.len() > crate::protocol::MAX_BAD_PEERS {
             return Err(Error::Announce(format!(
                 "{} bad peers",
                 req.bad_peers.len()
@@ -344,11 +344,14 @@ impl TrackerState {
         }
         let count = swarm.count();
         // A bitfield of another length, or of another size's layout, says nothing
-        // about this swarm's pieces.
+        // about this swarm's pieces; nor does "complete" said with another size (no
+        // blob of this digest has that size: a liar's claim, handed out, would send
+        // every member to it and prove the wrong size against a mending source).
         let have = req
             .have
             .clone()
             .filter(|h| h.len() == count && !conflicting);
+        let complete = req.complete && !conflicting;
         swarm.bad.retain(|_, reports| {
             reports.retain(|(_, until)| *until > now);
             !reports.is_empty()
@@ -393,9 +396,14 @@ impl TrackerState {
                 &req.addr,
                 &req.topology,
                 have.clone(),
-                req.complete,
+                complete,
                 now,
             ));
+        }
+        // A source that says it is done no longer fetches, whatever size it said (its
+        // entry is no complete holder if that size was not the swarm's).
+        if req.complete && swarm.source.as_deref() == Some(req.node.as_str()) {
+            swarm.source = None;
         }
         let source_alive = |s: &Swarm| {
             s.source

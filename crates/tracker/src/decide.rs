@@ -108,7 +108,8 @@ async fn decide_with_store(
                     digest: req.digest.clone(),
                     node: req.node.clone(),
                     // A node sent to the registry (a small blob) is not a member.
-                    peer: SharedPeer::of(req, pieces, now).filter(|_| resp.role != Role::Direct),
+                    peer: SharedPeer::of(req, size, pieces, now)
+                        .filter(|_| resp.role != Role::Direct),
                     size,
                     piece_size,
                     born,

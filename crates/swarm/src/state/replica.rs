@@ -31,13 +31,23 @@ pub struct SharedPeer {
 
 impl SharedPeer {
     /// The entry an announce leaves, as the embedded tracker stores it: a bitfield of
-    /// another length than the swarm's is dropped. `None` for a node leaving.
-    pub fn of(req: &AnnounceRequest, pieces: u32, now: u64) -> Option<SharedPeer> {
+    /// another length than the swarm's, and any bitfield or "complete" said with
+    /// another size than the swarm's `size`, are dropped. `None` for a node leaving.
+    pub fn of(
+        req: &AnnounceRequest,
+        size: Option<u64>,
+        pieces: u32,
+        now: u64,
+    ) -> Option<SharedPeer> {
+        let conflicting = matches!((size, req.size), (Some(known), Some(said)) if known != said);
         (!req.leaving).then(|| SharedPeer {
             addr: req.addr.clone(),
             topology: req.topology.clone(),
-            have: req.have.clone().filter(|h| h.len() == pieces),
-            complete: req.complete,
+            have: req
+                .have
+                .clone()
+                .filter(|h| h.len() == pieces && !conflicting),
+            complete: req.complete && !conflicting,
             last_seen: now,
         })
     }
@@ -225,7 +235,7 @@ mod tests {
             first.announce(&req("a", &d), 1_000).expect("valid").role,
             Role::Source
         );
-        let a = SharedPeer::of(&req("a", &d), 64, 1_000).expect("valid");
+        let a = SharedPeer::of(&req("a", &d), Some(64 << 20), 64, 1_000).expect("valid");
         let mut second = TrackerState::new(SwarmConfig::default());
         second.adopt(
             &d,
@@ -248,12 +258,24 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_entry_said_with_another_size_holds_nothing() {
+        let d = Digest::of(b"other size");
+        let mut liar = req("liar", &d);
+        liar.complete = true;
+        liar.have = Some(crate::Bitfield::full(64));
+        let entry = SharedPeer::of(&liar, Some(65 << 20), 64, 0).expect("a member");
+        assert!(!entry.complete && entry.have.is_none(), "{entry:?}");
+        let entry = SharedPeer::of(&liar, Some(64 << 20), 64, 0).expect("a member");
+        assert!(entry.complete && entry.have.is_some());
+    }
+
+    #[test]
     fn members_the_store_no_longer_has_leave_the_copy() {
         let d = Digest::of(b"gone");
         let mut t = TrackerState::new(SwarmConfig::default());
         t.announce(&req("a", &d), 0).expect("valid");
         t.announce(&req("b", &d), 0).expect("valid");
-        let b = SharedPeer::of(&req("b", &d), 64, 5).expect("valid");
+        let b = SharedPeer::of(&req("b", &d), Some(64 << 20), 64, 5).expect("valid");
         t.adopt(
             &d,
             SharedSwarm {

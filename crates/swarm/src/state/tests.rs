@@ -186,6 +186,42 @@ fn a_size_said_first_by_a_member_gives_way_to_the_sources() {
     assert_eq!(t.stats().pop().unwrap().size, Some(48 << 20));
 }
 
+/// The liar says first that it holds the whole blob at a wrong size: no one is elected
+/// while it counts as a holder. A member that read the registry's size reports it, is
+/// elected, and moves the size; the liar's next "complete" at its own size is no claim
+/// to hold this swarm's blob.
+#[test]
+fn a_holder_claimed_at_a_wrong_size_gives_way_to_a_member_that_reports_it() {
+    let d = Digest::of(b"held at a lie");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut liar = req("liar", &d);
+    liar.size = Some(32 << 20);
+    liar.complete = true;
+    ann(&mut t, &liar, 0);
+    let unsure = ann(&mut t, &req("honest", &d), 1);
+    assert_eq!(
+        unsure.role,
+        Role::Peer,
+        "a complete holder: nobody to elect"
+    );
+    let mut reporting = req("honest", &d);
+    reporting.bad_peers = vec!["liar".into()];
+    assert_eq!(ann(&mut t, &reporting, 2).role, Role::Source);
+    reporting.size = Some(48 << 20);
+    let resp = ann(&mut t, &reporting, 3);
+    assert_eq!(resp.size, Some(48 << 20), "not proven by the reported liar");
+    assert!(resp.peers.iter().all(|p| p.node != "liar"));
+
+    ann(&mut t, &liar, 4);
+    let other = ann(&mut t, &req("other", &d), 5);
+    let handed = other.peers.iter().find(|p| p.node == "liar");
+    assert!(
+        handed.is_none_or(|p| p.have.is_some()),
+        "the liar is no complete holder at the size in force: {handed:?}"
+    );
+    assert_eq!(t.stats().pop().unwrap().size, Some(48 << 20));
+}
+
 #[test]
 fn a_first_size_must_fit_the_piece_size_already_chosen() {
     let d = Digest::of(b"sizeless");

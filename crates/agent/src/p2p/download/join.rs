@@ -88,13 +88,18 @@ pub(crate) async fn start(
                 warn!(digest = %d, said = resp.size, size, "the swarm was laid out by a size the blob does not have; telling the tracker the origin's");
                 p2p.metrics.swarm_size_corrections.inc();
             } else {
-                // The source says a size the registry does not: reported, until a
-                // quorum of such reports demotes it and one of the members waiting here
-                // is elected and says the registry's.
+                // The source says a size the registry does not, or a member claims to
+                // hold the whole blob at it (the tracker counts no holder whose size
+                // differs from the swarm's, so no honest one is named here): reported,
+                // until a quorum of such reports demotes them and one of the members
+                // waiting here is elected and says the registry's.
+                let holders = resp.peers.iter().filter(|p| p.have.is_none());
                 req.bad_peers = resp
                     .source
                     .iter()
+                    .chain(holders.map(|p| &p.node))
                     .filter(|s| **s != p2p.node)
+                    .take(MAX_BAD_PEERS)
                     .cloned()
                     .collect();
             }

@@ -20,6 +20,7 @@ use futures::StreamExt;
 use oci::Digest;
 use ratelimit::TokenBucket;
 use store::{BlobWriter, Inflight, PieceWriter};
+use swarm::protocol::MAX_BAD_PEERS;
 use swarm::scheduler::{seed_for, SchedulerConfig};
 use swarm::wire::{ChannelId, RejectReason};
 use swarm::{AnnounceRequest, AnnounceResponse, PieceHash, PieceLayout, PieceScheduler, Role};
@@ -205,7 +206,8 @@ impl Download {
             .iter()
             .position(Option::is_none)
             .unwrap_or(self.hashes.len()) as u32;
-        r.bad_peers = self.bad.clone();
+        // The rest wait for the next announce (the sent ones leave `bad` when it lands).
+        r.bad_peers = self.bad.iter().take(MAX_BAD_PEERS).cloned().collect();
         r
     }
 
