@@ -81,6 +81,9 @@ impl Agent {
         d: &Digest,
         limit: Option<Arc<TokenBucket>>,
     ) -> Result<(Source, u64), Error> {
+        if let Some(swarm) = self.upstream.wildcard_swarm_of(registry, d) {
+            self.registry_swarms.note(d, &swarm);
+        }
         if self.recently_filled_the_disk(d) {
             return self.passthrough_source(registry, repo, d).await;
         }

@@ -11,9 +11,11 @@ mod fetch;
 mod files;
 mod handlers;
 pub mod identity;
+mod json_file;
 mod manifest;
 pub mod metrics;
 pub mod p2p;
+mod registry_swarms;
 pub mod routes;
 mod server;
 pub mod setup;
@@ -178,6 +180,9 @@ pub struct Agent {
     pub(crate) files: Arc<files::index::FileIndex>,
     /// The sizes manifests this agent served declared for their blobs.
     pub(crate) declared_sizes: Arc<parking_lot::Mutex<fetch::DeclaredSizes>>,
+    /// Blobs asked for through registries only a wildcard admits, for seeding their
+    /// swarms.
+    pub(crate) registry_swarms: Arc<registry_swarms::RegistrySwarms>,
 }
 
 impl Agent {
@@ -248,8 +253,10 @@ impl Agent {
         )?;
         let metrics = Arc::new(metrics);
         let files = Arc::new(files::index::FileIndex::open(&cfg.cache_dir));
+        let registry_swarms = Arc::new(registry_swarms::RegistrySwarms::open(&cfg.cache_dir));
         let agent = Self {
             files,
+            registry_swarms,
             cfg: Arc::new(cfg),
             store,
             upstream,
@@ -409,6 +416,9 @@ impl Agent {
                         blobs.into_iter().map(|(r, d)| (d, r.size)).collect();
                     let held_size = |d: &oci::Digest| agent.store.stat(d).map(|r| r.size);
                     seeds.extend(agent.files.seeded_swarms(held_size));
+                    let held_swarmed =
+                        |d: &oci::Digest| held_size(d).filter(|&s| s >= p2p.threshold);
+                    seeds.extend(agent.registry_swarms.seeded_swarms(held_swarmed));
                     if seeds.is_empty() {
                         continue;
                     }

@@ -12,6 +12,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::other_host::OtherHost;
 use common::{args, counting_listener, forged_report, start_tracker, start_with_env, Proc};
 use testkit::{Registry, RegistryAuth, TestImage};
 
@@ -401,86 +402,6 @@ async fn print_config_and_logs_never_show_secrets() {
     }
 }
 
-/// A network namespace joined to this host by a veth pair: "another host" for the
-/// agent, without leaving the machine. Removed on drop.
-struct OtherHost {
-    ns: String,
-    host_if: String,
-    host_ip: String,
-}
-
-impl OtherHost {
-    fn create() -> OtherHost {
-        let id = std::process::id() % 10_000;
-        let ns = format!("stl-other-{id}");
-        let (host_if, peer_if) = (format!("stlh{id}"), format!("stlp{id}"));
-        let net = format!("10.231.{}", id % 250);
-        let (host_ip, peer_ip) = (format!("{net}.1"), format!("{net}.2"));
-        let h = OtherHost {
-            ns: ns.clone(),
-            host_if: host_if.clone(),
-            host_ip: host_ip.clone(),
-        };
-        for cmd in [
-            format!("ip netns add {ns}"),
-            format!("ip link add {host_if} type veth peer name {peer_if}"),
-            format!("ip link set {peer_if} netns {ns}"),
-            format!("ip addr add {host_ip}/30 dev {host_if}"),
-            format!("ip link set {host_if} up"),
-            format!("ip -n {ns} addr add {peer_ip}/30 dev {peer_if}"),
-            format!("ip -n {ns} link set {peer_if} up"),
-            format!("ip -n {ns} link set lo up"),
-        ] {
-            let st = std::process::Command::new("sh")
-                .args(["-c", &cmd])
-                .status()
-                .expect("run ip");
-            assert!(
-                st.success(),
-                "{cmd} failed (the test needs root for network namespaces)"
-            );
-        }
-        h
-    }
-
-    /// The HTTP status `url` answers to a client inside the other host.
-    fn status(&self, url: &str) -> String {
-        self.status_with(url, &[])
-    }
-
-    /// As [`OtherHost::status`], sending `headers` ("Name: value").
-    fn status_with(&self, url: &str, headers: &[&str]) -> String {
-        let out = std::process::Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.ns,
-                "curl",
-                "-s",
-                "-o",
-                "/dev/null",
-                "-m",
-                "5",
-            ])
-            .args(headers.iter().flat_map(|h| ["-H", h]))
-            .args(["-w", "%{http_code}", url])
-            .output()
-            .expect("curl in the namespace");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for OtherHost {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .status();
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.ns])
-            .status();
-    }
-}
-
 /// Issue 12, tenancy (finding 5): content the agent fetched with its registry
 /// credentials is served over `/v2` to this node's own clients only; another host
 /// that reaches the mirror port gets 403, unless the operator opted in.
@@ -494,7 +415,7 @@ async fn a_credentialed_mirror_serves_private_content_to_local_clients_only() {
     .expect("registry");
     let img = TestImage::push_multilayer(&registry, "priv/img", "v1", &[64 << 10], 33)
         .expect("push image");
-    let other = OtherHost::create();
+    let other = OtherHost::create(231);
     let start = |name: &'static str, extra: &'static [&'static str]| {
         let port = testkit::free_port();
         let cache = dir.path().join(name);
@@ -562,7 +483,7 @@ async fn a_credentialed_mirror_serves_private_content_to_local_clients_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_node_api_answers_this_host_and_metrics_need_the_scrape_token() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let other = OtherHost::create();
+    let other = OtherHost::create(231);
     let port = testkit::free_port();
     let metrics_port = testkit::free_port();
     let cache = dir.path().join("n-api");

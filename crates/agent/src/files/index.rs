@@ -49,10 +49,7 @@ const MAX_MISMATCHED: usize = 1024;
 impl FileIndex {
     pub(crate) fn open(cache_dir: &std::path::Path) -> FileIndex {
         let path = cache_dir.join("files.json");
-        let entries = std::fs::read(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        let entries = crate::json_file::load(&path);
         FileIndex {
             path,
             entries: parking_lot::Mutex::new(entries),
@@ -89,29 +86,12 @@ impl FileIndex {
                 e.url != entry.url || e.size != entry.size || e.swarm != entry.swarm
             });
             m.insert(k, entry);
-            while m.len() > MAX_FILES {
-                let oldest = m
-                    .iter()
-                    .min_by_key(|(_, e)| e.last_get)
-                    .map(|(k, _)| k.clone());
-                match oldest {
-                    Some(o) => m.remove(&o),
-                    None => break,
-                };
-            }
+            crate::json_file::forget_oldest(&mut m, MAX_FILES, |e| e.last_get);
             changed.then(|| m.clone())
         };
         if let Some(s) = snapshot {
-            if let Err(e) = self.write(&s) {
-                tracing::warn!(path = %self.path.display(), error = %e, "cannot save the file index");
-            }
+            crate::json_file::save(&self.path, &s, "the file index");
         }
-    }
-
-    fn write(&self, m: &BTreeMap<String, FileEntry>) -> std::io::Result<()> {
-        let tmp = self.path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(m).map_err(std::io::Error::other)?)?;
-        std::fs::rename(&tmp, &self.path)
     }
 
     /// The swarms of the files the store holds whole (`held_size(key)`) that are not

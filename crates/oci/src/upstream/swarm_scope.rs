@@ -24,17 +24,34 @@ impl Upstream {
         if let Some(file) = self.file_swarm(registry, blob) {
             return file;
         }
+        // A file key not registered (any more) is no name the operator gave either.
+        BlobSwarm {
+            key: self
+                .unnamed_registry_swarm(registry, blob)
+                .unwrap_or_else(|| blob.clone()),
+            size: None,
+        }
+    }
+
+    /// The swarm of its own that blob `blob` has when read from `registry`, a registry
+    /// only a wildcard admits; `None` for a registry the operator named (the digest's
+    /// swarm) and for a file.
+    pub fn wildcard_swarm_of(&self, registry: &str, blob: &Digest) -> Option<Digest> {
+        if registry.starts_with(super::file_origin::FILE_KEY_PREFIX) {
+            return None;
+        }
+        self.unnamed_registry_swarm(registry, blob)
+    }
+
+    fn unnamed_registry_swarm(&self, registry: &str, blob: &Digest) -> Option<Digest> {
         let registry = canonical_registry(registry);
-        let shared = match &self.inner.cfg.policy {
+        let named = match &self.inner.cfg.policy {
             Some(p) => p.names(&registry),
             None => true,
         };
-        let key = if shared {
-            blob.clone()
-        } else {
+        (!named).then(|| {
             Digest::of(format!("starling-registry-swarm-v1\n{blob}\n{registry}").as_bytes())
-        };
-        BlobSwarm { key, size: None }
+        })
     }
 }
 
@@ -68,6 +85,11 @@ mod tests {
         assert_ne!(another, layer);
         assert_ne!(anyone, another);
         assert_eq!(up.swarm_of("registry.tenant.example", &layer).size, None);
+        assert_eq!(
+            up.wildcard_swarm_of("registry.tenant.example", &layer),
+            Some(anyone)
+        );
+        assert_eq!(up.wildcard_swarm_of("ghcr.io", &layer), None);
         // Without a policy every registry is the operator's choice.
         let open = Upstream::new(UpstreamConfig::default()).unwrap();
         assert_eq!(open.swarm_of("registry.tenant.example", &layer).key, layer);

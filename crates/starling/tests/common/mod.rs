@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 pub mod getkit;
+pub mod other_host;
 pub mod tls;
 pub mod trackers;
 

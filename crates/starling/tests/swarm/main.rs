@@ -10,6 +10,7 @@ mod faults;
 mod protocol;
 mod pulls;
 mod size_lies;
+mod wildcard;
 
 use std::path::Path;
 use std::time::Duration;
@@ -56,6 +57,19 @@ async fn agent_via(
     endpoint: &str,
     extra: &[&str],
 ) -> Proc {
+    agent_with_env(dir, name, tracker, registry, endpoint, extra, &[]).await
+}
+
+/// [`agent_via`] with environment variables `envs`.
+async fn agent_with_env(
+    dir: &Path,
+    name: &str,
+    tracker: &str,
+    registry: &Registry,
+    endpoint: &str,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Proc {
     let port = testkit::free_port();
     let cache = dir.join(name);
     let host = registry.host();
@@ -80,7 +94,7 @@ async fn agent_via(
         "0".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    Proc::start(args, port, dir.join(format!("{name}.log")), cache).await
+    common::start_with_env(args, envs, port, dir.join(format!("{name}.log")), cache).await
 }
 
 /// An agent named "seed" (with `extra` flags) that has pulled `image`: the swarm's

@@ -1,0 +1,50 @@
+//! The small indexes the agent keeps as JSON beside its cache (`files.json`,
+//! `registry-swarms.json`): read whole at start (empty when missing or unreadable),
+//! written whole and atomically when they change, and bounded by forgetting the
+//! entries asked for least recently.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The index at `path`; the default when there is none or it cannot be read.
+pub(crate) fn load<T: serde::de::DeserializeOwned + Default>(path: &Path) -> T {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Writes `value` to `path` through a temporary file renamed over it, so a crash
+/// leaves the old index or the new one. A failure is logged with `what`: the index in
+/// memory still serves, and the next change writes it again.
+pub(crate) fn save<T: serde::Serialize>(path: &Path, value: &T, what: &str) {
+    let write = || {
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(value).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        tracing::warn!(path = %path.display(), error = %e, "cannot save {what}");
+    }
+}
+
+/// Removes the entries with the oldest `asked` until at most `max` are left.
+pub(crate) fn forget_oldest<K: Ord + Clone, V>(
+    m: &mut BTreeMap<K, V>,
+    max: usize,
+    asked: impl Fn(&V) -> u64,
+) {
+    while m.len() > max {
+        let Some(oldest) = m
+            .iter()
+            .min_by_key(|(_, v)| asked(v))
+            .map(|(k, _)| k.clone())
+        else {
+            break;
+        };
+        m.remove(&oldest);
+    }
+}
