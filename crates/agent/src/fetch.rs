@@ -81,9 +81,32 @@ impl Agent {
         d: &Digest,
         limit: Option<Arc<TokenBucket>>,
     ) -> Result<(Source, u64), Error> {
+        let acquired = self.acquire_source(registry, repo, d, limit).await;
+        if let Ok((_, size)) = &acquired {
+            self.note_wildcard_swarm(registry, d, *size);
+        }
+        acquired
+    }
+
+    /// Notes a blob large enough for a swarm, read from a registry only a wildcard
+    /// admits, for seeding (`registry_swarms`). Only once the registry answered for it:
+    /// a client naming digests no registry has cannot grow the index.
+    fn note_wildcard_swarm(&self, registry: &str, d: &Digest, size: u64) {
+        if self.p2p.as_ref().is_none_or(|p2p| size < p2p.threshold) {
+            return;
+        }
         if let Some(swarm) = self.upstream.wildcard_swarm_of(registry, d) {
             self.registry_swarms.note(d, &swarm);
         }
+    }
+
+    async fn acquire_source(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        limit: Option<Arc<TokenBucket>>,
+    ) -> Result<(Source, u64), Error> {
         if self.recently_filled_the_disk(d) {
             return self.passthrough_source(registry, repo, d).await;
         }

@@ -104,7 +104,22 @@ async fn a_layer_from_a_wildcard_admitted_registry_is_seeded_in_that_registrys_s
         async move { agent_with_env(&dir, name, &tracker, registry, &registry.url(), &[], &envs).await }
     };
     let b = start("b").await;
+    let unknown = oci::Digest::of(b"no registry has this");
+    let missing = reqwest::get(format!(
+        "{}/v2/{repo}/blobs/{unknown}?ns={wildcard}",
+        b.url()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(missing.status(), 404);
     pull_from(&b, &wildcard, &image, repo).await;
+    // Only what the registry had and a swarm carries is noted: not the unknown digest,
+    // nor the small config blob.
+    let noted: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.cache.join("registry-swarms.json")).unwrap())
+            .unwrap();
+    let noted: Vec<&String> = noted.as_object().unwrap().keys().collect();
+    assert_eq!(noted, [&layer.digest]);
     assert_eq!(
         metric(&b, "starling_agent_p2p_registry_bytes_total").await,
         layer.size,
