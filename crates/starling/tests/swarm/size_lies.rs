@@ -9,17 +9,18 @@ use testkit::{Registry, RegistryAuth, TestImage};
 use super::common::{keep_announcing, pull_via};
 use super::{agent, blocking, metric, probe_announce, registry_blob, tracker, TOKEN};
 
-/// The liar announces `size_of(real)` for the layer every second, as an unfinished
-/// member at an address nobody answers on; two honest agents then pull the image one
-/// after the other, and each must get it whole.
-async fn a_lie_about_the_size_spoils_nothing(size_of: fn(u64) -> u64, seed: u64) {
+/// The liar announces `size_of(real)` for the layer every second, as a member
+/// (`complete`: holding the whole blob) at an address nobody answers on; two honest
+/// agents then pull the image one after the other, and each must get it whole.
+async fn a_lie_about_the_size_spoils_nothing(size_of: fn(u64) -> u64, seed: u64, complete: bool) {
     let dir = tempfile::tempdir().unwrap();
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let image =
         TestImage::push_multilayer(&registry, "swarm/sizelie", "1", &[12 << 20], seed).unwrap();
     let layer = image.layers[0].clone();
     let t = tracker(dir.path(), &[]).await;
-    let announcing = lie_about_the_size(&t.url(), &layer.digest, size_of(layer.size)).await;
+    let lie = size_of(layer.size);
+    let announcing = lie_about_the_size(&t.url(), &layer.digest, lie, complete).await;
     let mut agents = Vec::new();
     for name in ["b", "c"] {
         let a = agent(dir.path(), name, &t.url(), &registry, &[]).await;
@@ -57,23 +58,19 @@ async fn a_lie_about_the_size_spoils_nothing(size_of: fn(u64) -> u64, seed: u64)
     announcing.abort();
 }
 
-/// Announces `size` for `digest` every second as member "liar", unfinished, at an
-/// address nobody answers on; returns once the tracker has taken it.
-async fn lie_about_the_size(tracker: &str, digest: &str, size: u64) -> tokio::task::JoinHandle<()> {
-    let body = serde_json::json!({
-        "node": "liar", "addr": "127.0.0.1:1", "digest": digest, "size": size,
-    });
-    announce_until_taken(tracker, digest, size, body).await
-}
-
-/// Keeps announcing `body` every second; returns once the tracker lays `digest`'s
-/// swarm out by `size`.
-async fn announce_until_taken(
+/// Announces `size` for `digest` every second as member "liar" (`complete`: holding
+/// the whole blob) at an address nobody answers on; returns once the tracker has
+/// taken it.
+async fn lie_about_the_size(
     tracker: &str,
     digest: &str,
     size: u64,
-    body: serde_json::Value,
+    complete: bool,
 ) -> tokio::task::JoinHandle<()> {
+    let body = serde_json::json!({
+        "node": "liar", "addr": "127.0.0.1:1", "digest": digest, "size": size,
+        "complete": complete,
+    });
     let announcing = keep_announcing(tracker, TOKEN, body, Duration::from_secs(1));
     testkit::until(
         "the tracker to take the liar's announce",
@@ -87,12 +84,12 @@ async fn announce_until_taken(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_member_announcing_a_short_size_first_spoils_nothing() {
-    a_lie_about_the_size_spoils_nothing(|real| real / 2, 71).await;
+    a_lie_about_the_size_spoils_nothing(|real| real / 2, 71, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_member_announcing_a_long_size_first_spoils_nothing() {
-    a_lie_about_the_size_spoils_nothing(|real| real + (3 << 20), 72).await;
+    a_lie_about_the_size_spoils_nothing(|real| real + (3 << 20), 72, false).await;
 }
 
 /// The liar says first that it holds the whole blob, at a wrong size: with a complete
@@ -101,49 +98,7 @@ async fn a_member_announcing_a_long_size_first_spoils_nothing() {
 /// report it, and the cluster still reads the layer from the registry once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_member_claiming_to_hold_a_blob_of_a_wrong_size_first_spoils_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let image =
-        TestImage::push_multilayer(&registry, "swarm/sizelie", "1", &[12 << 20], 75).unwrap();
-    let layer = image.layers[0].clone();
-    let t = tracker(dir.path(), &[]).await;
-    let lie = layer.size - (1 << 20);
-    let body = serde_json::json!({
-        "node": "liar", "addr": "127.0.0.1:1", "digest": layer.digest, "size": lie,
-        "complete": true,
-    });
-    let announcing = announce_until_taken(&t.url(), &layer.digest, lie, body).await;
-    let mut agents = Vec::new();
-    for name in ["b", "c"] {
-        let a = agent(dir.path(), name, &t.url(), &registry, &[]).await;
-        let r = tokio::time::timeout(Duration::from_secs(90), pull_via(&a.url(), &image))
-            .await
-            .unwrap_or_else(|_| panic!("{name}'s pull finishes despite the liar"))
-            .unwrap_or_else(|e| panic!("{name}'s pull succeeds despite the liar: {e}"));
-        assert_eq!(r.manifest_digest.to_string(), image.digest);
-        agents.push(a);
-    }
-    let (b, c) = (&agents[0], &agents[1]);
-    assert_eq!(
-        probe_announce(&t.url(), &layer.digest).await["size"].as_u64(),
-        Some(layer.size),
-        "the swarm is laid out by the registry's size, although the liar still announces"
-    );
-    assert_eq!(
-        metric(b, "starling_agent_p2p_registry_bytes_total").await,
-        layer.size,
-        "b read the layer from the registry once, through the swarm"
-    );
-    assert_eq!(
-        metric(c, "starling_agent_p2p_peer_bytes_total").await,
-        layer.size,
-        "c took the whole layer from b"
-    );
-    assert_eq!(
-        metric(c, "starling_agent_p2p_registry_bytes_total").await,
-        0
-    );
-    announcing.abort();
+    a_lie_about_the_size_spoils_nothing(|real| real - (1 << 20), 75, true).await;
 }
 
 /// A client that asks for the blob by digest without the manifest through this agent
@@ -159,7 +114,7 @@ async fn a_blob_asked_for_without_its_manifest_fails_once_then_mends_the_swarm()
     let layer = image.layers[0].clone();
     let want = registry_blob(&registry, "swarm/sizelie", &layer.digest).await;
     let t = tracker(dir.path(), &[]).await;
-    let announcing = lie_about_the_size(&t.url(), &layer.digest, layer.size / 2).await;
+    let announcing = lie_about_the_size(&t.url(), &layer.digest, layer.size / 2, false).await;
     let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
     let url = format!("{}/v2/swarm/sizelie/blobs/{}", b.url(), layer.digest);
     let mut answers = Vec::new();
