@@ -217,7 +217,7 @@ impl Agent {
                             store::read_inflight(inf, pos, Some(end)).map(|r| r.map_err(store_err)),
                         ),
                     },
-                    Source::Passthrough => self.passthrough(registry, repo, d, pos, end),
+                    Source::Passthrough(_) => self.passthrough(registry, repo, d, pos, end),
                 };
             futures::pin_mut!(stream);
             let mut failed = None;

@@ -267,6 +267,13 @@ impl Agent {
         // The same path a client takes (cache, swarm, registry), drained here, at the
         // assignment's rate.
         let (source, total) = self.acquire(registry, repo, d, limit).await?;
+        // A warm-up only keeps what the cache keeps: streaming a blob that cannot be
+        // cached would cost the registry a copy per node for nothing.
+        if let crate::fetch::Source::Passthrough(why) = source {
+            return Err(Error::Prewarm(format!(
+                "blob {d} ({total} bytes) cannot be cached on this node: {why}; not read"
+            )));
+        }
         let (tx, mut rx) = tokio::sync::mpsc::channel(2);
         let (agent, reg, rep, dg) = (
             self.clone(),

@@ -31,8 +31,35 @@ pub(crate) enum Source {
     Complete,
     /// A download running in this agent, and how it gets the blob.
     Inflight(Arc<Inflight>, Via),
-    /// The store cannot take this blob (disk full, over budget): stream without caching.
-    Passthrough,
+    /// Stream the registry's bytes without caching them, and why.
+    Passthrough(Uncached),
+}
+
+/// Why a blob is streamed from the registry without caching.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Uncached {
+    /// The cache has no room it may free for it (disk full, over budget, the rest
+    /// pinned or being read), or this blob filled the disk within `UNCACHEABLE_FOR`.
+    NoRoom,
+    /// The store failed to start the download (an I/O error).
+    StoreFailed,
+    /// A download of this digest from an origin not trusted with it is running.
+    OtherOrigin,
+    /// The registry sent the blob without a length.
+    NoLength,
+}
+
+impl std::fmt::Display for Uncached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Uncached::NoRoom => "the cache has no room it may free for it",
+            Uncached::StoreFailed => "the store cannot start a download",
+            Uncached::OtherOrigin => {
+                "a download of this digest from an origin not trusted with it is running"
+            }
+            Uncached::NoLength => "the registry sends it without a length",
+        })
+    }
 }
 
 /// How a running download gets its bytes.
@@ -64,7 +91,7 @@ impl Source {
             Source::Complete => "cache",
             Source::Inflight(_, Via::Swarm) => "swarm",
             Source::Inflight(_, Via::Registry) => "registry",
-            Source::Passthrough => "passthrough",
+            Source::Passthrough(_) => "passthrough",
         }
     }
 }
@@ -108,7 +135,9 @@ impl Agent {
         limit: Option<Arc<TokenBucket>>,
     ) -> Result<(Source, u64), Error> {
         if self.recently_filled_the_disk(d) {
-            return self.passthrough_source(registry, repo, d).await;
+            return self
+                .passthrough_source(registry, repo, d, Uncached::NoRoom)
+                .await;
         }
         for _ in 0..3 {
             match self.store.begin(d, None, registry).await {
@@ -117,7 +146,9 @@ impl Agent {
                     // Another origin's bytes under this digest (a tenant's file named by
                     // it): read our own, uncached, while that download lasts.
                     info!(digest = %d, theirs = %inf.source, "not joining a download from an origin not trusted with this digest");
-                    return self.passthrough_source(registry, repo, d).await;
+                    return self
+                        .passthrough_source(registry, repo, d, Uncached::OtherOrigin)
+                        .await;
                 }
                 Ok(Begin::Join(inf)) => {
                     let mut rx = inf.subscribe();
@@ -157,7 +188,7 @@ impl Agent {
                                     return Ok((Source::Inflight(inf, Via::Swarm), total))
                                 }
                                 crate::p2p::Start::Passthrough(total) => {
-                                    return Ok((Source::Passthrough, total))
+                                    return Ok((Source::Passthrough(Uncached::NoRoom), total))
                                 }
                                 crate::p2p::Start::Failed(e) => return Err(blob_err(e, d)),
                                 crate::p2p::Start::NotSwarm(w, opened) => (w, opened),
@@ -171,7 +202,12 @@ impl Agent {
                 }
                 Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {
                     warn!(digest = %d, error = %e, "store cannot take blob; streaming it without caching");
-                    return self.passthrough_source(registry, repo, d).await;
+                    let why = if e.is_disk_full() {
+                        Uncached::NoRoom
+                    } else {
+                        Uncached::StoreFailed
+                    };
+                    return self.passthrough_source(registry, repo, d, why).await;
                 }
                 Err(e) => return Err(store_err(e)),
             }
@@ -189,13 +225,14 @@ impl Agent {
         registry: &str,
         repo: &str,
         d: &Digest,
+        why: Uncached,
     ) -> Result<(Source, u64), Error> {
         let total = self
             .upstream
             .head_blob(registry, repo, d)
             .await
             .map_err(|e| blob_err(e, d))?;
-        Ok((Source::Passthrough, total))
+        Ok((Source::Passthrough(why), total))
     }
 
     /// Whether a request for `d` from `registry` may stream the bytes a download from
@@ -289,7 +326,7 @@ impl Agent {
         let Some(total) = resp.total else {
             writer.fail("upstream sent no length");
             return Ok((
-                Source::Passthrough,
+                Source::Passthrough(Uncached::NoLength),
                 self.upstream
                     .head_blob(registry, repo, d)
                     .await
@@ -300,7 +337,7 @@ impl Agent {
         if let Err(e) = writer.reserve() {
             warn!(digest = %d, error = %e, "cannot cache blob; streaming it without caching");
             writer.fail(&e.to_string());
-            return Ok((Source::Passthrough, total));
+            return Ok((Source::Passthrough(Uncached::NoRoom), total));
         }
         let inf = writer.inflight();
         let agent = self.clone();

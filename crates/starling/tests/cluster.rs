@@ -392,3 +392,118 @@ async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
     assert!(line.contains(&image.digest), "{line}");
     assert!(line.contains("io.cri-containerd.pinned=pinned"), "{line}");
 }
+
+/// A node whose cache cannot make room for a prewarmed image (what is there is pinned
+/// by an earlier job) says so and reads none of it: a prewarm never streams a blob
+/// it cannot keep. Before, each such node read every layer from the registry at the
+/// prewarm's rate, threw it away and then failed, so a job onto full nodes cost the
+/// registry a copy of the image per node. A client asking for the blob still gets it,
+/// uncached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prewarm_onto_a_node_that_cannot_keep_the_image_reads_none_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .unwrap();
+    let pinned = TestImage::push_multilayer(&registry, "ml/base", "v1", &[16 << 20], 24).unwrap();
+    let next = TestImage::push_multilayer(&registry, "ml/next", "v1", &[12 << 20], 25).unwrap();
+    let host = registry.host();
+    let endpoint = format!("{host}={}", registry.url());
+    let tracker = common::start_tracker(
+        dir.path(),
+        &["--cluster-token", TOKEN, "--registry-endpoint", &endpoint],
+        &[],
+    )
+    .await;
+    let t = tracker.url();
+    let port = testkit::free_port();
+    let cache = dir.path().join("n0");
+    let agent = Proc::start(
+        common::args(&[
+            "agent",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--cache-dir",
+            &cache.display().to_string(),
+            "--default-registry",
+            &host,
+            "--registry-endpoint",
+            &endpoint,
+            "--tracker",
+            &t,
+            "--cluster-token",
+            TOKEN,
+            "--insecure-plain-http",
+            "--node-name",
+            "n0",
+            "--min-free",
+            "0",
+            "--cache-budget",
+            "24MiB",
+        ]),
+        port,
+        dir.path().join("n0.log"),
+        cache,
+    )
+    .await;
+    testkit::until("the node reported", POLL_EVERY, POLL_WITHIN, async || {
+        json(&format!("{t}/api/v1/nodes")).await["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == 1)
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let prewarm = async |reference: &str| -> serde_json::Value {
+        let job: serde_json::Value = http
+            .post(format!("{t}/api/v1/prewarm"))
+            .json(&serde_json::json!({"images": [reference], "targets": {"nodes": ["n0"]}, "pin_ttl_seconds": 3600}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = job["id"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("job id: {job}"));
+        testkit::until("the prewarm ended", POLL_EVERY, POLL_WITHIN, async || {
+            json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] != "running"
+        })
+        .await;
+        json(&format!("{t}/api/v1/prewarm/{id}")).await
+    };
+    let first = prewarm(&pinned.reference).await;
+    assert_eq!(first["progress"]["status"], "done", "{first}");
+    let a = agent.url();
+    let before = metric(&a, "starling_agent_upstream_bytes_total").await;
+
+    // 16 MiB pinned in a 24 MiB budget: the 12 MiB layer fits the budget, so the
+    // tracker plans it, but the node has no room it may free.
+    let second = prewarm(&next.reference).await;
+    assert_eq!(
+        second["progress"]["nodes_by_state"]["failed"], 1,
+        "{second}"
+    );
+    let read = metric(&a, "starling_agent_upstream_bytes_total").await - before;
+    assert!(
+        read < 1 << 20,
+        "the node read {read} bytes of a 12 MiB layer it could not keep"
+    );
+    assert!(
+        second.to_string().contains("cannot be cached"),
+        "the node's reason says why: {second}"
+    );
+
+    // A client still gets the layer, streamed uncached, and checked by the client.
+    let reference = oci::ImageReference::parse(&next.reference).unwrap();
+    let mut cfg = oci::UpstreamConfig::default();
+    cfg.endpoints.insert(reference.registry.clone(), a.clone());
+    let up = oci::Upstream::new(cfg).unwrap();
+    oci::pull::pull(&up, &reference, &Default::default())
+        .await
+        .expect("a client pulls the image the node cannot keep");
+    for l in &pinned.layers {
+        let held = json(&format!("{a}/api/v1/report")).await.to_string();
+        assert!(held.contains(&l.digest), "the pinned layer stays: {held}");
+    }
+}
