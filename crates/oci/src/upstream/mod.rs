@@ -8,6 +8,7 @@ mod authorize;
 mod blob;
 pub mod file_origin;
 pub mod policy;
+mod quota;
 mod request;
 pub mod swarm_scope;
 pub mod tls;
@@ -124,6 +125,8 @@ struct Inner {
     trusted: BTreeSet<(String, u16)>,
     /// Files read as blobs, by key (`file:<hex>`).
     files: Mutex<file_origin::FileRegistry>,
+    /// Registries that answered 429 with a wait longer than a request waits out.
+    quota_waits: quota::QuotaWaits,
 }
 
 /// A registry's TLS client and the host names it is used for (endpoint and name).
@@ -287,6 +290,7 @@ impl Upstream {
                 basic: Mutex::default(),
                 trusted,
                 files: Mutex::default(),
+                quota_waits: quota::QuotaWaits::default(),
             }),
         })
     }

@@ -2,14 +2,14 @@
 //! and 5xx, redirects followed by hand, timeouts, and error bodies turned into errors.
 //! Kept apart so the endpoint calls (manifests, blobs, files) only ask for a response.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{HeaderMap, Method, StatusCode};
 use tracing::{debug, info, warn};
 
-use super::{denied, policy, tls, transport, Challenge, Upstream};
+use super::{denied, policy, quota, tls, transport, Challenge, Upstream};
 use crate::reference::canonical_registry;
 use crate::{Error, ErrorBody, ErrorCode};
 
@@ -96,6 +96,7 @@ impl Upstream {
     ) -> Result<reqwest::Response, Error> {
         let registry = canonical_registry(registry);
         self.check_registry(&registry)?;
+        self.check_quota(&registry)?;
         let scope = format!("repository:{repo}:pull");
         let url = format!("{}{}", self.base_url(&registry), path_and_query);
         let mut attempt = 0;
@@ -135,6 +136,10 @@ impl Upstream {
                     if attempt >= self.inner.cfg.max_attempts
                         || wait > self.inner.cfg.max_retry_after
                     {
+                        warn!(%registry, wait_s = wait.as_secs(), "upstream rate-limited us for longer than a request waits; not asking it again until then");
+                        self.inner
+                            .quota_waits
+                            .refused(&registry, wait, Instant::now());
                         return Ok(resp);
                     }
                     info!(%registry, wait_ms = wait.as_millis() as u64, "upstream rate-limited us; honouring Retry-After");
@@ -155,6 +160,26 @@ impl Upstream {
             };
             tokio::time::sleep(retry_in).await;
         }
+    }
+
+    /// The registry's own 429, with the time left, while it has asked this node to
+    /// wait (`quota`): the caller answers its client without asking the registry.
+    pub fn check_quota(&self, registry: &str) -> Result<(), Error> {
+        let registry = canonical_registry(registry);
+        let Some(left) = self.inner.quota_waits.left(&registry, Instant::now()) else {
+            return Ok(());
+        };
+        let wait = quota::retry_after_secs(left);
+        Err(Error::Upstream {
+            message: format!(
+                "{registry} answered 429 and asked for a wait; not asked again for {} s",
+                wait.as_secs()
+            ),
+            registry,
+            status: 429,
+            code: Some(ErrorCode::Toomanyrequests),
+            retry_after: Some(wait),
+        })
     }
 
     /// Follows up to 5 redirects by hand so `Authorization` is sent only to the origin

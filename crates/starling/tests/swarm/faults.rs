@@ -519,3 +519,271 @@ async fn an_unreachable_source_is_demoted_when_its_reporters_reach_different_rep
         "the demoted node stopped reading the registry: {src_read} of {layer} bytes"
     );
 }
+
+/// A registry's pull quota, which the distribution registry cannot produce: the
+/// throttling proxy refuses the next `refuse_next` blob GETs with `429 Too Many
+/// Requests` and `Retry-After: retry_after_s`, and counts what it refused and passed.
+#[derive(Default)]
+struct Quota {
+    refuse_next: std::sync::atomic::AtomicU64,
+    retry_after_s: std::sync::atomic::AtomicU64,
+    refused: std::sync::atomic::AtomicU64,
+    passed_bytes: std::sync::atomic::AtomicU64,
+    /// Blob bodies being sent are cut at their next chunk (the connection drops).
+    cut_bodies: std::sync::atomic::AtomicBool,
+}
+
+/// A proxy in front of the real registry that applies `quota` to blob GETs and
+/// forwards everything else. Returns its URL.
+async fn throttling_proxy(registry: String, quota: std::sync::Arc<Quota>) -> String {
+    use futures::StreamExt;
+    use std::sync::atomic::Ordering;
+    let client = reqwest::Client::new();
+    let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let (client, registry, quota) = (client.clone(), registry.clone(), quota.clone());
+        async move {
+            let blob_get =
+                req.method() == http::Method::GET && req.uri().path().contains("/blobs/");
+            let refuse = blob_get
+                && quota
+                    .refuse_next
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+            if refuse {
+                quota.refused.fetch_add(1, Ordering::SeqCst);
+                let wait = quota.retry_after_s.load(Ordering::SeqCst);
+                return axum::response::Response::builder()
+                    .status(429)
+                    .header("retry-after", wait.to_string())
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(
+                        r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"pull quota"}]}"#,
+                    ))
+                    .unwrap();
+            }
+            let (_, resp, out) = testkit::forward(&client, &registry, req).await;
+            let body = resp.bytes_stream().map(move |chunk| {
+                let c = chunk.map_err(std::io::Error::other)?;
+                if blob_get && quota.cut_bodies.load(Ordering::SeqCst) {
+                    return Err(std::io::Error::other("connection dropped"));
+                }
+                if blob_get {
+                    quota
+                        .passed_bytes
+                        .fetch_add(c.len() as u64, Ordering::SeqCst);
+                }
+                Ok::<_, std::io::Error>(c)
+            });
+            out.body(axum::body::Body::from_stream(body)).unwrap()
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    url
+}
+
+/// The registry's pull quota runs out while four nodes pull an image through the
+/// swarm (Docker Hub and most cloud registries answer 429 with `Retry-After`).
+/// - While it lasts longer than a request waits out (30 s), every pull fails, at
+///   least one with the registry's 429 and its wait, so the runtime backs off as the
+///   registry asked. Before, an elected source whose run was refused asked again
+///   every half second for as long as its download lived (761 refusals in 150 s
+///   here), and its readers waited 30 s for nothing.
+/// - A node the registry told to wait does not ask it again before the wait is over,
+///   even once the registry would answer: the quota is the registry's to count.
+/// - A short wait (1 s) is waited out: every pull succeeds, and the registry still
+///   sends the image about once, not once per node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_registry_out_of_pull_quota_is_answered_with_its_wait_and_not_asked_again() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image = TestImage::push_multilayer(
+        &registry,
+        "swarm/quota",
+        "1",
+        &[12 << 20, 8 << 20, 4 << 20],
+        56,
+    )
+    .unwrap();
+    let quota = std::sync::Arc::new(Quota::default());
+    quota.refuse_next.store(u64::MAX, Ordering::SeqCst);
+    quota.retry_after_s.store(30, Ordering::SeqCst);
+    let proxy = throttling_proxy(registry.url(), quota.clone()).await;
+    let t = tracker(dir.path(), &[]).await;
+    let mut nodes = Vec::new();
+    for i in 0..4 {
+        nodes.push(
+            agent_via(
+                dir.path(),
+                &format!("n{i}"),
+                &t.url(),
+                &registry,
+                &proxy,
+                &[],
+            )
+            .await,
+        );
+    }
+    let told_to_wait = |r: &Result<oci::pull::PullReport, oci::Error>| match r {
+        Err(oci::Error::Upstream {
+            status: 429,
+            retry_after: Some(wait),
+            ..
+        }) => *wait >= Duration::from_secs(1) && *wait <= Duration::from_secs(30),
+        _ => false,
+    };
+    let pulls: Vec<_> = nodes.iter().map(|n| spawn_pull(n, &image)).collect();
+    let mut waits = 0;
+    for p in pulls {
+        let r = tokio::time::timeout(Duration::from_secs(60), p)
+            .await
+            .expect("a pull while the quota is out ends")
+            .unwrap();
+        assert!(
+            r.is_err(),
+            "no pull succeeds while every blob GET is refused"
+        );
+        waits += usize::from(told_to_wait(&r));
+    }
+    assert!(
+        waits >= 1,
+        "a client is told the registry's 429 and its wait"
+    );
+    let blobs = image.layers.len() as u64 + 1;
+    let refused = quota.refused.load(Ordering::SeqCst);
+    assert!(
+        refused <= 2 * blobs * nodes.len() as u64,
+        "{refused} blob requests refused for {} pulls of {blobs} blobs",
+        nodes.len()
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let more = quota.refused.load(Ordering::SeqCst) - refused;
+    assert!(
+        more <= nodes.len() as u64,
+        "{more} more blob requests in 3 s after every pull had ended"
+    );
+
+    // Every node asks for the config blob itself (below the swarm's threshold), so
+    // every node has now been refused by the registry in person.
+    for n in &nodes {
+        let url = format!(
+            "{}/v2/{}/blobs/{}",
+            n.url(),
+            image.repo,
+            image.config.digest
+        );
+        let r = reqwest::get(url).await.unwrap();
+        assert_eq!(r.status(), 429, "the registry's answer is passed on");
+        assert!(r.headers().contains_key("retry-after"));
+    }
+    // The registry would answer now, but it asked for 30 s: a node it refused
+    // answers its client with the time left, without asking.
+    quota.refuse_next.store(0, Ordering::SeqCst);
+    let mut again = Vec::new();
+    for n in &nodes {
+        again.push(pull_via(&n.url(), &image).await);
+    }
+    assert!(again.iter().all(told_to_wait), "{again:?}");
+    assert_eq!(
+        quota.passed_bytes.load(Ordering::SeqCst),
+        0,
+        "nodes told to wait did not ask"
+    );
+
+    // A short quota, on nodes that were never refused: waited out.
+    quota.retry_after_s.store(1, Ordering::SeqCst);
+    quota.refuse_next.store(2 * blobs, Ordering::SeqCst);
+    let mut fresh = Vec::new();
+    for i in 4..8 {
+        fresh.push(
+            agent_via(
+                dir.path(),
+                &format!("n{i}"),
+                &t.url(),
+                &registry,
+                &proxy,
+                &[],
+            )
+            .await,
+        );
+    }
+    let pulls: Vec<_> = fresh.iter().map(|n| spawn_pull(n, &image)).collect();
+    for p in pulls {
+        let r = p.await.unwrap().expect("a pull after a 1 s quota succeeds");
+        assert_eq!(r.manifest_digest.to_string(), image.digest);
+    }
+    let image_bytes: u64 = image.layers.iter().map(|l| l.size).sum();
+    let sent = quota.passed_bytes.load(Ordering::SeqCst);
+    assert!(
+        sent <= image_bytes + image_bytes / 20,
+        "the registry sent {sent} blob bytes for a {image_bytes}-byte image pulled by {} nodes",
+        fresh.len()
+    );
+}
+
+/// The quota runs out in the middle of a layer: the connection drops, and the
+/// elected source's next registry run is refused with a wait longer than a request
+/// waits out. Its download ends
+/// (its readers' transfers fail, as they must) instead of starting the run again
+/// every half second for as long as it lived, with its readers waiting on it; a
+/// retry then gets the registry's 429 and the time left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pull_quota_running_out_mid_layer_ends_the_download() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/quota-mid", "1", &[24 << 20], 57).unwrap();
+    let quota = std::sync::Arc::new(Quota::default());
+    quota.retry_after_s.store(30, Ordering::SeqCst);
+    let proxy = throttling_proxy(registry.url(), quota.clone()).await;
+    let t = tracker(dir.path(), &[]).await;
+    let slow = ["--download-limit", "4MiB"];
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        nodes.push(
+            agent_via(
+                dir.path(),
+                &format!("n{i}"),
+                &t.url(),
+                &registry,
+                &proxy,
+                &slow,
+            )
+            .await,
+        );
+    }
+    let pulls: Vec<_> = nodes.iter().map(|n| spawn_pull(n, &image)).collect();
+    testkit::until(
+        "the registry to send part of the layer",
+        Duration::from_millis(20),
+        Duration::from_secs(60),
+        || async { quota.passed_bytes.load(Ordering::SeqCst) > 2 << 20 },
+    )
+    .await;
+    quota.refuse_next.store(u64::MAX, Ordering::SeqCst);
+    quota.cut_bodies.store(true, Ordering::SeqCst);
+    for p in pulls {
+        let r = tokio::time::timeout(Duration::from_secs(60), p)
+            .await
+            .expect("a pull whose layer the registry stopped serving ends")
+            .unwrap();
+        assert!(r.is_err(), "the layer cannot be complete: {r:?}");
+    }
+    let r = tokio::time::timeout(Duration::from_secs(60), pull_via(&nodes[0].url(), &image))
+        .await
+        .expect("a retry ends");
+    assert!(
+        matches!(
+            r,
+            Err(oci::Error::Upstream {
+                status: 429,
+                retry_after: Some(_),
+                ..
+            })
+        ),
+        "a retry is told to wait: {r:?}"
+    );
+}

@@ -121,6 +121,15 @@ pub(crate) async fn start(
         }
     }
     debug!(digest = %d, role = ?resp.role, ms = joined.elapsed().as_millis() as u64, "swarm joined");
+    if resp.role == Role::Source {
+        // Elected to read a registry that asked this node to wait: its client gets
+        // the registry's 429 and the time left rather than a response cut later.
+        if let Err(e) = agent.upstream.check_quota(&registry) {
+            writer.fail(&e.to_string());
+            leave(&p2p, &swarm_key, false).await;
+            return Start::Failed(e);
+        }
+    }
     let mut first_answer = None;
     let size = match (resp.role, resp.size) {
         (Role::Direct, _) => return Start::NotSwarm(writer, None),
@@ -137,6 +146,9 @@ pub(crate) async fn start(
                 },
                 Err(e) => {
                     writer.fail(&e.to_string());
+                    // Said at once, or the swarm waits out the tracker's TTL for a
+                    // source that will not read.
+                    leave(&p2p, &swarm_key, false).await;
                     return Start::Failed(e);
                 }
             }
@@ -145,6 +157,7 @@ pub(crate) async fn start(
             Ok(s) => s,
             Err(e) => {
                 writer.fail(&e.to_string());
+                leave(&p2p, &swarm_key, false).await;
                 return Start::Failed(e);
             }
         },
@@ -243,7 +256,7 @@ pub(crate) async fn start(
         registry_since: None,
         pieces_by_peer: BTreeMap::new(),
         registry_retry_at: None,
-        origin_gone: None,
+        origin_refused: None,
         hashes_epoch: None,
         hashes_voided: false,
         size_moved: None,

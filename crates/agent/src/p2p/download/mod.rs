@@ -171,8 +171,9 @@ struct Download {
     pieces_by_peer: BTreeMap<String, u32>,
     registry_retry_at: Option<Instant>,
     /// The registry (or a file's origin) says the content is gone or changed (404,
-    /// 410, 412): retrying cannot help, the download fails.
-    origin_gone: Option<String>,
+    /// 410, 412), or to come back later than a request waits (429: its pull quota):
+    /// retrying now cannot help, the download fails, and its readers with it.
+    origin_refused: Option<String>,
     /// The swarm's hash epoch when this download began (`AnnounceResponse::hashes_epoch`).
     hashes_epoch: Option<u32>,
     /// The epoch moved on while this download held pieces or hashes: they were checked
@@ -333,7 +334,7 @@ impl Download {
             if self.w.is_complete() {
                 break;
             }
-            if let Some(reason) = self.origin_gone.take() {
+            if let Some(reason) = self.origin_refused.take() {
                 self.abort(&reason).await;
                 return;
             }

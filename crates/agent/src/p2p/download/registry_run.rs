@@ -60,11 +60,15 @@ impl Download {
                     Ok(r) => r.stream,
                     Err(
                         e @ oci::Error::Upstream {
-                            status: 404 | 410 | 412,
+                            status: 404 | 410 | 412 | 429,
                             ..
                         },
                     ) => {
-                        self.origin_gone = Some(e.to_string());
+                        // A 429 here outlasted what a request waits out: runs are
+                        // only for bytes no peer gives, so asking again every half
+                        // second only spends the registry's quota (and kept readers
+                        // waiting on a download that could not go on).
+                        self.origin_refused = Some(e.to_string());
                         return;
                     }
                     Err(oci::Error::Upstream { status: 416, .. }) => {

@@ -1,0 +1,118 @@
+//! A registry's word that it will not serve us for a while (`429 Too Many Requests`
+//! with a `Retry-After` longer than a request waits out): kept per registry, so that
+//! every later request to it — any repository, manifest or blob, whichever download
+//! asks — is answered here with the same 429 and the time left, and the registry is
+//! not asked again before it said. Docker Hub and cloud registries count pulls per
+//! account or address, and asking during the wait only spends more of the quota.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+/// Longest wait honoured, whatever a registry says: a broken or hostile `Retry-After`
+/// must not shut a registry out of this node for hours.
+pub const MAX_QUOTA_WAIT: Duration = Duration::from_secs(300);
+
+/// Registries remembered at once. A client can name many registries a wildcard
+/// admits; past this many, a new refusal is not remembered (requests then go out as
+/// before) rather than the table growing.
+const MAX_REGISTRIES: usize = 1024;
+
+/// Registries that asked to be left alone, and until when.
+#[derive(Default)]
+pub(super) struct QuotaWaits {
+    until: Mutex<HashMap<String, Instant>>,
+}
+
+impl QuotaWaits {
+    /// The time left before `registry` may be asked again, if it asked us to wait.
+    pub(super) fn left(&self, registry: &str, now: Instant) -> Option<Duration> {
+        let until = *self.until.lock().get(registry)?;
+        let left = until.saturating_duration_since(now);
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// `registry` refused a request and asked for `wait` (bounded by
+    /// [`MAX_QUOTA_WAIT`]). A later, shorter answer does not shorten a longer wait.
+    pub(super) fn refused(&self, registry: &str, wait: Duration, now: Instant) {
+        let until = now + wait.min(MAX_QUOTA_WAIT);
+        let mut m = self.until.lock();
+        if !m.contains_key(registry) && m.len() >= MAX_REGISTRIES {
+            m.retain(|_, u| *u > now);
+            if m.len() >= MAX_REGISTRIES {
+                return;
+            }
+        }
+        let e = m.entry(registry.to_owned()).or_insert(until);
+        *e = (*e).max(until);
+    }
+}
+
+/// Whole seconds, rounded up: a `Retry-After` of 0 would tell a client to come
+/// straight back.
+pub(super) fn retry_after_secs(left: Duration) -> Duration {
+    Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registry_is_left_alone_for_the_time_it_asked_and_no_longer() {
+        let q = QuotaWaits::default();
+        let t0 = Instant::now();
+        assert_eq!(q.left("r", t0), None);
+        q.refused("r", Duration::from_secs(30), t0);
+        assert_eq!(q.left("r", t0), Some(Duration::from_secs(30)));
+        assert_eq!(
+            q.left("r", t0 + Duration::from_secs(29)),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(q.left("r", t0 + Duration::from_secs(30)), None);
+        assert_eq!(q.left("other", t0), None, "only the registry that asked");
+    }
+
+    #[test]
+    fn a_shorter_answer_keeps_the_longer_wait_and_no_wait_exceeds_the_bound() {
+        let q = QuotaWaits::default();
+        let t0 = Instant::now();
+        q.refused("r", Duration::from_secs(60), t0);
+        q.refused("r", Duration::from_secs(1), t0);
+        assert_eq!(q.left("r", t0), Some(Duration::from_secs(60)));
+        q.refused("r", Duration::from_secs(u32::MAX as u64), t0);
+        assert_eq!(q.left("r", t0), Some(MAX_QUOTA_WAIT));
+    }
+
+    #[test]
+    fn the_table_stays_bounded_and_forgets_waits_that_ended() {
+        let q = QuotaWaits::default();
+        let t0 = Instant::now();
+        for i in 0..MAX_REGISTRIES {
+            q.refused(&format!("r{i}"), Duration::from_secs(1), t0);
+        }
+        q.refused("late", Duration::from_secs(1), t0);
+        assert_eq!(q.left("late", t0), None, "full: not remembered");
+        let later = t0 + Duration::from_secs(2);
+        q.refused("late", Duration::from_secs(1), later);
+        assert_eq!(q.left("late", later), Some(Duration::from_secs(1)));
+        assert!(q.until.lock().len() <= MAX_REGISTRIES);
+    }
+
+    #[test]
+    fn the_time_left_is_said_in_whole_seconds_rounded_up() {
+        assert_eq!(
+            retry_after_secs(Duration::from_millis(1)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            retry_after_secs(Duration::from_secs(3)),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            retry_after_secs(Duration::from_millis(2500)),
+            Duration::from_secs(3)
+        );
+    }
+}
