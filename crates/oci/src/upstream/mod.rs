@@ -127,6 +127,8 @@ struct Inner {
     files: Mutex<file_origin::FileRegistry>,
     /// Registries that answered 429 with a wait longer than a request waits out.
     quota_waits: quota::QuotaWaits,
+    /// Requests that failed every attempt lately, sent less and less often.
+    failing: quota::FailingRequests,
 }
 
 /// A registry's TLS client and the host names it is used for (endpoint and name).
@@ -291,6 +293,7 @@ impl Upstream {
                 trusted,
                 files: Mutex::default(),
                 quota_waits: quota::QuotaWaits::default(),
+                failing: quota::FailingRequests::default(),
             }),
         })
     }

@@ -49,6 +49,51 @@ impl QuotaWaits {
     }
 }
 
+/// First wait after a request that failed every attempt (5xx or transport); each
+/// further failure in a row doubles it, up to [`MAX_FAILING_WAIT`].
+const FIRST_FAILING_WAIT: Duration = Duration::from_secs(2);
+const MAX_FAILING_WAIT: Duration = Duration::from_secs(60);
+
+/// Requests (registry and path: one blob, one manifest) that failed every attempt
+/// in a row, and until when they are not sent again. Keyed by path, not registry: a
+/// registry that fails one blob (its storage lost it) still serves the others.
+#[derive(Default)]
+pub(super) struct FailingRequests {
+    by_key: Mutex<HashMap<String, (u32, Instant)>>,
+}
+
+impl FailingRequests {
+    /// Failures in a row and the time left before `key` may be sent again.
+    pub(super) fn left(&self, key: &str, now: Instant) -> Option<(u32, Duration)> {
+        let (strikes, until) = *self.by_key.lock().get(key)?;
+        let left = until.saturating_duration_since(now);
+        (!left.is_zero()).then_some((strikes, left))
+    }
+
+    pub(super) fn failed(&self, key: &str, now: Instant) {
+        let mut m = self.by_key.lock();
+        if !m.contains_key(key) && m.len() >= MAX_REGISTRIES {
+            m.retain(|_, (_, u)| *u + MAX_FAILING_WAIT > now);
+            if m.len() >= MAX_REGISTRIES {
+                return;
+            }
+        }
+        let e = m.entry(key.to_owned()).or_insert((0, now));
+        e.0 = e.0.saturating_add(1);
+        let wait = FIRST_FAILING_WAIT
+            .saturating_mul(1 << (e.0 - 1).min(16))
+            .min(MAX_FAILING_WAIT);
+        e.1 = now + wait;
+    }
+
+    pub(super) fn succeeded(&self, key: &str) {
+        let mut m = self.by_key.lock();
+        if !m.is_empty() {
+            m.remove(key);
+        }
+    }
+}
+
 /// Whole seconds, rounded up: a `Retry-After` of 0 would tell a client to come
 /// straight back.
 pub(super) fn retry_after_secs(left: Duration) -> Duration {
@@ -98,6 +143,24 @@ mod tests {
         q.refused("late", Duration::from_secs(1), later);
         assert_eq!(q.left("late", later), Some(Duration::from_secs(1)));
         assert!(q.until.lock().len() <= MAX_REGISTRIES);
+    }
+
+    #[test]
+    fn a_request_that_keeps_failing_is_sent_less_and_less_often_until_it_succeeds() {
+        let f = FailingRequests::default();
+        let t0 = Instant::now();
+        assert_eq!(f.left("r/v2/a/blobs/x", t0), None);
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            f.failed("r/v2/a/blobs/x", t0);
+            waits.push(f.left("r/v2/a/blobs/x", t0).unwrap().1.as_secs());
+        }
+        assert_eq!(waits, [2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(f.left("r/v2/a/blobs/y", t0), None, "other paths are sent");
+        f.succeeded("r/v2/a/blobs/x");
+        assert_eq!(f.left("r/v2/a/blobs/x", t0), None);
+        f.failed("r/v2/a/blobs/x", t0);
+        assert_eq!(f.left("r/v2/a/blobs/x", t0), Some((1, FIRST_FAILING_WAIT)));
     }
 
     #[test]

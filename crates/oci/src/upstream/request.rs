@@ -84,7 +84,10 @@ impl Upstream {
         Ok(Bytes::from(buf))
     }
 
-    /// One logical request: auth, redirects, and retries of retryable failures.
+    /// One logical request: auth, redirects, and retries of retryable failures. One
+    /// that failed every attempt (5xx, transport) is not sent again for a while that
+    /// doubles with each failure in a row (`quota::FailingRequests`): what a swarm's
+    /// retries or a runtime's send to a registry that is already failing.
     pub(super) async fn request(
         &self,
         method: Method,
@@ -97,18 +100,56 @@ impl Upstream {
         let registry = canonical_registry(registry);
         self.check_registry(&registry)?;
         self.check_quota(&registry)?;
+        let path = path_and_query.split('?').next().unwrap_or_default();
+        let key = format!("{registry}{path}");
+        if let Some((strikes, left)) = self.inner.failing.left(&key, Instant::now()) {
+            let wait = quota::retry_after_secs(left);
+            return Err(Error::Upstream {
+                message: format!(
+                    "{registry} failed this request {strikes} times in a row; not sent again for {} s",
+                    wait.as_secs()
+                ),
+                registry,
+                status: 503,
+                code: None,
+                retry_after: Some(wait),
+            });
+        }
         let scope = format!("repository:{repo}:pull");
         let url = format!("{}{}", self.base_url(&registry), path_and_query);
+        let r = self
+            .request_with_retries(method, &registry, &scope, &url, headers)
+            .await;
+        match &r {
+            Ok(resp) if resp.status().is_server_error() => {
+                self.inner.failing.failed(&key, Instant::now())
+            }
+            Err(e) if e.is_retryable() => self.inner.failing.failed(&key, Instant::now()),
+            Ok(_) => self.inner.failing.succeeded(&key),
+            Err(_) => {}
+        }
+        r
+    }
+
+    async fn request_with_retries(
+        &self,
+        method: Method,
+        registry: &str,
+        scope: &str,
+        url: &str,
+        headers: HeaderMap,
+    ) -> Result<reqwest::Response, Error> {
+        let registry = registry.to_owned();
         let mut attempt = 0;
         let mut authed_retry = false;
         loop {
             attempt += 1;
-            let auth = self.auth_header(&registry, &scope);
+            let auth = self.auth_header(&registry, scope);
             let result = self
                 .send_following_redirects(
                     &registry,
                     method.clone(),
-                    &url,
+                    url,
                     &headers,
                     auth.clone(),
                     Hops::Any,
@@ -124,7 +165,7 @@ impl Upstream {
                         .and_then(Challenge::parse);
                     match challenge {
                         Some(c) => {
-                            self.answer_challenge(&registry, &scope, c).await?;
+                            self.answer_challenge(&registry, scope, c).await?;
                             attempt -= 1;
                             continue;
                         }

@@ -531,6 +531,26 @@ struct Quota {
     passed_bytes: std::sync::atomic::AtomicU64,
     /// Blob bodies being sent are cut at their next chunk (the connection drops).
     cut_bodies: std::sync::atomic::AtomicBool,
+    /// Refuse with `503 Service Unavailable` and no `Retry-After` instead (a registry
+    /// overloaded, or its storage down).
+    unavailable: std::sync::atomic::AtomicBool,
+}
+
+impl Quota {
+    /// Once the registry has sent `bytes` of blobs: the connections carrying blobs
+    /// drop, and every blob GET from then on is refused.
+    async fn runs_out_after(&self, bytes: u64) {
+        use std::sync::atomic::Ordering;
+        testkit::until(
+            "the registry to send part of the layer",
+            Duration::from_millis(20),
+            Duration::from_secs(60),
+            || async { self.passed_bytes.load(Ordering::SeqCst) > bytes },
+        )
+        .await;
+        self.refuse_next.store(u64::MAX, Ordering::SeqCst);
+        self.cut_bodies.store(true, Ordering::SeqCst);
+    }
 }
 
 /// A proxy in front of the real registry that applies `quota` to blob GETs and
@@ -551,6 +571,12 @@ async fn throttling_proxy(registry: String, quota: std::sync::Arc<Quota>) -> Str
                     .is_ok();
             if refuse {
                 quota.refused.fetch_add(1, Ordering::SeqCst);
+                if quota.unavailable.load(Ordering::SeqCst) {
+                    return axum::response::Response::builder()
+                        .status(503)
+                        .body(axum::body::Body::from("overloaded"))
+                        .unwrap();
+                }
                 let wait = quota.retry_after_s.load(Ordering::SeqCst);
                 return axum::response::Response::builder()
                     .status(429)
@@ -756,15 +782,7 @@ async fn a_pull_quota_running_out_mid_layer_ends_the_download() {
         );
     }
     let pulls: Vec<_> = nodes.iter().map(|n| spawn_pull(n, &image)).collect();
-    testkit::until(
-        "the registry to send part of the layer",
-        Duration::from_millis(20),
-        Duration::from_secs(60),
-        || async { quota.passed_bytes.load(Ordering::SeqCst) > 2 << 20 },
-    )
-    .await;
-    quota.refuse_next.store(u64::MAX, Ordering::SeqCst);
-    quota.cut_bodies.store(true, Ordering::SeqCst);
+    quota.runs_out_after(2 << 20).await;
     for p in pulls {
         let r = tokio::time::timeout(Duration::from_secs(60), p)
             .await
@@ -786,4 +804,41 @@ async fn a_pull_quota_running_out_mid_layer_ends_the_download() {
         ),
         "a retry is told to wait: {r:?}"
     );
+}
+
+/// The registry starts failing every blob GET with 503 (overloaded, its storage down)
+/// in the middle of a layer, and stays so. The elected source asks it less and less
+/// often, and its download ends after a few tries, so its reader gets an error it
+/// can act on. Before, it started a run again every half second (three requests
+/// each) for as long as the download lived: load on a registry that was already
+/// failing, and a reader waiting on nothing (still waiting after 90 s here). With
+/// the runs' own backoff but every failed request sent again, the reader's retries
+/// (each a new download) still asked 75 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_registry_failing_mid_layer_is_asked_less_and_less_and_the_download_ends() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/unavailable", "1", &[24 << 20], 58).unwrap();
+    let quota = std::sync::Arc::new(Quota::default());
+    quota.unavailable.store(true, Ordering::SeqCst);
+    let proxy = throttling_proxy(registry.url(), quota.clone()).await;
+    let t = tracker(dir.path(), &[]).await;
+    let slow = ["--download-limit", "4MiB"];
+    let node = agent_via(dir.path(), "n0", &t.url(), &registry, &proxy, &slow).await;
+    let layer = image.layers[0].clone();
+    let url = format!("{}/v2/{}/blobs/{}", node.url(), image.repo, layer.digest);
+    let read = tokio::spawn(async move { reqwest::get(url).await?.bytes().await });
+    quota.runs_out_after(2 << 20).await;
+    let body = tokio::time::timeout(Duration::from_secs(90), read)
+        .await
+        .expect("the reader's transfer ends")
+        .unwrap();
+    assert!(
+        body.is_err() || body.as_ref().is_ok_and(|b| (b.len() as u64) < layer.size),
+        "the layer cannot be complete"
+    );
+    let asked = quota.refused.load(Ordering::SeqCst);
+    assert!(asked <= 12, "the failing registry was asked {asked} times");
 }

@@ -256,6 +256,7 @@ pub(crate) async fn start(
         registry_since: None,
         pieces_by_peer: BTreeMap::new(),
         registry_retry_at: None,
+        registry_failures: 0,
         origin_refused: None,
         hashes_epoch: None,
         hashes_voided: false,

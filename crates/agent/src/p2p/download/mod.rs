@@ -170,6 +170,8 @@ struct Download {
     /// Verified pieces by the peer that sent them (reported when the blob is done).
     pieces_by_peer: BTreeMap<String, u32>,
     registry_retry_at: Option<Instant>,
+    /// Registry runs that failed to start since the registry last sent a byte.
+    registry_failures: u32,
     /// The registry (or a file's origin) says the content is gone or changed (404,
     /// 410, 412), or to come back later than a request waits (429: its pull quota):
     /// retrying now cannot help, the download fails, and its readers with it.

@@ -90,8 +90,21 @@ impl Download {
                         return;
                     }
                     Err(e) => {
-                        warn!(digest = %self.d, error = %e, "cannot start a registry run; retrying shortly");
-                        self.registry_retry_at = Some(Instant::now() + Duration::from_millis(500));
+                        // The request already retried (`oci::upstream`): a registry that
+                        // keeps failing is asked less and less often, then the download
+                        // ends, and its readers learn it (they waited on nothing before,
+                        // while the registry was asked every half second).
+                        self.registry_failures += 1;
+                        if self.registry_failures >= RUN_START_TRIES {
+                            self.origin_refused = Some(format!(
+                                "the registry failed {} registry runs in a row; last: {e}",
+                                self.registry_failures
+                            ));
+                            return;
+                        }
+                        let wait = run_retry_wait(self.registry_failures);
+                        warn!(digest = %self.d, error = %e, retry_in_ms = wait.as_millis() as u64, "cannot start a registry run; retrying");
+                        self.registry_retry_at = Some(Instant::now() + wait);
                         return;
                     }
                 }
@@ -137,6 +150,9 @@ impl Download {
         };
         match chunk {
             Some(Ok(mut chunk)) => {
+                if !chunk.is_empty() {
+                    self.registry_failures = 0;
+                }
                 chunk.truncate(chunk.len().min(left as usize));
                 let n = chunk.len() as u64;
                 // Registry bytes first on this node's link: they are new to the whole
@@ -255,5 +271,33 @@ impl Download {
             self.sched.claim(piece);
             self.registry_owed.insert(piece);
         }
+    }
+}
+
+/// Registry runs that fail to start in a row before the download ends: 3.5 s of
+/// waits between them. Each start already retried (`oci::upstream`), and a request
+/// that keeps failing is not even sent for a while that doubles each time
+/// (`FailingRequests`), so these tries cost a failing registry little; what they
+/// decide is how long readers wait before learning it.
+const RUN_START_TRIES: u32 = 4;
+
+/// The wait before the next run after `failures` in a row: 0.5, 1, 2 s (and at most
+/// 8 s, should the tries grow).
+fn run_retry_wait(failures: u32) -> Duration {
+    Duration::from_millis(500u64 << failures.saturating_sub(1).min(4))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_registry_is_asked_less_and_less_often() {
+        let waits: Vec<u64> = (1..RUN_START_TRIES)
+            .map(|n| run_retry_wait(n).as_millis() as u64)
+            .collect();
+        assert_eq!(waits, [500, 1_000, 2_000]);
+        assert_eq!(run_retry_wait(5), Duration::from_secs(8));
+        assert_eq!(run_retry_wait(u32::MAX), Duration::from_secs(8));
     }
 }
