@@ -4,6 +4,10 @@
 //! asks — is answered here with the same 429 and the time left, and the registry is
 //! not asked again before it said. Docker Hub and cloud registries count pulls per
 //! account or address, and asking during the wait only spends more of the quota.
+//!
+//! Also the requests that failed every attempt (5xx, no connection): each is held
+//! back for a while that doubles with every failure in a row, so that the retries of
+//! swarm downloads and runtimes do not add load to a registry that is already failing.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -14,10 +18,10 @@ use parking_lot::Mutex;
 /// must not shut a registry out of this node for hours.
 pub const MAX_QUOTA_WAIT: Duration = Duration::from_secs(300);
 
-/// Registries remembered at once. A client can name many registries a wildcard
-/// admits; past this many, a new refusal is not remembered (requests then go out as
-/// before) rather than the table growing.
-const MAX_REGISTRIES: usize = 1024;
+/// Entries remembered at once in each table. A client can name many registries a
+/// wildcard admits, and many blobs; past this many, a new refusal or failure is not
+/// remembered (requests then go out as before) rather than the table growing.
+const MAX_ENTRIES: usize = 1024;
 
 /// Registries that asked to be left alone, and until when.
 #[derive(Default)]
@@ -38,9 +42,9 @@ impl QuotaWaits {
     pub(super) fn refused(&self, registry: &str, wait: Duration, now: Instant) {
         let until = now + wait.min(MAX_QUOTA_WAIT);
         let mut m = self.until.lock();
-        if !m.contains_key(registry) && m.len() >= MAX_REGISTRIES {
+        if !m.contains_key(registry) && m.len() >= MAX_ENTRIES {
             m.retain(|_, u| *u > now);
-            if m.len() >= MAX_REGISTRIES {
+            if m.len() >= MAX_ENTRIES {
                 return;
             }
         }
@@ -72,9 +76,9 @@ impl FailingRequests {
 
     pub(super) fn failed(&self, key: &str, now: Instant) {
         let mut m = self.by_key.lock();
-        if !m.contains_key(key) && m.len() >= MAX_REGISTRIES {
+        if !m.contains_key(key) && m.len() >= MAX_ENTRIES {
             m.retain(|_, (_, u)| *u + MAX_FAILING_WAIT > now);
-            if m.len() >= MAX_REGISTRIES {
+            if m.len() >= MAX_ENTRIES {
                 return;
             }
         }
@@ -134,7 +138,7 @@ mod tests {
     fn the_table_stays_bounded_and_forgets_waits_that_ended() {
         let q = QuotaWaits::default();
         let t0 = Instant::now();
-        for i in 0..MAX_REGISTRIES {
+        for i in 0..MAX_ENTRIES {
             q.refused(&format!("r{i}"), Duration::from_secs(1), t0);
         }
         q.refused("late", Duration::from_secs(1), t0);
@@ -142,7 +146,7 @@ mod tests {
         let later = t0 + Duration::from_secs(2);
         q.refused("late", Duration::from_secs(1), later);
         assert_eq!(q.left("late", later), Some(Duration::from_secs(1)));
-        assert!(q.until.lock().len() <= MAX_REGISTRIES);
+        assert!(q.until.lock().len() <= MAX_ENTRIES);
     }
 
     #[test]
