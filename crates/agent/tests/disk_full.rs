@@ -77,9 +77,7 @@ async fn stalling_proxy(upstream: String, hold_after: usize) -> (String, Arc<Not
             builder.body(axum::body::Body::from_stream(stream)).unwrap()
         }
     });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
+    let url = testkit::serve_proxy(app).await;
     (url, held, release)
 }
 

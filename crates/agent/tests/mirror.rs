@@ -329,9 +329,7 @@ async fn recording_proxy(upstream: String) -> (String, Arc<std::sync::Mutex<Vec<
                 .unwrap()
         }
     });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
+    let url = testkit::serve_proxy(app).await;
     (url, asked)
 }
 
@@ -533,9 +531,7 @@ async fn fault_proxy(upstream: String, fault: Fault) -> (String, Arc<AtomicUsize
             builder.body(axum::body::Body::from_stream(stream)).unwrap()
         }
     });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
+    let url = testkit::serve_proxy(app).await;
     (url, hits)
 }
 

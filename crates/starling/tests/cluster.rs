@@ -407,43 +407,25 @@ async fn a_prewarm_onto_a_node_that_cannot_keep_the_image_reads_none_of_it() {
         .unwrap();
     let pinned = TestImage::push_multilayer(&registry, "ml/base", "v1", &[16 << 20], 24).unwrap();
     let next = TestImage::push_multilayer(&registry, "ml/next", "v1", &[12 << 20], 25).unwrap();
-    let host = registry.host();
-    let endpoint = format!("{host}={}", registry.url());
+    let endpoint = format!("{}={}", registry.host(), registry.url());
     let tracker = common::start_tracker(
         dir.path(),
-        &["--cluster-token", TOKEN, "--registry-endpoint", &endpoint],
+        &[
+            "--cluster-token",
+            common::trackers::TOKEN,
+            "--registry-endpoint",
+            &endpoint,
+        ],
         &[],
     )
     .await;
     let t = tracker.url();
-    let port = testkit::free_port();
-    let cache = dir.path().join("n0");
-    let agent = Proc::start(
-        common::args(&[
-            "agent",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--cache-dir",
-            &cache.display().to_string(),
-            "--default-registry",
-            &host,
-            "--registry-endpoint",
-            &endpoint,
-            "--tracker",
-            &t,
-            "--cluster-token",
-            TOKEN,
-            "--insecure-plain-http",
-            "--node-name",
-            "n0",
-            "--min-free",
-            "0",
-            "--cache-budget",
-            "24MiB",
-        ]),
-        port,
-        dir.path().join("n0.log"),
-        cache,
+    let agent = common::trackers::agent_with(
+        dir.path(),
+        "n0",
+        &t,
+        &registry,
+        &["--cache-budget", "24MiB"],
     )
     .await;
     testkit::until("the node reported", POLL_EVERY, POLL_WITHIN, async || {

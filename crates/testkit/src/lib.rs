@@ -50,7 +50,7 @@ pub use image::{
     Blob, ManifestFormat, Platform, PushedImage, PushedIndex, TestImage, DOCKER_LIST,
     DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST,
 };
-pub use proxy::forward;
+pub use proxy::{forward, serve as serve_proxy};
 pub use redis::RedisServer;
 pub use registry::{Registry, RegistryAuth};
 pub use tls::{CertPair, RegistryTls, TestCa};

@@ -26,3 +26,14 @@ pub async fn forward(
     }
     (path, resp, builder)
 }
+
+/// Serves a fault-injecting proxy's `app` on a free loopback port until the test's
+/// runtime ends; returns its base URL.
+pub async fn serve(app: axum::Router) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let url = format!("http://{}", l.local_addr().expect("local address"));
+    tokio::spawn(async move { axum::serve(l, app).await });
+    url
+}

@@ -213,10 +213,7 @@ async fn corrupting_once_proxy(registry: String, digest: String) -> String {
             out.body(axum::body::Body::from_stream(body)).unwrap()
         }
     });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
-    url
+    testkit::serve_proxy(app).await
 }
 
 /// The registry (or a cache in front of it) sends the elected source one corrupted
@@ -603,10 +600,7 @@ async fn throttling_proxy(registry: String, quota: std::sync::Arc<Quota>) -> Str
             out.body(axum::body::Body::from_stream(body)).unwrap()
         }
     });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
-    url
+    testkit::serve_proxy(app).await
 }
 
 /// The registry's pull quota runs out while four nodes pull an image through the
