@@ -139,6 +139,9 @@ impl Agent {
                 .passthrough_source(registry, repo, d, Uncached::NoRoom)
                 .await;
         }
+        // The registry's answer when it could not give the blob: the next lead takes
+        // it from the members that hold it instead.
+        let mut registry_unavailable: Option<Error> = None;
         for _ in 0..3 {
             match self.store.begin(d, None, registry).await {
                 Ok(Begin::Complete(size)) => return Ok((Source::Complete, size)),
@@ -165,6 +168,11 @@ impl Agent {
                     }
                 }
                 Ok(Begin::Lead(writer)) => {
+                    if let Some(refused) = registry_unavailable.take() {
+                        return self
+                            .take_from_holders(registry, repo, d, writer, limit, refused)
+                            .await;
+                    }
                     let (writer, opened) = match &self.p2p {
                         Some(p2p)
                             if self
@@ -175,12 +183,12 @@ impl Agent {
                         {
                             match crate::p2p::start(
                                 self.clone(),
-                                p2p.clone(),
                                 registry.to_owned(),
                                 repo.to_owned(),
                                 d.clone(),
                                 writer,
                                 limit.clone(),
+                                crate::p2p::Want::Swarm,
                             )
                             .await
                             {
@@ -196,9 +204,15 @@ impl Agent {
                         }
                         _ => (writer, None),
                     };
-                    return self
-                        .lead_from_registry(registry, repo, d, *writer, opened, limit)
-                        .await;
+                    match self
+                        .lead_from_registry(registry, repo, d, *writer, opened, limit.clone())
+                        .await
+                    {
+                        Err(e) if self.p2p.is_some() && e.registry_unavailable() => {
+                            registry_unavailable = Some(e);
+                        }
+                        led => return led,
+                    }
                 }
                 Err(e) if e.is_disk_full() || matches!(e, store::Error::Io { .. }) => {
                     warn!(digest = %d, error = %e, "store cannot take blob; streaming it without caching");
@@ -216,6 +230,48 @@ impl Agent {
             registry: registry.to_owned(),
             message: format!("download of {d} keeps failing"),
         })
+    }
+
+    /// A blob the registry could not give (`refused`, which the caller gets if nobody
+    /// else can either), taken whole from members that hold it: small enough to go to
+    /// the registry first (an image config, a small layer), it is in no swarm until
+    /// then. Its digest proves the bytes (`PieceLayout::whole`).
+    async fn take_from_holders(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        writer: Box<store::BlobWriter>,
+        limit: Option<Arc<TokenBucket>>,
+        refused: Error,
+    ) -> Result<(Source, u64), Error> {
+        let want = crate::p2p::Want::FromHolders {
+            max_size: swarm::pieces::WHOLE_PIECE_MAX,
+        };
+        let started = crate::p2p::start(
+            self.clone(),
+            registry.to_owned(),
+            repo.to_owned(),
+            d.clone(),
+            writer,
+            limit,
+            want,
+        )
+        .await;
+        match started {
+            crate::p2p::Start::Started(inf, total) => {
+                info!(digest = %d, %registry, error = %refused, "the registry cannot answer; taking the blob from a member that holds it");
+                self.metrics.taken_from_holders.inc();
+                Ok((Source::Inflight(inf, Via::Swarm), total))
+            }
+            crate::p2p::Start::Passthrough(_) | crate::p2p::Start::Failed(_) => {
+                Err(blob_err(refused, d))
+            }
+            crate::p2p::Start::NotSwarm(mut w, _) => {
+                w.fail(&refused.to_string());
+                Err(blob_err(refused, d))
+            }
+        }
     }
 
     /// The registry's bytes streamed to the client without caching, with the size the

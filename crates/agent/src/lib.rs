@@ -403,11 +403,13 @@ impl Agent {
                 let mut tick = tokio::time::interval(Duration::from_secs(1));
                 loop {
                     tick.tick().await;
+                    // Manifests and small blobs too: the registry serves them to
+                    // everyone while it can, but a node it cannot answer takes them
+                    // from a holder (`Want::FromHolders`).
                     let mut blobs: Vec<(store::BlobRecord, oci::Digest)> = agent
                         .store
                         .list()
                         .into_iter()
-                        .filter(|(_, r)| r.media_type.is_none() && r.size >= p2p.threshold)
                         .map(|(d, r)| (r, d))
                         .collect();
                     blobs.sort_by_key(|(r, _)| std::cmp::Reverse(r.last_access));

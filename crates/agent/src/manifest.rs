@@ -45,12 +45,21 @@ impl Agent {
             });
         }
         self.metrics.cache_misses.inc();
-        let accept = accept.unwrap_or(oci::media::DEFAULT_ACCEPT);
-        let (meta, body) = self
+        let accept_up = accept.unwrap_or(oci::media::DEFAULT_ACCEPT);
+        let (meta, body) = match self
             .upstream
-            .get_manifest(registry, repo, &d.to_string(), accept)
+            .get_manifest(registry, repo, &d.to_string(), accept_up)
             .await
-            .map_err(|e| self.upstream_failed(e))?;
+        {
+            Ok(got) => got,
+            Err(e) if e.registry_unavailable() => {
+                let e = self.upstream_failed(e);
+                return self
+                    .manifest_from_holders(registry, repo, d, accept, e)
+                    .await;
+            }
+            Err(e) => return Err(self.upstream_failed(e)),
+        };
         self.remember(&meta.digest, &meta.media_type, &body);
         Ok(ServedManifest {
             media_type: meta.media_type,
@@ -139,16 +148,27 @@ impl Agent {
             }
             None => {
                 self.metrics.cache_misses.inc();
-                let (meta, body) = self
+                match self
                     .upstream
                     .get_manifest(registry, repo, &meta.digest.to_string(), accept_up)
                     .await
-                    .map_err(|e| self.upstream_failed(e))?;
-                self.remember(&meta.digest, &meta.media_type, &body);
-                ServedManifest {
-                    media_type: meta.media_type,
-                    digest: meta.digest,
-                    body,
+                {
+                    Ok((meta, body)) => {
+                        self.remember(&meta.digest, &meta.media_type, &body);
+                        ServedManifest {
+                            media_type: meta.media_type,
+                            digest: meta.digest,
+                            body,
+                        }
+                    }
+                    // The registry named the digest (a HEAD, which pull quotas such as
+                    // Docker Hub's do not count) but will not give the manifest.
+                    Err(e) if e.registry_unavailable() => {
+                        let e = self.upstream_failed(e);
+                        self.manifest_from_holders(registry, repo, &meta.digest, accept, e)
+                            .await?
+                    }
+                    Err(e) => return Err(self.upstream_failed(e)),
                 }
             }
         };
@@ -161,6 +181,90 @@ impl Agent {
             warn!(error = %e, "cannot record tag");
         }
         Ok(served)
+    }
+
+    /// A manifest the registry could not give (`refused`, which the caller gets if
+    /// nobody else can either), taken from a member that holds it: by digest only, so
+    /// its bytes are proven whatever the member is; at most `MAX_MANIFEST_BYTES`.
+    async fn manifest_from_holders(
+        &self,
+        registry: &str,
+        repo: &str,
+        d: &Digest,
+        accept: Option<&str>,
+        refused: Error,
+    ) -> Result<ServedManifest, Error> {
+        if self.p2p.is_none() {
+            return Err(refused);
+        }
+        let inflight = match self.store.begin(d, None, registry).await {
+            Ok(store::Begin::Lead(writer)) => {
+                let want = crate::p2p::Want::FromHolders {
+                    max_size: oci::media::MAX_MANIFEST_BYTES as u64,
+                };
+                match crate::p2p::start(
+                    self.clone(),
+                    registry.to_owned(),
+                    repo.to_owned(),
+                    d.clone(),
+                    writer,
+                    None,
+                    want,
+                )
+                .await
+                {
+                    crate::p2p::Start::Started(inf, _) => Some(inf),
+                    crate::p2p::Start::NotSwarm(mut w, _) => {
+                        w.fail(&refused.to_string());
+                        return Err(refused);
+                    }
+                    crate::p2p::Start::Passthrough(_) | crate::p2p::Start::Failed(_) => {
+                        return Err(refused)
+                    }
+                }
+            }
+            Ok(store::Begin::Join(inf)) => Some(inf),
+            Ok(store::Begin::Complete(_)) => None,
+            Err(_) => return Err(refused),
+        };
+        if let Some(inf) = inflight {
+            let mut progress = inf.subscribe();
+            loop {
+                match progress.borrow_and_update().status.clone() {
+                    store::Status::Complete => break,
+                    store::Status::Failed { .. } => return Err(refused),
+                    store::Status::Running => {}
+                }
+                if progress.changed().await.is_err() {
+                    return Err(refused);
+                }
+            }
+        }
+        let path = self.store.blob_path(d);
+        let body = match std::fs::read(&path) {
+            Ok(b) if b.len() <= oci::media::MAX_MANIFEST_BYTES && Digest::of(&b) == *d => {
+                Bytes::from(b)
+            }
+            _ => return Err(refused),
+        };
+        let media_type = match Manifest::parse(&body) {
+            Ok(m) => m.effective_media_type().to_owned(),
+            Err(e) => {
+                warn!(digest = %d, error = %e, "content other nodes hold under a manifest's digest is no manifest");
+                return Err(refused);
+            }
+        };
+        if !accept_admits(accept, &media_type) {
+            return Err(refused);
+        }
+        info!(%registry, %repo, digest = %d, error = %refused, "the registry cannot answer; took the manifest from a member that holds it");
+        self.metrics.taken_from_holders.inc();
+        self.remember(d, &media_type, &body);
+        Ok(ServedManifest {
+            media_type,
+            digest: d.clone(),
+            body,
+        })
     }
 
     fn cached(&self, t: &TagRecord) -> Result<Option<ServedManifest>, Error> {

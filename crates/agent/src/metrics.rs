@@ -49,6 +49,9 @@ pub struct Metrics {
     pub cache_budget_bytes: Gauge,
     pub evictions: Counter,
     pub stale_tags_served: Counter,
+    /// Manifests and small blobs the registry could not give, taken from members that
+    /// hold them.
+    pub taken_from_holders: Counter,
     pub upstream_errors: Counter,
     pub disk_full: Counter,
     /// Connections closed at accept because `max_connections` were open.
@@ -76,6 +79,7 @@ impl Default for Metrics {
         let cache_budget_bytes = Gauge::default();
         let evictions = Counter::default();
         let stale_tags_served = Counter::default();
+        let taken_from_holders = Counter::default();
         let upstream_errors = Counter::default();
         let disk_full = Counter::default();
         let connections_refused = Counter::default();
@@ -153,6 +157,11 @@ impl Default for Metrics {
             stale_tags_served.clone(),
         );
         registry.register(
+            "taken_from_holders",
+            "Manifests and small blobs the registry could not give, taken from other nodes that hold them",
+            taken_from_holders.clone(),
+        );
+        registry.register(
             "upstream_errors",
             "Upstream requests that failed",
             upstream_errors.clone(),
@@ -170,6 +179,7 @@ impl Default for Metrics {
             cache_budget_bytes,
             evictions,
             stale_tags_served,
+            taken_from_holders,
             upstream_errors,
             disk_full,
             connections_refused,

@@ -223,6 +223,17 @@ impl Error {
         }
     }
 
+    /// The registry could not answer (throttled, failing, unreachable, or its TLS
+    /// cannot be trusted), as opposed to answering "no" (404, 401, 403) or sending
+    /// wrong bytes: content another node holds, proven by its digest, may stand in.
+    pub fn registry_unavailable(&self) -> bool {
+        match self {
+            Self::Transport { .. } | Self::Timeout { .. } | Self::Tls { .. } => true,
+            Self::Upstream { status, .. } => *status == 429 || *status >= 500,
+            _ => false,
+        }
+    }
+
     /// Where the error came from.
     pub fn error_source(&self) -> ErrorSource {
         match self {
@@ -399,5 +410,34 @@ mod source_tests {
             assert_eq!(e.is_retryable(), retryable, "{e}");
             assert_eq!(e.oci_status().0, status, "{e}");
         }
+    }
+
+    #[test]
+    fn only_a_registry_that_could_not_answer_lets_other_holders_stand_in() {
+        let upstream = |status| Error::Upstream {
+            registry: "r".into(),
+            status,
+            code: None,
+            message: String::new(),
+            retry_after: None,
+        };
+        for status in [429, 500, 502, 503] {
+            assert!(upstream(status).registry_unavailable(), "{status}");
+        }
+        for status in [401, 403, 404, 410] {
+            assert!(!upstream(status).registry_unavailable(), "{status}");
+        }
+        let d = crate::Digest::of(b"x");
+        assert!(!Error::DigestMismatch {
+            expected: d.clone(),
+            actual: d
+        }
+        .registry_unavailable());
+        assert!(!Error::Cache("disk".into()).registry_unavailable());
+        assert!(Error::Timeout {
+            registry: "r".into(),
+            message: "slow".into()
+        }
+        .registry_unavailable());
     }
 }

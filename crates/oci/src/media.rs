@@ -10,6 +10,9 @@ pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.
 pub const DOCKER_MANIFEST_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 pub const OCI_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+/// The largest manifest taken from a registry or another node: a bound on what a
+/// hostile one can make a mirror hold in memory.
+pub const MAX_MANIFEST_BYTES: usize = 4 << 20;
 
 /// What containerd sends; used when our own client resolves a tag.
 pub const DEFAULT_ACCEPT: &str = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, */*";

@@ -185,6 +185,9 @@ pub fn validate_geometry(blob_size: u64, piece_size: u64) -> Result<(), Error> {
 ///   at 64 MiB costing `seed-100x5gb` 1.270 → 1.296 with the scheduler of that day.
 pub const HEAD_DIVISOR: u64 = 16;
 pub const HEAD_MAX_PIECE: u64 = RULE_MAX_PIECE;
+/// The largest blob [`PieceLayout::whole`] lays out as one piece: a power of two above
+/// [`HEAD_MAX_PIECE`], so the piece is not split, within [`MAX_PIECE_SIZE`].
+pub const WHOLE_PIECE_MAX: u64 = 2 * HEAD_MAX_PIECE;
 
 /// Where pieces begin and end in a blob: a small head piece, then pieces of
 /// `piece_size` aligned to it (see [`HEAD_DIVISOR`]). Both numbers travel (announce,
@@ -212,6 +215,16 @@ impl PieceLayout {
             blob_size,
             piece_size: piece_size.max(1),
         }
+    }
+
+    /// The blob as one piece, whose hash is the blob's digest: a small blob or a
+    /// manifest taken whole from a holder, verified with no hash list. `None` above
+    /// [`WHOLE_PIECE_MAX`].
+    pub fn whole(blob_size: u64) -> Option<Self> {
+        (blob_size <= WHOLE_PIECE_MAX).then_some(Self {
+            blob_size,
+            piece_size: WHOLE_PIECE_MAX,
+        })
     }
 
     /// The head piece's size for pieces of `piece_size`; equal to it when the pieces
@@ -391,6 +404,12 @@ mod tests {
         assert_eq!(PieceLayout::new(100 * MIB, 64 * MIB).count(), 3);
         assert_eq!(PieceLayout::new(100 * MIB, 128 * MIB).count(), 1);
         assert!(l.is_small_head(0) && !l.is_small_head(1));
+        for size in [1, 677, 64 * KIB + 1, 4 * MIB, WHOLE_PIECE_MAX] {
+            let whole = PieceLayout::whole(size).expect("small enough");
+            assert!(validate_geometry(size, whole.piece_size).is_ok());
+            assert_eq!((whole.count(), whole.range(0)), (1, (0, size)), "{size}");
+        }
+        assert_eq!(PieceLayout::whole(WHOLE_PIECE_MAX + 1), None);
         assert!(PieceLayout::new(100 * MIB, 64 * MIB).is_small_head(0));
         assert!(!PieceLayout::new(300 * MIB, 128 * MIB).is_small_head(0));
         assert!(

@@ -75,6 +75,12 @@ pub struct AnnounceRequest {
     /// and starts a new hash epoch. Counts only from the elected source.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hashes_void: bool,
+    /// The registry cannot answer this node now (throttled, failing, unreachable): it
+    /// wants the blob only from members that hold it. It is never elected to read the
+    /// registry, and a blob below the P2P threshold, which otherwise has no swarm,
+    /// gets a handout of its complete holders instead of "fetch it directly".
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub registry_unavailable: bool,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -100,6 +106,7 @@ impl AnnounceRequest {
             leaving: false,
             wait_for_size_ms: 0,
             hashes_void: false,
+            registry_unavailable: false,
         }
     }
 }

@@ -384,8 +384,10 @@ impl TrackerState {
         // A new size voids the hashes too: a shared store deletes them the same way.
         swarm.voided = voids || swarm.regeometried;
         // A blob below the P2P threshold has no swarm: whoever asks fetches it directly,
-        // so nobody is kept as a member to hand out (nor the swarm past the next expiry).
-        if req.leaving || swarm.size.is_some_and(|s| s < cfg.min_p2p_size) {
+        // so nobody fetching it is kept as a member. Its complete holders (the seeding
+        // loop's) are kept, for a node the registry cannot answer.
+        let small = swarm.size.is_some_and(|s| s < cfg.min_p2p_size);
+        if req.leaving || (small && !complete) {
             swarm.peers.remove(&req.node);
             if swarm.source.as_deref() == Some(&req.node) {
                 swarm.source = None;
@@ -440,8 +442,15 @@ impl TrackerState {
         let any_complete = swarm.peers.any_complete(&ask);
         let role = if req.leaving || req.complete {
             Role::Peer
-        } else if swarm.size.is_some_and(|s| s < cfg.min_p2p_size) {
+        } else if small && !req.registry_unavailable {
             Role::Direct
+        } else if req.registry_unavailable {
+            // It cannot read the registry: never its source, whatever the swarm holds
+            // (a source that can no longer read it hands the role on).
+            if swarm.source.as_deref() == Some(&req.node) {
+                swarm.source = None;
+            }
+            Role::Peer
         } else if swarm.source.as_deref() == Some(&req.node) {
             Role::Source
         } else if swarm.source.is_none()

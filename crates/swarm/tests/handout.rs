@@ -39,6 +39,7 @@ fn req(node: &str, d: &Digest, t: Topology, held: u32) -> AnnounceRequest {
         leaving: false,
         wait_for_size_ms: 0,
         hashes_void: false,
+        registry_unavailable: false,
     }
 }
 

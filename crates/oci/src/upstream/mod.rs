@@ -406,7 +406,7 @@ impl Upstream {
         reference: &str,
         accept: &str,
     ) -> Result<(ManifestMeta, Bytes), Error> {
-        const MAX_MANIFEST: usize = 4 << 20;
+        const MAX_MANIFEST: usize = crate::media::MAX_MANIFEST_BYTES;
         let path = format!("/v2/{repo}/manifests/{reference}");
         let resp = self
             .request(

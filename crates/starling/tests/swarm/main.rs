@@ -9,6 +9,7 @@ mod bad_peers;
 mod faults;
 mod protocol;
 mod pulls;
+mod registry_outage;
 mod size_lies;
 mod wildcard;
 

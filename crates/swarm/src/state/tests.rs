@@ -814,3 +814,47 @@ fn only_the_source_can_void_the_hashes_and_that_starts_a_new_epoch() {
     assert_eq!(resp.role, Role::Source, "someone reads the registry again");
     assert_eq!((resp.hashes.len(), resp.hashes_epoch), (0, 1));
 }
+
+#[test]
+fn a_node_the_registry_cannot_answer_is_handed_the_holders_of_a_small_blob() {
+    let d = Digest::of(b"config");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut seeder = req("holder", &d);
+    seeder.size = Some(677);
+    seeder.complete = true;
+    ann(&mut t, &seeder, 0);
+    let mut fetching = req("fetching", &d);
+    fetching.size = Some(677);
+    let resp = ann(&mut t, &fetching, 1);
+    assert_eq!(resp.role, Role::Direct, "the registry serves a small blob");
+    assert!(resp.peers.iter().all(|p| p.node != "fetching"));
+    let mut refused = req("refused", &d);
+    refused.registry_unavailable = true;
+    let resp = ann(&mut t, &refused, 2);
+    assert_eq!(resp.role, Role::Peer);
+    assert_eq!(resp.size, Some(677));
+    let holders: Vec<_> = resp
+        .peers
+        .iter()
+        .map(|p| (p.node.as_str(), p.have.is_none()))
+        .collect();
+    assert_eq!(holders, [("holder", true)], "only the complete holder");
+    assert_eq!(t.stats()[0].source, None);
+}
+
+#[test]
+fn a_node_the_registry_cannot_answer_is_never_elected() {
+    let d = Digest::of(b"layer");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut refused = req("refused", &d);
+    refused.registry_unavailable = true;
+    let resp = ann(&mut t, &refused, 0);
+    assert_eq!((resp.role, resp.source), (Role::Peer, None));
+    assert_eq!(ann(&mut t, &req("able", &d), 200).role, Role::Source);
+    // A source that loses the registry hands the role on.
+    let mut lost = req("able", &d);
+    lost.registry_unavailable = true;
+    assert_eq!(ann(&mut t, &lost, 300).role, Role::Peer);
+    assert_eq!(t.stats()[0].source, None);
+    assert_eq!(ann(&mut t, &req("other", &d), 400).role, Role::Source);
+}

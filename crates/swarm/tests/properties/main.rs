@@ -88,6 +88,8 @@ fn the_sequences_reach_the_interesting_cases() {
         "full handout",
         "source replaced",
         "size replaced by the source",
+        "small blob: a complete holder kept",
+        "registry unavailable to the announcer",
         "reported source replaced",
         "hash taken",
         "expire",

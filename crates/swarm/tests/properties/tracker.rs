@@ -37,6 +37,8 @@ pub(super) struct Announce {
     bad: Vec<usize>,
     known_hashes: u32,
     rack: usize,
+    /// The registry cannot answer it: only holders may serve it.
+    registry_unavailable: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -78,13 +80,14 @@ fn announce_op() -> impl Strategy<Value = Announce> {
             proptest::collection::vec(0usize..6, 0..2),
             0u32..8,
             0usize..2,
+            0u8..8,
         ),
     )
         .prop_map(
             |(
                 (node, blob, geometry, have),
                 (c, fetching, leaving, l2),
-                (hashes, bad, known_hashes, rack),
+                (hashes, bad, known_hashes, rack, unavailable),
             )| {
                 Announce {
                     node,
@@ -99,6 +102,7 @@ fn announce_op() -> impl Strategy<Value = Announce> {
                     bad,
                     known_hashes,
                     rack,
+                    registry_unavailable: unavailable == 0,
                 }
             },
         )
@@ -160,6 +164,7 @@ fn request(a: &Announce) -> AnnounceRequest {
     }
     r.bad_peers = a.bad.iter().map(|b| format!("n{b}")).collect();
     r.known_hashes = a.known_hashes;
+    r.registry_unavailable = a.registry_unavailable;
     r
 }
 
@@ -274,9 +279,15 @@ pub(super) fn run_tracker(max_peers: usize, ops: &[TrackerOp]) -> Result<Tally, 
                     );
                     m.retain(|name, _| name == &req.node);
                 }
-                // A blob below the P2P threshold keeps no members: all fetch directly.
+                // A blob below the P2P threshold keeps no members fetching it (all
+                // fetch directly), only those holding it whole at the swarm's size,
+                // for a node the registry cannot answer.
                 let small = resp.size.is_some_and(|s| s < t.cfg.min_p2p_size);
-                if req.leaving || small {
+                let holds_whole = req.complete && req.size.is_none_or(|s| Some(s) == resp.size);
+                if small && holds_whole && !req.leaving {
+                    tally.add("small blob: a complete holder kept");
+                }
+                if req.leaving || (small && !holds_whole) {
                     if small {
                         tally.add("small blob: not a member");
                     }
@@ -310,6 +321,12 @@ pub(super) fn run_tracker(max_peers: usize, ops: &[TrackerOp]) -> Result<Tally, 
                     prop_assert_eq!(resp.source.as_deref(), Some(req.node.as_str()));
                 }
                 if req.leaving || req.complete {
+                    prop_assert_ne!(resp.source.as_deref(), Some(req.node.as_str()));
+                }
+                // A node the registry cannot answer is never the one to read it.
+                if req.registry_unavailable {
+                    tally.add("registry unavailable to the announcer");
+                    prop_assert_ne!(resp.role, Role::Source);
                     prop_assert_ne!(resp.source.as_deref(), Some(req.node.as_str()));
                 }
                 // The source's own final announce (complete or leaving) still counts.

@@ -7,6 +7,23 @@ use super::*;
 /// How long the tracker may hold a join until the swarm's size is known.
 const SIZE_WAIT_MS: u32 = 1_000;
 
+/// Whom a download may take the blob from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// The swarm, which may elect this node to read the registry.
+    Swarm,
+    /// The registry cannot answer this node (throttled, failing, unreachable): only
+    /// members that hold the whole blob, if it is at most `max_size` bytes (the most
+    /// the caller takes: a manifest's bound, or what one piece holds). A blob of at
+    /// most one piece (`PieceLayout::whole`) is checked against its digest alone.
+    FromHolders { max_size: u64 },
+}
+
+/// How long a download from holders waits for them: 10 s, and 1 s more per MiB.
+fn holders_patience(size: u64) -> Duration {
+    Duration::from_secs(10 + size / (1 << 20))
+}
+
 pub(crate) enum Start {
     /// The swarm download runs; stream from this inflight.
     Started(Arc<Inflight>, u64),
@@ -20,14 +37,21 @@ pub(crate) enum Start {
 
 pub(crate) async fn start(
     agent: Agent,
-    p2p: Arc<P2p>,
     registry: String,
     repo: String,
     d: Digest,
     mut writer: Box<BlobWriter>,
     limit: Option<Arc<TokenBucket>>,
+    want: Want,
 ) -> Start {
     let joined = Instant::now();
+    let Some(p2p) = agent.p2p.clone() else {
+        return Start::NotSwarm(writer, None);
+    };
+    let holders_only = match want {
+        Want::Swarm => None,
+        Want::FromHolders { max_size } => Some(max_size),
+    };
     // A file, or a registry only a wildcard admits, has a swarm of its own
     // (`oci::upstream::swarm_scope`); peers still ask each other for the blob by `d`.
     let oci::upstream::BlobSwarm {
@@ -47,6 +71,7 @@ pub(crate) async fn start(
     // by: the tracker holds the answer until there is (a tracker that cannot answers at
     // once, and the loop below asks again).
     req.wait_for_size_ms = SIZE_WAIT_MS;
+    req.registry_unavailable = holders_only.is_some();
     let mut resp = match p2p.announce(&req).await {
         Ok(r) => r,
         Err(e) => {
@@ -71,6 +96,24 @@ pub(crate) async fn start(
     // served declared another than the swarm's (checked once, with a HEAD).
     let mut vouched = known_size;
     let mut checked = known_size.is_some();
+    if let Some(max_size) = holders_only {
+        // No registry to ask: a size a manifest this agent served declared is the one
+        // to hold the holders to (the digest settles it in the end anyway).
+        vouched = vouched.or_else(|| agent.declared_sizes.lock().size(&registry, &repo, &d));
+        checked = true;
+        let whole_holder = |p: &swarm::PeerInfo| p.have.is_none();
+        let acceptable = |s: u64| s <= max_size && vouched.is_none_or(|v| v == s);
+        let takeable = resp.role == Role::Peer
+            && resp.peers.iter().any(whole_holder)
+            && resp.size.is_some_and(acceptable);
+        if !takeable {
+            debug!(digest = %d, role = ?resp.role, size = resp.size, "no member holds it whole at a size this node takes");
+            if resp.role != Role::Direct {
+                leave(&p2p, &swarm_key, false).await;
+            }
+            return Start::NotSwarm(writer, None);
+        }
+    }
     loop {
         if !checked {
             if let Some(said) = resp.size {
@@ -162,7 +205,7 @@ pub(crate) async fn start(
             }
         },
     };
-    if size < p2p.threshold {
+    if size < p2p.threshold && holders_only.is_none() {
         if resp.role == Role::Source {
             // Elected before anyone knew the size (an image config, a small layer):
             // the tracker learns it, so the nodes waiting on this election fetch it
@@ -180,7 +223,11 @@ pub(crate) async fn start(
         return Start::NotSwarm(writer, first_answer);
     }
     let first_stream = first_answer.map(|r| r.stream);
-    let piece_size = if resp.piece_size > 1 {
+    let whole = holders_only.and_then(|_| PieceLayout::whole(size));
+    let piece_size = if let Some(whole) = whole {
+        // Holders serve any layout of the size they hold: one piece needs no hashes.
+        whole.piece_size
+    } else if resp.piece_size > 1 {
         resp.piece_size
     } else {
         p2p.piece_size_for(size)
@@ -260,6 +307,7 @@ pub(crate) async fn start(
         origin_refused: None,
         hashes_epoch: None,
         hashes_voided: false,
+        holders_only_until: holders_only.map(|_| Instant::now() + holders_patience(size)),
         size_moved: None,
     };
     for (conn, chan) in dl.absorb(resp) {

@@ -36,7 +36,7 @@ mod peer_traffic;
 mod registry_run;
 mod verify;
 
-pub(crate) use join::{leave, start, Start};
+pub(crate) use join::{leave, start, Start, Want};
 use peer_traffic::Link;
 
 /// The name the scheduler knows the registry stream by.
@@ -181,6 +181,10 @@ struct Download {
     /// The epoch moved on while this download held pieces or hashes: they were checked
     /// against hashes from bad registry bytes, and the download starts over.
     hashes_voided: bool,
+    /// Taken only from members that hold it, as the registry cannot answer this node
+    /// ([`Want::FromHolders`]): the tracker never elects it, and the download ends
+    /// at this instant if no holder has delivered the blob by then.
+    holders_only_until: Option<Instant>,
     /// The size this blob really has, when it is not the one the swarm was laid out by
     /// (a member said another first): read from the registry, or the tracker's answer
     /// after the source corrected it. The download starts over.
@@ -211,6 +215,7 @@ impl Download {
             .unwrap_or(self.hashes.len()) as u32;
         // The rest wait for the next announce (the sent ones leave `bad` when it lands).
         r.bad_peers = self.bad.iter().take(MAX_BAD_PEERS).cloned().collect();
+        r.registry_unavailable = self.holders_only_until.is_some();
         r
     }
 
@@ -338,6 +343,13 @@ impl Download {
             }
             if let Some(reason) = self.origin_refused.take() {
                 self.abort(&reason).await;
+                return;
+            }
+            if self.holders_only_until.is_some_and(|t| Instant::now() >= t) {
+                self.abort(
+                    "no member that holds it delivered it in time, and the registry cannot answer",
+                )
+                .await;
                 return;
             }
             if let Some(size) = self.size_moved {
