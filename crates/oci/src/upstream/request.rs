@@ -305,7 +305,20 @@ fn backoff(attempt: u32) -> Duration {
 
 fn retry_after(h: &HeaderMap) -> Option<Duration> {
     let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?;
-    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+    retry_after_from(v, std::time::SystemTime::now())
+}
+
+/// A `Retry-After` value as a wait from `now`: seconds, or the HTTP-date to wait
+/// until (RFC 9110 allows both; some CDNs in front of registries send the date). A date
+/// already past is no wait. How long a wait is honoured is bounded where it is kept
+/// (`quota`).
+fn retry_after_from(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let until = httpdate::parse_http_date(value).ok()?;
+    Some(until.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 impl Upstream {
@@ -368,5 +381,33 @@ fn error_from_body(
         code,
         message,
         retry_after: retry,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::retry_after_from;
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_as_the_date_to_wait_until() {
+        // 2015-10-21 07:28:00 UTC, the example date of RFC 9110.
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        let wait = |v| retry_after_from(v, now);
+        assert_eq!(wait("30"), Some(Duration::from_secs(30)));
+        assert_eq!(wait(" 0 "), Some(Duration::ZERO));
+        assert_eq!(
+            wait("Wed, 21 Oct 2015 07:29:30 GMT"),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            wait("Wed, 21 Oct 2015 07:00:00 GMT"),
+            Some(Duration::ZERO),
+            "a date already past is no wait"
+        );
+        for bad in ["", "soon", "-5", "1.5", "Wed, 32 Oct 2015 07:29:30 GMT"] {
+            assert_eq!(wait(bad), None, "{bad:?}");
+        }
     }
 }
