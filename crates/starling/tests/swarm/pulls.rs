@@ -160,8 +160,9 @@ async fn containerd_pulls_through_two_swarm_agents() {
 /// a client that fetches by digest) goes to the tracker, and the first asker is elected
 /// before anyone knows the size. Finding it below the P2P threshold, the elected node
 /// fetches it directly like every other node and leaves the swarm, so its dashboard
-/// says "registry" and the tracker holds no member for it. Once a manifest has
-/// declared a blob small, asking for it does not touch the tracker at all.
+/// says "registry" and the tracker holds no member fetching it (only, once they hold
+/// it, the nodes' seeding). Once a manifest has declared a blob small, asking for it
+/// does not touch the tracker at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn small_blobs_go_to_the_registry_with_or_without_a_manifest() {
     let dir = tempfile::tempdir().unwrap();
@@ -210,17 +211,41 @@ async fn small_blobs_go_to_the_registry_with_or_without_a_manifest() {
         .expect("the blob asked for by digest went to the tracker");
     assert_eq!(small["size"], by_digest.size, "{small}");
     assert_eq!(small["source"], serde_json::Value::Null, "{small}");
-    assert_eq!(small["peers"], 0, "the elected node left: {small}");
+    assert_eq!(small["source_elections"], 1, "{small}");
+    // The elected node left; the only members kept are complete holders, seeded for
+    // a node the registry cannot answer.
+    assert_eq!(
+        small["peers"], small["complete"],
+        "the elected node left: {small}"
+    );
     // After the manifest, the config and the other small layer skip the tracker.
     pull_via(&a.url(), &image).await.expect("pull");
+    // Their swarms are only the holder's seeding (waited for here, so it is in the
+    // listing): nobody was elected to fetch them and nobody fetches them.
+    let seeded = |listed: &[serde_json::Value]| {
+        [&image.config, &image.layers[1]]
+            .iter()
+            .all(|b| listed.iter().any(|s| s["digest"] == b.digest.as_str()))
+    };
+    testkit::until(
+        "node a to seed what it holds",
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(20),
+        || async { seeded(&swarms(t.url()).await) },
+    )
+    .await;
     let listed = swarms(t.url()).await;
     for declared in [&image.config, &image.layers[1]] {
-        assert!(
-            !listed
-                .iter()
-                .any(|s| s["digest"] == declared.digest.as_str()),
-            "{} was declared small by the manifest: {listed:?}",
-            declared.digest
-        );
+        for s in listed
+            .iter()
+            .filter(|s| s["digest"] == declared.digest.as_str())
+        {
+            assert_eq!(
+                (&s["source_elections"], &s["peers"]),
+                (&serde_json::json!(0), &s["complete"]),
+                "{} was declared small by the manifest: {s}",
+                declared.digest
+            );
+        }
     }
 }

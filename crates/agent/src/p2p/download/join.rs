@@ -70,7 +70,12 @@ pub(crate) async fn start(
     // Until the source has the registry's answer there is no size to lay the blob out
     // by: the tracker holds the answer until there is (a tracker that cannot answers at
     // once, and the loop below asks again).
-    req.wait_for_size_ms = SIZE_WAIT_MS;
+    // (Holders said the size when they seeded: a swarm without one has none to wait for.)
+    req.wait_for_size_ms = if holders_only.is_some() {
+        0
+    } else {
+        SIZE_WAIT_MS
+    };
     req.registry_unavailable = holders_only.is_some();
     let mut resp = match p2p.announce(&req).await {
         Ok(r) => r,
