@@ -512,6 +512,41 @@ async fn a_new_node_takes_the_image_during_a_pull_quota(held: HeldImage) {
     assert_eq!(again.manifest_digest.to_string(), held.image.digest);
 }
 
+/// Real containerd on a node that joins during the quota: it resolves the tag with a
+/// HEAD (which the quota lets through), then GETs the manifest, config and layers by
+/// digest, which its agent takes from the holder. Its only other host is unreachable,
+/// so nothing else can have served it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn during_a_pull_quota_containerd_pulls_on_a_new_node_through_it() {
+    let held = HeldImage::start("swarm/stand-in-ctrd", 62, &[]).await;
+    held.quota_runs_out();
+    let gets = held.quota.forwarded_gets.load(Ordering::SeqCst);
+    let fresh = held.node("fresh").await;
+    let hosts = held.dir.path().join("hosts");
+    testkit::write_hosts_toml(
+        &hosts,
+        &held.registry.host(),
+        &fresh.url(),
+        "http://127.0.0.1:9",
+    )
+    .unwrap();
+    let reference = held.image.reference.clone();
+    let pulled = blocking(move || {
+        let c = testkit::Containerd::start();
+        c.pull(&reference, &hosts, &[])
+            .expect("containerd pulls through the agent while the quota is spent");
+        c.image_digest(&reference).unwrap()
+    })
+    .await;
+    assert_eq!(pulled, held.image.digest);
+    assert_eq!(
+        held.quota.forwarded_gets.load(Ordering::SeqCst) - gets,
+        0,
+        "no GET reached the registry"
+    );
+    assert!(metric(&fresh, "starling_agent_taken_from_holders_total").await >= 3);
+}
+
 /// The registry is down (every request, the tag's HEAD included, gets a 503): a new
 /// node still pulls an image by digest from a node that holds it. A tag it never
 /// resolved cannot be (no node's word is proof of what a tag names): that pull fails
