@@ -401,15 +401,22 @@ impl Agent {
             let agent = self.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(1));
+                let mut ticks: u64 = 0;
                 loop {
                     tick.tick().await;
-                    // Manifests and small blobs too: the registry serves them to
-                    // everyone while it can, but a node it cannot answer takes them
-                    // from a holder (`Want::FromHolders`).
+                    // Manifests and small blobs too, on every `SMALL_SEEDING_EVERY`th
+                    // tick: the registry serves them to everyone while it can, but a
+                    // node it cannot answer takes them from a holder
+                    // (`Want::FromHolders`).
+                    let with_small = ticks % SMALL_SEEDING_EVERY == 0;
+                    ticks += 1;
+                    let swarmed =
+                        |r: &store::BlobRecord| r.media_type.is_none() && r.size >= p2p.threshold;
                     let mut blobs: Vec<(store::BlobRecord, oci::Digest)> = agent
                         .store
                         .list()
                         .into_iter()
+                        .filter(|(_, r)| with_small || swarmed(r))
                         .map(|(d, r)| (r, d))
                         .collect();
                     blobs.sort_by_key(|(r, _)| std::cmp::Reverse(r.last_access));
@@ -543,6 +550,13 @@ fn bind_peer_listener(cfg: &AgentConfig) -> Result<(std::net::TcpListener, Strin
     let advertised = advertise.unwrap_or_else(|| local.to_string());
     Ok((l, advertised))
 }
+
+/// Seeding ticks (1 s each) per announce of the manifests and small blobs held. The
+/// tracker hands a holder out for its peer TTL (5 s) after its last announce, so every
+/// 3 s keeps them handed out with a margin. 30 of them per agent cost a tracker with
+/// 1,000 agents 0.70 → 1.07 cores sent every second, 0.71 → 0.81–0.89 every 3 s
+/// (`starling bench tracker --seeded-small 30`, BENCHMARKS.md).
+pub const SMALL_SEEDING_EVERY: u64 = 3;
 
 /// Scrapers at once on `metrics_listen`: a handful is normal, and the cap keeps a flood
 /// there from taking descriptors the mirror needs.

@@ -78,6 +78,11 @@ pub struct TrackerBenchArgs {
     /// source's reach.
     #[arg(long)]
     hashes_from_peers: bool,
+    /// Manifests and small blobs (4 KiB) every agent holds from the start and adds to
+    /// every `agent::SMALL_SEEDING_EVERY`th seeding batch as the agent does, the same
+    /// ones on every agent (a node the registry cannot answer finds them so).
+    #[arg(long, default_value_t = 0)]
+    seeded_small: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -241,8 +246,13 @@ impl Conn {
     }
 }
 
+/// The size of each `--seeded-small` entry: a manifest's or an image config's.
+const SMALL_SEEDED_SIZE: u64 = 4 << 10;
+
 struct Plan {
     blob_digests: Vec<oci::Digest>,
+    /// Held by every agent from the start and seeded every second (`--seeded-small`).
+    small_digests: Vec<oci::Digest>,
     blob_size: u64,
     piece_size: u64,
     fill: Duration,
@@ -292,63 +302,73 @@ async fn worker(mut conn: Conn, mut agents: Vec<AgentSim>, plan: std::sync::Arc<
         }
         let agent = &mut agents[i];
         buf.clear();
-        let (path, next) = match kind {
-            Kind::Announce(b) => {
-                let blob = &mut agent.blobs[b as usize];
-                if blob.req.complete {
-                    // Announced complete once; from now on it is in the seeding batch.
-                    continue;
+        let (path, next) =
+            match kind {
+                Kind::Announce(b) => {
+                    let blob = &mut agent.blobs[b as usize];
+                    if blob.req.complete {
+                        // Announced complete once; from now on it is in the seeding batch.
+                        continue;
+                    }
+                    advance(blob, &plan, now);
+                    if serde_json::to_writer(&mut buf, &blob.req).is_err() {
+                        tally.errors += 1;
+                        continue;
+                    }
+                    ("/swarm/v1/announce", None)
                 }
-                advance(blob, &plan, now);
-                if serde_json::to_writer(&mut buf, &blob.req).is_err() {
-                    tally.errors += 1;
-                    continue;
+                Kind::Seeding => {
+                    let with_small = agent.seedings % agent::SMALL_SEEDING_EVERY == 0;
+                    agent.seedings += 1;
+                    let small = plan.small_digests.iter().filter(|_| with_small).map(|d| {
+                        tracker::SeedBlob {
+                            digest: d.clone(),
+                            size: SMALL_SEEDED_SIZE,
+                        }
+                    });
+                    let complete: Vec<tracker::SeedBlob> = agent
+                        .blobs
+                        .iter()
+                        .filter(|b| b.req.complete)
+                        .map(|b| tracker::SeedBlob {
+                            digest: b.req.digest.clone(),
+                            size: plan.blob_size,
+                        })
+                        .chain(small)
+                        .collect();
+                    due.push(Reverse((
+                        next_slot(at, now, Duration::from_secs(1)),
+                        i,
+                        Kind::Seeding,
+                    )));
+                    if complete.is_empty() {
+                        continue;
+                    }
+                    let Some(first) = agent.blobs.first() else {
+                        continue;
+                    };
+                    let req = tracker::SeedingRequest {
+                        node: agent.name.clone(),
+                        addr: first.req.addr.clone(),
+                        topology: first.req.topology.clone(),
+                        blobs: complete,
+                    };
+                    if serde_json::to_writer(&mut buf, &req).is_err() {
+                        tally.errors += 1;
+                        continue;
+                    }
+                    ("/swarm/v1/seeding", None)
                 }
-                ("/swarm/v1/announce", None)
-            }
-            Kind::Seeding => {
-                let complete: Vec<tracker::SeedBlob> = agent
-                    .blobs
-                    .iter()
-                    .filter(|b| b.req.complete)
-                    .map(|b| tracker::SeedBlob {
-                        digest: b.req.digest.clone(),
-                        size: plan.blob_size,
-                    })
-                    .collect();
-                due.push(Reverse((
-                    next_slot(at, now, Duration::from_secs(1)),
-                    i,
-                    Kind::Seeding,
-                )));
-                if complete.is_empty() {
-                    continue;
+                Kind::Report => {
+                    agent.generation += 1;
+                    if serde_json::to_writer(&mut buf, &report_body(agent, &plan)).is_err() {
+                        tally.errors += 1;
+                        continue;
+                    }
+                    let every = plan.report_every.unwrap_or(Duration::from_secs(3));
+                    ("/api/v1/reports", Some(next_slot(at, now, every)))
                 }
-                let Some(first) = agent.blobs.first() else {
-                    continue;
-                };
-                let req = tracker::SeedingRequest {
-                    node: agent.name.clone(),
-                    addr: first.req.addr.clone(),
-                    topology: first.req.topology.clone(),
-                    blobs: complete,
-                };
-                if serde_json::to_writer(&mut buf, &req).is_err() {
-                    tally.errors += 1;
-                    continue;
-                }
-                ("/swarm/v1/seeding", None)
-            }
-            Kind::Report => {
-                agent.generation += 1;
-                if serde_json::to_writer(&mut buf, &report_body(agent, &plan)).is_err() {
-                    tally.errors += 1;
-                    continue;
-                }
-                let every = plan.report_every.unwrap_or(Duration::from_secs(3));
-                ("/api/v1/reports", Some(next_slot(at, now, every)))
-            }
-        };
+            };
         let sent = Instant::now();
         let answer = conn.post(path, Bytes::copy_from_slice(&buf)).await;
         let micros = sent.elapsed().as_micros().min(u32::MAX as u128) as u32;
@@ -461,6 +481,9 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     let plan = std::sync::Arc::new(Plan {
         blob_digests: (0..a.blobs)
             .map(|b| oci::Digest::of(format!("starling-bench-blob-{b}").as_bytes()))
+            .collect(),
+        small_digests: (0..a.seeded_small)
+            .map(|b| oci::Digest::of(format!("starling-bench-small-{b}").as_bytes()))
             .collect(),
         blob_size,
         piece_size,

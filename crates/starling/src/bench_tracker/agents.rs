@@ -41,6 +41,9 @@ pub(super) struct AgentSim {
     pub(super) name: String,
     pub(super) blobs: Vec<BlobSim>,
     pub(super) generation: u64,
+    /// Seeding batches sent: the small entries go in every
+    /// `agent::SMALL_SEEDING_EVERY`th, as the agent sends them.
+    pub(super) seedings: u64,
 }
 
 fn fake_hash(piece: u32) -> String {
@@ -96,6 +99,7 @@ pub(super) fn make_agent(i: usize, plan: &Plan) -> AgentSim {
         name,
         blobs,
         generation: 1,
+        seedings: 0,
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use testkit::{Registry, RegistryAuth, TestImage};
 
 use super::common::pull_via;
-use super::{agent_via, blocking, holders, metric, spawn_pull, tracker, Proc};
+use super::{agent_via, blocking, metric, probe_announce, spawn_pull, tracker, Proc};
 
 /// A registry's pull quota, which the distribution registry cannot produce: the
 /// throttling proxy refuses the next `refuse_next` blob GETs with `429 Too Many
@@ -349,6 +349,18 @@ enum Trackers {
     RedisReplicas,
 }
 
+/// Whether the tracker hands out the agent named "holder" for `digest`. A replica may
+/// answer a probe with an error while it settles (no handout then): asked again.
+async fn seeded_by_holder(tracker: &str, digest: &str) -> bool {
+    let answer = probe_announce(tracker, digest).await;
+    if answer["peers"].as_array().is_none() {
+        eprintln!("the tracker answered the probe without a handout: {answer}");
+    }
+    answer["peers"]
+        .as_array()
+        .is_some_and(|peers| peers.iter().any(|p| p["node"] == "holder"))
+}
+
 /// A one-holder cluster behind a fault proxy: an image with a layer below the swarm's
 /// threshold (1 MiB) and two above, pulled by the agent named "holder" while the
 /// registry was well, and seeded (manifest, config and small layer included).
@@ -414,12 +426,7 @@ impl HeldImage {
                 "the holder's seeding loop to announce what it holds",
                 Duration::from_millis(50),
                 Duration::from_secs(20),
-                || async {
-                    holders(&tracker, d)
-                        .await
-                        .iter()
-                        .any(|(n, _)| n == "holder")
-                },
+                || async { seeded_by_holder(&tracker, d).await },
             )
             .await;
         }
