@@ -408,7 +408,7 @@ impl Agent {
                     // tick: the registry serves them to everyone while it can, but a
                     // node it cannot answer takes them from a holder
                     // (`Want::FromHolders`).
-                    let with_small = ticks % SMALL_SEEDING_EVERY == 0;
+                    let with_small = ticks.is_multiple_of(SMALL_SEEDING_EVERY);
                     ticks += 1;
                     let swarmed =
                         |r: &store::BlobRecord| r.media_type.is_none() && r.size >= p2p.threshold;

@@ -318,7 +318,7 @@ async fn worker(mut conn: Conn, mut agents: Vec<AgentSim>, plan: std::sync::Arc<
                     ("/swarm/v1/announce", None)
                 }
                 Kind::Seeding => {
-                    let with_small = agent.seedings % agent::SMALL_SEEDING_EVERY == 0;
+                    let with_small = agent.seedings.is_multiple_of(agent::SMALL_SEEDING_EVERY);
                     agent.seedings += 1;
                     let small = plan.small_digests.iter().filter(|_| with_small).map(|d| {
                         tracker::SeedBlob {
