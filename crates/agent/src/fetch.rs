@@ -245,33 +245,22 @@ impl Agent {
         limit: Option<Arc<TokenBucket>>,
         refused: Error,
     ) -> Result<(Source, u64), Error> {
-        let want = crate::p2p::Want::FromHolders {
-            max_size: swarm::pieces::WHOLE_PIECE_MAX,
-        };
-        let started = crate::p2p::start(
+        let taken = crate::p2p::start_from_holders(
             self.clone(),
-            registry.to_owned(),
-            repo.to_owned(),
-            d.clone(),
+            registry,
+            repo,
+            d,
             writer,
             limit,
-            want,
+            swarm::pieces::WHOLE_PIECE_MAX,
         )
         .await;
-        match started {
-            crate::p2p::Start::Started(inf, total) => {
-                info!(digest = %d, %registry, error = %refused, "the registry cannot answer; taking the blob from a member that holds it");
-                self.metrics.taken_from_holders.inc();
-                Ok((Source::Inflight(inf, Via::Swarm), total))
-            }
-            crate::p2p::Start::Passthrough(_) | crate::p2p::Start::Failed(_) => {
-                Err(blob_err(refused, d))
-            }
-            crate::p2p::Start::NotSwarm(mut w, _) => {
-                w.fail(&refused.to_string());
-                Err(blob_err(refused, d))
-            }
-        }
+        let Some((inf, total)) = taken else {
+            return Err(blob_err(refused, d));
+        };
+        info!(digest = %d, %registry, error = %refused, "the registry cannot answer; taking the blob from a member that holds it");
+        self.metrics.taken_from_holders.inc();
+        Ok((Source::Inflight(inf, Via::Swarm), total))
     }
 
     /// The registry's bytes streamed to the client without caching, with the size the

@@ -199,29 +199,21 @@ impl Agent {
         }
         let inflight = match self.store.begin(d, None, registry).await {
             Ok(store::Begin::Lead(writer)) => {
-                let want = crate::p2p::Want::FromHolders {
-                    max_size: oci::media::MAX_MANIFEST_BYTES as u64,
-                };
-                match crate::p2p::start(
+                let max = oci::media::MAX_MANIFEST_BYTES as u64;
+                let taken = crate::p2p::start_from_holders(
                     self.clone(),
-                    registry.to_owned(),
-                    repo.to_owned(),
-                    d.clone(),
+                    registry,
+                    repo,
+                    d,
                     writer,
                     None,
-                    want,
+                    max,
                 )
-                .await
-                {
-                    crate::p2p::Start::Started(inf, _) => Some(inf),
-                    crate::p2p::Start::NotSwarm(mut w, _) => {
-                        w.fail(&refused.to_string());
-                        return Err(refused);
-                    }
-                    crate::p2p::Start::Passthrough(_) | crate::p2p::Start::Failed(_) => {
-                        return Err(refused)
-                    }
-                }
+                .await;
+                let Some((inf, _)) = taken else {
+                    return Err(refused);
+                };
+                Some(inf)
             }
             Ok(store::Begin::Join(inf)) => Some(inf),
             Ok(store::Begin::Complete(_)) => None,

@@ -17,6 +17,16 @@ const POLL_WITHIN: Duration = Duration::from_secs(60);
 
 const TOKEN: &str = "cluster-test-token";
 
+/// Waits until the tracker at `t` lists `count` nodes (each agent's first report).
+async fn until_nodes_reported(t: &str, count: usize) {
+    testkit::until("the nodes reported", POLL_EVERY, POLL_WITHIN, async || {
+        json(&format!("{t}/api/v1/nodes")).await["nodes"]
+            .as_array()
+            .is_some_and(|n| n.len() == count)
+    })
+    .await;
+}
+
 async fn json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
@@ -122,12 +132,7 @@ async fn prewarm_a_labelled_subset_then_schedule_where_the_bytes_are() {
         );
     }
     let t = tracker.url();
-    testkit::until("4 nodes reported", POLL_EVERY, POLL_WITHIN, async || {
-        json(&format!("{t}/api/v1/nodes")).await["nodes"]
-            .as_array()
-            .is_some_and(|n| n.len() == 4)
-    })
-    .await;
+    until_nodes_reported(&t, 4).await;
 
     // A mutable tag is refused with the reason.
     let http = reqwest::Client::new();
@@ -353,12 +358,7 @@ async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
     )
     .await;
     let t = tracker.url();
-    testkit::until("the node reported", POLL_EVERY, POLL_WITHIN, async || {
-        json(&format!("{t}/api/v1/nodes")).await["nodes"]
-            .as_array()
-            .is_some_and(|n| n.len() == 1)
-    })
-    .await;
+    until_nodes_reported(&t, 1).await;
     let job: serde_json::Value = reqwest::Client::new()
         .post(format!("{t}/api/v1/prewarm"))
         .json(&serde_json::json!({"images": [image.reference], "targets": {"nodes": ["n0"]}, "into_runtime": true}))
@@ -428,12 +428,7 @@ async fn a_prewarm_onto_a_node_that_cannot_keep_the_image_reads_none_of_it() {
         &["--cache-budget", "24MiB"],
     )
     .await;
-    testkit::until("the node reported", POLL_EVERY, POLL_WITHIN, async || {
-        json(&format!("{t}/api/v1/nodes")).await["nodes"]
-            .as_array()
-            .is_some_and(|n| n.len() == 1)
-    })
-    .await;
+    until_nodes_reported(&t, 1).await;
     let http = reqwest::Client::new();
     let prewarm = async |reference: &str| -> serde_json::Value {
         let job: serde_json::Value = http

@@ -19,7 +19,7 @@ use swarm::scheduler::SchedulerConfig;
 use swarm::upload::{RequestBudget, UploadConfig, UploadQueue};
 use swarm::{AnnounceRequest, AnnounceResponse, PieceHash, Topology};
 
-pub(crate) use download::{start, Start, Want};
+pub(crate) use download::{start, start_from_holders, Start, Want};
 
 use crate::config::AgentConfig;
 use crate::metrics::ReasonLabels;

@@ -50,6 +50,24 @@ impl Quota {
     }
 }
 
+/// Agents `n{i}` for each `i` in `names`, with `flags`, reaching `registry` through
+/// `proxy`.
+async fn agents_behind(
+    dir: &std::path::Path,
+    tracker: &str,
+    registry: &Registry,
+    proxy: &str,
+    names: std::ops::Range<usize>,
+    flags: &[&str],
+) -> Vec<Proc> {
+    let mut agents = Vec::new();
+    for i in names {
+        let name = format!("n{i}");
+        agents.push(agent_via(dir, &name, tracker, registry, proxy, flags).await);
+    }
+    agents
+}
+
 /// A proxy in front of the real registry that applies `quota` to blob GETs (and to
 /// what else it says) and forwards everything else. Returns its URL.
 async fn throttling_proxy(registry: String, quota: std::sync::Arc<Quota>) -> String {
@@ -137,20 +155,7 @@ async fn a_registry_out_of_pull_quota_is_answered_with_its_wait_and_not_asked_ag
     quota.retry_after_s.store(30, Ordering::SeqCst);
     let proxy = throttling_proxy(registry.url(), quota.clone()).await;
     let t = tracker(dir.path(), &[]).await;
-    let mut nodes = Vec::new();
-    for i in 0..4 {
-        nodes.push(
-            agent_via(
-                dir.path(),
-                &format!("n{i}"),
-                &t.url(),
-                &registry,
-                &proxy,
-                &[],
-            )
-            .await,
-        );
-    }
+    let nodes = agents_behind(dir.path(), &t.url(), &registry, &proxy, 0..4, &[]).await;
     let told_to_wait = |r: &Result<oci::pull::PullReport, oci::Error>| match r {
         Err(oci::Error::Upstream {
             status: 429,
@@ -220,20 +225,7 @@ async fn a_registry_out_of_pull_quota_is_answered_with_its_wait_and_not_asked_ag
     // A short quota, on nodes that were never refused: waited out.
     quota.retry_after_s.store(1, Ordering::SeqCst);
     quota.refuse_next.store(2 * blobs, Ordering::SeqCst);
-    let mut fresh = Vec::new();
-    for i in 4..8 {
-        fresh.push(
-            agent_via(
-                dir.path(),
-                &format!("n{i}"),
-                &t.url(),
-                &registry,
-                &proxy,
-                &[],
-            )
-            .await,
-        );
-    }
+    let fresh = agents_behind(dir.path(), &t.url(), &registry, &proxy, 4..8, &[]).await;
     let pulls: Vec<_> = fresh.iter().map(|n| spawn_pull(n, &image)).collect();
     for p in pulls {
         let r = p.await.unwrap().expect("a pull after a 1 s quota succeeds");
@@ -265,20 +257,7 @@ async fn a_pull_quota_running_out_mid_layer_ends_the_download() {
     let proxy = throttling_proxy(registry.url(), quota.clone()).await;
     let t = tracker(dir.path(), &[]).await;
     let slow = ["--download-limit", "4MiB"];
-    let mut nodes = Vec::new();
-    for i in 0..2 {
-        nodes.push(
-            agent_via(
-                dir.path(),
-                &format!("n{i}"),
-                &t.url(),
-                &registry,
-                &proxy,
-                &slow,
-            )
-            .await,
-        );
-    }
+    let nodes = agents_behind(dir.path(), &t.url(), &registry, &proxy, 0..2, &slow).await;
     let pulls: Vec<_> = nodes.iter().map(|n| spawn_pull(n, &image)).collect();
     quota.runs_out_after(2 << 20).await;
     for p in pulls {

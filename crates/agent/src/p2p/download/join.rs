@@ -326,6 +326,39 @@ pub(crate) async fn start(
     Start::Started(inflight, size)
 }
 
+/// [`start`] from the members that hold the blob whole ([`Want::FromHolders`]): the
+/// download and the blob's size, or `None` when nobody can give it at a size of at most
+/// `max_size` (then `writer` has failed, and its readers with it).
+pub(crate) async fn start_from_holders(
+    agent: Agent,
+    registry: &str,
+    repo: &str,
+    d: &Digest,
+    writer: Box<BlobWriter>,
+    limit: Option<Arc<TokenBucket>>,
+    max_size: u64,
+) -> Option<(Arc<Inflight>, u64)> {
+    let want = Want::FromHolders { max_size };
+    let started = start(
+        agent,
+        registry.to_owned(),
+        repo.to_owned(),
+        d.clone(),
+        writer,
+        limit,
+        want,
+    )
+    .await;
+    match started {
+        Start::Started(inf, total) => Some((inf, total)),
+        Start::NotSwarm(mut w, _) => {
+            w.fail("no member holds it whole, and the registry cannot answer");
+            None
+        }
+        Start::Passthrough(_) | Start::Failed(_) => None,
+    }
+}
+
 /// Tells the tracker this node holds nothing any more of the blob whose swarm is
 /// `swarm` (a download that failed, or a blob whose file disappeared).
 pub(crate) async fn leave(p2p: &P2p, swarm: &Digest, hashes_void: bool) {

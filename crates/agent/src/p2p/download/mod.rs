@@ -36,7 +36,7 @@ mod peer_traffic;
 mod registry_run;
 mod verify;
 
-pub(crate) use join::{leave, start, Start, Want};
+pub(crate) use join::{leave, start, start_from_holders, Start, Want};
 use peer_traffic::Link;
 
 /// The name the scheduler knows the registry stream by.
