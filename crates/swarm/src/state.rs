@@ -321,8 +321,19 @@ impl TrackerState {
                     && !s.cut_off(&p.name, cfg.bad_peer_quorum, cfg.peer_ttl_ms, now)
             })
         };
+        // A swarm laid out below the P2P threshold has no source to mend its size: a
+        // member claiming a large layer at a small size would otherwise send every node
+        // to the registry for it, and one claiming a small blob at a wrong size would
+        // keep its honest holders out. There the size is mended by a complete holder
+        // (it passed the digest at its size), or by a node that checked the size with
+        // the registry and would read it as the source of the large swarm it says
+        // this is. A size a live holder nobody reported backs still stands.
+        let small_in_force = swarm.size.is_some_and(|s| s < cfg.min_p2p_size);
+        let may_mend_small = small_in_force
+            && (req.complete
+                || (req.size.is_some_and(|s| s >= cfg.min_p2p_size) && !req.registry_unavailable));
         swarm.regeometried = conflicting
-            && swarm.source.as_deref() == Some(req.node.as_str())
+            && (swarm.source.as_deref() == Some(req.node.as_str()) || may_mend_small)
             && !req.leaving
             && !proven(swarm);
         if swarm.regeometried {

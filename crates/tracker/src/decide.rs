@@ -23,12 +23,27 @@ pub(crate) async fn decide(
         Refresh::No
     };
     let decided = match decide_with_store(t, reqs, refresh).await {
-        Ok(Decided::Answers(answers)) => Ok(answers),
+        Ok(Decided::Answers(mut answers, disputed)) => {
+            // Holders disputing a small swarm's size, decided apart on fresh members so
+            // the rest of a seeding batch is not read again.
+            if !disputed.is_empty() {
+                let again: Vec<AnnounceRequest> =
+                    disputed.iter().map(|&i| reqs[i].clone()).collect();
+                if let Ok(Decided::Answers(fresh, _)) =
+                    decide_with_store(t, &again, Refresh::Now).await
+                {
+                    for (i, answer) in disputed.into_iter().zip(fresh) {
+                        answers[i] = answer;
+                    }
+                }
+            }
+            Ok(answers)
+        }
         // A new election decided on a copy whose members were not just read (a
         // complete holder may have arrived through another replica): decide again on
         // fresh members, so that a fetcher is elected only when one is needed.
         Ok(Decided::StaleElection) => match decide_with_store(t, reqs, Refresh::Now).await {
-            Ok(Decided::Answers(answers)) => Ok(answers),
+            Ok(Decided::Answers(answers, _)) => Ok(answers),
             Ok(Decided::StaleElection) => Err(Error::Conflict {
                 digest: reqs
                     .first()
@@ -51,7 +66,10 @@ pub(crate) async fn decide(
 }
 
 enum Decided {
-    Answers(Vec<Result<AnnounceResponse, Error>>),
+    /// One answer per announce, and the announces left undecided (their answers are
+    /// placeholders, nothing of them committed): holders disputing a small swarm's
+    /// size on a copy whose members were not read this time.
+    Answers(Vec<Result<AnnounceResponse, Error>>, Vec<usize>),
     /// Nothing committed: an election was decided on members not read this time.
     StaleElection,
 }
@@ -65,6 +83,7 @@ async fn decide_with_store(
     let shared = t.store.load(&digests, refresh).await?;
     let now = t.store.now_ms();
     let mut answers = Vec::with_capacity(reqs.len());
+    let mut disputed = Vec::new();
     let mut outcomes = Vec::new();
     {
         let mut st = t.state.lock();
@@ -74,10 +93,15 @@ async fn decide_with_store(
                 && shared
                     .as_ref()
                     .is_some_and(|s| s.source.is_none() && s.peers.is_none());
+            // A holder may mend a small swarm's size only if no member backs it, which
+            // only members read now can say.
+            let members_unread =
+                refresh != Refresh::Now && shared.as_ref().is_some_and(|s| s.peers.is_none());
             if let Some(shared) = shared {
                 st.adopt(&req.digest, shared, now);
             }
             let was_source = st.source(&req.digest) == Some(req.node.as_str());
+            let size_before = st.geometry(&req.digest).and_then(|g| g.0);
             let resp = match st.announce(req, now) {
                 Ok(resp) => resp,
                 Err(e) => {
@@ -91,6 +115,32 @@ async fn decide_with_store(
             let reports = st.take_reports(&req.digest);
             let (size, piece_size, pieces, born) =
                 st.geometry(&req.digest).unwrap_or((None, 0, 0, now));
+            // A holder's claim at another size than a small swarm's, mended or not:
+            // whether a member backs the size in force is for members read now (the
+            // reports against the one that set it included) to say.
+            let holder_disputes_small_size = req.complete
+                && !req.leaving
+                && req.size.is_some()
+                && req.size != size_before
+                && size_before.is_some_and(|s| s < st.cfg.min_p2p_size);
+            if holder_disputes_small_size && resp.role != Role::Source {
+                if members_unread {
+                    disputed.push(answers.len());
+                    answers.push(Err(Error::Conflict {
+                        digest: req.digest.to_string(),
+                        what: "a small swarm's size is disputed: members could not be read fresh",
+                    }));
+                    continue;
+                }
+                if regeometry {
+                    tracing::warn!(
+                        digest = %req.digest,
+                        holder = %req.node,
+                        size = ?req.size,
+                        "a small swarm's size mended by a complete holder (the member that set it was reported, or is gone)"
+                    );
+                }
+            }
             let intent = if resp.role == Role::Source {
                 if unread_without_source {
                     return Ok(Decided::StaleElection);
@@ -167,5 +217,5 @@ async fn decide_with_store(
             resp.source = settled.source;
         }
     }
-    Ok(Decided::Answers(answers))
+    Ok(Decided::Answers(answers, disputed))
 }

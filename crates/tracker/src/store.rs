@@ -40,7 +40,8 @@ pub struct Outcome {
     /// The source voided its hashes (its registry bytes failed the digest): the store
     /// forgets them and every replica moves to the next hash epoch.
     pub void_hashes: bool,
-    /// The source read another size from the registry than the one stored: the store
+    /// The source read another size from the registry than the one stored, or a
+    /// complete holder mended a small swarm's (`intent` tells which): the store
     /// replaces the geometry, which it otherwise sets once.
     pub regeometry: bool,
     /// Hashes the node sent that fit the swarm; kept only if it is the source.

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
-use super::common::pull_via;
-use super::{agent_via, blocking, metric, probe_announce, spawn_pull, tracker, Proc};
+use super::common::{keep_announcing, pull_via};
+use super::{agent_via, blocking, metric, probe_announce, spawn_pull, tracker, Proc, TOKEN};
 
 /// A registry's pull quota, which the distribution registry cannot produce: the
 /// throttling proxy refuses the next `refuse_next` blob GETs with `429 Too Many
@@ -354,14 +354,26 @@ struct HeldImage {
     _trackers: Vec<Proc>,
     _redis: Option<testkit::RedisServer>,
     _holder: Proc,
+    _liar: Option<tokio::task::JoinHandle<()>>,
 }
+
+/// A member that claims, before the holder seeds it, to hold the small layer whole at
+/// a size 1,000 bytes short, and keeps saying so every second.
+const SMALL_LAYER_LIE: u64 = 1_000;
 
 impl HeldImage {
     async fn start(repo: &str, seed: u64, holder_flags: &[&str]) -> Self {
-        Self::start_with(repo, seed, holder_flags, Trackers::One).await
+        Self::start_with(repo, seed, holder_flags, Trackers::One, false).await
     }
 
-    async fn start_with(repo: &str, seed: u64, holder_flags: &[&str], trackers: Trackers) -> Self {
+    /// `small_layer_liar`: [`SMALL_LAYER_LIE`] is announced before the holder pulls.
+    async fn start_with(
+        repo: &str,
+        seed: u64,
+        holder_flags: &[&str],
+        trackers: Trackers,
+        small_layer_liar: bool,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (redis, registry) = match trackers {
             Trackers::One => (None, blocking(|| Registry::start(RegistryAuth::None)).await),
@@ -398,8 +410,31 @@ impl HeldImage {
         )
         .await;
         let tracker = procs.last().unwrap().url();
+        let small_layer = &image.layers[1];
+        let liar = small_layer_liar.then(|| {
+            let body = serde_json::json!({
+                "node": "liar", "addr": "127.0.0.1:1", "digest": small_layer.digest,
+                "size": small_layer.size - SMALL_LAYER_LIE, "complete": true,
+            });
+            keep_announcing(&tracker, TOKEN, body, Duration::from_secs(1))
+        });
+        if liar.is_some() {
+            testkit::until(
+                "the tracker to take the liar's size",
+                Duration::from_millis(20),
+                Duration::from_secs(10),
+                || async {
+                    probe_announce(&tracker, &small_layer.digest).await["size"].as_u64()
+                        == Some(small_layer.size - SMALL_LAYER_LIE)
+                },
+            )
+            .await;
+        }
         pull_via(&holder.url(), &image).await.unwrap();
-        let small = [&image.digest, &image.config.digest, &image.layers[1].digest];
+        let mut small = vec![&image.digest, &image.config.digest];
+        if liar.is_none() {
+            small.push(&small_layer.digest);
+        }
         for d in small {
             testkit::until(
                 "the holder's seeding loop to announce what it holds",
@@ -419,6 +454,7 @@ impl HeldImage {
             _trackers: procs,
             _redis: redis,
             _holder: holder,
+            _liar: liar,
         }
     }
 
@@ -460,7 +496,8 @@ async fn during_a_pull_quota_a_new_node_takes_the_image_from_a_node_that_holds_i
 /// new node to the other: the holders of manifests and small blobs are shared state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn during_a_pull_quota_a_new_node_finds_the_holder_through_another_tracker_replica() {
-    let held = HeldImage::start_with("swarm/stand-in-ha", 61, &[], Trackers::RedisReplicas).await;
+    let held =
+        HeldImage::start_with("swarm/stand-in-ha", 61, &[], Trackers::RedisReplicas, false).await;
     a_new_node_takes_the_image_during_a_pull_quota(held).await;
 }
 
@@ -593,4 +630,68 @@ async fn a_holder_serving_corrupt_bytes_cannot_stand_in_for_the_registry() {
     let hex = held.image.digest.trim_start_matches("sha256:");
     let kept = held.dir.path().join("fresh/blobs/sha256").join(hex);
     assert!(!kept.exists(), "nothing kept under the manifest's digest");
+}
+
+/// A member claims the small layer whole at a wrong size before its honest holder
+/// seeds it, so the tracker lays that small swarm out by the lie and counts the
+/// holder's claim as none (no source is ever elected below the threshold to mend a
+/// size). A node the registry will not serve reports the liar when its manifest
+/// declares another size; the holder's next seeding then mends the size, and the node
+/// pulls the image from the holder (its first try may get the registry's 429).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_size_lie_in_a_small_swarm_keeps_its_holder_out_only_until_reported() {
+    let held = HeldImage::start_with("swarm/stand-in-lie", 62, &[], Trackers::One, true).await;
+    a_small_swarms_size_lie_is_mended(held).await;
+}
+
+/// The same with tracker replicas sharing Redis (the holder seeding through one, the
+/// liar and the new node announcing to the other): the store takes a holder's mend of
+/// a small swarm's size, although no source vouches for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_size_lie_in_a_small_swarm_is_mended_through_another_tracker_replica() {
+    let held = HeldImage::start_with(
+        "swarm/stand-in-lie-ha",
+        63,
+        &[],
+        Trackers::RedisReplicas,
+        true,
+    )
+    .await;
+    a_small_swarms_size_lie_is_mended(held).await;
+}
+
+async fn a_small_swarms_size_lie_is_mended(held: HeldImage) {
+    let small_layer = held.image.layers[1].clone();
+    assert_eq!(
+        probe_announce(&held.tracker, &small_layer.digest).await["size"].as_u64(),
+        Some(small_layer.size - SMALL_LAYER_LIE),
+        "the lie stands while nobody reported it"
+    );
+    held.quota_runs_out();
+    let gets = held.quota.forwarded_gets.load(Ordering::SeqCst);
+    let fresh = held.node("fresh").await;
+    let mut tries = Vec::new();
+    for _ in 0..15 {
+        let r = pull_via(&fresh.url(), &held.image).await;
+        tries.push(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        if let Ok(r) = r {
+            assert_eq!(r.manifest_digest.to_string(), held.image.digest);
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        tries.last().is_some_and(|t| t.is_ok()),
+        "the image comes from the holder in the end: {tries:?}"
+    );
+    assert_eq!(
+        probe_announce(&held.tracker, &small_layer.digest).await["size"].as_u64(),
+        Some(small_layer.size),
+        "the holder's size replaced the reported liar's"
+    );
+    assert_eq!(
+        held.quota.forwarded_gets.load(Ordering::SeqCst) - gets,
+        0,
+        "no GET reached the registry"
+    );
 }

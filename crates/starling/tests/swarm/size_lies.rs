@@ -92,6 +92,24 @@ async fn a_member_announcing_a_long_size_first_spoils_nothing() {
     a_lie_about_the_size_spoils_nothing(|real| real + (3 << 20), 72, false).await;
 }
 
+/// A size below the swarm threshold makes the tracker treat the layer as a small blob,
+/// which every node fetches from the registry directly, and a small swarm elects no
+/// source to mend a size. A liar that only fetches is no member of a small swarm, so
+/// its size does not outlast it; this one is a regression check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_announcing_a_small_size_first_spoils_nothing() {
+    a_lie_about_the_size_spoils_nothing(|_| 4096, 76, false).await;
+}
+
+/// The same lie from a member that claims to hold the layer whole: it stays a member,
+/// so its small size stood and each node waited 10 s, then read the layer from the
+/// registry itself (one copy per node). Now the nodes that checked the size report it,
+/// and the first is elected on the registry's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_claiming_to_hold_a_large_blob_at_a_small_size_first_spoils_nothing() {
+    a_lie_about_the_size_spoils_nothing(|_| 4096, 77, true).await;
+}
+
 /// The liar says first that it holds the whole blob, at a wrong size: with a complete
 /// holder in the swarm no node is elected to fetch, and the holder's claim would also
 /// keep a source from moving the size. Nodes that checked the size with the registry

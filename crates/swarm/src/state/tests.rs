@@ -858,3 +858,85 @@ fn a_node_the_registry_cannot_answer_is_never_elected() {
     assert_eq!(t.stats()[0].source, None);
     assert_eq!(ann(&mut t, &req("other", &d), 400).role, Role::Source);
 }
+
+/// A small swarm elects no source to mend its size: a complete holder's claim mends it
+/// once the member that set it is reported, and never while an unreported holder backs
+/// it.
+#[test]
+fn a_small_swarms_size_is_mended_by_a_holder_once_its_liar_is_reported() {
+    let d = Digest::of(b"small layer");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let claim = |node: &str, size: u64| {
+        let mut r = req(node, &d);
+        r.size = Some(size);
+        r.complete = true;
+        r
+    };
+    ann(&mut t, &claim("liar", 676), 0);
+    let resp = ann(&mut t, &claim("holder", 677), 10);
+    assert_eq!(
+        resp.size,
+        Some(676),
+        "the liar backs its size: the holder waits"
+    );
+    let mut refused = req("refused", &d);
+    refused.registry_unavailable = true;
+    let resp = ann(&mut t, &refused, 20);
+    assert_eq!(resp.peers.len(), 1, "only the liar is handed out");
+    refused.leaving = true;
+    refused.bad_peers = vec!["liar".into()];
+    ann(&mut t, &refused, 30);
+    let resp = ann(&mut t, &claim("holder", 677), 40);
+    assert_eq!(resp.size, Some(677), "the reported liar backs nothing");
+    let resp = ann(&mut t, &claim("liar", 676), 50);
+    assert_eq!(resp.size, Some(677), "the holder backs the size now");
+    refused.leaving = false;
+    refused.bad_peers.clear();
+    let resp = ann(&mut t, &refused, 60);
+    let holders: Vec<_> = resp.peers.iter().map(|p| p.node.as_str()).collect();
+    assert_eq!(holders, ["holder"]);
+}
+
+/// A large layer claimed whole at a small size: the first node that checked the size
+/// with the registry reports the claim, and its next announce lays the swarm out anew
+/// and elects it. A fetcher cannot move a small blob's size while its holders back it,
+/// nor can one the registry does not answer.
+#[test]
+fn a_large_layer_claimed_small_is_mended_by_the_node_that_will_read_it() {
+    let d = Digest::of(b"large layer");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut liar = req("liar", &d);
+    liar.size = Some(4096);
+    liar.complete = true;
+    ann(&mut t, &liar, 0);
+    let mut b = req("b", &d);
+    b.size = Some(12 << 20);
+    let resp = ann(&mut t, &b, 10);
+    assert_eq!((resp.role, resp.size), (Role::Direct, Some(4096)));
+    let mut unable = b.clone();
+    unable.node = "unable".into();
+    unable.registry_unavailable = true;
+    unable.bad_peers = vec!["liar".into()];
+    assert_eq!(
+        ann(&mut t, &unable, 15).size,
+        Some(4096),
+        "it cannot read it"
+    );
+    b.bad_peers = vec!["liar".into()];
+    let resp = ann(&mut t, &b, 20);
+    assert_eq!(
+        (resp.role, resp.size),
+        (Role::Source, Some(12 << 20)),
+        "reported by then, the liar backs nothing"
+    );
+
+    let small = Digest::of(b"small blob");
+    let mut holder = req("holder", &small);
+    holder.size = Some(677);
+    holder.complete = true;
+    ann(&mut t, &holder, 0);
+    let mut mover = req("mover", &small);
+    mover.size = Some(12 << 20);
+    let resp = ann(&mut t, &mover, 10);
+    assert_eq!((resp.role, resp.size), (Role::Direct, Some(677)));
+}

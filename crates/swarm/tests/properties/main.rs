@@ -88,6 +88,7 @@ fn the_sequences_reach_the_interesting_cases() {
         "full handout",
         "source replaced",
         "size replaced by the source",
+        "small swarm's size mended",
         "small blob: a complete holder kept",
         "registry unavailable to the announcer",
         "reported source replaced",

@@ -263,15 +263,38 @@ pub(super) fn run_tracker(max_peers: usize, ops: &[TrackerOp]) -> Result<Tally, 
                 }
                 let m = members.entry(d.clone()).or_default();
                 // Only the elected source moves a known size (it read the registry's),
-                // and the members laid out by the old one go with it.
+                // and the members laid out by the old one go with it. Below the P2P
+                // threshold there is no source: there a complete holder, or a node
+                // saying a size at or above the threshold, moves a size that no other
+                // live complete member backs without a report against it.
                 if size_before.is_some() && resp.size != size_before {
-                    tally.add("size replaced by the source");
-                    prop_assert_eq!(
-                        sources.get(&d).map(String::as_str),
-                        Some(req.node.as_str()),
-                        "size {:?} replaced by a non-source",
-                        size_before
-                    );
+                    let min = t.cfg.min_p2p_size;
+                    let by_source = sources.get(&d) == Some(&req.node);
+                    if by_source {
+                        tally.add("size replaced by the source");
+                    } else {
+                        tally.add("small swarm's size mended");
+                        prop_assert!(
+                            size_before.is_some_and(|s| s < min),
+                            "size {:?} replaced by a non-source",
+                            size_before
+                        );
+                        prop_assert!(
+                            req.complete
+                                || (req.size.is_some_and(|s| s >= min)
+                                    && !req.registry_unavailable),
+                            "a small swarm's size moved by a fetcher that cannot vouch for a large one"
+                        );
+                        let backed = m.iter().any(|(name, p)| {
+                            p.gone
+                                && name != &req.node
+                                && now.saturating_sub(p.at) <= ttl * 10
+                                && reports
+                                    .get(&(d.clone(), name.clone()))
+                                    .is_none_or(|r| r.values().all(|&until| until <= now))
+                        });
+                        prop_assert!(!backed, "a size a live, unreported holder backs moved");
+                    }
                     prop_assert_eq!(resp.size, req.size);
                     prop_assert!(
                         t.hashes(&d, 0).keys().all(|k| req.hashes.contains_key(k)),

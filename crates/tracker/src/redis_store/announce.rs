@@ -31,7 +31,8 @@ use crate::store::{Elections, Outcome, Refresh, Settled, SourceIntent, StoreFutu
 /// deletes the role first if that node still holds it), '1' when the source voids its
 /// hashes (they are deleted and the meta's `hashes_epoch` counts one more), '1' when
 /// the source replaces the size and piece size (read from the registry, against what
-/// a member said first), then hash pairs.
+/// a member said first) and '2' when a complete holder mends a small swarm's (which
+/// has no source: the replica decided it), then hash pairs.
 pub(super) const COMMIT: &str = r"
 local function shape(e)
   if #e < 11 then return '' end
@@ -82,7 +83,7 @@ elseif not cur and ARGV[3] == 'claim' then
   redis.call('RPUSH', KEYS[6], node)
   redis.call('LTRIM', KEYS[6], 0, 7)
 end
-if cur == node and ARGV[15] == '1' and ARGV[6] ~= '' then
+if ((cur == node and ARGV[15] == '1') or ARGV[15] == '2') and ARGV[6] ~= '' then
   redis.call('HSET', KEYS[1], 'size', ARGV[6], 'piece_size', ARGV[7])
   geo = {ARGV[6], ARGV[7]}
 end
@@ -293,7 +294,13 @@ impl SwarmStore for RedisStore {
                     .arg(&self.replica)
                     .arg(o.deposed.as_deref().unwrap_or_default())
                     .arg(if o.void_hashes { "1" } else { "0" })
-                    .arg(if o.regeometry { "1" } else { "0" });
+                    .arg(match (o.regeometry, o.intent) {
+                        (false, _) => "0",
+                        (true, SourceIntent::Claim) => "1",
+                        // A small swarm's size mended by a complete holder: a small
+                        // swarm has no source whose role could vouch for it.
+                        (true, _) => "2",
+                    });
                 for (i, h) in &o.hashes {
                     cmd.arg(*i).arg(&h.0[..]);
                 }

@@ -113,12 +113,30 @@ pub(crate) async fn start(
             && resp.size.is_some_and(acceptable);
         if !takeable {
             debug!(digest = %d, role = ?resp.role, size = resp.size, "no member holds it whole at a size this node takes");
-            if resp.role != Role::Direct {
+            // Holders of the whole blob at another size than a manifest this agent
+            // served declared claim what no blob of this digest is: reported, so that
+            // honest holders' size can replace theirs (`TrackerState::announce`).
+            let size_liars: Vec<String> = match (vouched, resp.size) {
+                (Some(v), Some(s)) if v != s => resp
+                    .peers
+                    .iter()
+                    .filter(|p| whole_holder(p) && p.node != p2p.node)
+                    .take(MAX_BAD_PEERS)
+                    .map(|p| p.node.clone())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if !size_liars.is_empty() {
+                warn!(digest = %d, said = resp.size, size = vouched, holders = ?size_liars, "members claim to hold the blob at a size its manifest does not declare; reporting them");
+                leave_reporting(&p2p, &swarm_key, size_liars).await;
+            } else if resp.role != Role::Direct {
                 leave(&p2p, &swarm_key, false).await;
             }
             return Start::NotSwarm(writer, None);
         }
     }
+    // This node said the registry's size against the swarm's while not its source.
+    let mut told_size = false;
     loop {
         if !checked {
             if let Some(said) = resp.size {
@@ -136,6 +154,7 @@ pub(crate) async fn start(
                 warn!(digest = %d, said = resp.size, size, "the swarm was laid out by a size the blob does not have; telling the tracker the origin's");
                 p2p.metrics.swarm_size_corrections.inc();
             } else {
+                told_size = true;
                 // The source says a size the registry does not, or a member claims to
                 // hold the whole blob at it (the tracker counts no holder whose size
                 // differs from the swarm's, so no honest one is named here): reported,
@@ -167,6 +186,12 @@ pub(crate) async fn start(
             Ok(r) => resp = r,
             Err(_) => return Start::NotSwarm(writer, None),
         }
+    }
+    if told_size && resp.role == Role::Source && resp.size.is_some() && resp.size == vouched {
+        // A swarm laid out below the threshold has no source to mend it: the tracker
+        // took this node's size and elected it.
+        warn!(digest = %d, size = vouched, "the swarm was laid out by a size the blob does not have; the tracker took the registry's from this node");
+        p2p.metrics.swarm_size_corrections.inc();
     }
     debug!(digest = %d, role = ?resp.role, ms = joined.elapsed().as_millis() as u64, "swarm joined");
     if resp.role == Role::Source {
@@ -365,6 +390,14 @@ pub(crate) async fn leave(p2p: &P2p, swarm: &Digest, hashes_void: bool) {
     let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, swarm);
     req.leaving = true;
     req.hashes_void = hashes_void;
+    let _ = p2p.announce(&req).await;
+}
+
+/// Leaves `swarm`, reporting `bad_peers` on the way out.
+async fn leave_reporting(p2p: &P2p, swarm: &Digest, bad_peers: Vec<String>) {
+    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, swarm);
+    req.leaving = true;
+    req.bad_peers = bad_peers;
     let _ = p2p.announce(&req).await;
 }
 
