@@ -24,13 +24,16 @@ pub(crate) async fn decide(
     };
     let decided = match decide_with_store(t, reqs, refresh).await {
         Ok(Decided::Answers(mut answers, disputed)) => {
-            // Holders disputing a small swarm's size, decided apart on fresh members so
-            // the rest of a seeding batch is not read again.
-            if !disputed.is_empty() {
+            // Holders disputing a small swarm's size, decided apart on members read
+            // when this replica's copy of them is due anyway: the rest of a seeding
+            // batch is not read again, and however many holders dispute a size, its
+            // members are read at most once per refresh interval (a liar's lie costs
+            // the store no more). One not due stays undecided this time.
+            if !disputed.is_empty() && refresh != Refresh::WhenDue {
                 let again: Vec<AnnounceRequest> =
                     disputed.iter().map(|&i| reqs[i].clone()).collect();
                 if let Ok(Decided::Answers(fresh, _)) =
-                    decide_with_store(t, &again, Refresh::Now).await
+                    decide_with_store(t, &again, Refresh::WhenDue).await
                 {
                     for (i, answer) in disputed.into_iter().zip(fresh) {
                         answers[i] = answer;

@@ -128,7 +128,7 @@ pub(crate) async fn start(
             };
             if !size_liars.is_empty() {
                 warn!(digest = %d, said = resp.size, size = vouched, holders = ?size_liars, "members claim to hold the blob at a size its manifest does not declare; reporting them");
-                leave_reporting(&p2p, &swarm_key, size_liars).await;
+                leave_reporting(&p2p, &swarm_key, false, size_liars).await;
             } else if resp.role != Role::Direct {
                 leave(&p2p, &swarm_key, false).await;
             }
@@ -387,16 +387,14 @@ pub(crate) async fn start_from_holders(
 /// Tells the tracker this node holds nothing any more of the blob whose swarm is
 /// `swarm` (a download that failed, or a blob whose file disappeared).
 pub(crate) async fn leave(p2p: &P2p, swarm: &Digest, hashes_void: bool) {
+    leave_reporting(p2p, swarm, hashes_void, Vec::new()).await;
+}
+
+/// [`leave`], reporting `bad_peers` on the way out.
+async fn leave_reporting(p2p: &P2p, swarm: &Digest, hashes_void: bool, bad_peers: Vec<String>) {
     let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, swarm);
     req.leaving = true;
     req.hashes_void = hashes_void;
-    let _ = p2p.announce(&req).await;
-}
-
-/// Leaves `swarm`, reporting `bad_peers` on the way out.
-async fn leave_reporting(p2p: &P2p, swarm: &Digest, bad_peers: Vec<String>) {
-    let mut req = AnnounceRequest::new(&p2p.node, &p2p.addr, &p2p.topology, swarm);
-    req.leaving = true;
     req.bad_peers = bad_peers;
     let _ = p2p.announce(&req).await;
 }
