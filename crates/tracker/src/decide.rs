@@ -118,15 +118,16 @@ async fn decide_with_store(
             let reports = st.take_reports(&req.digest);
             let (size, piece_size, pieces, born) =
                 st.geometry(&req.digest).unwrap_or((None, 0, 0, now));
-            // A holder's claim at another size than a small swarm's, mended or not:
-            // whether a member backs the size in force is for members read now (the
-            // reports against the one that set it included) to say.
+            // A holder's claim at another size than a small swarm's, mended or not
+            // (a complete holder is never the source): whether a member backs the size
+            // in force is for members read this time (the reports against the one that
+            // set it included) to say.
             let holder_disputes_small_size = req.complete
                 && !req.leaving
                 && req.size.is_some()
                 && req.size != size_before
                 && size_before.is_some_and(|s| s < st.cfg.min_p2p_size);
-            if holder_disputes_small_size && resp.role != Role::Source {
+            if holder_disputes_small_size {
                 if members_unread {
                     disputed.push(answers.len());
                     answers.push(Err(Error::Conflict {

@@ -637,6 +637,14 @@ fn fetching(node: &str, d: &Digest) -> AnnounceRequest {
     r
 }
 
+/// A member holding the whole blob, said to be `size` bytes (a seeding heartbeat).
+fn holding(node: &str, d: &Digest, size: u64) -> AnnounceRequest {
+    let mut r = req(node, d);
+    r.size = Some(size);
+    r.complete = true;
+    r
+}
+
 fn reporting(node: &str, d: &Digest, accused: &str) -> AnnounceRequest {
     let mut r = req(node, d);
     r.bad_peers = vec![accused.into()];
@@ -819,10 +827,7 @@ fn only_the_source_can_void_the_hashes_and_that_starts_a_new_epoch() {
 fn a_node_the_registry_cannot_answer_is_handed_the_holders_of_a_small_blob() {
     let d = Digest::of(b"config");
     let mut t = TrackerState::new(SwarmConfig::default());
-    let mut seeder = req("holder", &d);
-    seeder.size = Some(677);
-    seeder.complete = true;
-    ann(&mut t, &seeder, 0);
+    ann(&mut t, &holding("holder", &d, 677), 0);
     let mut fetching = req("fetching", &d);
     fetching.size = Some(677);
     let resp = ann(&mut t, &fetching, 1);
@@ -866,14 +871,8 @@ fn a_node_the_registry_cannot_answer_is_never_elected() {
 fn a_small_swarms_size_is_mended_by_a_holder_once_its_liar_is_reported() {
     let d = Digest::of(b"small layer");
     let mut t = TrackerState::new(SwarmConfig::default());
-    let claim = |node: &str, size: u64| {
-        let mut r = req(node, &d);
-        r.size = Some(size);
-        r.complete = true;
-        r
-    };
-    ann(&mut t, &claim("liar", 676), 0);
-    let resp = ann(&mut t, &claim("holder", 677), 10);
+    ann(&mut t, &holding("liar", &d, 676), 0);
+    let resp = ann(&mut t, &holding("holder", &d, 677), 10);
     assert_eq!(
         resp.size,
         Some(676),
@@ -886,9 +885,9 @@ fn a_small_swarms_size_is_mended_by_a_holder_once_its_liar_is_reported() {
     refused.leaving = true;
     refused.bad_peers = vec!["liar".into()];
     ann(&mut t, &refused, 30);
-    let resp = ann(&mut t, &claim("holder", 677), 40);
+    let resp = ann(&mut t, &holding("holder", &d, 677), 40);
     assert_eq!(resp.size, Some(677), "the reported liar backs nothing");
-    let resp = ann(&mut t, &claim("liar", 676), 50);
+    let resp = ann(&mut t, &holding("liar", &d, 676), 50);
     assert_eq!(resp.size, Some(677), "the holder backs the size now");
     refused.leaving = false;
     refused.bad_peers.clear();
@@ -905,10 +904,7 @@ fn a_small_swarms_size_is_mended_by_a_holder_once_its_liar_is_reported() {
 fn a_large_layer_claimed_small_is_mended_by_the_node_that_will_read_it() {
     let d = Digest::of(b"large layer");
     let mut t = TrackerState::new(SwarmConfig::default());
-    let mut liar = req("liar", &d);
-    liar.size = Some(4096);
-    liar.complete = true;
-    ann(&mut t, &liar, 0);
+    ann(&mut t, &holding("liar", &d, 4096), 0);
     let mut b = req("b", &d);
     b.size = Some(12 << 20);
     let resp = ann(&mut t, &b, 10);
@@ -931,10 +927,7 @@ fn a_large_layer_claimed_small_is_mended_by_the_node_that_will_read_it() {
     );
 
     let small = Digest::of(b"small blob");
-    let mut holder = req("holder", &small);
-    holder.size = Some(677);
-    holder.complete = true;
-    ann(&mut t, &holder, 0);
+    ann(&mut t, &holding("holder", &small, 677), 0);
     let mut mover = req("mover", &small);
     mover.size = Some(12 << 20);
     let resp = ann(&mut t, &mover, 10);
