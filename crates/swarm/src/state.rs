@@ -327,9 +327,11 @@ impl TrackerState {
         // keep its honest holders out. There the size is mended by a complete holder
         // (it passed the digest at its size), or by a node that checked the size with
         // the registry and would read it as the source of the large swarm it says
-        // this is. A size a live holder nobody reported backs still stands.
+        // this is. A size a live holder nobody reported backs still stands, and while
+        // a source is elected (before the size was known) its word mends it instead.
         let small_in_force = swarm.size.is_some_and(|s| s < cfg.min_p2p_size);
         let may_mend_small = small_in_force
+            && swarm.source.is_none()
             && (req.complete
                 || (req.size.is_some_and(|s| s >= cfg.min_p2p_size) && !req.registry_unavailable));
         swarm.regeometried = conflicting

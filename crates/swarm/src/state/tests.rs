@@ -933,3 +933,24 @@ fn a_large_layer_claimed_small_is_mended_by_the_node_that_will_read_it() {
     let resp = ann(&mut t, &mover, 10);
     assert_eq!((resp.role, resp.size), (Role::Direct, Some(677)));
 }
+
+/// A source elected before the size was known is the one to mend a small size, not a
+/// member beside it (found by the property test: the member's mend kept the source's
+/// entry and left it elected on the old layout).
+#[test]
+fn a_small_swarms_size_is_not_mended_around_its_source() {
+    let d = Digest::of(b"unknown size");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    assert_eq!(ann(&mut t, &req("first", &d), 0).role, Role::Source);
+    let mut refused = req("refused", &d);
+    refused.size = Some(1000);
+    refused.registry_unavailable = true;
+    assert_eq!(ann(&mut t, &refused, 10).size, Some(1000));
+    let mut b = req("b", &d);
+    b.size = Some(12 << 20);
+    let resp = ann(&mut t, &b, 20);
+    assert_eq!(
+        (resp.size, resp.source.as_deref()),
+        (Some(1000), Some("first"))
+    );
+}
