@@ -225,7 +225,14 @@ impl Inventory {
         let mut held = IdMap::default();
         for b in &report.blobs {
             let id = self.ids.intern(&b.digest);
-            held.insert(id, b.bytes_held.min(b.size));
+            // A blob is held whole only once its digest was checked: a download whose
+            // bytes all arrived but are not yet verified counts one byte short.
+            let whole = if b.complete {
+                b.size
+            } else {
+                b.size.saturating_sub(1)
+            };
+            held.insert(id, b.bytes_held.min(whole));
         }
         // Hold the new set before releasing the old one, so shared digests keep their ids.
         self.ids.hold(held.keys().copied());

@@ -403,6 +403,17 @@ fn state_name(s: &NodeJobState) -> &'static str {
     }
 }
 
+/// Whether a node's report shows every image of a job pinned at least until the job's
+/// pin time.
+fn pinned_on(images: &[ResolvedImage], pin_until: u64, report: &crate::wire::NodeReport) -> bool {
+    images.iter().all(|i| {
+        report.pins.iter().any(|p| {
+            p.digest.as_ref() == Some(&i.manifest_digest)
+                && p.expires_at.is_none_or(|t| t >= pin_until)
+        })
+    })
+}
+
 impl Job {
     /// Builds a job from a validated request, the images resolved at submit time and
     /// the chosen targets. Nodes already warm start Done; nodes whose cache budget is
@@ -542,6 +553,8 @@ impl Job {
         }
         let mut changed = Vec::new();
         let deadline_passed = self.deadline_at.is_some_and(|d| now > d);
+        let (images, pin_until, into_runtime) =
+            (&self.images, self.pin_until, self.request.into_runtime);
         for (name, nj) in self.nodes.iter_mut() {
             if nj.state.is_terminal() {
                 continue;
@@ -557,10 +570,15 @@ impl Job {
                     nj.state = NodeJobState::Unknown;
                     nj.eta_seconds = None;
                 }
-                Some(_) => {
+                Some(e) => {
                     let held = inv.bytes_held(name, &self.blobs).unwrap_or(0);
                     nj.bytes_done = held;
-                    if held == nj.bytes_total {
+                    // A node working on this job pins its images (and may import them
+                    // into its runtime) after the bytes are in: it is done when it says
+                    // so, or when its report shows the job's pins (its word was lost).
+                    let finished_its_part = nj.state != NodeJobState::Running
+                        || (!into_runtime && pinned_on(images, pin_until, &e.report));
+                    if held == nj.bytes_total && finished_its_part {
                         nj.state = NodeJobState::Done;
                         nj.finished_at = Some(now);
                         nj.eta_seconds = Some(0.0);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use cluster::inventory::{Inventory, NodeReport};
+use cluster::inventory::{Inventory, NodeReport, Pin};
 use cluster::prewarm::{
     resolve_targets, validate, Job, JobStatus, JobStore, NodeJobState, NodeUpdate, PrewarmRequest,
     Targets,
@@ -48,6 +48,21 @@ fn req(images: &[&str], targets: Targets) -> PrewarmRequest {
         targets,
         ..Default::default()
     }
+}
+
+/// What an agent reports once it finished its part of a job: the job's pins (the
+/// caller gives the blobs).
+fn with_job_pins(mut r: NodeReport, job: &Job) -> NodeReport {
+    r.pins = job
+        .images
+        .iter()
+        .map(|i| Pin {
+            reference: format!("prewarm job {} ({})", job.id, i.reference),
+            digest: Some(i.manifest_digest.clone()),
+            expires_at: Some(job.pin_until),
+        })
+        .collect();
+    r
 }
 
 fn nodes(names: &[&str]) -> Targets {
@@ -337,7 +352,7 @@ fn seed_first_then_fan_out_with_parallelism_and_rates() {
     n1.generation = 2;
     inv.apply(n1, NOW + 10).expect("n1 progress");
     store.observe(&inv, NOW + 10).expect("observe");
-    let job = store.get(id).expect("job");
+    let job = store.get(id).expect("job").clone();
     let n1j = &job.nodes["n1"];
     assert_eq!(
         (n1j.state.clone(), n1j.bytes_done),
@@ -347,7 +362,8 @@ fn seed_first_then_fan_out_with_parallelism_and_rates() {
     assert_eq!(n1j.eta_seconds, Some(remaining / (GIB as f64 / 10.0)));
 
     // Seed done: fan out to parallelism 2, each at min(500 MiB, 600 MiB / 2).
-    let mut n1 = pool_node("n1", "h100", "a", &full(&train()));
+    let job = store.get(id).expect("job").clone();
+    let mut n1 = with_job_pins(pool_node("n1", "h100", "a", &full(&train())), &job);
     n1.generation = 3;
     inv.apply(n1, NOW + 20).expect("n1 done");
     store.observe(&inv, NOW + 20).expect("observe");
@@ -481,7 +497,8 @@ fn deadline_fails_unfinished_nodes_and_keeps_finished_ones() {
         .expect("submit")
         .id;
     store.next_assignments(&inv, NOW).expect("seed");
-    let mut n1 = pool_node("n1", "h100", "a", &full(&train()));
+    let job = store.get(id).expect("job").clone();
+    let mut n1 = with_job_pins(pool_node("n1", "h100", "a", &full(&train())), &job);
     n1.generation = 2;
     inv.apply(n1, NOW + 30).expect("n1");
     store.observe(&inv, NOW + 30).expect("observe");
@@ -638,13 +655,64 @@ fn submit_train_to_n1(store: &mut JobStore, inv: &Inventory) -> u64 {
         .id
 }
 
+/// The tracker cannot call a node done while the node is still verifying its last
+/// blob, or before it pinned the job's images (a client checking the cache right
+/// after `prewarm --wait` found neither). Its own word, or a report showing both,
+/// finishes it; a job importing into the runtime waits for its word.
+#[test]
+fn a_running_node_is_done_once_its_blobs_are_verified_and_its_pins_set() {
+    for into_runtime in [false, true] {
+        let mut inv = inv();
+        let mut store = JobStore::in_memory().expect("store");
+        let mut r = req(&["registry.example.com/ml/train:v1.4.2"], nodes(&["n1"]));
+        r.into_runtime = into_runtime;
+        let id = store
+            .submit(r, vec![train()], &inv, NOW)
+            .expect("submit")
+            .id;
+        store.next_assignments(&inv, NOW).expect("seed");
+        let job = store.get(id).expect("job").clone();
+        let state = |store: &JobStore| store.get(id).expect("job").nodes["n1"].state.clone();
+        // Every byte written, the last blob not yet verified, pins already there.
+        let mut unverified = with_job_pins(pool_node("n1", "h100", "a", &full(&train())), &job);
+        unverified.blobs[0].complete = false;
+        unverified.generation = 2;
+        inv.apply(unverified, NOW + 10).expect("unverified");
+        store.observe(&inv, NOW + 10).expect("observe");
+        assert_eq!(state(&store), NodeJobState::Running, "{into_runtime}");
+        assert!(store.get(id).expect("job").nodes["n1"].bytes_done < train().total_bytes());
+        // Verified, not yet pinned.
+        let mut unpinned = pool_node("n1", "h100", "a", &full(&train()));
+        unpinned.generation = 3;
+        inv.apply(unpinned, NOW + 11).expect("unpinned");
+        store.observe(&inv, NOW + 11).expect("observe");
+        assert_eq!(state(&store), NodeJobState::Running, "{into_runtime}");
+        // Pinned until the job's time.
+        let mut pinned = with_job_pins(pool_node("n1", "h100", "a", &full(&train())), &job);
+        pinned.generation = 4;
+        inv.apply(pinned, NOW + 12).expect("pinned");
+        store.observe(&inv, NOW + 12).expect("observe");
+        let expected = if into_runtime {
+            NodeJobState::Running
+        } else {
+            NodeJobState::Done
+        };
+        assert_eq!(state(&store), expected, "{into_runtime}");
+        store
+            .update_node(id, "n1", NodeUpdate::Done, NOW + 13)
+            .expect("its word");
+        assert_eq!(state(&store), NodeJobState::Done, "{into_runtime}");
+    }
+}
+
 #[test]
 fn lead_time_is_first_use_after_done() {
     let mut inv = inv();
     let mut store = JobStore::in_memory().expect("store");
     let id = submit_train_to_n1(&mut store, &inv);
     store.next_assignments(&inv, NOW).expect("seed");
-    let mut n1 = pool_node("n1", "h100", "a", &full(&train()));
+    let job = store.get(id).expect("job").clone();
+    let mut n1 = with_job_pins(pool_node("n1", "h100", "a", &full(&train())), &job);
     n1.generation = 2;
     inv.apply(n1.clone(), NOW + 50).expect("done");
     store.observe(&inv, NOW + 50).expect("observe");
