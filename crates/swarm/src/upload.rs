@@ -404,6 +404,22 @@ impl RequestBudget {
     pub fn used(&self) -> u32 {
         self.used.load(std::sync::atomic::Ordering::Acquire)
     }
+
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+}
+
+/// Pieces a holder may send a downloader on their connection while one of its
+/// requests waits before the holder counts as starving that request's blob. An honest
+/// line serves a waiting request after at most [`REQUEST_PATIENCE`] others of its
+/// connection, and the requests ahead of it are the downloader's own (at most its
+/// `request_budget`, read heads aside); four times that leaves room for read heads and
+/// pieces already on the wire. Counting pieces rather than time catches a holder that
+/// serves every blob but one within seconds on a fast link, where a time limit long
+/// enough for a slow one would cost minutes.
+pub fn starving_after_pieces(request_budget: u32) -> u64 {
+    4 * (REQUEST_PATIENCE + u64::from(request_budget))
 }
 
 #[cfg(test)]

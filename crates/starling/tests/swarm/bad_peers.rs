@@ -143,6 +143,61 @@ async fn a_holder_that_starves_one_blob_while_serving_another_is_left_behind_for
     pull.abort();
 }
 
+/// The same starving holder on a link fast enough that it sends many other pieces
+/// meanwhile: twelve other layers of 256 KiB pieces at 3 MiB/s. The downloader used to
+/// excuse it for as long as the others arrived and 30 s beyond; now it is reported
+/// once it has passed a waiting request over for `swarm::upload::starving_after_pieces`
+/// other pieces (256 here, about two thirds of them), and the starved layer is read
+/// from the registry while the others are still arriving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_that_starves_one_blob_among_many_is_left_behind_after_a_count_of_pieces() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let sizes = [8 << 20; 13];
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/starved-many", "1", &sizes, 59).unwrap();
+    let starved = &image.layers[0];
+    let t = tracker(dir.path(), &[]).await;
+    let _seed = seed_holding(
+        dir.path(),
+        &t.url(),
+        &registry,
+        &image,
+        &[
+            "--withhold-pieces-of",
+            starved.digest.as_str(),
+            "--upload-limit",
+            "3MiB",
+        ],
+    )
+    .await;
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let pull = spawn_pull(&b, &image);
+    let in_cache = |l: &testkit::Blob| dir.path().join("b/blobs").join(l.digest.replace(':', "/"));
+    let starved_file = in_cache(starved);
+    testkit::until(
+        "the starved layer to be complete on b",
+        Duration::from_millis(100),
+        Duration::from_secs(175),
+        || async { starved_file.exists() },
+    )
+    .await;
+    let others_complete = image.layers[1..]
+        .iter()
+        .filter(|l| in_cache(l).exists())
+        .count();
+    assert!(
+        others_complete < image.layers.len() - 1,
+        "the other layers still arriving: the starved one did not wait for them ({others_complete} complete)"
+    );
+    assert!(metric(&b, "starling_agent_p2p_peers_silent_total").await >= 1);
+    assert!(
+        metric(&b, "starling_agent_p2p_registry_bytes_total").await >= starved.size,
+        "b, elected in the holder's place, read the starved layer from the registry"
+    );
+    pull.abort();
+}
+
 /// A holder that completes the handshake, says it holds the blob, and then answers
 /// nothing, not even a PING (a tenant's modified agent). The downloader drops each
 /// connection after 3 s of silence and dials again, and each new connection used to

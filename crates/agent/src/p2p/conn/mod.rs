@@ -5,7 +5,7 @@
 //! file (only pieces this agent asked for and could claim, hashed as they arrive).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -102,7 +102,16 @@ struct RecvChan {
     events: mpsc::Sender<PeerEvent>,
     /// Pieces asked for, each with the hash of the piece before it when known (the
     /// hash its bytes continue from).
-    requested: parking_lot::Mutex<HashMap<u32, Option<PieceHash>>>,
+    requested: parking_lot::Mutex<HashMap<u32, Asked>>,
+}
+
+/// One outstanding request of a channel.
+#[derive(Clone, Copy)]
+struct Asked {
+    before: Option<PieceHash>,
+    /// `PeerConn::pieces_begun` when it was sent: how many pieces the holder has
+    /// sent on the connection since then is what it passed this request over for.
+    pieces_begun_at: u64,
 }
 
 pub(crate) struct PeerConn {
@@ -118,6 +127,8 @@ pub(crate) struct PeerConn {
     /// it (ms since then): a holder busy sending this node other blobs is not silent.
     opened: Instant,
     last_data_ms: std::sync::atomic::AtomicU64,
+    /// Pieces of any blob whose bytes began to arrive on the connection.
+    pieces_begun: AtomicU64,
 }
 
 impl std::fmt::Debug for PeerConn {
@@ -136,6 +147,19 @@ impl PeerConn {
     pub(crate) fn received_within(&self, within: Duration) -> bool {
         let last = Duration::from_millis(self.last_data_ms.load(Ordering::Relaxed));
         self.opened.elapsed().saturating_sub(last) < within
+    }
+
+    /// The most pieces of any blob the holder began to send on this connection while
+    /// one request of `chan` has been waiting (0: none waits). An honest holder's line
+    /// serves a request after at most `swarm::upload::REQUEST_PATIENCE` others plus
+    /// the requests this node sent before it.
+    pub(crate) fn most_passed_over(&self, chan: ChannelId) -> u64 {
+        let Some(c) = self.chans.lock().get(&chan).cloned() else {
+            return 0;
+        };
+        let now = self.pieces_begun.load(Ordering::Relaxed);
+        let oldest = c.requested.lock().values().map(|a| a.pieces_begun_at).min();
+        oldest.map_or(0, |at| now.saturating_sub(at))
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -182,7 +206,14 @@ impl PeerConn {
         before: Option<PieceHash>,
     ) -> Result<(), Error> {
         if let Some(c) = self.chans.lock().get(&chan) {
-            c.requested.lock().insert(piece, before);
+            let pieces_begun_at = self.pieces_begun.load(Ordering::Relaxed);
+            c.requested.lock().insert(
+                piece,
+                Asked {
+                    before,
+                    pieces_begun_at,
+                },
+            );
         }
         self.send(Frame::Request {
             chan,
@@ -375,6 +406,7 @@ async fn dial(p2p: &Arc<P2p>, node: &str, addr: &str) -> Result<Arc<PeerConn>, E
         closed: AtomicBool::new(false),
         opened: Instant::now(),
         last_data_ms: std::sync::atomic::AtomicU64::new(0),
+        pieces_begun: AtomicU64::new(0),
     });
     let peer = node.to_owned();
     let writer = tokio::spawn(async move {

@@ -254,6 +254,7 @@ pub(super) async fn read_loop(
                     if offset == 0 {
                         conn.receiving
                             .store((((chan as u64) << 32) | piece as u64) + 1, Ordering::Release);
+                        conn.pieces_begun.fetch_add(1, Ordering::Relaxed);
                     }
                     conn.last_data_ms
                         .store(conn.opened.elapsed().as_millis() as u64, Ordering::Relaxed);
@@ -316,7 +317,7 @@ async fn receive_data(
     let step = data_step(at, open, piece, offset, len).map_err(|e| peer_err(node, e))?;
     let chan = match (step, chan) {
         (DataStep::Begin, Some(chan)) => {
-            let before = chan.requested.lock().get(&piece).copied().flatten();
+            let before = chan.requested.lock().get(&piece).and_then(|a| a.before);
             let claimed = chan.inflight.claim_piece(piece);
             *cur = Some(Receiving {
                 chan_id,

@@ -66,9 +66,15 @@ const SILENT_HOLDER_MS: u64 = 30_000;
 /// is excused from `SILENT_HOLDER_MS` up to this long. Its upload line serves a
 /// connection's oldest request after `swarm::upload::REQUEST_PATIENCE` others, so an
 /// honest holder gets to this blob well before; one that serves every blob but this
-/// one (a hostile or broken peer, or the only holder of the blob) is reported at the
-/// latest now, and the swarm goes on without it.
+/// one (a hostile or broken peer, or the only holder of the blob) is reported once it
+/// has sent `swarm::upload::starving_after_pieces` other pieces past a waiting
+/// request, and at the latest now (a slow link), and the swarm goes on without it.
 const SILENT_WHILE_BUSY_MS: u64 = 4 * SILENT_HOLDER_MS;
+
+/// How long a holder must have delivered nothing of a blob before the pieces it sent
+/// of other blobs meanwhile are counted (`swarm::upload::starving_after_pieces`):
+/// only to keep the count off the common path.
+const STARVING_CHECK_AFTER_MS: u64 = 1_000;
 
 /// Waits between attempts of a completed download's last announce (about a minute
 /// in all: a tracker replica restarting, or its Redis).
