@@ -231,22 +231,48 @@ impl Agent {
         }
     }
 
-    async fn prewarm_update(&self, job: u64, update: NodeUpdate) {
-        let Some(p2p) = &self.p2p else { return };
+    /// Sends one prewarm update; whether it is settled: taken, or refused for good
+    /// (the job is gone or finished). Unsettled: no tracker answered, or one failed.
+    async fn prewarm_update(&self, job: u64, update: &NodeUpdate) -> bool {
+        let Some(p2p) = &self.p2p else { return false };
         let node = &self.cfg.node_name;
-        if let Err(e) = p2p
+        match p2p
             .trackers()
             .send(|base| {
                 p2p.authed(
                     p2p.http
                         .post(format!("{base}/api/v1/prewarm/{job}/nodes/{node}"))
-                        .json(&update),
+                        .json(update),
                 )
                 .timeout(Duration::from_secs(5))
             })
             .await
         {
-            debug!(job, error = %e, "cannot report prewarm progress");
+            Ok(r) if r.status().is_success() => true,
+            Ok(r) => {
+                debug!(job, status = %r.status(), "prewarm progress refused");
+                r.status().is_client_error() && r.status() != reqwest::StatusCode::TOO_MANY_REQUESTS
+            }
+            Err(e) => {
+                debug!(job, error = %e, "cannot report prewarm progress");
+                false
+            }
+        }
+    }
+
+    /// Sends a node's last word on a job (done or failed), again while it is not
+    /// settled: the tracker finishes a working node on its word (or, for a job that
+    /// does not import into the runtime, on a report showing the job's pins), so a
+    /// lost word would leave it running until the job's deadline.
+    async fn prewarm_final_update(&self, job: u64, update: NodeUpdate) {
+        for wait_ms in FINAL_UPDATE_RETRIES_MS {
+            if self.prewarm_update(job, &update).await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        }
+        if !self.prewarm_update(job, &update).await {
+            warn!(job, "no tracker took this node's last prewarm update; the job may show it running until its deadline");
         }
     }
 
@@ -349,7 +375,7 @@ impl Agent {
                     agent
                         .prewarm_update(
                             job,
-                            NodeUpdate::Progress {
+                            &NodeUpdate::Progress {
                                 bytes_done: done.load(Ordering::Relaxed),
                             },
                         )
@@ -408,16 +434,16 @@ impl Agent {
                 self.report_now().await;
                 self.prewarm_update(
                     a.job_id,
-                    NodeUpdate::Progress {
+                    &NodeUpdate::Progress {
                         bytes_done: done.load(Ordering::Relaxed),
                     },
                 )
                 .await;
-                self.prewarm_update(a.job_id, NodeUpdate::Done).await;
+                self.prewarm_final_update(a.job_id, NodeUpdate::Done).await;
             }
             Err(reason) => {
                 warn!(job = a.job_id, %reason, "prewarm failed");
-                self.prewarm_update(
+                self.prewarm_final_update(
                     a.job_id,
                     NodeUpdate::Failed {
                         reason: reason.to_string(),
@@ -570,6 +596,10 @@ fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), Error> {
     Ok(())
 }
 
+/// Waits between attempts of a node's last prewarm update (about half a minute in
+/// all: a tracker replica restarting).
+const FINAL_UPDATE_RETRIES_MS: [u64; 6] = [250, 500, 1_000, 2_000, 4_000, 8_000];
+
 /// Most assignments taken from one collection: what the tracker keeps per node.
 const MAX_ASSIGNMENTS_PER_POLL: usize = cluster::wire::MAX_WAITING_ASSIGNMENTS;
 
@@ -651,7 +681,7 @@ impl Agent {
         };
         if let Some(why) = refused {
             warn!(job = a.job_id, %why, "prewarm assignment refused");
-            self.prewarm_update(a.job_id, NodeUpdate::Failed { reason: why })
+            self.prewarm_update(a.job_id, &NodeUpdate::Failed { reason: why })
                 .await;
             return;
         }

@@ -484,3 +484,93 @@ async fn a_prewarm_onto_a_node_that_cannot_keep_the_image_reads_none_of_it() {
         assert!(held.contains(&l.digest), "the pinned layer stays: {held}");
     }
 }
+
+/// A node's last word on a prewarm ("done") that does not reach the tracker is sent
+/// again. A proxy in front of the real tracker fails the first two and, once the node
+/// collected its assignment, every inventory report of the node, so the job's pins
+/// never reach the tracker either (which would finish the node without its word). Before, the word was sent
+/// once and the node showed "running" until the job's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nodes_lost_last_word_on_a_prewarm_is_sent_again() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .unwrap();
+    let image = TestImage::push_multilayer(&registry, "ml/word", "v1", &[4 << 20], 26).unwrap();
+    let endpoint = format!("{}={}", registry.host(), registry.url());
+    let tracker = common::start_tracker(
+        dir.path(),
+        &[
+            "--cluster-token",
+            common::trackers::TOKEN,
+            "--registry-endpoint",
+            &endpoint,
+        ],
+        &[],
+    )
+    .await;
+    let t = tracker.url();
+    let done_words = Arc::new(AtomicU32::new(0));
+    let proxy = {
+        let (upstream, done_words) = (t.clone(), done_words.clone());
+        let client = reqwest::Client::new();
+        let assigned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
+            let (upstream, done_words, client) =
+                (upstream.clone(), done_words.clone(), client.clone());
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+                let path = parts.uri.path().to_owned();
+                let unavailable = || {
+                    axum::response::Response::builder()
+                        .status(503)
+                        .body(axum::body::Body::empty())
+                        .unwrap()
+                };
+                if path.contains("/nodes/") && body.windows(13).any(|w| w == br#""kind":"done""#) {
+                    if done_words.fetch_add(1, Ordering::SeqCst) < 2 {
+                        return unavailable();
+                    }
+                } else if path == "/api/v1/reports" && assigned.load(Ordering::SeqCst) {
+                    return unavailable();
+                }
+                let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(body));
+                let (_, resp, builder) = testkit::forward(&client, &upstream, req).await;
+                let answer = resp.bytes().await.unwrap();
+                if path == "/api/v1/assignments" && answer.starts_with(b"[{") {
+                    assigned.store(true, Ordering::SeqCst);
+                }
+                builder.body(axum::body::Body::from(answer)).unwrap()
+            }
+        });
+        testkit::serve_proxy(app).await
+    };
+    let _agent = common::trackers::agent_with(dir.path(), "n0", &proxy, &registry, &[]).await;
+    until_nodes_reported(&t, 1).await;
+    let job: serde_json::Value = reqwest::Client::new()
+        .post(format!("{t}/api/v1/prewarm"))
+        .bearer_auth(common::trackers::TOKEN)
+        .json(&serde_json::json!({"images": [image.reference], "targets": {"nodes": ["n0"]}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = job["id"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("job id: {job}"));
+    testkit::until("the prewarm ended", POLL_EVERY, POLL_WITHIN, async || {
+        json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] != "running"
+    })
+    .await;
+    let job = json(&format!("{t}/api/v1/prewarm/{id}")).await;
+    assert_eq!(job["progress"]["status"], "done", "{job}");
+    assert!(
+        done_words.load(Ordering::SeqCst) >= 3,
+        "the word was sent again"
+    );
+}

@@ -1,6 +1,7 @@
 //! Fault-injecting proxies in front of the real registry: the forwarding they share.
 
-/// For fault-injecting proxies in front of the real registry: sends `req` on to
+/// For fault-injecting proxies in front of the real registry (or tracker): sends `req`,
+/// body included, on to
 /// `upstream` and returns its path and query, the upstream response, and a response
 /// builder carrying the upstream's status and headers (the caller supplies the body).
 pub async fn forward(
@@ -18,6 +19,12 @@ pub async fn forward(
         if k != "host" {
             fwd = fwd.header(k, v);
         }
+    }
+    let body = axum::body::to_bytes(req.into_body(), 1 << 30)
+        .await
+        .expect("a request body under 1 GiB");
+    if !body.is_empty() {
+        fwd = fwd.body(body);
     }
     let resp = fwd.send().await.expect("upstream answers");
     let mut builder = axum::response::Response::builder().status(resp.status());
