@@ -596,8 +596,8 @@ fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), Error> {
     Ok(())
 }
 
-/// Waits between attempts of a node's last prewarm update (about half a minute in
-/// all: a tracker replica restarting).
+/// Waits between attempts of a node's last prewarm update (about 15 s in all: a
+/// tracker replica restarting).
 const FINAL_UPDATE_RETRIES_MS: [u64; 6] = [250, 500, 1_000, 2_000, 4_000, 8_000];
 
 /// Most assignments taken from one collection: what the tracker keeps per node.
