@@ -31,6 +31,50 @@ async fn json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
 
+/// The real registry and a tracker resolving images in it (plain HTTP, the cluster
+/// token of `common::trackers`).
+async fn registry_and_tracker(dir: &std::path::Path) -> (Registry, Proc) {
+    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
+        .await
+        .unwrap();
+    let endpoint = format!("{}={}", registry.host(), registry.url());
+    let tracker = common::start_tracker(
+        dir,
+        &[
+            "--cluster-token",
+            common::trackers::TOKEN,
+            "--registry-endpoint",
+            &endpoint,
+        ],
+        &[],
+    )
+    .await;
+    (registry, tracker)
+}
+
+/// Submits `reference` to prewarm on node `n0` at tracker `t` and returns the job
+/// once it is no longer running.
+async fn prewarm_on_n0_until_ended(t: &str, reference: &str) -> serde_json::Value {
+    let job: serde_json::Value = reqwest::Client::new()
+        .post(format!("{t}/api/v1/prewarm"))
+        .bearer_auth(common::trackers::TOKEN)
+        .json(&serde_json::json!({"images": [reference], "targets": {"nodes": ["n0"]}, "pin_ttl_seconds": 3600}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = job["id"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("job id: {job}"));
+    testkit::until("the prewarm ended", POLL_EVERY, POLL_WITHIN, async || {
+        json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] != "running"
+    })
+    .await;
+    json(&format!("{t}/api/v1/prewarm/{id}")).await
+}
+
 fn extender_args(image: &str, nodes: &[&str], require_warm: bool) -> serde_json::Value {
     let annotations = if require_warm {
         serde_json::json!({"starling.io/require-warm": "true"})
@@ -402,23 +446,9 @@ async fn prewarm_into_runtime_pulls_into_containerd_and_pins_it_there() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prewarm_onto_a_node_that_cannot_keep_the_image_reads_none_of_it() {
     let dir = tempfile::tempdir().unwrap();
-    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
-        .await
-        .unwrap();
+    let (registry, tracker) = registry_and_tracker(dir.path()).await;
     let pinned = TestImage::push_multilayer(&registry, "ml/base", "v1", &[16 << 20], 24).unwrap();
     let next = TestImage::push_multilayer(&registry, "ml/next", "v1", &[12 << 20], 25).unwrap();
-    let endpoint = format!("{}={}", registry.host(), registry.url());
-    let tracker = common::start_tracker(
-        dir.path(),
-        &[
-            "--cluster-token",
-            common::trackers::TOKEN,
-            "--registry-endpoint",
-            &endpoint,
-        ],
-        &[],
-    )
-    .await;
     let t = tracker.url();
     let agent = common::trackers::agent_with(
         dir.path(),
@@ -429,34 +459,14 @@ async fn a_prewarm_onto_a_node_that_cannot_keep_the_image_reads_none_of_it() {
     )
     .await;
     until_nodes_reported(&t, 1).await;
-    let http = reqwest::Client::new();
-    let prewarm = async |reference: &str| -> serde_json::Value {
-        let job: serde_json::Value = http
-            .post(format!("{t}/api/v1/prewarm"))
-            .json(&serde_json::json!({"images": [reference], "targets": {"nodes": ["n0"]}, "pin_ttl_seconds": 3600}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let id = job["id"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("job id: {job}"));
-        testkit::until("the prewarm ended", POLL_EVERY, POLL_WITHIN, async || {
-            json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] != "running"
-        })
-        .await;
-        json(&format!("{t}/api/v1/prewarm/{id}")).await
-    };
-    let first = prewarm(&pinned.reference).await;
+    let first = prewarm_on_n0_until_ended(&t, &pinned.reference).await;
     assert_eq!(first["progress"]["status"], "done", "{first}");
     let a = agent.url();
     let before = metric(&a, "starling_agent_upstream_bytes_total").await;
 
     // 16 MiB pinned in a 24 MiB budget: the 12 MiB layer fits the budget, so the
     // tracker plans it, but the node has no room it may free.
-    let second = prewarm(&next.reference).await;
+    let second = prewarm_on_n0_until_ended(&t, &next.reference).await;
     assert_eq!(
         second["progress"]["nodes_by_state"]["failed"], 1,
         "{second}"
@@ -488,29 +498,16 @@ async fn a_prewarm_onto_a_node_that_cannot_keep_the_image_reads_none_of_it() {
 /// A node's last word on a prewarm ("done") that does not reach the tracker is sent
 /// again. A proxy in front of the real tracker fails the first two and, once the node
 /// collected its assignment, every inventory report of the node, so the job's pins
-/// never reach the tracker either (which would finish the node without its word). Before, the word was sent
-/// once and the node showed "running" until the job's deadline.
+/// never reach the tracker either (which would finish the node without its word).
+/// Before, the word was sent once and the node showed "running" until the job's
+/// deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_nodes_lost_last_word_on_a_prewarm_is_sent_again() {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
-    let registry = tokio::task::spawn_blocking(|| Registry::start(RegistryAuth::None))
-        .await
-        .unwrap();
+    let (registry, tracker) = registry_and_tracker(dir.path()).await;
     let image = TestImage::push_multilayer(&registry, "ml/word", "v1", &[4 << 20], 26).unwrap();
-    let endpoint = format!("{}={}", registry.host(), registry.url());
-    let tracker = common::start_tracker(
-        dir.path(),
-        &[
-            "--cluster-token",
-            common::trackers::TOKEN,
-            "--registry-endpoint",
-            &endpoint,
-        ],
-        &[],
-    )
-    .await;
     let t = tracker.url();
     let done_words = Arc::new(AtomicU32::new(0));
     let proxy = {
@@ -550,24 +547,7 @@ async fn a_nodes_lost_last_word_on_a_prewarm_is_sent_again() {
     };
     let _agent = common::trackers::agent_with(dir.path(), "n0", &proxy, &registry, &[]).await;
     until_nodes_reported(&t, 1).await;
-    let job: serde_json::Value = reqwest::Client::new()
-        .post(format!("{t}/api/v1/prewarm"))
-        .bearer_auth(common::trackers::TOKEN)
-        .json(&serde_json::json!({"images": [image.reference], "targets": {"nodes": ["n0"]}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = job["id"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("job id: {job}"));
-    testkit::until("the prewarm ended", POLL_EVERY, POLL_WITHIN, async || {
-        json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] != "running"
-    })
-    .await;
-    let job = json(&format!("{t}/api/v1/prewarm/{id}")).await;
+    let job = prewarm_on_n0_until_ended(&t, &image.reference).await;
     assert_eq!(job["progress"]["status"], "done", "{job}");
     assert!(
         done_words.load(Ordering::SeqCst) >= 3,

@@ -99,48 +99,9 @@ async fn a_holder_that_never_sends_what_it_claims_does_not_hang_a_pull() {
 /// place and reads it from the registry while the other layer is still arriving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_holder_that_starves_one_blob_while_serving_another_is_left_behind_for_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     // Layer 0 is starved; layer 1 trickles at the holder's upload limit for ~190 s.
-    let image =
-        TestImage::push_multilayer(&registry, "swarm/starved", "1", &[8 << 20, 24 << 20], 57)
-            .unwrap();
-    let (starved, trickled) = (&image.layers[0], &image.layers[1]);
-    let t = tracker(dir.path(), &[]).await;
-    let _seed = seed_holding(
-        dir.path(),
-        &t.url(),
-        &registry,
-        &image,
-        &[
-            "--withhold-pieces-of",
-            starved.digest.as_str(),
-            "--upload-limit",
-            "128KiB",
-        ],
-    )
-    .await;
-    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
-    let pull = spawn_pull(&b, &image);
-    let in_cache = |l: &testkit::Blob| dir.path().join("b/blobs").join(l.digest.replace(':', "/"));
-    let (starved_file, trickled_file) = (in_cache(starved), in_cache(trickled));
-    testkit::until(
-        "the starved layer to be complete on b",
-        Duration::from_millis(100),
-        Duration::from_secs(175),
-        || async { starved_file.exists() },
-    )
-    .await;
-    assert!(
-        !trickled_file.exists(),
-        "the other layer still arriving: the starved one did not wait for it"
-    );
-    assert!(metric(&b, "starling_agent_p2p_peers_silent_total").await >= 1);
-    assert!(
-        metric(&b, "starling_agent_p2p_registry_bytes_total").await >= starved.size,
-        "b, elected in the holder's place, read the starved layer from the registry"
-    );
-    pull.abort();
+    starved_layer_arrives_before_the_others("swarm/starved", &[8 << 20, 24 << 20], "128KiB", 57)
+        .await;
 }
 
 /// The same starving holder on a link fast enough that it sends many other pieces
@@ -151,11 +112,21 @@ async fn a_holder_that_starves_one_blob_while_serving_another_is_left_behind_for
 /// from the registry while the others are still arriving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_holder_that_starves_one_blob_among_many_is_left_behind_after_a_count_of_pieces() {
+    starved_layer_arrives_before_the_others("swarm/starved-many", &[8 << 20; 13], "3MiB", 59).await;
+}
+
+/// One holder of an image of `sizes` serves b every layer but the first at
+/// `upload_limit`: b must report it, be elected for the first layer and read it from
+/// the registry while the other layers are still arriving.
+async fn starved_layer_arrives_before_the_others(
+    repo: &str,
+    sizes: &[usize],
+    upload_limit: &str,
+    seed: u64,
+) {
     let dir = tempfile::tempdir().unwrap();
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
-    let sizes = [8 << 20; 13];
-    let image =
-        TestImage::push_multilayer(&registry, "swarm/starved-many", "1", &sizes, 59).unwrap();
+    let image = TestImage::push_multilayer(&registry, repo, "1", sizes, seed).unwrap();
     let starved = &image.layers[0];
     let t = tracker(dir.path(), &[]).await;
     let _seed = seed_holding(
@@ -167,7 +138,7 @@ async fn a_holder_that_starves_one_blob_among_many_is_left_behind_after_a_count_
             "--withhold-pieces-of",
             starved.digest.as_str(),
             "--upload-limit",
-            "3MiB",
+            upload_limit,
         ],
     )
     .await;
