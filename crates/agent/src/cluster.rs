@@ -261,18 +261,32 @@ impl Agent {
     }
 
     /// Sends a node's last word on a job (done or failed), again while it is not
-    /// settled: the tracker finishes a working node on its word (or, for a job that
-    /// does not import into the runtime, on a report showing the job's pins), so a
-    /// lost word would leave it running until the job's deadline.
-    async fn prewarm_final_update(&self, job: u64, update: NodeUpdate) {
-        for wait_ms in FINAL_UPDATE_RETRIES_MS {
+    /// settled, until `until` (unix seconds: the job's end for this node). The tracker
+    /// finishes a working node on its word (or, for a job that does not import into
+    /// the runtime, on a report showing the job's pins), so a lost word would leave it
+    /// running until the job's deadline, or for good without one: a tracker down for
+    /// minutes (a rolling restart, its Redis failing over) must not cost that.
+    async fn prewarm_final_update(&self, job: u64, update: NodeUpdate, until: u64) {
+        let mut wait = FINAL_UPDATE_FIRST_WAIT;
+        loop {
             if self.prewarm_update(job, &update).await {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(wait_ms)).await;
-        }
-        if !self.prewarm_update(job, &update).await {
-            warn!(job, "no tracker took this node's last prewarm update; the job may show it running until its deadline");
+            if unix_now() >= until {
+                warn!(
+                    job,
+                    "no tracker took this node's last prewarm update before the job's end"
+                );
+                return;
+            }
+            if wait == FINAL_UPDATE_MAX_WAIT {
+                debug!(
+                    job,
+                    "no tracker takes this node's last prewarm update yet; sending it again"
+                );
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(FINAL_UPDATE_MAX_WAIT);
         }
     }
 
@@ -439,7 +453,8 @@ impl Agent {
                     },
                 )
                 .await;
-                self.prewarm_final_update(a.job_id, NodeUpdate::Done).await;
+                self.prewarm_final_update(a.job_id, NodeUpdate::Done, last_word_until(&a))
+                    .await;
             }
             Err(reason) => {
                 warn!(job = a.job_id, %reason, "prewarm failed");
@@ -448,6 +463,7 @@ impl Agent {
                     NodeUpdate::Failed {
                         reason: reason.to_string(),
                     },
+                    last_word_until(&a),
                 )
                 .await;
             }
@@ -596,9 +612,21 @@ fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), Error> {
     Ok(())
 }
 
-/// Waits between attempts of a node's last prewarm update (about 15 s in all: a
-/// tracker replica restarting).
-const FINAL_UPDATE_RETRIES_MS: [u64; 6] = [250, 500, 1_000, 2_000, 4_000, 8_000];
+/// The first wait between attempts of a node's last prewarm update; each failed
+/// attempt doubles it, up to `FINAL_UPDATE_MAX_WAIT`.
+const FINAL_UPDATE_FIRST_WAIT: Duration = Duration::from_millis(250);
+
+/// The longest wait between attempts of a node's last prewarm update: a returning
+/// tracker hears from every node within it, at most one update per node and job each.
+const FINAL_UPDATE_MAX_WAIT: Duration = Duration::from_secs(8);
+
+/// Until when (unix seconds) a node sends its last word on assignment `a` again:
+/// the job's deadline, or its pins' end (the job's purpose) without one, and never
+/// more than the longest deadline from now (times a forged assignment may stretch).
+fn last_word_until(a: &Assignment) -> u64 {
+    let end = a.deadline_at.map_or(a.pin_until, |d| d.min(a.pin_until));
+    end.min(unix_now().saturating_add(cluster::wire::MAX_DEADLINE_SECONDS))
+}
 
 /// Most assignments taken from one collection: what the tracker keeps per node.
 const MAX_ASSIGNMENTS_PER_POLL: usize = cluster::wire::MAX_WAITING_ASSIGNMENTS;
@@ -681,8 +709,13 @@ impl Agent {
         };
         if let Some(why) = refused {
             warn!(job = a.job_id, %why, "prewarm assignment refused");
-            self.prewarm_update(a.job_id, &NodeUpdate::Failed { reason: why })
-                .await;
+            // Off the collection loop: the word may be sent again for a while.
+            let (agent, until) = (self.clone(), last_word_until(&a));
+            tokio::spawn(async move {
+                agent
+                    .prewarm_final_update(a.job_id, NodeUpdate::Failed { reason: why }, until)
+                    .await;
+            });
             return;
         }
         info!(job = a.job_id, images = a.images.len(), bytes_per_sec = ?a.bytes_per_sec, seed = a.seed, "prewarm assignment accepted");

@@ -496,11 +496,12 @@ async fn a_prewarm_onto_a_node_that_cannot_keep_the_image_reads_none_of_it() {
 }
 
 /// A node's last word on a prewarm ("done") that does not reach the tracker is sent
-/// again. A proxy in front of the real tracker fails the first two and, once the node
-/// collected its assignment, every inventory report of the node, so the job's pins
-/// never reach the tracker either (which would finish the node without its word).
-/// Before, the word was sent once and the node showed "running" until the job's
-/// deadline.
+/// again, for as long as the tracker is away. A proxy in front of the real tracker
+/// fails every "done" for 20 s from the first and, once the node collected its
+/// assignment, every inventory report of the node, so the job's pins never reach the
+/// tracker either (which would finish the node without its word). At first the word
+/// was sent once; then for about 15 s; either way the node showed "running" until the
+/// job's deadline, and this job has none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_nodes_lost_last_word_on_a_prewarm_is_sent_again() {
     use std::sync::atomic::{AtomicU32, Ordering};
@@ -509,14 +510,20 @@ async fn a_nodes_lost_last_word_on_a_prewarm_is_sent_again() {
     let (registry, tracker) = registry_and_tracker(dir.path()).await;
     let image = TestImage::push_multilayer(&registry, "ml/word", "v1", &[4 << 20], 26).unwrap();
     let t = tracker.url();
+    const TRACKER_AWAY: Duration = Duration::from_secs(20);
     let done_words = Arc::new(AtomicU32::new(0));
+    let first_done = Arc::new(std::sync::OnceLock::new());
     let proxy = {
         let (upstream, done_words) = (t.clone(), done_words.clone());
         let client = reqwest::Client::new();
         let assigned = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
-            let (upstream, done_words, client) =
-                (upstream.clone(), done_words.clone(), client.clone());
+            let (upstream, done_words, client, first_done) = (
+                upstream.clone(),
+                done_words.clone(),
+                client.clone(),
+                first_done.clone(),
+            );
             async move {
                 let (parts, body) = req.into_parts();
                 let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
@@ -528,7 +535,9 @@ async fn a_nodes_lost_last_word_on_a_prewarm_is_sent_again() {
                         .unwrap()
                 };
                 if path.contains("/nodes/") && body.windows(13).any(|w| w == br#""kind":"done""#) {
-                    if done_words.fetch_add(1, Ordering::SeqCst) < 2 {
+                    done_words.fetch_add(1, Ordering::SeqCst);
+                    let first = *first_done.get_or_init(std::time::Instant::now);
+                    if first.elapsed() < TRACKER_AWAY {
                         return unavailable();
                     }
                 } else if path == "/api/v1/reports" && assigned.load(Ordering::SeqCst) {
