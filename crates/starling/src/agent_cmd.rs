@@ -22,6 +22,14 @@ pub struct AgentArgs {
     /// Test mode: the same for one blob (a digest) while serving the others.
     #[arg(long, hide = true, value_name = "DIGEST")]
     withhold_pieces_of: Option<String>,
+    /// Test mode: with --withhold-pieces-of, only this piece of that blob.
+    #[arg(
+        long,
+        hide = true,
+        value_name = "PIECE",
+        requires = "withhold_pieces_of"
+    )]
+    withhold_piece: Option<u32>,
     /// Print the effective configuration as TOML (secrets redacted) and exit.
     #[arg(long)]
     print_config: bool,
@@ -245,6 +253,7 @@ pub fn build_config(a: &AgentArgs) -> Result<agent::AgentConfig> {
     cfg.corrupt_pieces = a.corrupt_pieces;
     cfg.withhold_pieces = a.withhold_pieces;
     cfg.withhold_pieces_of = a.withhold_pieces_of.clone();
+    cfg.withhold_piece = a.withhold_piece;
     Ok(cfg)
 }
 

@@ -227,6 +227,11 @@ agent_settings! {
         /// a holder that starves one blob is left behind for it).
         #[serde(skip)]
         withhold_pieces_of: Option<String> = None;
+        /// Test mode: with `withhold_pieces_of`, only this piece of that blob (proves
+        /// a holder that passes over one request while serving the rest is left
+        /// behind).
+        #[serde(skip)]
+        withhold_piece: Option<u32> = None;
     }
 }
 

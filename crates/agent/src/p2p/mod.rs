@@ -271,6 +271,8 @@ pub struct P2p {
     pub(crate) withhold: bool,
     /// Test mode: the same for this blob only.
     pub(crate) withhold_blob: Option<String>,
+    /// Test mode: of `withhold_blob`, only this piece.
+    pub(crate) withhold_piece: Option<u32>,
     pub metrics: P2pMetrics,
 }
 
@@ -335,6 +337,7 @@ impl P2p {
             corrupt: cfg.corrupt_pieces,
             withhold: cfg.withhold_pieces,
             withhold_blob: cfg.withhold_pieces_of.clone(),
+            withhold_piece: cfg.withhold_piece,
             metrics: P2pMetrics::register(registry),
         })))
     }

@@ -169,6 +169,68 @@ async fn starved_layer_arrives_before_the_others(
     pull.abort();
 }
 
+/// A holder that sends every piece of a blob but its first: the blob's pieces keep
+/// coming, so the holder was counted only once it had gone quiet on the blob for a
+/// second, and the reader waited until the holder had sent all the rest. Now it is
+/// reported once it has sent `swarm::upload::starving_after_pieces` other pieces (256
+/// of 384 here) past that request, of any blob; the downloader, elected in its place,
+/// reads the first piece and the rest from the registry, so the reader's first byte
+/// comes before the holder's other pieces are all in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_that_passes_over_a_blobs_first_piece_is_left_behind_after_a_count_of_pieces() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image = TestImage::push_multilayer(&registry, "swarm/first-withheld", "1", &[24 << 20], 61)
+        .unwrap();
+    let layer = image.layers[0].clone();
+    let t = tracker(dir.path(), &[]).await;
+    let _seed = seed_holding(
+        dir.path(),
+        &t.url(),
+        &registry,
+        &image,
+        &[
+            "--piece-size",
+            "64KiB",
+            "--withhold-pieces-of",
+            layer.digest.as_str(),
+            "--withhold-piece",
+            "0",
+            "--upload-limit",
+            "3MiB",
+        ],
+    )
+    .await;
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let url = format!("{}/v2/{}/blobs/{}", b.url(), image.repo, layer.digest);
+    let mut body = reqwest::get(url).await.unwrap().error_for_status().unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(120), body.chunk())
+        .await
+        .expect("the first bytes come")
+        .unwrap()
+        .expect("a non-empty body");
+    let from_peers = metric(&b, "starling_agent_p2p_peer_bytes_total").await;
+    assert!(
+        from_peers < layer.size - (64 << 10),
+        "the first bytes came before the holder's other pieces were all in ({from_peers} of {} bytes from peers)",
+        layer.size
+    );
+    assert!(metric(&b, "starling_agent_p2p_peers_silent_total").await >= 1);
+    let mut whole = first.to_vec();
+    while let Some(c) = body.chunk().await.unwrap() {
+        whole.extend_from_slice(&c);
+    }
+    use sha2::Digest as _;
+    assert_eq!(
+        format!("sha256:{:x}", sha2::Sha256::digest(&whole)),
+        layer.digest
+    );
+    assert!(
+        metric(&b, "starling_agent_p2p_registry_bytes_total").await >= 64 << 10,
+        "b, elected in the holder's place, read the first piece from the registry"
+    );
+}
+
 /// A holder that completes the handshake, says it holds the blob, and then answers
 /// nothing, not even a PING (a tenant's modified agent). The downloader drops each
 /// connection after 3 s of silence and dials again, and each new connection used to

@@ -71,11 +71,6 @@ const SILENT_HOLDER_MS: u64 = 30_000;
 /// request, and at the latest now (a slow link), and the swarm goes on without it.
 const SILENT_WHILE_BUSY_MS: u64 = 4 * SILENT_HOLDER_MS;
 
-/// How long a holder must have delivered nothing of a blob before the pieces it sent
-/// of other blobs meanwhile are counted (`swarm::upload::starving_after_pieces`):
-/// only to keep the count off the common path.
-const STARVING_CHECK_AFTER_MS: u64 = 1_000;
-
 /// Waits between attempts of a completed download's last announce (about a minute
 /// in all: a tracker replica restarting, or its Redis).
 const FINAL_ANNOUNCE_RETRIES_MS: [u64; 8] = [250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000];

@@ -318,25 +318,31 @@ impl Download {
     }
 
     /// Holders asked for pieces that sent nothing for `SILENT_HOLDER_MS` (or, while
-    /// they send this node other blobs, `SILENT_WHILE_BUSY_MS`, or until they sent it
-    /// `swarm::upload::starving_after_pieces` other pieces while one request waited)
-    /// are reported (`report_holder`). A peer's claim to hold pieces is worth what it delivers:
-    /// before, one that claimed a whole blob and sent nothing held every newcomer for
-    /// good.
+    /// they send this node other blobs, `SILENT_WHILE_BUSY_MS`) are reported
+    /// (`report_holder`), and so is one that began
+    /// `swarm::upload::starving_after_pieces` other pieces on the connection while one
+    /// request of this blob waited, whether those were this blob's or others'. A peer's
+    /// claim to hold pieces is worth what it delivers: before, one that claimed a whole
+    /// blob and sent nothing held every newcomer for good, and one that sent every
+    /// piece but the blob's first held its reader until the rest had come. A blob of
+    /// fewer pieces than the count still waits `SILENT_HOLDER_MS` after its others.
     pub(super) async fn drop_silent_holders(&mut self) {
         let now = self.now_ms();
         let starving_after = swarm::upload::starving_after_pieces(self.p2p.budget.limit());
-        for peer in self.sched.silent_holders(now, STARVING_CHECK_AFTER_MS) {
-            let starving = self
-                .links
-                .get(&peer)
-                .and_then(|l| l.conn.as_ref())
-                .is_some_and(|(conn, chan)| conn.most_passed_over(*chan) > starving_after);
-            if starving {
-                let why = "it sent other blobs' pieces on the connection and kept passing over a request of this blob";
-                if let Some((conn, chan)) = self.report_holder(&peer, why) {
-                    conn.close(chan).await;
-                }
+        let starving: Vec<String> = self
+            .links
+            .iter()
+            .filter(|(_, l)| {
+                l.conn
+                    .as_ref()
+                    .is_some_and(|(conn, chan)| conn.most_passed_over(*chan) > starving_after)
+            })
+            .map(|(peer, _)| peer.clone())
+            .collect();
+        for peer in starving {
+            let why = "it kept passing over a request of this blob while it sent other pieces on the connection";
+            if let Some((conn, chan)) = self.report_holder(&peer, why) {
+                conn.close(chan).await;
             }
         }
         let past_any_excuse = self.sched.silent_holders(now, SILENT_WHILE_BUSY_MS);

@@ -73,6 +73,7 @@ pub(super) async fn dispatch(agent: Agent, p2p: Arc<P2p>) {
                 .withhold_blob
                 .as_ref()
                 .is_some_and(|w| *w == d.to_string())
+                && p2p.withhold_piece.is_none_or(|p| p == q.piece)
             {
                 continue;
             }
