@@ -68,6 +68,9 @@ struct Report {
     machine_cpu_busy: f64,
     /// Part of that the hypervisor took for other guests (steal time).
     machine_cpu_steal: f64,
+    /// Waiting on the disk: eight caches and eight destinations written at once can
+    /// be throttled by writeback at a low busy fraction.
+    machine_cpu_iowait: f64,
     /// One core's sha256 rate just before the run (MB/s), to compare runs across time.
     sha256_reference_mb_per_s: f64,
     /// CPU-seconds per GiB written into fresh page cache on this machine, just before
@@ -457,6 +460,7 @@ pub async fn run(a: GetBenchArgs) -> Result<()> {
         get_cpu_seconds_per_gib: get_cpu / (nf * sf / (1u64 << 30) as f64),
         machine_cpu_busy: machine_cpu.busy,
         machine_cpu_steal: machine_cpu.steal,
+        machine_cpu_iowait: machine_cpu.iowait,
         sha256_reference_mb_per_s,
         page_cache_write_reference_cpu_s_per_gib,
         direct_all_nodes_seconds: direct_secs,

@@ -583,6 +583,7 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
         "machine_cores": cores,
         "machine_cpu_busy": machine_cpu.busy,
         "machine_cpu_steal": machine_cpu.steal,
+        "machine_cpu_iowait": machine_cpu.iowait,
     });
     if a.json {
         println!("{out}");

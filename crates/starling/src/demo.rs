@@ -591,6 +591,7 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         agent_peak_rss_mib_max: rss_max,
         machine_cpu_busy: machine_cpu.busy,
         machine_cpu_steal: machine_cpu.steal,
+        machine_cpu_iowait: machine_cpu.iowait,
         sha256_reference_mb_per_s,
         page_cache_write_reference_cpu_s_per_gib,
         non_seed_first_byte_p50: percentile(&ttfb, 0.5),
@@ -655,9 +656,10 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         );
     }
     println!(
-        "  machine CPU busy      {:.0} % during the P2P run (agents, clients and registry share the cores), {:.0} % of it stolen by the hypervisor; sha256 {:.0} MB/s on one core",
+        "  machine CPU busy      {:.0} % during the P2P run (agents, clients and registry share the cores), {:.0} % of it stolen by the hypervisor; {:.0} % waiting on the disk; sha256 {:.0} MB/s on one core",
         machine_cpu.busy * 100.0,
         machine_cpu.steal * 100.0,
+        machine_cpu.iowait * 100.0,
         sha256_reference_mb_per_s
     );
     println!(

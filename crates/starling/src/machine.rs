@@ -1,5 +1,6 @@
 //! The machine a benchmark ran on, in the benchmark's own report: how busy its CPU was,
-//! how much of it the hypervisor took, and how fast it hashed. On a shared VM the same
+//! how much of it the hypervisor took, how long it sat waiting on the disk, and how
+//! fast it hashed. On a shared VM the same
 //! binary runs slower when the host is busy (BENCHMARKS.md, seventh session: the agents'
 //! CPU per GiB rose by half within an hour); steal time and a reference hash rate
 //! measured in the same run tell that apart from a change in the code.
@@ -16,6 +17,9 @@ pub(crate) struct CpuTicks {
     busy: u64,
     /// Ticks the hypervisor gave to someone else while this machine wanted to run.
     steal: u64,
+    /// Idle ticks with a process waiting on I/O: writers held back by the kernel's
+    /// dirty-page throttling look idle, not busy.
+    iowait: u64,
     total: u64,
 }
 
@@ -42,6 +46,7 @@ impl CpuTicks {
         Some(Self {
             busy: total.saturating_sub(field(3) + field(4)),
             steal: field(7),
+            iowait: field(4),
             total,
         })
     }
@@ -52,6 +57,7 @@ impl CpuTicks {
         MachineCpu {
             busy: self.busy.saturating_sub(earlier.busy) as f64 / total,
             steal: self.steal.saturating_sub(earlier.steal) as f64 / total,
+            iowait: self.iowait.saturating_sub(earlier.iowait) as f64 / total,
         }
     }
 }
@@ -63,6 +69,8 @@ pub(crate) struct MachineCpu {
     pub busy: f64,
     /// Part of `busy` that the hypervisor took.
     pub steal: f64,
+    /// Not busy, but waiting on the disk: high, the run was disk-bound.
+    pub iowait: f64,
 }
 
 /// How fast one core of this machine runs sha256 right now, in MB/s (best of three
@@ -143,13 +151,14 @@ mod tests {
     }
 
     #[test]
-    fn steal_and_busy_come_from_their_own_fields() {
+    fn steal_iowait_and_busy_come_from_their_own_fields() {
         let before = CpuTicks::parse("cpu  100 0 50 800 50 0 0 0 0 0").expect("parses");
         // 100 more ticks: 40 user, 10 steal, 30 idle, 20 iowait.
         let after = CpuTicks::parse("cpu  140 0 50 830 70 0 0 10 40 0").expect("parses");
         let cpu = after.since(before);
         assert!((cpu.busy - 0.5).abs() < 1e-9, "busy {}", cpu.busy);
         assert!((cpu.steal - 0.1).abs() < 1e-9, "steal {}", cpu.steal);
+        assert!((cpu.iowait - 0.2).abs() < 1e-9, "iowait {}", cpu.iowait);
     }
 
     #[test]
@@ -157,6 +166,6 @@ mod tests {
         assert_eq!(CpuTicks::parse("cpu0 1 2 3 4 5 6 7 8"), None);
         assert_eq!(CpuTicks::parse("cpu  1 2 x 4"), None);
         let cpu = CpuTicks::default().since(CpuTicks::default());
-        assert_eq!((cpu.busy, cpu.steal), (0.0, 0.0));
+        assert_eq!((cpu.busy, cpu.steal, cpu.iowait), (0.0, 0.0, 0.0));
     }
 }

@@ -66,6 +66,9 @@ pub(super) struct Report {
     pub(super) machine_cpu_busy: f64,
     /// Part of that the hypervisor took for other guests (steal time).
     pub(super) machine_cpu_steal: f64,
+    /// The machine's fraction waiting on the disk (writeback throttling): a run can be
+    /// disk-bound at a low busy fraction.
+    pub(super) machine_cpu_iowait: f64,
     /// One core's sha256 rate measured just before the run (MB/s): compare runs made
     /// at different times with it.
     pub(super) sha256_reference_mb_per_s: f64,
