@@ -20,6 +20,11 @@ use report::{
     histogram_quantile_le, percentile, BlobFirstBytes, CounterSeries, NodeReport, Report,
 };
 
+/// A run that spent this much of the machine waiting on the disk was held back by
+/// writeback: on this project's 2-core VM, 4 × 100 MiB/s at 0.12–0.18 was 1.37–1.47 × T*
+/// and 1.09–1.17 with the caches in memory (BENCHMARKS.md, thirty-ninth session).
+const DISK_BOUND_IOWAIT: f64 = 0.1;
+
 #[derive(Args, Clone)]
 pub struct DemoArgs {
     /// Agents (nodes) pulling at once.
@@ -662,6 +667,12 @@ pub async fn run_demo(a: DemoArgs) -> Result<()> {
         machine_cpu.iowait * 100.0,
         sha256_reference_mb_per_s
     );
+    if machine_cpu.iowait >= DISK_BOUND_IOWAIT {
+        println!(
+            "  disk                  writing the caches may have held this run back ({:.0} % waiting on the disk); --workdir on a faster disk shows the swarm's own figure",
+            machine_cpu.iowait * 100.0
+        );
+    }
     println!(
         "  first byte, non-seed  p50 {:.3} s, p95 {:.3} s, max {:.3} s (one piece at the node limit: {:.3} s)",
         report.non_seed_first_byte_p50,
