@@ -220,11 +220,7 @@ async fn a_holder_that_passes_over_a_blobs_first_piece_is_left_behind_after_a_co
     while let Some(c) = body.chunk().await.unwrap() {
         whole.extend_from_slice(&c);
     }
-    use sha2::Digest as _;
-    assert_eq!(
-        format!("sha256:{:x}", sha2::Sha256::digest(&whole)),
-        layer.digest
-    );
+    assert_eq!(testkit::sha256_digest(&whole), layer.digest);
     assert!(
         metric(&b, "starling_agent_p2p_registry_bytes_total").await >= 64 << 10,
         "b, elected in the holder's place, read the first piece from the registry"

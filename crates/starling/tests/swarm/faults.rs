@@ -256,8 +256,7 @@ async fn after_the_registry_sends_bad_bytes_once_a_retry_succeeds_everywhere() {
     match plain_read.await.unwrap() {
         Err(_) => {}
         Ok(body) => {
-            use sha2::Digest as _;
-            let got = format!("sha256:{:x}", sha2::Sha256::digest(&body));
+            let got = testkit::sha256_digest(&body);
             assert!(
                 (body.len() as u64) < layer.size || got == layer.digest,
                 "a reader that does not check digests got {} bytes of the wrong content in a \
