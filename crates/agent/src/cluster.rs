@@ -266,10 +266,18 @@ impl Agent {
     /// the runtime, on a report showing the job's pins), so a lost word would leave it
     /// running until the job's deadline, or for good without one: a tracker down for
     /// minutes (a rolling restart, its Redis failing over) must not cost that.
+    /// The word is journalled first (`prewarm_journal`), so an agent restarted
+    /// before a tracker took it sends it again.
     async fn prewarm_final_update(&self, job: u64, update: NodeUpdate, until: u64) {
+        self.prewarm_jobs.record_word(job, &update);
+        self.send_final_update(job, &update, until).await;
+        self.prewarm_jobs.settle(job);
+    }
+
+    async fn send_final_update(&self, job: u64, update: &NodeUpdate, until: u64) {
         let mut wait = FINAL_UPDATE_FIRST_WAIT;
         loop {
-            if self.prewarm_update(job, &update).await {
+            if self.prewarm_update(job, update).await {
                 return;
             }
             if unix_now() >= until {
@@ -644,6 +652,7 @@ impl Agent {
         if self.p2p.is_none() {
             return;
         }
+        self.resume_taken_prewarms();
         let agent = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(ASSIGNMENT_POLL);
@@ -707,18 +716,65 @@ impl Agent {
                 .err()
                 .map(|e| e.to_string())
         };
+        let until = last_word_until(&a);
         if let Some(why) = refused {
             warn!(job = a.job_id, %why, "prewarm assignment refused");
-            // Off the collection loop: the word may be sent again for a while.
-            let (agent, until) = (self.clone(), last_word_until(&a));
-            tokio::spawn(async move {
-                agent
-                    .prewarm_final_update(a.job_id, NodeUpdate::Failed { reason: why }, until)
-                    .await;
-            });
+            let word = NodeUpdate::Failed { reason: why };
+            if self.prewarm_jobs.take(&a, until, Some(word.clone())) {
+                self.spawn_final_update(a.job_id, word, until);
+            }
+            return;
+        }
+        if !self.prewarm_jobs.take(&a, until, None) {
+            info!(
+                job = a.job_id,
+                "prewarm assignment handed out again while this node still has it; not started twice"
+            );
             return;
         }
         info!(job = a.job_id, images = a.images.len(), bytes_per_sec = ?a.bytes_per_sec, seed = a.seed, "prewarm assignment accepted");
         tokio::spawn(self.clone().run_assignment(a));
+    }
+
+    /// Sends a last word off the caller's loop: it may be sent again for a while.
+    fn spawn_final_update(&self, job: u64, word: NodeUpdate, until: u64) {
+        let agent = self.clone();
+        tokio::spawn(async move { agent.prewarm_final_update(job, word, until).await });
+    }
+
+    /// Finishes what this node had taken before the agent (re)started: sends a word
+    /// no tracker took, and runs again an assignment it had not finished (blobs
+    /// already cached are not read again).
+    fn resume_taken_prewarms(&self) {
+        for taken in self
+            .prewarm_jobs
+            .unfinished(&self.cfg.node_name, unix_now())
+        {
+            let a = taken.assignment;
+            match taken.last_word {
+                Some(word) => {
+                    info!(
+                        job = a.job_id,
+                        "sending again this node's last word on a prewarm taken before the restart"
+                    );
+                    self.spawn_final_update(a.job_id, word, taken.until);
+                }
+                None => match check_assignment_times(&a, unix_now()) {
+                    Ok(()) => {
+                        info!(
+                            job = a.job_id,
+                            "resuming a prewarm assignment taken before the restart"
+                        );
+                        tokio::spawn(self.clone().run_assignment(a));
+                    }
+                    Err(why) => {
+                        let word = NodeUpdate::Failed {
+                            reason: why.to_string(),
+                        };
+                        self.spawn_final_update(a.job_id, word, taken.until);
+                    }
+                },
+            }
+        }
     }
 }

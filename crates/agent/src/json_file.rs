@@ -1,7 +1,7 @@
 //! The small indexes the agent keeps as JSON beside its cache (`files.json`,
-//! `registry-swarms.json`): read whole at start (empty when missing or unreadable),
-//! written whole and atomically when they change, and bounded by forgetting the
-//! entries asked for least recently.
+//! `registry-swarms.json`, `prewarm-jobs.json`): read whole at start (empty when
+//! missing or unreadable), written whole, owner-only and atomically when they change,
+//! and bounded by forgetting the oldest entries.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,12 +18,21 @@ pub(crate) fn load<T: serde::de::DeserializeOwned + Default>(path: &Path) -> T {
 /// leaves the old index or the new one. A failure is logged with `what`: the index in
 /// memory still serves, and the next change writes it again.
 pub(crate) fn save<T: serde::Serialize>(path: &Path, value: &T, what: &str) {
+    // Owner-only: an index may hold what only this agent should read (a prewarm
+    // file's presigned URL).
     let write = || {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::to_vec(value).map_err(std::io::Error::other)?,
-        )?;
+        let body = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&body)?;
+        drop(f);
         std::fs::rename(&tmp, path)
     };
     if let Err(e) = write() {

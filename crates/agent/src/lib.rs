@@ -15,6 +15,7 @@ mod json_file;
 mod manifest;
 pub mod metrics;
 pub mod p2p;
+mod prewarm_journal;
 mod registry_swarms;
 pub mod routes;
 mod server;
@@ -183,6 +184,8 @@ pub struct Agent {
     /// Blobs asked for through registries only a wildcard admits, for seeding their
     /// swarms.
     pub(crate) registry_swarms: Arc<registry_swarms::RegistrySwarms>,
+    /// Prewarm assignments taken and not yet settled with a tracker.
+    pub(crate) prewarm_jobs: Arc<prewarm_journal::PrewarmJournal>,
 }
 
 impl Agent {
@@ -254,9 +257,11 @@ impl Agent {
         let metrics = Arc::new(metrics);
         let files = Arc::new(files::index::FileIndex::open(&cfg.cache_dir));
         let registry_swarms = Arc::new(registry_swarms::RegistrySwarms::open(&cfg.cache_dir));
+        let prewarm_jobs = Arc::new(prewarm_journal::PrewarmJournal::open(&cfg.cache_dir));
         let agent = Self {
             files,
             registry_swarms,
+            prewarm_jobs,
             cfg: Arc::new(cfg),
             store,
             upstream,

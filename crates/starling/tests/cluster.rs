@@ -55,19 +55,33 @@ async fn registry_and_tracker(dir: &std::path::Path) -> (Registry, Proc) {
 /// Submits `reference` to prewarm on node `n0` at tracker `t` and returns the job
 /// once it is no longer running.
 async fn prewarm_on_n0_until_ended(t: &str, reference: &str) -> serde_json::Value {
+    let id = submit_prewarm_on_n0(t, reference, None).await;
+    prewarm_once_ended(t, id).await
+}
+
+/// Submits `reference` to prewarm on node `n0` (pinned for an hour, no deadline, at
+/// `bytes_per_sec` if given) and returns the job's id.
+async fn submit_prewarm_on_n0(t: &str, reference: &str, bytes_per_sec: Option<u64>) -> u64 {
     let job: serde_json::Value = reqwest::Client::new()
         .post(format!("{t}/api/v1/prewarm"))
         .bearer_auth(common::trackers::TOKEN)
-        .json(&serde_json::json!({"images": [reference], "targets": {"nodes": ["n0"]}, "pin_ttl_seconds": 3600}))
+        .json(
+            &serde_json::json!({"images": [reference], "targets": {"nodes": ["n0"]},
+            "pin_ttl_seconds": 3600, "per_node_bytes_per_sec": bytes_per_sec}),
+        )
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    let id = job["id"]
+    job["id"]
         .as_u64()
-        .unwrap_or_else(|| panic!("job id: {job}"));
+        .unwrap_or_else(|| panic!("job id: {job}"))
+}
+
+/// Job `id` at tracker `t` once it is no longer running.
+async fn prewarm_once_ended(t: &str, id: u64) -> serde_json::Value {
     testkit::until("the prewarm ended", POLL_EVERY, POLL_WITHIN, async || {
         json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["status"] != "running"
     })
@@ -554,12 +568,84 @@ async fn a_nodes_lost_last_word_on_a_prewarm_is_sent_again() {
         });
         testkit::serve_proxy(app).await
     };
-    let _agent = common::trackers::agent_with(dir.path(), "n0", &proxy, &registry, &[]).await;
+    let mut agent = common::trackers::agent_with(dir.path(), "n0", &proxy, &registry, &[]).await;
     until_nodes_reported(&t, 1).await;
-    let job = prewarm_on_n0_until_ended(&t, &image.reference).await;
+    let id = submit_prewarm_on_n0(&t, &image.reference, None).await;
+    testkit::until(
+        "the node's first word",
+        POLL_EVERY,
+        POLL_WITHIN,
+        async || done_words.load(Ordering::SeqCst) >= 1,
+    )
+    .await;
+    // The agent restarts (an upgrade, say) while the tracker is still away: the word
+    // outlives the process.
+    agent.kill9();
+    agent.restart();
+    let job = prewarm_once_ended(&t, id).await;
     assert_eq!(job["progress"]["status"], "done", "{job}");
     assert!(
         done_words.load(Ordering::SeqCst) >= 3,
         "the word was sent again"
     );
+    assert!(
+        agent
+            .log_text()
+            .contains("sending again this node's last word on a prewarm taken before the restart"),
+        "the restarted agent sent the word"
+    );
+    until_prewarm_journal_empty(&agent).await;
+}
+
+/// Waits until the agent's journal of prewarm jobs (`prewarm-jobs.json`) holds none:
+/// a settled job is not kept.
+async fn until_prewarm_journal_empty(agent: &Proc) {
+    let path = agent.cache.join("prewarm-jobs.json");
+    testkit::until("the journal settled", POLL_EVERY, POLL_WITHIN, async || {
+        std::fs::read_to_string(&path).is_ok_and(|s| s.trim() == "{}")
+    })
+    .await;
+}
+
+/// An agent restarted in the middle of a prewarm (an upgrade, an OOM kill) finishes
+/// it. The tracker hands an assignment out once; before, the restarted agent had
+/// forgotten it, and a node back within the tracker's silence timeout showed
+/// "running" for good on a job without a deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_restarted_in_the_middle_of_a_prewarm_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, tracker) = registry_and_tracker(dir.path()).await;
+    let image = TestImage::push_multilayer(&registry, "ml/restart", "v1", &[16 << 20], 27).unwrap();
+    let t = tracker.url();
+    let mut agent = common::trackers::agent_with(dir.path(), "n0", &t, &registry, &[]).await;
+    until_nodes_reported(&t, 1).await;
+    // 16 MiB at 2 MiB/s: about 8 s, killed a second or two in.
+    let id = submit_prewarm_on_n0(&t, &image.reference, Some(2 << 20)).await;
+    testkit::until(
+        "the prewarm under way",
+        POLL_EVERY,
+        POLL_WITHIN,
+        async || {
+            json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["bytes_done"]
+                .as_u64()
+                .is_some_and(|b| b > 0)
+        },
+    )
+    .await;
+    agent.kill9();
+    agent.restart();
+    let job = prewarm_once_ended(&t, id).await;
+    assert_eq!(job["progress"]["status"], "done", "{job}");
+    assert!(
+        agent
+            .log_text()
+            .contains("resuming a prewarm assignment taken before the restart"),
+        "the restarted agent resumed the job"
+    );
+    let report = json(&format!("{}/api/v1/report", agent.url())).await;
+    assert!(
+        report["pins"].to_string().contains(&image.digest),
+        "the restarted agent pinned the image: {report}"
+    );
+    until_prewarm_journal_empty(&agent).await;
 }
