@@ -231,10 +231,11 @@ impl Agent {
         }
     }
 
-    /// Sends one prewarm update; whether it is settled: taken, or refused for good
-    /// (the job is gone or finished). Unsettled: no tracker answered, or one failed.
-    async fn prewarm_update(&self, job: u64, update: &NodeUpdate) -> bool {
-        let Some(p2p) = &self.p2p else { return false };
+    /// Sends one prewarm update; what the tracker made of it.
+    async fn prewarm_update(&self, job: u64, update: &NodeUpdate) -> UpdateAnswer {
+        let Some(p2p) = &self.p2p else {
+            return UpdateAnswer::Unsettled;
+        };
         let node = &self.cfg.node_name;
         match p2p
             .trackers()
@@ -248,14 +249,22 @@ impl Agent {
             })
             .await
         {
-            Ok(r) if r.status().is_success() => true,
+            Ok(r) if r.status().is_success() => UpdateAnswer::Taken,
+            // This route's only conflict: the job was cancelled for this node.
+            Ok(r) if r.status() == reqwest::StatusCode::CONFLICT => UpdateAnswer::Cancelled,
             Ok(r) => {
                 debug!(job, status = %r.status(), "prewarm progress refused");
-                r.status().is_client_error() && r.status() != reqwest::StatusCode::TOO_MANY_REQUESTS
+                if r.status().is_client_error()
+                    && r.status() != reqwest::StatusCode::TOO_MANY_REQUESTS
+                {
+                    UpdateAnswer::Refused
+                } else {
+                    UpdateAnswer::Unsettled
+                }
             }
             Err(e) => {
                 debug!(job, error = %e, "cannot report prewarm progress");
-                false
+                UpdateAnswer::Unsettled
             }
         }
     }
@@ -277,7 +286,7 @@ impl Agent {
     async fn send_final_update(&self, job: u64, update: &NodeUpdate, until: u64) {
         let mut wait = FINAL_UPDATE_FIRST_WAIT;
         loop {
-            if self.prewarm_update(job, update).await {
+            if self.prewarm_update(job, update).await != UpdateAnswer::Unsettled {
                 return;
             }
             if unix_now() >= until {
@@ -389,23 +398,25 @@ impl Agent {
         let limit = a
             .bytes_per_sec
             .map(|bps| Arc::new(ratelimit::TokenBucket::new(bps.max(1))));
+        // The tracker answers a cancelled node's progress with a conflict: the work
+        // stops there, within about a second of the cancel.
+        let (cancelled, mut cancel_heard) = tokio::sync::oneshot::channel::<()>();
         let reporter = {
             let (agent, done, job) = (self.clone(), done.clone(), a.job_id);
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(Duration::from_secs(1)).await;
-                    agent
-                        .prewarm_update(
-                            job,
-                            &NodeUpdate::Progress {
-                                bytes_done: done.load(Ordering::Relaxed),
-                            },
-                        )
-                        .await;
+                    let progress = NodeUpdate::Progress {
+                        bytes_done: done.load(Ordering::Relaxed),
+                    };
+                    if agent.prewarm_update(job, &progress).await == UpdateAnswer::Cancelled {
+                        let _ = cancelled.send(());
+                        return;
+                    }
                 }
             })
         };
-        let result: Result<(), Error> = async {
+        let work = async {
             for (reference, digest) in &a.images {
                 let r = ImageReference::parse(reference)?;
                 let md = Digest::parse(digest)?;
@@ -441,9 +452,15 @@ impl Agent {
                     self.pull_into_runtime(&r, &md).await?;
                 }
             }
-            Ok(())
-        }
-        .await;
+            Ok::<(), Error>(())
+        };
+        let result = tokio::select! {
+            r = work => r,
+            Ok(()) = &mut cancel_heard => {
+                self.stop_cancelled_prewarm(&a, &done);
+                return;
+            }
+        };
         reporter.abort();
         match result {
             Ok(()) => {
@@ -476,6 +493,32 @@ impl Agent {
                 .await;
             }
         }
+    }
+
+    /// What a node does with a job the tracker cancelled for it: nothing more, and it
+    /// drops the pins the job set here (a pin set since by another job stays). The
+    /// blob being fetched when the cancel came finishes, as any download does that a
+    /// client might share; nothing after it is read.
+    fn stop_cancelled_prewarm(&self, a: &Assignment, done: &AtomicU64) {
+        let ours = format!("prewarm job {} (", a.job_id);
+        let mut unpinned = 0;
+        for (d, pin) in self.store.pins() {
+            if pin.reason.starts_with(&ours) {
+                match self.store.unpin(&d) {
+                    Ok(()) => unpinned += 1,
+                    Err(e) => {
+                        warn!(job = a.job_id, digest = %d, error = %e, "cannot drop a cancelled prewarm's pin")
+                    }
+                }
+            }
+        }
+        self.prewarm_jobs.settle(a.job_id);
+        info!(
+            job = a.job_id,
+            bytes = done.load(Ordering::Relaxed),
+            unpinned,
+            "prewarm cancelled by the tracker; stopped"
+        );
     }
 
     /// Pulls an image into the node's containerd through this agent (everything is in
@@ -618,6 +661,18 @@ fn check_assignment_times(a: &Assignment, now: u64) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// What a tracker made of a node's prewarm update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UpdateAnswer {
+    Taken,
+    /// Refused for good: the job or the node is unknown there, or the update invalid.
+    Refused,
+    /// The job was cancelled for this node.
+    Cancelled,
+    /// No tracker answered, or one failed: worth sending again.
+    Unsettled,
 }
 
 /// The first wait between attempts of a node's last prewarm update; each failed

@@ -42,6 +42,9 @@ pub enum Error {
     /// The job is already finished and cannot change.
     #[error("prewarm job {0} is already finished")]
     JobFinished(u64),
+    /// An agent's word on its part of a job that was cancelled: it should stop.
+    #[error("prewarm job {job} was cancelled for node {node}")]
+    NodeCancelled { job: u64, node: String },
     /// An agent report over a size limit (too many blobs, images, ... or bytes).
     #[error("report too large: {0}")]
     ReportTooLarge(String),

@@ -45,7 +45,9 @@ pub fn status_of(e: &Error) -> StatusCode {
         | Error::UnknownNodes(_)
         | Error::UnknownJob(_)
         | Error::UnknownImage(_) => StatusCode::NOT_FOUND,
-        Error::StaleGeneration { .. } | Error::JobFinished(_) => StatusCode::CONFLICT,
+        Error::StaleGeneration { .. } | Error::JobFinished(_) | Error::NodeCancelled { .. } => {
+            StatusCode::CONFLICT
+        }
         Error::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

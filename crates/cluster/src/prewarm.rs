@@ -311,11 +311,18 @@ pub struct NodeJob {
 }
 
 impl NodeJob {
-    /// An agent's word about this node's part of a job. Returns whether it changed
-    /// anything (a finished node's state is final).
-    pub fn apply(&mut self, update: NodeUpdate, now: u64) -> bool {
+    /// An agent's word about this node's part of job `job`. Returns whether it
+    /// changed anything (a finished node's state is final). A cancelled node's agent
+    /// is told so, so that it stops fetching and pinning what nobody wants any more.
+    pub fn apply(&mut self, job: u64, node: &str, update: NodeUpdate, now: u64) -> Result<bool> {
+        if self.state == NodeJobState::Cancelled {
+            return Err(Error::NodeCancelled {
+                job,
+                node: node.to_owned(),
+            });
+        }
         if self.state.is_terminal() {
-            return false;
+            return Ok(false);
         }
         match update {
             NodeUpdate::Progress { bytes_done } => {
@@ -341,7 +348,7 @@ impl NodeJob {
             }
         }
         self.updated_at = now;
-        true
+        Ok(true)
     }
 }
 

@@ -552,6 +552,15 @@ fn cancel_keeps_done_nodes() {
         .expect("none")
         .is_empty());
     assert!(matches!(store.cancel(7, NOW), Err(Error::UnknownJob(7))));
+    // A cancelled node's agent is told so when it next reports (and stops); a done
+    // node's late word changes nothing and is not refused.
+    assert!(matches!(
+        store.update_node(id, "n1", NodeUpdate::Progress { bytes_done: 1 }, NOW + 7),
+        Err(Error::NodeCancelled { job, ref node }) if job == id && node == "n1"
+    ));
+    store
+        .update_node(id, "warm", NodeUpdate::Done, NOW + 7)
+        .expect("a done node's word");
 }
 
 #[test]

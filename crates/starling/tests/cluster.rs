@@ -597,6 +597,68 @@ async fn a_nodes_lost_last_word_on_a_prewarm_is_sent_again() {
     until_prewarm_journal_empty(&agent).await;
 }
 
+/// A prewarm cancelled while a node works on it stops there: the node reads no layer
+/// after the one in flight and drops the pins the job set. Before, the tracker marked
+/// the node cancelled and the agent, never told, fetched and pinned the whole image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prewarm_cancelled_while_a_node_works_on_it_stops_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, tracker) = registry_and_tracker(dir.path()).await;
+    const LAYER: u64 = 2 << 20;
+    let image =
+        TestImage::push_multilayer(&registry, "ml/cancel", "v1", &[LAYER as usize; 8], 28).unwrap();
+    let t = tracker.url();
+    let agent = common::trackers::agent_with(dir.path(), "n0", &t, &registry, &[]).await;
+    until_nodes_reported(&t, 1).await;
+    // 16 MiB at 1 MiB/s: cancelled a second or two in.
+    let id = submit_prewarm_on_n0(&t, &image.reference, Some(1 << 20)).await;
+    testkit::until(
+        "the prewarm under way",
+        POLL_EVERY,
+        POLL_WITHIN,
+        async || {
+            json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["bytes_done"]
+                .as_u64()
+                .is_some_and(|b| b > 0)
+        },
+    )
+    .await;
+    let cancel = reqwest::Client::new()
+        .delete(format!("{t}/api/v1/prewarm/{id}"))
+        .bearer_auth(common::trackers::TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(cancel.status().is_success(), "{}", cancel.status());
+    testkit::until("the node stopped", POLL_EVERY, POLL_WITHIN, async || {
+        agent
+            .log_text()
+            .contains("prewarm cancelled by the tracker; stopped")
+    })
+    .await;
+    // The layer in flight at the cancel may finish; then nothing more is read.
+    let a = agent.url();
+    let at_stop = metric(&a, "starling_agent_upstream_bytes_total").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let read = metric(&a, "starling_agent_upstream_bytes_total").await;
+    let image_bytes: u64 = image.layers.iter().map(|l| l.size).sum();
+    let largest = image.layers.iter().map(|l| l.size).max().unwrap_or(0);
+    // Printed for the record, asserted only as bytes below.
+    eprintln!("read {read} of {image_bytes} bytes; {at_stop} when the node stopped");
+    assert!(
+        read <= at_stop + largest && read < image_bytes / 2,
+        "the node read {read} of {image_bytes} bytes ({at_stop} when it stopped)"
+    );
+    let report = json(&format!("{a}/api/v1/report")).await;
+    assert!(
+        !report["pins"].to_string().contains(&image.digest),
+        "a cancelled job pins nothing: {report}"
+    );
+    until_prewarm_journal_empty(&agent).await;
+    let job = json(&format!("{t}/api/v1/prewarm/{id}")).await;
+    assert_eq!(job["progress"]["status"], "cancelled", "{job}");
+}
+
 /// Waits until the agent's journal of prewarm jobs (`prewarm-jobs.json`) holds none:
 /// a settled job is not kept.
 async fn until_prewarm_journal_empty(agent: &Proc) {

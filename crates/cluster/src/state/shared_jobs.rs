@@ -199,7 +199,7 @@ impl ClusterState {
                 )));
             }
             let mut state: NodeJob = serde_json::from_slice(&record.json)?;
-            if !state.apply(update.clone(), self.now()) {
+            if !state.apply(id, node, update.clone(), self.now())? {
                 return Ok(());
             }
             let write = NodeWrite {
