@@ -57,3 +57,28 @@ pub(crate) fn forget_oldest<K: Ord + Clone, V>(
         m.remove(&oldest);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn an_index_is_saved_for_its_owner_only_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.json");
+        let mut m = std::collections::BTreeMap::new();
+        m.insert(
+            1u64,
+            "https://origin.example/w.bin?X-Amz-Signature=secret".to_owned(),
+        );
+        super::save(&path, &m, "a test index");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "mode {mode:o}: nobody but the agent reads it"
+        );
+        let back: std::collections::BTreeMap<u64, String> = super::load(&path);
+        assert_eq!(back, m);
+    }
+}
