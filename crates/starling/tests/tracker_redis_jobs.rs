@@ -3,7 +3,8 @@
 //! `redis-server` (issue 14): every node's reports arrive through both replicas at
 //! once, as agents moving between replicas would send them, and none is lost. A node
 //! report touches that node's own state only (no job-wide rewrite, no cluster-wide
-//! lock), so a thousand nodes reporting together are all answered and all kept.
+//! lock), so a thousand nodes reporting together are all answered and all kept; and a
+//! node of a job cancelled through one replica is told so through the other.
 
 mod common;
 
@@ -183,4 +184,44 @@ async fn a_thousand_nodes_reporting_through_both_replicas_lose_no_report() {
             }
         }
     }
+
+    // A job cancelled through one replica: a node's next word through the other is
+    // answered 409, which tells its agent to stop (the state both share decides).
+    let other_key = oci::Digest::of(b"cancelled before it was fetched");
+    let job: serde_json::Value = client
+        .post(format!("{}/api/v1/prewarm", urls[0]))
+        .json(&serde_json::json!({
+            "images": [cluster::wire::file_reference(&other_key)],
+            "files": [{"key": other_key, "url": "http://127.0.0.1:9/other.bin", "size": size}],
+            "targets": {"nodes": [names[1]]},
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let cancelled = job["id"].as_u64().unwrap_or_else(|| panic!("job: {job}"));
+    let status = client
+        .delete(format!("{}/api/v1/prewarm/{cancelled}", urls[0]))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert!(status.is_success(), "cancel: {status}");
+    let word = client
+        .post(format!(
+            "{}/api/v1/prewarm/{cancelled}/nodes/{}",
+            urls[1], names[1]
+        ))
+        .json(&serde_json::json!({"kind": "progress", "bytes_done": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        word.status(),
+        reqwest::StatusCode::CONFLICT,
+        "{}",
+        word.text().await.unwrap_or_default()
+    );
 }
