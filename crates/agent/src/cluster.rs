@@ -547,7 +547,10 @@ impl Agent {
         };
         let ns = &self.cfg.containerd_namespace;
         let mut pull = tokio::process::Command::new("ctr");
-        pull.arg("--address")
+        // A job cancelled while the import runs drops this future: the import stops
+        // with it rather than finishing unseen.
+        pull.kill_on_drop(true)
+            .arg("--address")
             .arg(sock)
             .args(["-n", ns, "images", "pull", "--hosts-dir"])
             .arg(&hosts);
