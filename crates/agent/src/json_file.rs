@@ -4,7 +4,64 @@
 //! and bounded by forgetting the oldest entries.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// One such index: its entries in memory behind a lock, the file they are saved to,
+/// and its bound (at most `max` entries; those with the smallest `age` go first).
+pub(crate) struct JsonIndex<K, V> {
+    path: PathBuf,
+    what: &'static str,
+    max: usize,
+    age: fn(&V) -> u64,
+    entries: parking_lot::Mutex<BTreeMap<K, V>>,
+}
+
+impl<K, V> JsonIndex<K, V>
+where
+    K: Ord + Clone + serde::Serialize + serde::de::DeserializeOwned,
+    V: Clone + serde::Serialize + serde::de::DeserializeOwned,
+{
+    /// The index in `cache_dir/file_name`, as saved (empty when there is none); `what`
+    /// names it in a failure's log line.
+    pub(crate) fn open(
+        cache_dir: &Path,
+        file_name: &str,
+        what: &'static str,
+        max: usize,
+        age: fn(&V) -> u64,
+    ) -> Self {
+        let path = cache_dir.join(file_name);
+        let entries = load(&path);
+        JsonIndex {
+            path,
+            what,
+            max,
+            age,
+            entries: parking_lot::Mutex::new(entries),
+        }
+    }
+
+    /// Changes the entries under the lock (`f` says whether it changed anything worth
+    /// keeping), bounds them, and saves a copy outside the lock when something changed.
+    /// Returns whether it saved.
+    pub(crate) fn change(&self, f: impl FnOnce(&mut BTreeMap<K, V>) -> bool) -> bool {
+        let snapshot = {
+            let mut m = self.entries.lock();
+            let changed = f(&mut m);
+            forget_oldest(&mut m, self.max, self.age);
+            changed.then(|| m.clone())
+        };
+        if let Some(s) = &snapshot {
+            save(&self.path, s, self.what);
+        }
+        snapshot.is_some()
+    }
+
+    /// Reads the entries under the lock.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&BTreeMap<K, V>) -> R) -> R {
+        f(&self.entries.lock())
+    }
+}
 
 /// The index at `path`; the default when there is none or it cannot be read.
 pub(crate) fn load<T: serde::de::DeserializeOwned + Default>(path: &Path) -> T {

@@ -6,9 +6,6 @@
 //! agent resumes what it had taken (cached blobs are not read again) and sends a word
 //! no tracker took. Written whole and atomically on every change.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-
 use cluster::wire::{Assignment, NodeUpdate};
 
 /// Jobs remembered; those ending first are forgotten first. A tracker keeps at most
@@ -26,31 +23,20 @@ pub(crate) struct TakenJob {
 }
 
 pub(crate) struct PrewarmJournal {
-    path: PathBuf,
-    jobs: parking_lot::Mutex<BTreeMap<u64, TakenJob>>,
+    jobs: crate::json_file::JsonIndex<u64, TakenJob>,
 }
 
 impl PrewarmJournal {
     pub(crate) fn open(cache_dir: &std::path::Path) -> PrewarmJournal {
-        let path = cache_dir.join("prewarm-jobs.json");
-        let jobs = crate::json_file::load(&path);
         PrewarmJournal {
-            path,
-            jobs: parking_lot::Mutex::new(jobs),
+            jobs: crate::json_file::JsonIndex::open(
+                cache_dir,
+                "prewarm-jobs.json",
+                "the prewarm jobs taken",
+                MAX_JOBS,
+                |j: &TakenJob| j.until,
+            ),
         }
-    }
-
-    fn change(&self, f: impl FnOnce(&mut BTreeMap<u64, TakenJob>) -> bool) -> bool {
-        let snapshot = {
-            let mut jobs = self.jobs.lock();
-            let changed = f(&mut jobs);
-            crate::json_file::forget_oldest(&mut jobs, MAX_JOBS, |j| j.until);
-            changed.then(|| jobs.clone())
-        };
-        if let Some(s) = &snapshot {
-            crate::json_file::save(&self.path, s, "the prewarm jobs taken");
-        }
-        snapshot.is_some()
     }
 
     /// Records a job taken, with its word if it already has one (a refusal). False
@@ -58,7 +44,7 @@ impl PrewarmJournal {
     /// looked gone for a while) while this agent still works on it or resends its
     /// word must not start it twice.
     pub(crate) fn take(&self, a: &Assignment, until: u64, word: Option<NodeUpdate>) -> bool {
-        self.change(|jobs| {
+        self.jobs.change(|jobs| {
             if jobs.contains_key(&a.job_id) {
                 return false;
             }
@@ -76,7 +62,7 @@ impl PrewarmJournal {
 
     /// Records the node's last word on `job`, before it is sent.
     pub(crate) fn record_word(&self, job: u64, word: &NodeUpdate) {
-        self.change(|jobs| match jobs.get_mut(&job) {
+        self.jobs.change(|jobs| match jobs.get_mut(&job) {
             Some(j) if j.last_word.as_ref() != Some(word) => {
                 j.last_word = Some(word.clone());
                 true
@@ -88,14 +74,14 @@ impl PrewarmJournal {
     /// Forgets `job`: a tracker took its word or refused it for good, or its end
     /// passed.
     pub(crate) fn settle(&self, job: u64) {
-        self.change(|jobs| jobs.remove(&job).is_some());
+        self.jobs.change(|jobs| jobs.remove(&job).is_some());
     }
 
     /// What a starting agent named `node` has to finish: the jobs taken by this node
     /// whose end has not passed at `now`. The others are forgotten.
     pub(crate) fn unfinished(&self, node: &str, now: u64) -> Vec<TakenJob> {
         let mut left = Vec::new();
-        self.change(|jobs| {
+        self.jobs.change(|jobs| {
             let before = jobs.len();
             jobs.retain(|_, j| j.assignment.node == node && j.until > now);
             left = jobs.values().cloned().collect();

@@ -7,9 +7,6 @@
 //! bytes. Kept in `CACHE_DIR/registry-swarms.json`, so a restarted agent still seeds
 //! them; bounded, and written atomically when it changes.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-
 use oci::Digest;
 
 /// Blobs remembered; the least recently asked for are forgotten first.
@@ -26,17 +23,19 @@ struct Entry {
 }
 
 pub(crate) struct RegistrySwarms {
-    path: PathBuf,
-    entries: parking_lot::Mutex<BTreeMap<Digest, Entry>>,
+    entries: crate::json_file::JsonIndex<Digest, Entry>,
 }
 
 impl RegistrySwarms {
     pub(crate) fn open(cache_dir: &std::path::Path) -> RegistrySwarms {
-        let path = cache_dir.join("registry-swarms.json");
-        let entries = crate::json_file::load(&path);
         RegistrySwarms {
-            path,
-            entries: parking_lot::Mutex::new(entries),
+            entries: crate::json_file::JsonIndex::open(
+                cache_dir,
+                "registry-swarms.json",
+                "the wildcard registries' swarms",
+                MAX_BLOBS,
+                |e: &Entry| e.last_asked,
+            ),
         }
     }
 
@@ -46,8 +45,7 @@ impl RegistrySwarms {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let snapshot = {
-            let mut m = self.entries.lock();
+        self.entries.change(|m| {
             let e = m.entry(blob.clone()).or_default();
             e.last_asked = now;
             let new = !e.swarms.contains(swarm);
@@ -57,12 +55,8 @@ impl RegistrySwarms {
                 }
                 e.swarms.push(swarm.clone());
             }
-            crate::json_file::forget_oldest(&mut m, MAX_BLOBS, |e| e.last_asked);
-            new.then(|| m.clone())
-        };
-        if let Some(s) = snapshot {
-            crate::json_file::save(&self.path, &s, "the wildcard registries' swarms");
-        }
+            new
+        });
     }
 
     /// The swarms this node seeds besides the digests' own: each one noted for a blob
@@ -71,11 +65,12 @@ impl RegistrySwarms {
         &self,
         held_size: impl Fn(&Digest) -> Option<u64>,
     ) -> Vec<(Digest, u64)> {
-        let m = self.entries.lock();
-        m.iter()
-            .filter_map(|(d, e)| Some((held_size(d)?, e)))
-            .flat_map(|(size, e)| e.swarms.iter().map(move |s| (s.clone(), size)))
-            .collect()
+        self.entries.read(|m| {
+            m.iter()
+                .filter_map(|(d, e)| Some((held_size(d)?, e)))
+                .flat_map(|(size, e)| e.swarms.iter().map(move |s| (s.clone(), size)))
+                .collect()
+        })
     }
 }
 

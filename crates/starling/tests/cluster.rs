@@ -612,17 +612,7 @@ async fn a_prewarm_cancelled_while_a_node_works_on_it_stops_there() {
     until_nodes_reported(&t, 1).await;
     // 16 MiB at 1 MiB/s: cancelled a second or two in.
     let id = submit_prewarm_on_n0(&t, &image.reference, Some(1 << 20)).await;
-    testkit::until(
-        "the prewarm under way",
-        POLL_EVERY,
-        POLL_WITHIN,
-        async || {
-            json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["bytes_done"]
-                .as_u64()
-                .is_some_and(|b| b > 0)
-        },
-    )
-    .await;
+    until_prewarm_under_way(&t, id).await;
     let cancel = reqwest::Client::new()
         .delete(format!("{t}/api/v1/prewarm/{id}"))
         .bearer_auth(common::trackers::TOKEN)
@@ -659,6 +649,21 @@ async fn a_prewarm_cancelled_while_a_node_works_on_it_stops_there() {
     assert_eq!(job["progress"]["status"], "cancelled", "{job}");
 }
 
+/// Waits until job `id` at tracker `t` shows bytes fetched.
+async fn until_prewarm_under_way(t: &str, id: u64) {
+    testkit::until(
+        "the prewarm under way",
+        POLL_EVERY,
+        POLL_WITHIN,
+        async || {
+            json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["bytes_done"]
+                .as_u64()
+                .is_some_and(|b| b > 0)
+        },
+    )
+    .await;
+}
+
 /// Waits until the agent's journal of prewarm jobs (`prewarm-jobs.json`) holds none:
 /// a settled job is not kept.
 async fn until_prewarm_journal_empty(agent: &Proc) {
@@ -683,17 +688,7 @@ async fn an_agent_restarted_in_the_middle_of_a_prewarm_finishes_it() {
     until_nodes_reported(&t, 1).await;
     // 16 MiB at 2 MiB/s: about 8 s, killed a second or two in.
     let id = submit_prewarm_on_n0(&t, &image.reference, Some(2 << 20)).await;
-    testkit::until(
-        "the prewarm under way",
-        POLL_EVERY,
-        POLL_WITHIN,
-        async || {
-            json(&format!("{t}/api/v1/prewarm/{id}")).await["progress"]["bytes_done"]
-                .as_u64()
-                .is_some_and(|b| b > 0)
-        },
-    )
-    .await;
+    until_prewarm_under_way(&t, id).await;
     agent.kill9();
     agent.restart();
     let job = prewarm_once_ended(&t, id).await;

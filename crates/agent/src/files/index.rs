@@ -2,8 +2,7 @@
 //! `CACHE_DIR/files.json` so the inventory can report them after a restart: the store
 //! knows a file's bytes by key only. Bounded; written atomically when it changes.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use cluster::inventory::{BlobRef, ImageRecord, SourceBytes};
@@ -31,8 +30,7 @@ pub(crate) struct FileEntry {
 }
 
 pub(crate) struct FileIndex {
-    path: PathBuf,
-    entries: parking_lot::Mutex<BTreeMap<String, FileEntry>>,
+    entries: crate::json_file::JsonIndex<String, FileEntry>,
     /// Versions of files whose bytes failed the digest their caller named, by their
     /// registration key (URL, version, size and digest), with when: not read again
     /// for [`MISMATCH_MEMORY`]. A `get` resumes a cut body, and a job naming a wrong
@@ -48,11 +46,14 @@ const MAX_MISMATCHED: usize = 1024;
 
 impl FileIndex {
     pub(crate) fn open(cache_dir: &std::path::Path) -> FileIndex {
-        let path = cache_dir.join("files.json");
-        let entries = crate::json_file::load(&path);
         FileIndex {
-            path,
-            entries: parking_lot::Mutex::new(entries),
+            entries: crate::json_file::JsonIndex::open(
+                cache_dir,
+                "files.json",
+                "the file index",
+                MAX_FILES,
+                |e: &FileEntry| e.last_get,
+            ),
             mismatched: parking_lot::Mutex::new(HashMap::new()),
         }
     }
@@ -79,19 +80,14 @@ impl FileIndex {
     /// Records a request for `key`; persists when the entry is new or its URL or size
     /// changed (not for the time alone).
     pub(crate) fn note(&self, key: &Digest, entry: FileEntry) {
-        let snapshot = {
-            let mut m = self.entries.lock();
+        self.entries.change(|m| {
             let k = key.to_string();
             let changed = m.get(&k).is_none_or(|e| {
                 e.url != entry.url || e.size != entry.size || e.swarm != entry.swarm
             });
             m.insert(k, entry);
-            crate::json_file::forget_oldest(&mut m, MAX_FILES, |e| e.last_get);
-            changed.then(|| m.clone())
-        };
-        if let Some(s) = snapshot {
-            crate::json_file::save(&self.path, &s, "the file index");
-        }
+            changed
+        });
     }
 
     /// The swarms of the files the store holds whole (`held_size(key)`) that are not
@@ -103,49 +99,51 @@ impl FileIndex {
         &self,
         held_size: impl Fn(&Digest) -> Option<u64>,
     ) -> Vec<(Digest, u64)> {
-        let m = self.entries.lock();
-        m.iter()
-            .filter_map(|(k, e)| {
-                let swarm = e.swarm.clone()?;
-                (held_size(&Digest::parse(k).ok()?)? == e.size).then_some((swarm, e.size))
-            })
-            .collect()
+        self.entries.read(|m| {
+            m.iter()
+                .filter_map(|(k, e)| {
+                    let swarm = e.swarm.clone()?;
+                    (held_size(&Digest::parse(k).ok()?)? == e.size).then_some((swarm, e.size))
+                })
+                .collect()
+        })
     }
 
     /// Each file the store holds (`held(key)` is `Some` for those) as an image of one
     /// blob, so `starling nodes`, `where` (by `@sha256:<key>`) and the scheduler
     /// ranking see files as they see images.
     pub(crate) fn images(&self, held: impl Fn(&Digest) -> bool) -> Vec<ImageRecord> {
-        let m = self.entries.lock();
-        m.iter()
-            .filter_map(|(k, e)| {
-                let d = Digest::parse(k).ok()?;
-                if !held(&d) {
-                    return None;
-                }
-                let mut url = e.url.clone();
-                if url.len() > MAX_REPORTED_URL {
-                    let mut cut = MAX_REPORTED_URL;
-                    while !url.is_char_boundary(cut) {
-                        cut -= 1;
+        self.entries.read(|m| {
+            m.iter()
+                .filter_map(|(k, e)| {
+                    let d = Digest::parse(k).ok()?;
+                    if !held(&d) {
+                        return None;
                     }
-                    url.truncate(cut);
-                }
-                Some(ImageRecord {
-                    manifest_digest: d.clone(),
-                    index_digest: None,
-                    references: vec![url],
-                    blobs: vec![BlobRef {
-                        digest: d,
-                        size: e.size,
-                    }],
-                    last_pull: Some(e.last_get),
-                    last_use: None,
-                    bytes_by_source: SourceBytes::default(),
-                    pull_seconds: None,
+                    let mut url = e.url.clone();
+                    if url.len() > MAX_REPORTED_URL {
+                        let mut cut = MAX_REPORTED_URL;
+                        while !url.is_char_boundary(cut) {
+                            cut -= 1;
+                        }
+                        url.truncate(cut);
+                    }
+                    Some(ImageRecord {
+                        manifest_digest: d.clone(),
+                        index_digest: None,
+                        references: vec![url],
+                        blobs: vec![BlobRef {
+                            digest: d,
+                            size: e.size,
+                        }],
+                        last_pull: Some(e.last_get),
+                        last_use: None,
+                        bytes_by_source: SourceBytes::default(),
+                        pull_seconds: None,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
     }
 }
 
