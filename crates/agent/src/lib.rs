@@ -15,6 +15,7 @@ mod json_file;
 mod manifest;
 pub mod metrics;
 pub mod p2p;
+mod prewarm;
 mod prewarm_journal;
 mod registry_swarms;
 pub mod routes;
