@@ -189,13 +189,20 @@ impl Agent {
             .bytes_per_sec
             .map(|bps| Arc::new(ratelimit::TokenBucket::new(bps.max(1))));
         // The tracker answers a cancelled node's progress with a conflict: the work
-        // stops there, within about a second of the cancel.
+        // stops there, within about a second of the cancel. The first word is awaited
+        // before any byte is read: an assignment can wait in the tracker's mailbox
+        // while its job is cancelled, and such a one reads nothing.
+        let first = NodeUpdate::Progress { bytes_done: 0 };
+        if self.prewarm_update(a.job_id, &first).await == UpdateAnswer::Cancelled {
+            self.stop_cancelled_prewarm(&a, &done);
+            return;
+        }
         let (cancelled, mut cancel_heard) = tokio::sync::oneshot::channel::<()>();
         let reporter = {
             let (agent, done, job) = (self.clone(), done.clone(), a.job_id);
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    tokio::time::sleep(PROGRESS_EVERY).await;
                     let progress = NodeUpdate::Progress {
                         bytes_done: done.load(Ordering::Relaxed),
                     };
@@ -245,11 +252,17 @@ impl Agent {
             Ok::<(), Error>(())
         };
         let result = tokio::select! {
-            r = work => r,
+            // A passed deadline or a cancel stops the work even when both are ready.
+            biased;
             Ok(()) = &mut cancel_heard => {
                 self.stop_cancelled_prewarm(&a, &done);
                 return;
             }
+            () = deadline_passes(a.deadline_at) => Err(Error::Prewarm(format!(
+                "deadline passed with {} bytes fetched; stopped",
+                done.load(Ordering::Relaxed)
+            ))),
+            r = work => r,
         };
         reporter.abort();
         match result {
@@ -421,6 +434,21 @@ enum UpdateAnswer {
     Cancelled,
     /// No tracker answered, or one failed: worth sending again.
     Unsettled,
+}
+
+/// How often a node working on a prewarm tells the tracker its bytes (and so how soon
+/// it hears of a cancel).
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Resolves once the job's deadline (unix seconds) has passed, never without one.
+/// The tracker fails the node's part then, and the work stops with it: the job the
+/// prewarm was for has started, and its pods pull what is missing themselves. What
+/// was pinned before stays pinned: those images are whole and were asked for.
+async fn deadline_passes(deadline_at: Option<u64>) {
+    match deadline_at {
+        Some(d) => tokio::time::sleep(Duration::from_secs(d.saturating_sub(unix_now()))).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The first wait between attempts of a node's last prewarm update; each failed

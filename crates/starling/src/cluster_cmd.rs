@@ -125,7 +125,7 @@ pub struct PrewarmArgs {
     /// Total rate over all nodes.
     #[arg(long)]
     total_limit: Option<String>,
-    /// Give up on unfinished nodes after this long, e.g. 30m.
+    /// Unfinished nodes stop fetching and fail after this long, e.g. 30m.
     #[arg(long)]
     deadline: Option<humantime::Duration>,
     /// Keep the content pinned this long, e.g. 24h.

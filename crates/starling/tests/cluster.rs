@@ -55,19 +55,25 @@ async fn registry_and_tracker(dir: &std::path::Path) -> (Registry, Proc) {
 /// Submits `reference` to prewarm on node `n0` at tracker `t` and returns the job
 /// once it is no longer running.
 async fn prewarm_on_n0_until_ended(t: &str, reference: &str) -> serde_json::Value {
-    let id = submit_prewarm_on_n0(t, reference, None).await;
+    let id = submit_prewarm_on_n0(t, reference, None, None).await;
     prewarm_once_ended(t, id).await
 }
 
-/// Submits `reference` to prewarm on node `n0` (pinned for an hour, no deadline, at
-/// `bytes_per_sec` if given) and returns the job's id.
-async fn submit_prewarm_on_n0(t: &str, reference: &str, bytes_per_sec: Option<u64>) -> u64 {
+/// Submits `reference` to prewarm on node `n0` (pinned for an hour, at `bytes_per_sec`
+/// and with `deadline_seconds` if given) and returns the job's id.
+async fn submit_prewarm_on_n0(
+    t: &str,
+    reference: &str,
+    bytes_per_sec: Option<u64>,
+    deadline_seconds: Option<u64>,
+) -> u64 {
     let job: serde_json::Value = reqwest::Client::new()
         .post(format!("{t}/api/v1/prewarm"))
         .bearer_auth(common::trackers::TOKEN)
         .json(
             &serde_json::json!({"images": [reference], "targets": {"nodes": ["n0"]},
-            "pin_ttl_seconds": 3600, "per_node_bytes_per_sec": bytes_per_sec}),
+            "pin_ttl_seconds": 3600, "per_node_bytes_per_sec": bytes_per_sec,
+            "deadline_seconds": deadline_seconds}),
         )
         .send()
         .await
@@ -570,7 +576,7 @@ async fn a_nodes_lost_last_word_on_a_prewarm_is_sent_again() {
     };
     let mut agent = common::trackers::agent_with(dir.path(), "n0", &proxy, &registry, &[]).await;
     until_nodes_reported(&t, 1).await;
-    let id = submit_prewarm_on_n0(&t, &image.reference, None).await;
+    let id = submit_prewarm_on_n0(&t, &image.reference, None, None).await;
     testkit::until(
         "the node's first word",
         POLL_EVERY,
@@ -611,7 +617,7 @@ async fn a_prewarm_cancelled_while_a_node_works_on_it_stops_there() {
     let agent = common::trackers::agent_with(dir.path(), "n0", &t, &registry, &[]).await;
     until_nodes_reported(&t, 1).await;
     // 16 MiB at 1 MiB/s: cancelled a second or two in.
-    let id = submit_prewarm_on_n0(&t, &image.reference, Some(1 << 20)).await;
+    let id = submit_prewarm_on_n0(&t, &image.reference, Some(1 << 20), None).await;
     until_prewarm_under_way(&t, id).await;
     let cancel = reqwest::Client::new()
         .delete(format!("{t}/api/v1/prewarm/{id}"))
@@ -647,6 +653,95 @@ async fn a_prewarm_cancelled_while_a_node_works_on_it_stops_there() {
     until_prewarm_journal_empty(&agent).await;
     let job = json(&format!("{t}/api/v1/prewarm/{id}")).await;
     assert_eq!(job["progress"]["status"], "cancelled", "{job}");
+}
+
+/// An assignment collected after its job was cancelled reads nothing. The tracker
+/// keeps a node's assignments until the node collects them; here the agent is
+/// stopped (SIGSTOP) while the job is handed to it and cancelled. Before, the agent
+/// began the work and only heard of the cancel a second later, with a layer fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_assignment_collected_after_its_job_was_cancelled_reads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, tracker) = registry_and_tracker(dir.path()).await;
+    const LAYER: u64 = 2 << 20;
+    let image =
+        TestImage::push_multilayer(&registry, "ml/late", "v1", &[LAYER as usize; 4], 30).unwrap();
+    let t = tracker.url();
+    let agent = common::trackers::agent_with(dir.path(), "n0", &t, &registry, &[]).await;
+    until_nodes_reported(&t, 1).await;
+    common::signal(&agent.child, "STOP");
+    let id = submit_prewarm_on_n0(&t, &image.reference, Some(1 << 20), None).await;
+    testkit::until(
+        "the assignment waits",
+        POLL_EVERY,
+        POLL_WITHIN,
+        async || {
+            json(&format!("{t}/api/v1/prewarm/{id}")).await["nodes"]["n0"]["state"] == "running"
+        },
+    )
+    .await;
+    let cancel = reqwest::Client::new()
+        .delete(format!("{t}/api/v1/prewarm/{id}"))
+        .bearer_auth(common::trackers::TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(cancel.status().is_success(), "{}", cancel.status());
+    common::signal(&agent.child, "CONT");
+    testkit::until("the node stopped", POLL_EVERY, POLL_WITHIN, async || {
+        agent
+            .log_text()
+            .contains("prewarm cancelled by the tracker; stopped")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let read = metric(&agent.url(), "starling_agent_upstream_bytes_total").await;
+    assert!(
+        read < LAYER,
+        "the node read {read} bytes of a cancelled job"
+    );
+    until_prewarm_journal_empty(&agent).await;
+}
+
+/// A prewarm whose deadline passes while a node works on it stops there: the tracker
+/// fails the node's part at the deadline, and the node reads no layer after the one
+/// in flight. Before, the node fetched on at the job's rate until it had the whole
+/// image, for a job already marked failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prewarm_past_its_deadline_stops_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, tracker) = registry_and_tracker(dir.path()).await;
+    const LAYER: u64 = 2 << 20;
+    let image =
+        TestImage::push_multilayer(&registry, "ml/deadline", "v1", &[LAYER as usize; 8], 29)
+            .unwrap();
+    let t = tracker.url();
+    let agent = common::trackers::agent_with(dir.path(), "n0", &t, &registry, &[]).await;
+    until_nodes_reported(&t, 1).await;
+    // 16 MiB at 1 MiB/s, with 3 s to do it.
+    let id = submit_prewarm_on_n0(&t, &image.reference, Some(1 << 20), Some(3)).await;
+    testkit::until("the node stopped", POLL_EVERY, POLL_WITHIN, async || {
+        agent.log_text().contains("deadline passed with")
+    })
+    .await;
+    let a = agent.url();
+    let at_stop = metric(&a, "starling_agent_upstream_bytes_total").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let read = metric(&a, "starling_agent_upstream_bytes_total").await;
+    let image_bytes: u64 = image.layers.iter().map(|l| l.size).sum();
+    let largest = image.layers.iter().map(|l| l.size).max().unwrap_or(0);
+    eprintln!("read {read} of {image_bytes} bytes; {at_stop} when the node stopped");
+    assert!(
+        read <= at_stop + largest && read < image_bytes / 2,
+        "the node read {read} of {image_bytes} bytes ({at_stop} when it stopped)"
+    );
+    let job = prewarm_once_ended(&t, id).await;
+    assert_eq!(
+        job["progress"]["status"], "completed_with_failures",
+        "{job}"
+    );
+    assert_eq!(job["nodes"]["n0"]["state"], "failed", "{job}");
+    until_prewarm_journal_empty(&agent).await;
 }
 
 /// Waits until job `id` at tracker `t` shows bytes fetched.
@@ -687,7 +782,7 @@ async fn an_agent_restarted_in_the_middle_of_a_prewarm_finishes_it() {
     let mut agent = common::trackers::agent_with(dir.path(), "n0", &t, &registry, &[]).await;
     until_nodes_reported(&t, 1).await;
     // 16 MiB at 2 MiB/s: about 8 s, killed a second or two in.
-    let id = submit_prewarm_on_n0(&t, &image.reference, Some(2 << 20)).await;
+    let id = submit_prewarm_on_n0(&t, &image.reference, Some(2 << 20), None).await;
     until_prewarm_under_way(&t, id).await;
     agent.kill9();
     agent.restart();
