@@ -1,7 +1,8 @@
 //! The small indexes the agent keeps as JSON beside its cache (`files.json`,
 //! `registry-swarms.json`, `prewarm-jobs.json`): read whole at start (empty when
-//! missing or unreadable), written whole, owner-only and atomically when they change,
-//! and bounded by forgetting the oldest entries.
+//! missing; when unreadable, empty too, with the file kept aside as `*.corrupt` and a
+//! warning), written whole, owner-only and atomically when they change, and bounded by
+//! forgetting the oldest entries.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ where
         age: fn(&V) -> u64,
     ) -> Self {
         let path = cache_dir.join(file_name);
-        let entries = load(&path);
+        let entries = load(&path, what);
         JsonIndex {
             path,
             what,
@@ -63,12 +64,27 @@ where
     }
 }
 
-/// The index at `path`; the default when there is none or it cannot be read.
-pub(crate) fn load<T: serde::de::DeserializeOwned + Default>(path: &Path) -> T {
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+/// The index at `path`; the default when there is none or it cannot be read. An
+/// unreadable one (a disk error, a hand edit gone wrong) is moved to `*.corrupt`
+/// with a warning naming `what`: the agent starts without it rather than not at all,
+/// and the next save does not overwrite what an operator may want to look at.
+pub(crate) fn load<T: serde::de::DeserializeOwned + Default>(path: &Path, what: &str) -> T {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return T::default(),
+        Err(e) => return set_aside(path, what, &e.to_string()),
+    };
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| set_aside(path, what, &e.to_string()))
+}
+
+fn set_aside<T: Default>(path: &Path, what: &str, error: &str) -> T {
+    let aside = path.with_extension("json.corrupt");
+    let kept = match std::fs::rename(path, &aside) {
+        Ok(()) => aside.display().to_string(),
+        Err(e) => format!("not moved: {e}"),
+    };
+    tracing::warn!(path = %path.display(), %error, kept, "cannot read {what}; starting without it");
+    T::default()
 }
 
 /// Writes `value` to `path` through a temporary file renamed over it, so a crash
@@ -135,7 +151,24 @@ mod tests {
             0,
             "mode {mode:o}: nobody but the agent reads it"
         );
-        let back: std::collections::BTreeMap<u64, String> = super::load(&path);
+        let back: std::collections::BTreeMap<u64, String> = super::load(&path, "a test index");
         assert_eq!(back, m);
+    }
+
+    #[test]
+    fn an_unreadable_index_is_set_aside_and_the_agent_starts_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.json");
+        std::fs::write(&path, b"{\"1\": \"cut off").unwrap();
+        let back: std::collections::BTreeMap<u64, String> = super::load(&path, "a test index");
+        assert!(back.is_empty());
+        assert!(!path.exists(), "the next save does not overwrite it");
+        assert_eq!(
+            std::fs::read(dir.path().join("index.json.corrupt")).unwrap(),
+            b"{\"1\": \"cut off",
+            "kept aside whole"
+        );
+        let none: std::collections::BTreeMap<u64, String> = super::load(&path, "a test index");
+        assert!(none.is_empty(), "a missing index is an empty one");
     }
 }
