@@ -370,6 +370,7 @@ impl Store {
                 pieces: Mutex::new(None),
                 held_events: tokio::sync::broadcast::channel(1024).0,
                 preallocated: std::sync::atomic::AtomicBool::new(false),
+                disk_push: Default::default(),
             });
             st.inflight.insert(d.clone(), inf.clone());
             inf

@@ -350,12 +350,16 @@ impl PieceWriter {
         let len = bytes.len() as u64;
         run.buf_start += len;
         let finished = run.pos == run.end;
-        let file = self.inflight.file.clone();
+        let inflight = self.inflight.clone();
         let for_disk = bytes.clone();
         run.pending = Some(PendingWrite {
             start,
             len,
-            done: tokio::task::spawn_blocking(move || file.write_all_at(&for_disk, start)),
+            done: tokio::task::spawn_blocking(move || {
+                inflight.file.write_all_at(&for_disk, start)?;
+                inflight.note_written(len);
+                Ok(())
+            }),
         });
         // In order and next in line: the digest takes these bytes without a re-read.
         // The digest only ever reads what is verified or trusted: these are registry

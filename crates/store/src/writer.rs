@@ -246,12 +246,15 @@ impl BlobWriter {
             return Ok(());
         }
         let buf = std::mem::replace(&mut self.buf, spare);
-        let file = self.inflight.file.clone();
+        let inflight = self.inflight.clone();
         let pos = self.written;
         self.pending = Some(PendingWrite {
             len: buf.len() as u64,
             done: tokio::task::spawn_blocking(move || {
-                let r = file.write_all_at(&buf, pos);
+                let r = inflight.file.write_all_at(&buf, pos);
+                if r.is_ok() {
+                    inflight.note_written(buf.len() as u64);
+                }
                 (r, buf)
             }),
         });
