@@ -86,8 +86,8 @@ pub(crate) const DISK_PUSH_EVERY: u64 = 16 << 20;
 /// and on ext4 the journal commit it forced held the other agents' writes and creates
 /// meanwhile (see `blocking`). Pushing each blob out as it arrives keeps every fsync
 /// and journal commit small. The 8 × 25 MiB/s demo on this VM's disk went from
-/// 1.16–1.25 × T* to 1.05–1.08, alike with the commit's fsync left out altogether
-/// (BENCHMARKS.md, issue 11, forty-first session).
+/// 1.16–1.25 × T* to 1.05–1.09 (13 of 14 runs), alike with the commit's fsync left
+/// out altogether (BENCHMARKS.md, issue 11, forty-first session).
 #[derive(Debug, Default)]
 pub(crate) struct DiskPush {
     unpushed: std::sync::atomic::AtomicU64,
