@@ -71,14 +71,15 @@ pub struct Inflight {
     /// the disk's free space already leaves out what this download still has to write.
     pub(crate) preallocated: std::sync::atomic::AtomicBool,
     /// How much of the file's data is written but not yet pushed to the disk.
-    pub(crate) disk_push: DiskPush,
+    pub(crate) disk_push: Arc<DiskPush>,
 }
 
-/// Bytes of a blob written between two pushes of its data to the disk
-/// ([`Inflight::note_written`]).
-pub(crate) const DISK_PUSH_EVERY: u64 = 16 << 20;
+/// Bytes of a file written between two pushes of its data to the disk
+/// ([`DiskPush::note_written`]).
+pub const DISK_PUSH_EVERY: u64 = 16 << 20;
 
-/// When a blob's written data goes to the disk, ahead of its commit.
+/// When a file's written data goes to the disk, ahead of its fsync: a blob's in the
+/// store, and the file `starling get` writes.
 ///
 /// Why: the kernel keeps written pages in memory up to `dirty_expire` (30 s by
 /// default), so a blob fetched in 10 s was all still in memory when its commit's
@@ -89,7 +90,7 @@ pub(crate) const DISK_PUSH_EVERY: u64 = 16 << 20;
 /// 1.16–1.25 × T* to 1.05–1.09 (13 of 14 runs), alike with the commit's fsync left
 /// out altogether (BENCHMARKS.md, issue 11, forty-first session).
 #[derive(Debug, Default)]
-pub(crate) struct DiskPush {
+pub struct DiskPush {
     unpushed: std::sync::atomic::AtomicU64,
     pushing: std::sync::atomic::AtomicBool,
 }
@@ -113,22 +114,21 @@ impl DiskPush {
         self.pushing
             .store(false, std::sync::atomic::Ordering::Release);
     }
-}
 
-impl Inflight {
-    /// Counts `len` bytes written to the file and, every [`DISK_PUSH_EVERY`] bytes,
-    /// pushes the file's data to the disk on the blocking pool ([`DiskPush`]). The
-    /// commit still makes the blob durable; this only leaves it less to do.
-    pub(crate) fn note_written(self: &Arc<Self>, len: u64) {
-        if !self.disk_push.written(len) {
+    /// Counts `len` bytes written to `file` and, every [`DISK_PUSH_EVERY`] bytes,
+    /// pushes its data to the disk (`sync_data`) on the blocking pool. The writer's
+    /// own fsync at the end still makes the file durable; this only leaves it less
+    /// to do.
+    pub fn note_written(self: &Arc<Self>, file: &Arc<File>, len: u64) {
+        if !self.written(len) {
             return;
         }
-        let me = self.clone();
+        let (me, file) = (self.clone(), file.clone());
         let push = move || {
-            if let Err(e) = me.file.sync_data() {
-                tracing::debug!(path = %me.path.display(), error = %e, "cannot push a blob's data to the disk ahead of its commit");
+            if let Err(e) = file.sync_data() {
+                tracing::debug!(error = %e, "cannot push written data to the disk ahead of its fsync");
             }
-            me.disk_push.pushed();
+            me.pushed();
         };
         match tokio::runtime::Handle::try_current() {
             Ok(h) => {
@@ -136,6 +136,13 @@ impl Inflight {
             }
             Err(_) => push(),
         }
+    }
+}
+
+impl Inflight {
+    /// Counts `len` bytes written to the blob's file ([`DiskPush`]).
+    pub(crate) fn note_written(&self, len: u64) {
+        self.disk_push.note_written(&self.file, len);
     }
 
     /// Allocates the blocks of the whole blob (`total` bytes) now, the file's length
@@ -266,7 +273,7 @@ impl Inflight {
     }
 
     /// Writes received bytes of a claimed piece (the caller holds the claim).
-    pub fn write_claimed(self: &Arc<Self>, offset: u64, bytes: &[u8]) -> Result<(), Error> {
+    pub fn write_claimed(&self, offset: u64, bytes: &[u8]) -> Result<(), Error> {
         use std::os::unix::fs::FileExt;
         self.file
             .write_all_at(bytes, offset)

@@ -37,7 +37,8 @@ use tracing::{info, warn};
 
 pub use error::Error;
 pub use inflight::{
-    inflight_spans, read_file, read_inflight, FileSpan, Inflight, PieceState, Progress, Status,
+    inflight_spans, read_file, read_inflight, DiskPush, FileSpan, Inflight, PieceState, Progress,
+    Status,
 };
 pub use meta::{BlobRecord, PinRecord, TagRecord};
 use oci::{Digest, Verifier};
