@@ -619,32 +619,10 @@ async fn a_prewarm_cancelled_while_a_node_works_on_it_stops_there() {
     // 16 MiB at 1 MiB/s: cancelled a second or two in.
     let id = submit_prewarm_on_n0(&t, &image.reference, Some(1 << 20), None).await;
     until_prewarm_under_way(&t, id).await;
-    let cancel = reqwest::Client::new()
-        .delete(format!("{t}/api/v1/prewarm/{id}"))
-        .bearer_auth(common::trackers::TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert!(cancel.status().is_success(), "{}", cancel.status());
-    testkit::until("the node stopped", POLL_EVERY, POLL_WITHIN, async || {
-        agent
-            .log_text()
-            .contains("prewarm cancelled by the tracker; stopped")
-    })
-    .await;
-    // The layer in flight at the cancel may finish; then nothing more is read.
+    cancel_prewarm(&t, id).await;
+    until_logged(&agent, "prewarm cancelled by the tracker; stopped").await;
+    assert_nothing_read_past_the_layer_in_flight(&agent, &image).await;
     let a = agent.url();
-    let at_stop = metric(&a, "starling_agent_upstream_bytes_total").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let read = metric(&a, "starling_agent_upstream_bytes_total").await;
-    let image_bytes: u64 = image.layers.iter().map(|l| l.size).sum();
-    let largest = image.layers.iter().map(|l| l.size).max().unwrap_or(0);
-    // Printed for the record, asserted only as bytes below.
-    eprintln!("read {read} of {image_bytes} bytes; {at_stop} when the node stopped");
-    assert!(
-        read <= at_stop + largest && read < image_bytes / 2,
-        "the node read {read} of {image_bytes} bytes ({at_stop} when it stopped)"
-    );
     let report = json(&format!("{a}/api/v1/report")).await;
     assert!(
         !report["pins"].to_string().contains(&image.digest),
@@ -680,20 +658,9 @@ async fn an_assignment_collected_after_its_job_was_cancelled_reads_nothing() {
         },
     )
     .await;
-    let cancel = reqwest::Client::new()
-        .delete(format!("{t}/api/v1/prewarm/{id}"))
-        .bearer_auth(common::trackers::TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert!(cancel.status().is_success(), "{}", cancel.status());
+    cancel_prewarm(&t, id).await;
     common::signal(&agent.child, "CONT");
-    testkit::until("the node stopped", POLL_EVERY, POLL_WITHIN, async || {
-        agent
-            .log_text()
-            .contains("prewarm cancelled by the tracker; stopped")
-    })
-    .await;
+    until_logged(&agent, "prewarm cancelled by the tracker; stopped").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let read = metric(&agent.url(), "starling_agent_upstream_bytes_total").await;
     assert!(
@@ -720,21 +687,8 @@ async fn a_prewarm_past_its_deadline_stops_there() {
     until_nodes_reported(&t, 1).await;
     // 16 MiB at 1 MiB/s, with 3 s to do it.
     let id = submit_prewarm_on_n0(&t, &image.reference, Some(1 << 20), Some(3)).await;
-    testkit::until("the node stopped", POLL_EVERY, POLL_WITHIN, async || {
-        agent.log_text().contains("deadline passed with")
-    })
-    .await;
-    let a = agent.url();
-    let at_stop = metric(&a, "starling_agent_upstream_bytes_total").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let read = metric(&a, "starling_agent_upstream_bytes_total").await;
-    let image_bytes: u64 = image.layers.iter().map(|l| l.size).sum();
-    let largest = image.layers.iter().map(|l| l.size).max().unwrap_or(0);
-    eprintln!("read {read} of {image_bytes} bytes; {at_stop} when the node stopped");
-    assert!(
-        read <= at_stop + largest && read < image_bytes / 2,
-        "the node read {read} of {image_bytes} bytes ({at_stop} when it stopped)"
-    );
+    until_logged(&agent, "deadline passed with").await;
+    assert_nothing_read_past_the_layer_in_flight(&agent, &image).await;
     let job = prewarm_once_ended(&t, id).await;
     assert_eq!(
         job["progress"]["status"], "completed_with_failures",
@@ -742,6 +696,43 @@ async fn a_prewarm_past_its_deadline_stops_there() {
     );
     assert_eq!(job["nodes"]["n0"]["state"], "failed", "{job}");
     until_prewarm_journal_empty(&agent).await;
+}
+
+/// Cancels job `id` at tracker `t` (as an operator: `DELETE /api/v1/prewarm/{id}`).
+async fn cancel_prewarm(t: &str, id: u64) {
+    let cancel = reqwest::Client::new()
+        .delete(format!("{t}/api/v1/prewarm/{id}"))
+        .bearer_auth(common::trackers::TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(cancel.status().is_success(), "{}", cancel.status());
+}
+
+/// Waits until `agent`'s log has `line`.
+async fn until_logged(agent: &Proc, line: &str) {
+    testkit::until(line, POLL_EVERY, POLL_WITHIN, async || {
+        agent.log_text().contains(line)
+    })
+    .await;
+}
+
+/// A node that stopped working on a prewarm of `image`: the layer in flight at the
+/// stop may finish, then nothing more is read from the registry, and in all it read
+/// under half the image.
+async fn assert_nothing_read_past_the_layer_in_flight(agent: &Proc, image: &testkit::PushedImage) {
+    let a = agent.url();
+    let at_stop = metric(&a, "starling_agent_upstream_bytes_total").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let read = metric(&a, "starling_agent_upstream_bytes_total").await;
+    let image_bytes: u64 = image.layers.iter().map(|l| l.size).sum();
+    let largest = image.layers.iter().map(|l| l.size).max().unwrap_or(0);
+    // Printed for the record, asserted only as bytes below.
+    eprintln!("read {read} of {image_bytes} bytes; {at_stop} when the node stopped");
+    assert!(
+        read <= at_stop + largest && read < image_bytes / 2,
+        "the node read {read} of {image_bytes} bytes ({at_stop} when it stopped)"
+    );
 }
 
 /// Waits until job `id` at tracker `t` shows bytes fetched.
