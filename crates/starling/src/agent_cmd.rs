@@ -513,7 +513,9 @@ pub struct TrackerArgs {
     #[arg(long, default_value = "1MiB")]
     p2p_threshold: String,
     /// Piece size for swarms whose first announce proposes none (agents propose one
-    /// from their links), or "auto" for the rule with an unknown link.
+    /// from their links), or "auto" for the rule with an unknown link. An agent's
+    /// proposal is kept within what the rule gives the blob on some link, unless it is
+    /// this size.
     #[arg(long, default_value = "auto")]
     piece_size: String,
     /// Peers silent for this long are no longer handed out.

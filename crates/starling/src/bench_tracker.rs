@@ -437,6 +437,13 @@ pub async fn run(a: TrackerBenchArgs) -> Result<()> {
     if a.blobs > 1000 {
         bail!("--blobs: at most 1000 blobs per agent");
     }
+    let admitted = swarm::pieces::admitted_piece_size(blob_size, piece_size, None);
+    if admitted != piece_size {
+        bail!(
+            "--piece-size {piece_size}: the tracker lays a {blob_size}-byte blob out in pieces of {admitted} \
+             (the rule's range for some link), and the fake agents' reports would not match"
+        );
+    }
     let pieces = swarm::PieceLayout::piece_count(blob_size, piece_size);
     if pieces > u32::MAX as u64 {
         bail!("{blob_size} bytes in {piece_size}-byte pieces is too many pieces");

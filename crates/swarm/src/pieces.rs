@@ -58,6 +58,25 @@ pub fn piece_size_for(blob_size: u64, link_bytes_per_sec: Option<u64>) -> u64 {
     p
 }
 
+/// The piece size a swarm of `blob_size` is laid out in when its first member proposes
+/// `proposed`: what the rule would pick for that blob on some link, from the slowest to
+/// the fastest, or `operators` (the tracker's configured piece size) exactly.
+///
+/// Why: every member lays the blob out as the first proposal says, and nobody can check
+/// a link speed. A member proposing 256 MiB pieces for a 1 GiB layer would leave the
+/// swarm four pieces to trade (store-and-forward of a quarter of the blob per hop); one
+/// proposing 64 KiB pieces for a 4 GiB layer would give every member 65,536 piece
+/// frames, hashes and HAVEs to handle. An honest agent's proposal is the rule for its
+/// own link, so it is never changed here.
+pub fn admitted_piece_size(blob_size: u64, proposed: u64, operators: Option<u64>) -> u64 {
+    if operators == Some(proposed) {
+        return proposed;
+    }
+    let slowest_link = piece_size_for(blob_size, Some(1));
+    let fastest_link = piece_size_for(blob_size, Some(u64::MAX));
+    proposed.clamp(slowest_link, fastest_link)
+}
+
 /// Bytes per registry connection before a source opens another one for the same blob.
 pub const REGISTRY_SLICE: u64 = 256 * MIB;
 

@@ -8,7 +8,9 @@ use oci::Digest;
 use serde::Serialize;
 
 use crate::peers::{spread, Ask, PeerEntry, PeerTable};
-use crate::pieces::{piece_size_for, validate_geometry, PieceHash, MAX_BLOB_SIZE, MAX_PIECES};
+use crate::pieces::{
+    admitted_piece_size, piece_size_for, validate_geometry, PieceHash, MAX_BLOB_SIZE, MAX_PIECES,
+};
 use crate::protocol::{
     AnnounceRequest, AnnounceResponse, PeerInfo, Role, SOURCE_STRIPE_MAX_MEMBERS,
 };
@@ -339,7 +341,11 @@ impl TrackerState {
             && !req.leaving
             && !proven(swarm);
         if swarm.regeometried {
-            swarm.regeometry(req.size, req.piece_size);
+            let piece_size = req
+                .piece_size
+                .zip(req.size)
+                .map(|(p, s)| admitted_piece_size(s, p, cfg.piece_size));
+            swarm.regeometry(req.size, piece_size);
         }
         let conflicting = conflicting && swarm.size != req.size;
         if swarm.size.is_none() {
@@ -347,7 +353,9 @@ impl TrackerState {
         }
         if swarm.piece_size == 0 {
             swarm.piece_size = match (req.piece_size, swarm.size) {
-                (Some(p), _) => p,
+                (Some(p), Some(s)) => admitted_piece_size(s, p, cfg.piece_size),
+                // Nothing bounds a proposal without a size: the layout waits for one.
+                (Some(_), None) => 0,
                 (None, Some(s)) => cfg
                     .piece_size
                     .filter(|&p| validate_geometry(s, p).is_ok())

@@ -202,7 +202,8 @@ agent_settings! {
         Value("--registry-streams", "STARLING_REGISTRY_STREAMS");
     /// The piece size this agent proposes for swarms it starts, e.g. 4MiB, or "auto":
     /// the rule in swarm::pieces::piece_size_for (from the blob size and this node's
-    /// link limits). The first agent in a swarm decides for everyone.
+    /// link limits). The first agent in a swarm decides for everyone, within what the rule
+    /// gives that blob on some link unless the tracker's --piece-size is the same.
     piece_size: SizeOrAuto = SizeOrAuto::Auto,
         Value("--piece-size", "STARLING_PIECE_SIZE");
     /// containerd socket, for prewarms with into_runtime (pull there and pin).

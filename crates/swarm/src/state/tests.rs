@@ -146,10 +146,10 @@ fn a_size_said_first_by_a_member_gives_way_to_the_sources() {
     let epoch = elected.hashes_epoch;
 
     let mut read = req("honest", &d);
-    read.size = Some(48 << 20);
+    read.size = Some(256 << 20);
     read.piece_size = Some(4 << 20);
     let resp = ann(&mut t, &read, 4);
-    assert_eq!((resp.size, resp.piece_size), (Some(48 << 20), 4 << 20));
+    assert_eq!((resp.size, resp.piece_size), (Some(256 << 20), 4 << 20));
     assert_eq!(resp.role, Role::Source);
     assert!(
         resp.hashes_epoch > epoch,
@@ -166,9 +166,9 @@ fn a_size_said_first_by_a_member_gives_way_to_the_sources() {
     stale.size = Some(32 << 20);
     stale.have = Some(Bitfield::full(12));
     let resp = ann(&mut t, &stale, 6);
-    assert_eq!(resp.size, Some(48 << 20));
+    assert_eq!(resp.size, Some(256 << 20));
     let s = t.stats().pop().unwrap();
-    assert_eq!((s.size, s.piece_size), (Some(48 << 20), 4 << 20));
+    assert_eq!((s.size, s.piece_size), (Some(256 << 20), 4 << 20));
     let early = ann(&mut t, &req("probe", &d), 7)
         .peers
         .into_iter()
@@ -183,7 +183,7 @@ fn a_size_said_first_by_a_member_gives_way_to_the_sources() {
     let mut again = liar.clone();
     again.size = Some(16 << 20);
     ann(&mut t, &again, 8);
-    assert_eq!(t.stats().pop().unwrap().size, Some(48 << 20));
+    assert_eq!(t.stats().pop().unwrap().size, Some(256 << 20));
 }
 
 /// The liar says first that it holds the whole blob at a wrong size: no one is elected
@@ -223,20 +223,85 @@ fn a_holder_claimed_at_a_wrong_size_gives_way_to_a_member_that_reports_it() {
 }
 
 #[test]
-fn a_first_size_must_fit_the_piece_size_already_chosen() {
+fn a_piece_size_proposed_without_a_size_lays_nothing_out() {
     let d = Digest::of(b"sizeless");
     let mut t = TrackerState::new(SwarmConfig::default());
     let mut first = req("a", &d);
     first.piece_size = Some(crate::pieces::MIN_PIECE_SIZE);
-    ann(&mut t, &first, 0);
+    assert_eq!(ann(&mut t, &first, 0).piece_size, 1, "no layout yet");
+    // 1 TiB in the 64 KiB pieces proposed would be 2^24 pieces, and every handout
+    // would carry 2 MiB bitfields (found by the announce property test).
     let mut sized = req("b", &d);
     sized.size = Some(1 << 40);
-    assert!(t.announce(&sized, 1).is_err(), "1 TiB in 64 KiB pieces");
-    assert_eq!(t.stats()[0].size, None, "nothing stored");
-    assert_eq!(t.stats()[0].peers, 1);
-    sized.size = Some(64 << 20);
-    let resp = ann(&mut t, &sized, 2);
-    assert_eq!((resp.size, resp.piece_size), (Some(64 << 20), 1 << 16));
+    let resp = ann(&mut t, &sized, 1);
+    assert_eq!(
+        (resp.size, resp.piece_size),
+        (Some(1 << 40), piece_size_for(1 << 40, None))
+    );
+    assert_eq!(t.stats()[0].peers, 2);
+}
+
+/// A member proposing a piece size no link would get from the rule (the first
+/// announce lays the swarm out) gets the nearest one the rule gives; an honest
+/// proposal, or the tracker's configured piece size, stands.
+#[test]
+fn a_piece_size_no_link_would_choose_is_brought_within_the_rule() {
+    use crate::pieces::{MAX_PIECE_SIZE, MIN_PIECE_SIZE};
+    let layout = |cfg: SwarmConfig, size: u64, proposed: u64| {
+        let d = Digest::of(format!("{size}/{proposed}").as_bytes());
+        let mut t = TrackerState::new(cfg);
+        let mut first = req("first", &d);
+        first.size = Some(size);
+        first.piece_size = Some(proposed);
+        let said = ann(&mut t, &first, 0).piece_size;
+        let mut later = req("later", &d);
+        later.size = Some(size);
+        assert_eq!(ann(&mut t, &later, 1).piece_size, said, "one layout");
+        said
+    };
+    let gib = 1u64 << 30;
+    // 1 GiB: the rule gives 1 MiB (slowest link) to 32 MiB (32 pieces).
+    assert_eq!(
+        layout(SwarmConfig::default(), gib, MAX_PIECE_SIZE),
+        32 << 20
+    );
+    assert_eq!(layout(SwarmConfig::default(), gib, MIN_PIECE_SIZE), 1 << 20);
+    assert_eq!(
+        layout(SwarmConfig::default(), 4 * gib, MIN_PIECE_SIZE),
+        1 << 20
+    );
+    for link in [1, 8 << 20, 25 << 20, 100 << 20, 3 << 30, 50 << 30] {
+        for size in [2 << 20, 300 << 20, gib, 15 * gib] {
+            let honest = piece_size_for(size, Some(link));
+            assert_eq!(layout(SwarmConfig::default(), size, honest), honest);
+        }
+    }
+    let configured = SwarmConfig {
+        piece_size: Some(128 << 20),
+        ..SwarmConfig::default()
+    };
+    assert_eq!(layout(configured.clone(), gib, 128 << 20), 128 << 20);
+    assert_eq!(layout(configured, gib, MAX_PIECE_SIZE), 32 << 20);
+}
+
+/// The elected source's word replaces a lie about the size, but its piece size is
+/// bounded the same way as anyone's: an elected node is not thereby honest.
+#[test]
+fn an_elected_sources_piece_size_is_bounded_too() {
+    let d = Digest::of(b"source proposes");
+    let mut t = TrackerState::new(SwarmConfig::default());
+    let mut liar = req("liar", &d);
+    liar.size = Some(32 << 20);
+    ann(&mut t, &liar, 0);
+    let mut gone = liar.clone();
+    gone.leaving = true;
+    ann(&mut t, &gone, 1);
+    assert_eq!(ann(&mut t, &req("source", &d), 2).role, Role::Source);
+    let mut read = req("source", &d);
+    read.size = Some(1 << 30);
+    read.piece_size = Some(crate::pieces::MAX_PIECE_SIZE);
+    let resp = ann(&mut t, &read, 3);
+    assert_eq!((resp.size, resp.piece_size), (Some(1 << 30), 32 << 20));
 }
 
 #[test]
