@@ -42,6 +42,7 @@ impl Agent {
             Ok(r) if r.status().is_success() => UpdateAnswer::Taken,
             // This route's only conflict: the job was cancelled for this node.
             Ok(r) if r.status() == reqwest::StatusCode::CONFLICT => UpdateAnswer::Cancelled,
+            Ok(r) if r.status() == reqwest::StatusCode::GONE => UpdateAnswer::DeadlinePassed,
             Ok(r) => {
                 debug!(job, status = %r.status(), "prewarm progress refused");
                 if r.status().is_client_error()
@@ -192,12 +193,24 @@ impl Agent {
         // stops there, within about a second of the cancel. The first word is awaited
         // before any byte is read: an assignment can wait in the tracker's mailbox
         // while its job is cancelled, and such a one reads nothing.
+        // Its deadline is the tracker's word too: a node whose clock runs behind is
+        // told the deadline passed in the answer to its progress.
         let first = NodeUpdate::Progress { bytes_done: 0 };
-        if self.prewarm_update(a.job_id, &first).await == UpdateAnswer::Cancelled {
-            self.stop_cancelled_prewarm(&a, &done);
-            return;
+        match self.prewarm_update(a.job_id, &first).await {
+            UpdateAnswer::Cancelled => {
+                self.stop_cancelled_prewarm(&a, &done);
+                return;
+            }
+            UpdateAnswer::DeadlinePassed => {
+                warn!(
+                    job = a.job_id,
+                    "prewarm not started: the tracker says its deadline passed"
+                );
+                return;
+            }
+            _ => {}
         }
-        let (cancelled, mut cancel_heard) = tokio::sync::oneshot::channel::<()>();
+        let (stop, mut stop_heard) = tokio::sync::oneshot::channel::<UpdateAnswer>();
         let reporter = {
             let (agent, done, job) = (self.clone(), done.clone(), a.job_id);
             tokio::spawn(async move {
@@ -206,8 +219,12 @@ impl Agent {
                     let progress = NodeUpdate::Progress {
                         bytes_done: done.load(Ordering::Relaxed),
                     };
-                    if agent.prewarm_update(job, &progress).await == UpdateAnswer::Cancelled {
-                        let _ = cancelled.send(());
+                    let answer = agent.prewarm_update(job, &progress).await;
+                    if matches!(
+                        answer,
+                        UpdateAnswer::Cancelled | UpdateAnswer::DeadlinePassed
+                    ) {
+                        let _ = stop.send(answer);
                         return;
                     }
                 }
@@ -254,9 +271,15 @@ impl Agent {
         let result = tokio::select! {
             // A passed deadline or a cancel stops the work even when both are ready.
             biased;
-            Ok(()) = &mut cancel_heard => {
-                self.stop_cancelled_prewarm(&a, &done);
-                return;
+            Ok(answer) = &mut stop_heard => {
+                if answer == UpdateAnswer::Cancelled {
+                    self.stop_cancelled_prewarm(&a, &done);
+                    return;
+                }
+                Err(Error::Prewarm(format!(
+                    "deadline passed by the tracker's clock with {} bytes fetched; stopped",
+                    done.load(Ordering::Relaxed)
+                )))
             }
             () = deadline_passes(a.deadline_at) => Err(Error::Prewarm(format!(
                 "deadline passed with {} bytes fetched; stopped",
@@ -432,6 +455,8 @@ enum UpdateAnswer {
     Refused,
     /// The job was cancelled for this node.
     Cancelled,
+    /// The job's deadline has passed by the tracker's clock.
+    DeadlinePassed,
     /// No tracker answered, or one failed: worth sending again.
     Unsettled,
 }

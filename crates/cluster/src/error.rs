@@ -45,6 +45,10 @@ pub enum Error {
     /// An agent's word on its part of a job that was cancelled: it should stop.
     #[error("prewarm job {job} was cancelled for node {node}")]
     NodeCancelled { job: u64, node: String },
+    /// An agent's progress on its part of a job whose deadline has passed by the
+    /// tracker's clock: it should stop, whatever its own clock says.
+    #[error("prewarm job {job}'s deadline passed; node {node} should stop")]
+    DeadlinePassed { job: u64, node: String },
     /// An agent report over a size limit (too many blobs, images, ... or bytes).
     #[error("report too large: {0}")]
     ReportTooLarge(String),

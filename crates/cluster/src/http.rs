@@ -48,6 +48,7 @@ pub fn status_of(e: &Error) -> StatusCode {
         Error::StaleGeneration { .. } | Error::JobFinished(_) | Error::NodeCancelled { .. } => {
             StatusCode::CONFLICT
         }
+        Error::DeadlinePassed { .. } => StatusCode::GONE,
         Error::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

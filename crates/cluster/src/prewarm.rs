@@ -313,10 +313,29 @@ pub struct NodeJob {
 impl NodeJob {
     /// An agent's word about this node's part of job `job`. Returns whether it
     /// changed anything (a finished node's state is final). A cancelled node's agent
-    /// is told so, so that it stops fetching and pinning what nobody wants any more.
-    pub fn apply(&mut self, job: u64, node: &str, update: NodeUpdate, now: u64) -> Result<bool> {
+    /// is told so, so that it stops fetching and pinning what nobody wants any more; so
+    /// is one still making progress after the job's `deadline_at` (the tracker's clock
+    /// decides, not the node's, which may run behind).
+    pub fn apply(
+        &mut self,
+        job: u64,
+        node: &str,
+        update: NodeUpdate,
+        now: u64,
+        deadline_at: Option<u64>,
+    ) -> Result<bool> {
         if self.state == NodeJobState::Cancelled {
             return Err(Error::NodeCancelled {
+                job,
+                node: node.to_owned(),
+            });
+        }
+        let deadline_passed = deadline_at.is_some_and(|d| now > d);
+        if deadline_passed
+            && matches!(update, NodeUpdate::Progress { .. })
+            && self.state != NodeJobState::Done
+        {
+            return Err(Error::DeadlinePassed {
                 job,
                 node: node.to_owned(),
             });

@@ -515,6 +515,58 @@ fn deadline_fails_unfinished_nodes_and_keeps_finished_ones() {
     );
 }
 
+/// A node whose clock runs behind the tracker's still makes progress after the
+/// deadline: the tracker's clock decides, and its answer tells the node to stop. Its
+/// last word (failed, or done) is still taken.
+#[test]
+fn progress_after_the_deadline_is_told_to_stop() {
+    let inv = inv();
+    let mut store = JobStore::in_memory().expect("store");
+    let mut r = req(
+        &["registry.example.com/ml/train:v1.4.2"],
+        nodes(&["n1", "n2"]),
+    );
+    r.deadline_seconds = Some(60);
+    let id = store
+        .submit(r, vec![train()], &inv, NOW)
+        .expect("submit")
+        .id;
+    store.next_assignments(&inv, NOW).expect("seed");
+    let progress = NodeUpdate::Progress { bytes_done: 1 };
+    store
+        .update_node(id, "n1", progress.clone(), NOW + 60)
+        .expect("at the deadline, progress is still taken");
+    // Before the tracker's own pass marks the node failed, and after.
+    for now in [NOW + 61, NOW + 62] {
+        assert!(matches!(
+            store.update_node(id, "n1", progress.clone(), now),
+            Err(Error::DeadlinePassed { job, ref node }) if job == id && node == "n1"
+        ));
+        store.observe(&inv, now).expect("observe");
+    }
+    store
+        .update_node(
+            id,
+            "n1",
+            NodeUpdate::Failed {
+                reason: "stopped".into(),
+            },
+            NOW + 63,
+        )
+        .expect("the node's last word");
+    store
+        .update_node(id, "n2", NodeUpdate::Done, NOW + 61)
+        .expect("a late done is not refused");
+    assert_eq!(
+        cluster::http::status_of(&Error::DeadlinePassed {
+            job: id,
+            node: "n1".into()
+        }),
+        axum::http::StatusCode::GONE,
+        "what the agent reads as \"stop at the deadline\", apart from a cancel's 409"
+    );
+}
+
 #[test]
 fn cancel_keeps_done_nodes() {
     let mut inv = inv();

@@ -698,6 +698,45 @@ async fn a_prewarm_past_its_deadline_stops_there() {
     until_prewarm_journal_empty(&agent).await;
 }
 
+/// The deadline is the tracker's: a node whose clock runs two minutes behind (the
+/// agent runs under libfaketime) would fetch on until its own clock reached it; the
+/// tracker answers its progress after the deadline with "stop", and it stops there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_whose_clock_runs_behind_stops_at_the_trackers_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let (registry, tracker) = registry_and_tracker(dir.path()).await;
+    const LAYER: u64 = 2 << 20;
+    let image =
+        TestImage::push_multilayer(&registry, "ml/skewed", "v1", &[LAYER as usize; 8], 31).unwrap();
+    let t = tracker.url();
+    let behind = [
+        ("LD_PRELOAD", FAKETIME_LIB),
+        ("FAKETIME", "-120"),
+        // Only the wall clock: timers and rates run on the monotonic one.
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    assert!(
+        std::path::Path::new(FAKETIME_LIB).exists(),
+        "{FAKETIME_LIB} is missing: scripts/test installs the faketime package"
+    );
+    let agent =
+        common::trackers::agent_with_env(dir.path(), "n0", &t, &registry, &[], &behind).await;
+    until_nodes_reported(&t, 1).await;
+    // 16 MiB at 1 MiB/s, with 3 s to do it by the tracker's clock (123 s by the node's).
+    let id = submit_prewarm_on_n0(&t, &image.reference, Some(1 << 20), Some(3)).await;
+    until_logged(&agent, "deadline passed by the tracker's clock").await;
+    assert!(
+        !agent.log_text().contains("deadline passed with"),
+        "the node's own clock, two minutes behind, cannot have reached the deadline"
+    );
+    assert_nothing_read_past_the_layer_in_flight(&agent, &image).await;
+    let job = prewarm_once_ended(&t, id).await;
+    assert_eq!(job["nodes"]["n0"]["state"], "failed", "{job}");
+    until_prewarm_journal_empty(&agent).await;
+}
+
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
 /// Cancels job `id` at tracker `t` (as an operator: `DELETE /api/v1/prewarm/{id}`).
 async fn cancel_prewarm(t: &str, id: u64) {
     let cancel = reqwest::Client::new()

@@ -389,7 +389,7 @@ impl JobStore {
             .nodes
             .get_mut(node)
             .ok_or_else(|| Error::UnknownNode(node.to_owned()))?;
-        if !nj.apply(id, node, update, now)? {
+        if !nj.apply(id, node, update, now, job.deadline_at)? {
             return Ok(());
         }
         self.mark_node(id, node);

@@ -199,7 +199,9 @@ impl ClusterState {
                 )));
             }
             let mut state: NodeJob = serde_json::from_slice(&record.json)?;
-            if !state.apply(id, node, update.clone(), self.now())? {
+            // A job's deadline never changes, so this replica's copy of the job has it.
+            let deadline_at = self.with_jobs(|j| j.get(id).and_then(|job| job.deadline_at));
+            if !state.apply(id, node, update.clone(), self.now(), deadline_at)? {
                 return Ok(());
             }
             let write = NodeWrite {

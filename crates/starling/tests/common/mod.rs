@@ -33,6 +33,25 @@ impl Proc {
         p
     }
 
+    /// [`start`](Self::start) with `envs` set for the child (not kept for a restart).
+    pub async fn start_with_env(
+        args: Vec<String>,
+        port: u16,
+        log: PathBuf,
+        cache: PathBuf,
+        envs: &[(&str, &str)],
+    ) -> Proc {
+        let p = Proc {
+            child: spawn_with_env(&args, &log, envs),
+            port,
+            cache,
+            args,
+            log,
+        };
+        ready(&p.url()).await;
+        p
+    }
+
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }

@@ -22,6 +22,18 @@ pub async fn agent_with(
     registry: &Registry,
     extra: &[&str],
 ) -> Proc {
+    agent_with_env(dir, name, trackers, registry, extra, &[]).await
+}
+
+/// [`agent_with`] with `envs` set for the agent process.
+pub async fn agent_with_env(
+    dir: &Path,
+    name: &str,
+    trackers: &str,
+    registry: &Registry,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Proc {
     let port = testkit::free_port();
     let cache = dir.join(name);
     let host = registry.host();
@@ -49,7 +61,7 @@ pub async fn agent_with(
     ]);
     let mut args = args;
     args.extend(super::args(extra));
-    Proc::start(args, port, dir.join(format!("{name}.log")), cache).await
+    Proc::start_with_env(args, port, dir.join(format!("{name}.log")), cache, envs).await
 }
 
 /// `/swarm/v1/swarms` of a tracker; `Null` when it does not answer.
