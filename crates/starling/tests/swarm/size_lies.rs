@@ -1,13 +1,16 @@
-//! A cluster member that lies about a blob's size to the tracker before anyone pulls
-//! it: the size fixes the swarm's layout for every member, so a lie believed would
-//! spoil that layer for the whole cluster for as long as the liar keeps announcing.
+//! A cluster member that lies about a blob's size, or proposes a piece size no link
+//! would choose, to the tracker before anyone pulls it: the first announce fixes the
+//! swarm's layout for every member, so a lie believed would spoil that layer for the
+//! whole cluster for as long as the liar keeps announcing.
 
 use std::time::Duration;
 
 use testkit::{Registry, RegistryAuth, TestImage};
 
 use super::common::{keep_announcing, pull_via};
-use super::{agent, blocking, metric, probe_announce, registry_blob, tracker, TOKEN};
+use super::{
+    agent, blocking, metric, probe_announce, registry_blob, spawn_source_pull, tracker, TOKEN,
+};
 
 /// The liar announces `size_of(real)` for the layer every second, as a member
 /// (`complete`: holding the whole blob) at an address nobody answers on; two honest
@@ -222,5 +225,61 @@ async fn a_member_elected_after_the_swarm_finished_cannot_move_its_size() {
     .await
     .expect("c's answer comes despite the liar");
     assert!(got[..] == want[..], "c got the blob whole at once");
+    announcing.abort();
+}
+
+/// A member announces the layer first, at its real size, in the largest pieces the
+/// protocol allows: 12 MiB as one 256 MiB piece, so no two nodes could trade it and
+/// each would wait for the whole layer at the node before it. It keeps announcing. The
+/// tracker lays the swarm out as the rule would for some link instead (256 KiB here),
+/// and two honest agents pull the image, the second from the first, in those pieces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_proposing_a_piece_size_no_link_would_choose_lays_nothing_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
+    let image =
+        TestImage::push_multilayer(&registry, "swarm/piecelie", "1", &[12 << 20], 78).unwrap();
+    let layer = image.layers[0].clone();
+    let t = tracker(dir.path(), &[]).await;
+    let lie = swarm::pieces::MAX_PIECE_SIZE;
+    let body = serde_json::json!({
+        "node": "liar", "addr": "127.0.0.1:1", "digest": layer.digest, "size": layer.size,
+        "piece_size": lie, "leaving": true,
+    });
+    let announcing = keep_announcing(&t.url(), TOKEN, body, Duration::from_secs(1));
+    testkit::until(
+        "the tracker to take the liar's announce",
+        Duration::from_millis(20),
+        Duration::from_secs(10),
+        || async {
+            probe_announce(&t.url(), &layer.digest).await["size"].as_u64() == Some(layer.size)
+        },
+    )
+    .await;
+    let rule = swarm::pieces::piece_size_for(layer.size, None);
+    assert_eq!(
+        probe_announce(&t.url(), &layer.digest).await["piece_size"].as_u64(),
+        Some(rule),
+        "laid out as the rule would for some link, not in the liar's {lie}-byte pieces"
+    );
+    let b = agent(dir.path(), "b", &t.url(), &registry, &[]).await;
+    let c = agent(dir.path(), "c", &t.url(), &registry, &[]).await;
+    let source = spawn_source_pull(&b, &image).await;
+    let r = tokio::time::timeout(Duration::from_secs(90), pull_via(&c.url(), &image))
+        .await
+        .expect("c's pull finishes")
+        .expect("c's pull succeeds");
+    assert_eq!(r.manifest_digest.to_string(), image.digest);
+    source.await.unwrap().expect("b's pull succeeds");
+    assert_eq!(
+        metric(&c, "starling_agent_p2p_peer_bytes_total").await,
+        layer.size,
+        "c took the whole layer from b through the swarm"
+    );
+    assert_eq!(
+        probe_announce(&t.url(), &layer.digest).await["piece_size"].as_u64(),
+        Some(rule),
+        "the liar, still announcing, moved nothing"
+    );
     announcing.abort();
 }
