@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{
     announce, ask, cluster_replica, get, metrics_text, replica_with_peer_ttl, report, stream_nodes,
-    submit_one_layer_job,
+    submit_one_layer_job, submit_one_layer_job_due,
 };
 use http::StatusCode;
 use swarm::{AnnounceResponse, Role, SwarmConfig};
@@ -510,6 +510,52 @@ async fn an_agent_report_racing_a_planner_step_wins_and_the_step_learns_it() {
             }
         );
     }
+}
+
+/// The deadline is the tracker's on every replica: a node's progress after it, through
+/// a replica that did not submit the job, is answered "stop" (the agent reads 410), and
+/// its last word is still taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn progress_after_the_deadline_is_told_to_stop_through_any_replica() {
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .unwrap();
+    let ((_ta, a), (_tb, b)) = (
+        cluster_replica(&RedisOptions::new(redis.url())),
+        cluster_replica(&RedisOptions::new(redis.url())),
+    );
+    a.ingest(report("n0", 1)).unwrap();
+    let id = submit_one_layer_job_due(
+        &a,
+        "registry.test/ml/train@sha256:0000000000000000000000000000000000000000000000000000000000000003",
+        &oci::Digest::of(b"layer"),
+        1 << 20,
+        &["n0"],
+        Some(1),
+    )
+    .await;
+    b.refresh_jobs().await.unwrap();
+    let progress = cluster::wire::NodeUpdate::Progress { bytes_done: 1 };
+    b.report_prewarm_node(id, "n0", progress.clone())
+        .await
+        .expect("progress before the deadline");
+    // The deadline is in whole seconds: one second from submission has passed for
+    // certain two seconds later.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let after = b.report_prewarm_node(id, "n0", progress).await;
+    assert!(
+        matches!(&after, Err(cluster::Error::DeadlinePassed { job, node }) if *job == id && node == "n0"),
+        "{after:?}"
+    );
+    b.report_prewarm_node(
+        id,
+        "n0",
+        cluster::wire::NodeUpdate::Failed {
+            reason: "stopped".into(),
+        },
+    )
+    .await
+    .expect("the node's last word");
 }
 
 /// A planner paused past its lease, which another replica took meanwhile, resumes

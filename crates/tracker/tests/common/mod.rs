@@ -141,9 +141,22 @@ pub async fn submit_one_layer_job(
     size: u64,
     nodes: &[&str],
 ) -> u64 {
+    submit_one_layer_job_due(state, reference, layer, size, nodes, None).await
+}
+
+/// [`submit_one_layer_job`] with a deadline.
+pub async fn submit_one_layer_job_due(
+    state: &cluster::ClusterState,
+    reference: &str,
+    layer: &oci::Digest,
+    size: u64,
+    nodes: &[&str],
+    deadline_seconds: Option<u64>,
+) -> u64 {
     let req: cluster::PrewarmRequest = serde_json::from_value(serde_json::json!({
         "images": [reference],
         "targets": {"nodes": nodes},
+        "deadline_seconds": deadline_seconds,
     }))
     .unwrap();
     let image = cluster::ResolvedImage {
