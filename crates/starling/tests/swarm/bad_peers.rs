@@ -183,7 +183,8 @@ async fn a_holder_that_passes_over_a_blobs_first_piece_is_left_behind_after_a_co
     let image = TestImage::push_multilayer(&registry, "swarm/first-withheld", "1", &[24 << 20], 61)
         .unwrap();
     let layer = image.layers[0].clone();
-    let t = tracker(dir.path(), &[]).await;
+    // The operator's piece size, on the tracker as on the holder (it bounds others').
+    let t = tracker(dir.path(), &["--piece-size", "64KiB"]).await;
     let _seed = seed_holding(
         dir.path(),
         &t.url(),
@@ -564,7 +565,7 @@ async fn a_downloader_that_freezes_mid_piece_does_not_keep_the_upload_slot() {
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let image = TestImage::push_multilayer(&registry, "swarm/frozen-reader", "1", &[192 << 20], 47)
         .unwrap();
-    let t = tracker(dir.path(), &["--peer-ttl", "300s"]).await;
+    let t = tracker(dir.path(), &["--peer-ttl", "300s", "--piece-size", "64MiB"]).await;
     let seed = seed_holding(
         dir.path(),
         &t.url(),

@@ -490,7 +490,7 @@ async fn a_holder_with_a_slow_uplink_keeps_its_connections_and_serves() {
     let registry = blocking(|| Registry::start(RegistryAuth::None)).await;
     let image =
         TestImage::push_multilayer(&registry, "swarm/slow-up", "1", &[4 << 20], 59).unwrap();
-    let t = tracker(dir.path(), &[]).await;
+    let t = tracker(dir.path(), &["--piece-size", "1MiB"]).await;
     let _seed = seed_holding(
         dir.path(),
         &t.url(),
