@@ -383,40 +383,35 @@ impl Agent {
         if let Some(s) = &self.cfg.containerd_snapshotter {
             pull.args(["--snapshotter", s]);
         }
-        let out = pull
-            .arg(&name)
-            .output()
-            .await
-            .map_err(|e| Error::Runtime(format!("cannot run ctr: {e}")))?;
-        if !out.status.success() {
-            return Err(Error::Runtime(format!(
-                "ctr pull {name}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        let out = tokio::process::Command::new("ctr")
-            .arg("--address")
-            .arg(sock)
-            .args([
-                "-n",
-                ns,
-                "images",
-                "label",
-                &name,
-                "io.cri-containerd.pinned=pinned",
-            ])
-            .output()
-            .await
-            .map_err(|e| Error::Runtime(format!("cannot run ctr: {e}")))?;
-        if !out.status.success() {
-            return Err(Error::Runtime(format!(
-                "ctr label {name}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
+        run_ctr(pull.arg(&name), &format!("ctr pull {name}")).await?;
+        let mut label = tokio::process::Command::new("ctr");
+        label.arg("--address").arg(sock).args([
+            "-n",
+            ns,
+            "images",
+            "label",
+            &name,
+            "io.cri-containerd.pinned=pinned",
+        ]);
+        run_ctr(&mut label, &format!("ctr label {name}")).await?;
         info!(image = %name, "pulled into containerd and pinned there");
         Ok(())
     }
+}
+
+/// Runs a `ctr` command to its end; `what` names it in the error, with ctr's stderr.
+async fn run_ctr(cmd: &mut tokio::process::Command, what: &str) -> Result<(), Error> {
+    let out = cmd
+        .output()
+        .await
+        .map_err(|e| Error::Runtime(format!("cannot run ctr: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::Runtime(format!(
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
 }
 
 /// Why an assignment's times are refused: a pin or deadline beyond the maxima the

@@ -483,20 +483,23 @@ fn a_node_that_dies_mid_prewarm_becomes_unknown_and_resumes() {
     assert_eq!(store.get(id).expect("job").nodes["n1"].bytes_done, GIB);
 }
 
-#[test]
-fn deadline_fails_unfinished_nodes_and_keeps_finished_ones() {
-    let mut inv = inv();
+/// A job training on n1 and n2 with a deadline 60 s after `NOW`, its seed assigned.
+fn train_on_two_nodes_within_a_minute(inv: &Inventory) -> (JobStore, u64) {
     let mut store = JobStore::in_memory().expect("store");
     let mut r = req(
         &["registry.example.com/ml/train:v1.4.2"],
         nodes(&["n1", "n2"]),
     );
     r.deadline_seconds = Some(60);
-    let id = store
-        .submit(r, vec![train()], &inv, NOW)
-        .expect("submit")
-        .id;
-    store.next_assignments(&inv, NOW).expect("seed");
+    let id = store.submit(r, vec![train()], inv, NOW).expect("submit").id;
+    store.next_assignments(inv, NOW).expect("seed");
+    (store, id)
+}
+
+#[test]
+fn deadline_fails_unfinished_nodes_and_keeps_finished_ones() {
+    let mut inv = inv();
+    let (mut store, id) = train_on_two_nodes_within_a_minute(&inv);
     let job = store.get(id).expect("job").clone();
     let mut n1 = with_job_pins(pool_node("n1", "h100", "a", &full(&train())), &job);
     n1.generation = 2;
@@ -521,17 +524,7 @@ fn deadline_fails_unfinished_nodes_and_keeps_finished_ones() {
 #[test]
 fn progress_after_the_deadline_is_told_to_stop() {
     let inv = inv();
-    let mut store = JobStore::in_memory().expect("store");
-    let mut r = req(
-        &["registry.example.com/ml/train:v1.4.2"],
-        nodes(&["n1", "n2"]),
-    );
-    r.deadline_seconds = Some(60);
-    let id = store
-        .submit(r, vec![train()], &inv, NOW)
-        .expect("submit")
-        .id;
-    store.next_assignments(&inv, NOW).expect("seed");
+    let (mut store, id) = train_on_two_nodes_within_a_minute(&inv);
     let progress = NodeUpdate::Progress { bytes_done: 1 };
     store
         .update_node(id, "n1", progress.clone(), NOW + 60)

@@ -387,15 +387,23 @@ async fn the_password_in_the_url_authenticates_and_a_wrong_one_keeps_the_replica
     assert!(!metrics.contains("s3cret") && !metrics.contains("wrong@"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn job_changes_racing_on_two_replicas_are_all_kept() {
+/// A real redis-server and two tracker replicas with cluster layers sharing it.
+async fn two_cluster_replicas() -> (
+    RedisServer,
+    (Tracker, cluster::ClusterState),
+    (Tracker, cluster::ClusterState),
+) {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .unwrap();
-    let ((_ta, a), (_tb, b)) = (
-        cluster_replica(&RedisOptions::new(redis.url())),
-        cluster_replica(&RedisOptions::new(redis.url())),
-    );
+    let a = cluster_replica(&RedisOptions::new(redis.url()));
+    let b = cluster_replica(&RedisOptions::new(redis.url()));
+    (redis, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn job_changes_racing_on_two_replicas_are_all_kept() {
+    let (_redis, (_ta, a), (_tb, b)) = two_cluster_replicas().await;
     let nodes: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
     for n in &nodes {
         a.ingest(report(n, 1)).unwrap();
@@ -451,13 +459,7 @@ async fn job_changes_racing_on_two_replicas_are_all_kept() {
 /// written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_agent_report_racing_a_planner_step_wins_and_the_step_learns_it() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let ((_ta, a), (_tb, b)) = (
-        cluster_replica(&RedisOptions::new(redis.url())),
-        cluster_replica(&RedisOptions::new(redis.url())),
-    );
+    let (_redis, (_ta, a), (_tb, b)) = two_cluster_replicas().await;
     for n in ["n0", "n1"] {
         a.ingest(report(n, 1)).unwrap();
     }
@@ -517,13 +519,7 @@ async fn an_agent_report_racing_a_planner_step_wins_and_the_step_learns_it() {
 /// its last word is still taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn progress_after_the_deadline_is_told_to_stop_through_any_replica() {
-    let redis = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .unwrap();
-    let ((_ta, a), (_tb, b)) = (
-        cluster_replica(&RedisOptions::new(redis.url())),
-        cluster_replica(&RedisOptions::new(redis.url())),
-    );
+    let (_redis, (_ta, a), (_tb, b)) = two_cluster_replicas().await;
     a.ingest(report("n0", 1)).unwrap();
     let id = submit_one_layer_job_due(
         &a,

@@ -22,15 +22,8 @@ pub struct Proc {
 impl Proc {
     /// Spawns `starling ARGS` logging to `log` and waits for `/healthz`.
     pub async fn start(args: Vec<String>, port: u16, log: PathBuf, cache: PathBuf) -> Proc {
-        let p = Proc {
-            child: spawn(&args, &log),
-            port,
-            cache,
-            args,
-            log,
-        };
-        ready(&p.url()).await;
-        p
+        let child = spawn(&args, &log);
+        Self::once_ready(child, args, port, log, cache).await
     }
 
     /// [`start`](Self::start) with `envs` set for the child (not kept for a restart).
@@ -41,8 +34,19 @@ impl Proc {
         cache: PathBuf,
         envs: &[(&str, &str)],
     ) -> Proc {
+        let child = spawn_with_env(&args, &log, envs);
+        Self::once_ready(child, args, port, log, cache).await
+    }
+
+    async fn once_ready(
+        child: Child,
+        args: Vec<String>,
+        port: u16,
+        log: PathBuf,
+        cache: PathBuf,
+    ) -> Proc {
         let p = Proc {
-            child: spawn_with_env(&args, &log, envs),
+            child,
             port,
             cache,
             args,
